@@ -1,0 +1,29 @@
+# KubeShare in Rust: top-level entry points.
+#   make test   - format check, clippy (warnings are errors), every test
+#   make demo   - the local demo (see README)
+#
+# Each part of the project may add its own steps in mk/<part>.mk:
+#   TEST_PREREQS += <target>   things `make test` needs before `cargo test`
+# so that parts never edit the same lines of this file.
+
+CARGO ?= cargo
+export CARGO_TERM_COLOR ?= never
+
+TEST_PREREQS :=
+
+-include mk/*.mk
+
+.PHONY: test fmt-check clippy cargo-test prereqs
+
+test: fmt-check clippy prereqs cargo-test
+
+fmt-check:
+	$(CARGO) fmt --all -- --check
+
+clippy:
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+prereqs: $(TEST_PREREQS)
+
+cargo-test:
+	$(CARGO) test --workspace --locked
