@@ -1,0 +1,258 @@
+//! A small blocking client over a Unix stream socket, for the hook (and tests).
+//!
+//! One [`Client`] is one connection. Replies arrive in the order of requests on a
+//! connection and a TokenRequest may wait a long time for its Grant, so a process
+//! that wants to ask for memory while another thread waits for the token opens a
+//! second connection. Writes use `MSG_NOSIGNAL`: the hook lives inside programs
+//! that do not ignore SIGPIPE, and a dead gem-schd must not kill them.
+
+use std::io::{self, Read};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+use crate::frame::{FrameError, Reply, Request};
+
+/// Environment variable naming the directory that holds this client's sockets.
+pub const SOCKET_DIR_ENV: &str = "KUBESHARE_SOCKET_DIR";
+/// Where the sockets are inside a pod when [`SOCKET_DIR_ENV`] is unset.
+pub const DEFAULT_SOCKET_DIR: &str = "/kubeshare/run";
+
+/// The socket of GPU `gpu_uuid` inside a client's socket directory.
+pub fn socket_path(dir: &Path, gpu_uuid: &str) -> PathBuf {
+    dir.join(format!("{gpu_uuid}.sock"))
+}
+
+/// The client's limits, as told by HelloOk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HelloInfo {
+    pub request_milli: u16,
+    pub limit_milli: u16,
+    pub mem_limit: u64,
+    pub mem_used: u64,
+    pub window_ms: u32,
+}
+
+/// Answer to a MemAlloc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemVerdict {
+    pub granted: bool,
+    /// Client-wide bytes in use after the decision.
+    pub used: u64,
+    pub limit: u64,
+}
+
+/// What can go wrong talking to gem-schd.
+#[derive(Debug, Error)]
+pub enum ClientError {
+    #[error("socket I/O: {0}")]
+    Io(#[from] io::Error),
+    #[error("bad frame from gem-schd: {0}")]
+    Frame(#[from] FrameError),
+    #[error("gem-schd refused (code {code}): {message}")]
+    Server { code: u16, message: String },
+    #[error("unexpected reply from gem-schd: {0:?}")]
+    Unexpected(Reply),
+    #[error("gem-schd closed the connection")]
+    Closed,
+}
+
+impl ClientError {
+    /// True when reconnecting may help (gem-schd went away or is restarting).
+    pub fn is_disconnect(&self) -> bool {
+        match self {
+            ClientError::Io(_) | ClientError::Closed => true,
+            ClientError::Server { code, .. } => *code == crate::code::SHUTTING_DOWN,
+            _ => false,
+        }
+    }
+}
+
+/// One connection to gem-schd, past its Hello.
+#[derive(Debug)]
+pub struct Client {
+    stream: UnixStream,
+    buf: Vec<u8>,
+    out: Vec<u8>,
+    hello: HelloInfo,
+}
+
+impl Client {
+    /// Connect to `path` and say Hello.
+    pub fn connect(path: impl AsRef<Path>, pid: u32, gpu_uuid: &str) -> Result<Self, ClientError> {
+        let stream = UnixStream::connect(path)?;
+        let mut c = Client {
+            stream,
+            buf: Vec::with_capacity(64),
+            out: Vec::with_capacity(64),
+            hello: HelloInfo {
+                request_milli: 0,
+                limit_milli: 0,
+                mem_limit: 0,
+                mem_used: 0,
+                window_ms: 0,
+            },
+        };
+        c.send(&Request::Hello {
+            pid,
+            gpu_uuid: gpu_uuid.to_owned(),
+        })?;
+        match c.recv()? {
+            Reply::HelloOk {
+                request_milli,
+                limit_milli,
+                mem_limit,
+                mem_used,
+                window_ms,
+            } => {
+                c.hello = HelloInfo {
+                    request_milli,
+                    limit_milli,
+                    mem_limit,
+                    mem_used,
+                    window_ms,
+                };
+                Ok(c)
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// [`Client::connect`], retrying every `every` while the error is a
+    /// disconnect (no socket yet, gem-schd restarting) until `timeout` has passed.
+    pub fn connect_with_retry(
+        path: impl AsRef<Path>,
+        pid: u32,
+        gpu_uuid: &str,
+        timeout: Duration,
+        every: Duration,
+    ) -> Result<Self, ClientError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match Client::connect(path.as_ref(), pid, gpu_uuid) {
+                Ok(c) => return Ok(c),
+                Err(e) if e.is_disconnect() && Instant::now() + every < deadline => {
+                    std::thread::sleep(every);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The limits gem-schd announced in HelloOk.
+    pub fn hello(&self) -> &HelloInfo {
+        &self.hello
+    }
+
+    /// Set (or clear) the timeout of every blocking read, token waits included.
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.stream.set_read_timeout(t)
+    }
+
+    /// Ask for the token and block until it is granted; returns the quota in µs.
+    pub fn request_token(&mut self, overuse_us: u64, burst_us: u64) -> Result<u64, ClientError> {
+        self.send(&Request::TokenRequest {
+            overuse_us,
+            burst_us,
+        })?;
+        match self.recv()? {
+            Reply::Grant { quota_us } => Ok(quota_us),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Give the token back (the holder went idle). No reply.
+    pub fn release(&mut self, used_us: u64) -> Result<(), ClientError> {
+        self.send(&Request::Release { used_us })
+    }
+
+    /// Reserve `bytes` of GPU memory.
+    pub fn mem_alloc(&mut self, bytes: u64) -> Result<MemVerdict, ClientError> {
+        self.send(&Request::MemAlloc { bytes })?;
+        match self.recv()? {
+            Reply::MemVerdict {
+                granted,
+                used,
+                limit,
+            } => Ok(MemVerdict {
+                granted,
+                used,
+                limit,
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Credit `bytes` of GPU memory. No reply.
+    pub fn mem_free(&mut self, bytes: u64) -> Result<(), ClientError> {
+        self.send(&Request::MemFree { bytes })
+    }
+
+    /// The client's (used, limit) bytes.
+    pub fn mem_query(&mut self) -> Result<(u64, u64), ClientError> {
+        self.send(&Request::MemQuery)?;
+        match self.recv()? {
+            Reply::MemInfo { used, limit } => Ok((used, limit)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn send(&mut self, req: &Request) -> Result<(), ClientError> {
+        self.out.clear();
+        req.encode_into(&mut self.out)?;
+        send_all(&self.stream, &self.out)?;
+        Ok(())
+    }
+
+    fn recv(&mut self) -> Result<Reply, ClientError> {
+        let mut chunk = [0u8; 512];
+        loop {
+            if let Some((reply, n)) = Reply::decode(&self.buf)? {
+                self.buf.drain(..n);
+                return Ok(reply);
+            }
+            let n = match self.stream.read(&mut chunk) {
+                Ok(0) => return Err(ClientError::Closed),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            };
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+fn unexpected(r: Reply) -> ClientError {
+    match r {
+        Reply::Error { code, message } => ClientError::Server { code, message },
+        other => ClientError::Unexpected(other),
+    }
+}
+
+/// Write all of `data` with MSG_NOSIGNAL (a closed peer is EPIPE, not SIGPIPE).
+fn send_all(stream: &UnixStream, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        // SAFETY: the fd is owned by `stream` and open; the pointer/len pair
+        // describes the live slice `data`.
+        let n = unsafe {
+            libc::send(
+                stream.as_raw_fd(),
+                data.as_ptr().cast(),
+                data.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        data = &data[n as usize..];
+    }
+    Ok(())
+}

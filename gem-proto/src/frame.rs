@@ -1,0 +1,590 @@
+//! Frames of protocol v1: the two message enums, their encoder and a decoder that
+//! never panics (short input is "need more bytes", anything malformed a typed error).
+//!
+//! Layout: `u32 length` (LE, bytes that follow, at most [`MAX_FRAME_LEN`]) | `u8 version`
+//! | `u8 kind` | payload (fixed little-endian fields; strings are `u16 len` + UTF-8).
+
+use thiserror::Error;
+
+/// The protocol version this crate speaks.
+pub const VERSION: u8 = 1;
+/// Largest value of the length prefix (version + kind + payload).
+pub const MAX_FRAME_LEN: usize = 4096;
+/// Largest string (in bytes) a frame may carry.
+pub const MAX_STRING_LEN: usize = 1024;
+/// Bytes of the length prefix.
+pub const LEN_PREFIX: usize = 4;
+
+/// Error codes carried by [`Reply::Error`].
+pub mod code {
+    /// The client is not (or no longer) in the resource-config.
+    pub const UNKNOWN_CLIENT: u16 = 1;
+    /// The peer sent a frame that does not decode.
+    pub const BAD_FRAME: u16 = 2;
+    /// Hello named a GPU other than the one this gem-schd serves.
+    pub const WRONG_GPU: u16 = 3;
+    /// A frame out of order (e.g. anything before Hello, a second Hello).
+    pub const PROTOCOL_MISUSE: u16 = 4;
+    /// gem-schd is shutting down; reconnect later.
+    pub const SHUTTING_DOWN: u16 = 5;
+}
+
+/// Frame kinds, client -> server.
+pub mod kind {
+    pub const HELLO: u8 = 1;
+    pub const TOKEN_REQUEST: u8 = 2;
+    pub const RELEASE: u8 = 3;
+    pub const MEM_ALLOC: u8 = 4;
+    pub const MEM_FREE: u8 = 5;
+    pub const MEM_QUERY: u8 = 6;
+    /// Server -> client kinds.
+    pub const HELLO_OK: u8 = 64;
+    pub const GRANT: u8 = 65;
+    pub const MEM_VERDICT: u8 = 66;
+    pub const MEM_INFO: u8 = 67;
+    pub const ERROR: u8 = 127;
+}
+
+/// A frame sent by a client (the hook) to gem-schd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// First frame on every connection.
+    Hello { pid: u32, gpu_uuid: String },
+    /// Ask for the token; `overuse_us` is time used beyond the last quota,
+    /// `burst_us` the predicted length of the next kernel burst (0 = unknown).
+    TokenRequest { overuse_us: u64, burst_us: u64 },
+    /// The holder went idle: the token moves on. `used_us` = GPU time since the grant.
+    Release { used_us: u64 },
+    /// Reserve `bytes` of GPU memory before calling the driver.
+    MemAlloc { bytes: u64 },
+    /// Credit `bytes` of GPU memory.
+    MemFree { bytes: u64 },
+    /// Ask for the client's memory use and limit.
+    MemQuery,
+}
+
+/// A frame sent by gem-schd to a client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    HelloOk {
+        request_milli: u16,
+        limit_milli: u16,
+        mem_limit: u64,
+        mem_used: u64,
+        window_ms: u32,
+    },
+    /// The client holds the token for `quota_us` from now.
+    Grant {
+        quota_us: u64,
+    },
+    /// Answer to MemAlloc; `used`/`limit` are client-wide, after the decision.
+    MemVerdict {
+        granted: bool,
+        used: u64,
+        limit: u64,
+    },
+    MemInfo {
+        used: u64,
+        limit: u64,
+    },
+    Error {
+        code: u16,
+        message: String,
+    },
+}
+
+/// Why a frame could not be decoded (or encoded).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum FrameError {
+    #[error("frame length {0} out of range (2..={MAX_FRAME_LEN})")]
+    BadLength(u32),
+    #[error("unsupported protocol version {0} (this side speaks {VERSION})")]
+    BadVersion(u8),
+    #[error("unknown frame kind {0}")]
+    UnknownKind(u8),
+    #[error("frame kind {kind} payload truncated")]
+    Truncated { kind: u8 },
+    #[error("frame kind {kind} has {extra} trailing bytes")]
+    TrailingBytes { kind: u8, extra: usize },
+    #[error("string of {0} bytes exceeds {MAX_STRING_LEN}")]
+    StringTooLong(usize),
+    #[error("string is not valid UTF-8")]
+    BadUtf8,
+    #[error("MemVerdict granted byte must be 0 or 1, got {0}")]
+    BadBool(u8),
+}
+
+/// Result of decoding from the front of a buffer.
+pub type Decoded<T> = Result<Option<(T, usize)>, FrameError>;
+
+impl Request {
+    /// The frame kind byte of this message.
+    pub fn kind(&self) -> u8 {
+        match self {
+            Request::Hello { .. } => kind::HELLO,
+            Request::TokenRequest { .. } => kind::TOKEN_REQUEST,
+            Request::Release { .. } => kind::RELEASE,
+            Request::MemAlloc { .. } => kind::MEM_ALLOC,
+            Request::MemFree { .. } => kind::MEM_FREE,
+            Request::MemQuery => kind::MEM_QUERY,
+        }
+    }
+
+    /// Append the encoded frame to `out`. Fails only for an over-long string.
+    pub fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), FrameError> {
+        let mut w = Writer::start(out, self.kind());
+        match self {
+            Request::Hello { pid, gpu_uuid } => {
+                w.u32(*pid);
+                w.string(gpu_uuid)?;
+            }
+            Request::TokenRequest {
+                overuse_us,
+                burst_us,
+            } => {
+                w.u64(*overuse_us);
+                w.u64(*burst_us);
+            }
+            Request::Release { used_us } => w.u64(*used_us),
+            Request::MemAlloc { bytes } | Request::MemFree { bytes } => w.u64(*bytes),
+            Request::MemQuery => {}
+        }
+        w.finish();
+        Ok(())
+    }
+
+    /// Encode into a fresh buffer.
+    pub fn encode(&self) -> Result<Vec<u8>, FrameError> {
+        let mut v = Vec::with_capacity(32);
+        self.encode_into(&mut v)?;
+        Ok(v)
+    }
+
+    /// Decode one frame from the front of `buf`: `Ok(None)` means more bytes are
+    /// needed; `Ok(Some((msg, consumed)))` a whole frame.
+    pub fn decode(buf: &[u8]) -> Decoded<Request> {
+        let Some((kind, mut r, total)) = split_frame(buf)? else {
+            return Ok(None);
+        };
+        let msg = match kind {
+            kind::HELLO => Request::Hello {
+                pid: r.u32()?,
+                gpu_uuid: r.string()?,
+            },
+            kind::TOKEN_REQUEST => Request::TokenRequest {
+                overuse_us: r.u64()?,
+                burst_us: r.u64()?,
+            },
+            kind::RELEASE => Request::Release { used_us: r.u64()? },
+            kind::MEM_ALLOC => Request::MemAlloc { bytes: r.u64()? },
+            kind::MEM_FREE => Request::MemFree { bytes: r.u64()? },
+            kind::MEM_QUERY => Request::MemQuery,
+            other => return Err(FrameError::UnknownKind(other)),
+        };
+        r.end()?;
+        Ok(Some((msg, total)))
+    }
+}
+
+impl Reply {
+    /// The frame kind byte of this message.
+    pub fn kind(&self) -> u8 {
+        match self {
+            Reply::HelloOk { .. } => kind::HELLO_OK,
+            Reply::Grant { .. } => kind::GRANT,
+            Reply::MemVerdict { .. } => kind::MEM_VERDICT,
+            Reply::MemInfo { .. } => kind::MEM_INFO,
+            Reply::Error { .. } => kind::ERROR,
+        }
+    }
+
+    /// An Error reply whose message is cut (at a char boundary) to fit a frame.
+    pub fn error(code: u16, message: impl Into<String>) -> Reply {
+        let mut message = message.into();
+        if message.len() > MAX_STRING_LEN {
+            let mut cut = MAX_STRING_LEN;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        Reply::Error { code, message }
+    }
+
+    /// Append the encoded frame to `out`. Fails only for an over-long string.
+    pub fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), FrameError> {
+        let mut w = Writer::start(out, self.kind());
+        match self {
+            Reply::HelloOk {
+                request_milli,
+                limit_milli,
+                mem_limit,
+                mem_used,
+                window_ms,
+            } => {
+                w.u16(*request_milli);
+                w.u16(*limit_milli);
+                w.u64(*mem_limit);
+                w.u64(*mem_used);
+                w.u32(*window_ms);
+            }
+            Reply::Grant { quota_us } => w.u64(*quota_us),
+            Reply::MemVerdict {
+                granted,
+                used,
+                limit,
+            } => {
+                w.u8(u8::from(*granted));
+                w.u64(*used);
+                w.u64(*limit);
+            }
+            Reply::MemInfo { used, limit } => {
+                w.u64(*used);
+                w.u64(*limit);
+            }
+            Reply::Error { code, message } => {
+                w.u16(*code);
+                w.string(message)?;
+            }
+        }
+        w.finish();
+        Ok(())
+    }
+
+    /// Encode into a fresh buffer.
+    pub fn encode(&self) -> Result<Vec<u8>, FrameError> {
+        let mut v = Vec::with_capacity(32);
+        self.encode_into(&mut v)?;
+        Ok(v)
+    }
+
+    /// Decode one frame from the front of `buf` (see [`Request::decode`]).
+    pub fn decode(buf: &[u8]) -> Decoded<Reply> {
+        let Some((kind, mut r, total)) = split_frame(buf)? else {
+            return Ok(None);
+        };
+        let msg = match kind {
+            kind::HELLO_OK => Reply::HelloOk {
+                request_milli: r.u16()?,
+                limit_milli: r.u16()?,
+                mem_limit: r.u64()?,
+                mem_used: r.u64()?,
+                window_ms: r.u32()?,
+            },
+            kind::GRANT => Reply::Grant { quota_us: r.u64()? },
+            kind::MEM_VERDICT => {
+                let granted = match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    b => return Err(FrameError::BadBool(b)),
+                };
+                Reply::MemVerdict {
+                    granted,
+                    used: r.u64()?,
+                    limit: r.u64()?,
+                }
+            }
+            kind::MEM_INFO => Reply::MemInfo {
+                used: r.u64()?,
+                limit: r.u64()?,
+            },
+            kind::ERROR => Reply::Error {
+                code: r.u16()?,
+                message: r.string()?,
+            },
+            other => return Err(FrameError::UnknownKind(other)),
+        };
+        r.end()?;
+        Ok(Some((msg, total)))
+    }
+}
+
+/// Validate the header; returns the kind, a reader over the payload and the whole
+/// frame's size, or `None` when the frame is not complete yet.
+fn split_frame(buf: &[u8]) -> Result<Option<(u8, Reader<'_>, usize)>, FrameError> {
+    let Some(prefix) = buf.get(..LEN_PREFIX) else {
+        return Ok(None);
+    };
+    let len_u32 = u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
+    let len = len_u32 as usize;
+    if !(2..=MAX_FRAME_LEN).contains(&len) {
+        return Err(FrameError::BadLength(len_u32));
+    }
+    // Check the version as soon as it arrives, so a peer speaking another
+    // version is told at once rather than after a whole (maybe huge) frame.
+    if let Some(&v) = buf.get(LEN_PREFIX)
+        && v != VERSION
+    {
+        return Err(FrameError::BadVersion(v));
+    }
+    let total = LEN_PREFIX + len;
+    let Some(body) = buf.get(LEN_PREFIX..total) else {
+        return Ok(None);
+    };
+    let kind = body[1];
+    Ok(Some((
+        kind,
+        Reader {
+            kind,
+            rest: &body[2..],
+        },
+        total,
+    )))
+}
+
+/// Appends one frame to a buffer, patching the length prefix at the end.
+struct Writer<'a> {
+    out: &'a mut Vec<u8>,
+    start: usize,
+}
+
+impl<'a> Writer<'a> {
+    fn start(out: &'a mut Vec<u8>, kind: u8) -> Self {
+        let start = out.len();
+        out.extend_from_slice(&[0, 0, 0, 0, VERSION, kind]);
+        Writer { out, start }
+    }
+    fn u8(&mut self, v: u8) {
+        self.out.push(v);
+    }
+    fn u16(&mut self, v: u16) {
+        self.out.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.out.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.out.extend_from_slice(&v.to_le_bytes());
+    }
+    fn string(&mut self, s: &str) -> Result<(), FrameError> {
+        if s.len() > MAX_STRING_LEN {
+            // Leave `out` as it was: no half-written frame.
+            self.out.truncate(self.start);
+            return Err(FrameError::StringTooLong(s.len()));
+        }
+        self.u16(s.len() as u16);
+        self.out.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+    fn finish(self) {
+        // Every payload is bounded well below MAX_FRAME_LEN (one string of at most
+        // MAX_STRING_LEN plus a few fixed fields), so the cast cannot truncate.
+        let len = (self.out.len() - self.start - LEN_PREFIX) as u32;
+        self.out[self.start..self.start + LEN_PREFIX].copy_from_slice(&len.to_le_bytes());
+    }
+}
+
+/// Reads fixed fields from a payload; every read is bounds-checked.
+struct Reader<'a> {
+    kind: u8,
+    rest: &'a [u8],
+}
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], FrameError> {
+        let Some((head, tail)) = self.rest.split_first_chunk::<N>() else {
+            return Err(FrameError::Truncated { kind: self.kind });
+        };
+        self.rest = tail;
+        Ok(*head)
+    }
+    fn u8(&mut self) -> Result<u8, FrameError> {
+        Ok(self.take::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16, FrameError> {
+        Ok(u16::from_le_bytes(self.take()?))
+    }
+    fn u32(&mut self) -> Result<u32, FrameError> {
+        Ok(u32::from_le_bytes(self.take()?))
+    }
+    fn u64(&mut self) -> Result<u64, FrameError> {
+        Ok(u64::from_le_bytes(self.take()?))
+    }
+    fn string(&mut self) -> Result<String, FrameError> {
+        let len = self.u16()? as usize;
+        if len > MAX_STRING_LEN {
+            return Err(FrameError::StringTooLong(len));
+        }
+        let Some((bytes, tail)) = self.rest.split_at_checked(len) else {
+            return Err(FrameError::Truncated { kind: self.kind });
+        };
+        self.rest = tail;
+        String::from_utf8(bytes.to_vec()).map_err(|_| FrameError::BadUtf8)
+    }
+    fn end(self) -> Result<(), FrameError> {
+        if self.rest.is_empty() {
+            Ok(())
+        } else {
+            Err(FrameError::TrailingBytes {
+                kind: self.kind,
+                extra: self.rest.len(),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_layout_is_as_specified() {
+        let b = Request::Hello {
+            pid: 0x01020304,
+            gpu_uuid: "GPU-ab".into(),
+        }
+        .encode()
+        .unwrap();
+        assert_eq!(
+            b,
+            vec![
+                14, 0, 0, 0, 1, 1, 4, 3, 2, 1, 6, 0, b'G', b'P', b'U', b'-', b'a', b'b'
+            ]
+        );
+    }
+
+    #[test]
+    fn grant_layout_is_as_specified() {
+        let b = Reply::Grant { quota_us: 258 }.encode().unwrap();
+        assert_eq!(b, vec![10, 0, 0, 0, 1, 65, 2, 1, 0, 0, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn short_input_needs_more() {
+        let b = Request::TokenRequest {
+            overuse_us: 5,
+            burst_us: 7,
+        }
+        .encode()
+        .unwrap();
+        for cut in 0..b.len() {
+            assert_eq!(Request::decode(&b[..cut]), Ok(None), "cut at {cut}");
+        }
+        assert_eq!(
+            Request::decode(&b),
+            Ok(Some((
+                Request::TokenRequest {
+                    overuse_us: 5,
+                    burst_us: 7
+                },
+                b.len()
+            )))
+        );
+    }
+
+    #[test]
+    fn bad_headers_are_typed_errors() {
+        assert_eq!(
+            Request::decode(&[1, 0, 0, 0, 1]),
+            Err(FrameError::BadLength(1))
+        );
+        assert_eq!(
+            Request::decode(&[0, 0x20, 0, 0]),
+            Err(FrameError::BadLength(0x2000))
+        );
+        assert_eq!(
+            Request::decode(&[2, 0, 0, 0, 9]),
+            Err(FrameError::BadVersion(9))
+        );
+        assert_eq!(
+            Request::decode(&[2, 0, 0, 0, 1, 99]),
+            Err(FrameError::UnknownKind(99))
+        );
+        // A reply kind is not a request.
+        assert_eq!(
+            Request::decode(&[2, 0, 0, 0, 1, kind::GRANT]),
+            Err(FrameError::UnknownKind(kind::GRANT))
+        );
+        assert_eq!(
+            Request::decode(&[3, 0, 0, 0, 1, kind::MEM_QUERY, 0]),
+            Err(FrameError::TrailingBytes {
+                kind: kind::MEM_QUERY,
+                extra: 1
+            })
+        );
+        assert_eq!(
+            Request::decode(&[4, 0, 0, 0, 1, kind::RELEASE, 0, 0]),
+            Err(FrameError::Truncated {
+                kind: kind::RELEASE
+            })
+        );
+        assert_eq!(
+            Reply::decode(&[
+                19,
+                0,
+                0,
+                0,
+                1,
+                kind::MEM_VERDICT,
+                2,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0
+            ]),
+            Err(FrameError::BadBool(2))
+        );
+    }
+
+    #[test]
+    fn bad_strings_are_typed_errors() {
+        // Hello with a 2-byte string that is not UTF-8.
+        let f = [10, 0, 0, 0, 1, 1, 0, 0, 0, 0, 2, 0, 0xff, 0xfe];
+        assert_eq!(Request::decode(&f), Err(FrameError::BadUtf8));
+        // String length beyond the payload.
+        let f = [10, 0, 0, 0, 1, 1, 0, 0, 0, 0, 9, 0, b'a', b'b'];
+        assert_eq!(
+            Request::decode(&f),
+            Err(FrameError::Truncated { kind: kind::HELLO })
+        );
+        let long = "x".repeat(MAX_STRING_LEN + 1);
+        let mut out = vec![7];
+        assert_eq!(
+            Request::Hello {
+                pid: 1,
+                gpu_uuid: long
+            }
+            .encode_into(&mut out),
+            Err(FrameError::StringTooLong(MAX_STRING_LEN + 1))
+        );
+        assert_eq!(out, vec![7], "a failed encode leaves the buffer as it was");
+    }
+
+    #[test]
+    fn error_constructor_cuts_long_messages_on_char_boundary() {
+        let msg = "é".repeat(MAX_STRING_LEN); // 2 bytes each
+        let r = Reply::error(code::BAD_FRAME, msg);
+        let Reply::Error { message, .. } = &r else {
+            panic!()
+        };
+        assert_eq!(message.len(), MAX_STRING_LEN);
+        let b = r.encode().unwrap();
+        assert_eq!(Reply::decode(&b).unwrap().unwrap().0, r);
+    }
+
+    #[test]
+    fn frames_decode_back_to_back() {
+        let mut buf = Vec::new();
+        Request::MemAlloc { bytes: 10 }
+            .encode_into(&mut buf)
+            .unwrap();
+        Request::MemQuery.encode_into(&mut buf).unwrap();
+        let (a, n) = Request::decode(&buf).unwrap().unwrap();
+        assert_eq!(a, Request::MemAlloc { bytes: 10 });
+        let (b, m) = Request::decode(&buf[n..]).unwrap().unwrap();
+        assert_eq!(b, Request::MemQuery);
+        assert_eq!(n + m, buf.len());
+    }
+}
