@@ -1,1 +1,27 @@
-//! placeholder
+//! The `sharedgpu` pod API, shared by every part of KubeShare.
+//!
+//! This crate is the one place where the contracts of `DESIGN.md` live as types:
+//! the pod labels (parsed once, into [`GpuDemand`]), the annotations the extender
+//! writes at bind ([`Allocation`]), the GPU inventory a node daemon publishes on its
+//! Node ([`NodeInventory`]), and Gemini's per-GPU resource-config file
+//! ([`ResourceConfig`]). It does no I/O.
+
+pub mod annotations;
+pub mod inventory;
+pub mod labels;
+mod milli;
+mod quantity;
+pub mod resource_config;
+
+pub use annotations::{Allocation, AllocationError};
+pub use inventory::{GpuInfo, InventoryError, NodeInventory};
+pub use labels::{GpuDemand, GpuShare, GroupSpec, LabelError, is_kubeshare_pod};
+pub use milli::{Milli, MilliParseError};
+pub use quantity::{QuantityError, parse_bytes};
+pub use resource_config::{ResourceConfig, ResourceConfigError, ResourceEntry};
+
+/// The scheduler name that KubeShare pods run under.
+pub const SCHEDULER_NAME: &str = "kubeshare-scheduler";
+
+/// The prefix of every KubeShare label and annotation.
+pub const PREFIX: &str = "sharedgpu/";

@@ -1,0 +1,610 @@
+//! The `sharedgpu/*` pod labels, parsed once into a typed [`GpuDemand`].
+//!
+//! Every rule of DESIGN.md's label table is enforced here, and every violation is a
+//! [`LabelError`] that names the label, its value and the rule in words a user can act
+//! on. The webhook shows these messages when it denies a pod; the extender and the node
+//! daemon only ever see a `GpuDemand`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::milli::{Milli, MilliParseError, parse_decimal_milli};
+use crate::quantity::{QuantityError, parse_bytes};
+
+pub const GPU_REQUEST: &str = "sharedgpu/gpu_request";
+pub const GPU_LIMIT: &str = "sharedgpu/gpu_limit";
+pub const GPU_MEM: &str = "sharedgpu/gpu_mem";
+pub const GPU_COUNT: &str = "sharedgpu/gpu_count";
+pub const GPU_MODEL: &str = "sharedgpu/gpu_model";
+pub const PRIORITY: &str = "sharedgpu/priority";
+pub const GROUP_NAME: &str = "sharedgpu/group_name";
+/// KubeShare 2.0's README spelled the group label this way; accepted as an alias.
+pub const POD_GROUP_NAME: &str = "sharedgpu/pod_group_name";
+pub const GROUP_HEADCOUNT: &str = "sharedgpu/group_headcount";
+pub const GROUP_THRESHOLD: &str = "sharedgpu/group_threshold";
+pub const SCHED_AFFINITY: &str = "sharedgpu/sched_affinity";
+pub const SCHED_ANTI_AFFINITY: &str = "sharedgpu/sched_anti-affinity";
+pub const SCHED_EXCLUSION: &str = "sharedgpu/sched_exclusion";
+/// Read by KubeShare 2.0's aggregator but ignored by its scheduler.
+pub const OBSOLETE_MIN_AVAILABLE: &str = "sharedgpu/min_available";
+
+/// Every label a pod may carry, in the order they are checked.
+pub const KNOWN_LABELS: [&str; 13] = [
+    GPU_REQUEST,
+    GPU_LIMIT,
+    GPU_MEM,
+    GPU_COUNT,
+    GPU_MODEL,
+    PRIORITY,
+    GROUP_NAME,
+    POD_GROUP_NAME,
+    GROUP_HEADCOUNT,
+    GROUP_THRESHOLD,
+    SCHED_AFFINITY,
+    SCHED_ANTI_AFFINITY,
+    SCHED_EXCLUSION,
+];
+
+/// Most whole GPUs one pod may ask for.
+pub const MAX_WHOLE_GPUS: u16 = 64;
+/// Most fractional GPUs (`gpu_count`) one pod may ask for.
+pub const MAX_GPU_COUNT: u8 = 16;
+/// Largest coscheduling group.
+pub const MAX_GROUP_HEADCOUNT: u32 = 10_000;
+/// Highest `priority`.
+pub const MAX_PRIORITY: u8 = 100;
+
+/// How much GPU a pod asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum GpuShare {
+    /// `count` GPUs, each shared: guaranteed `request`, at most `limit` of its time.
+    Fraction {
+        request: Milli,
+        limit: Milli,
+        count: u8,
+    },
+    /// `gpus` whole GPUs, exclusively (gpu_request = gpu_limit = N > 1).
+    Whole { gpus: u16 },
+}
+
+/// A coscheduling group: the group starts only when `min_members()` can all be placed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GroupSpec {
+    pub name: String,
+    pub headcount: u32,
+    pub threshold: Milli,
+}
+
+impl GroupSpec {
+    /// ⌈threshold × headcount⌉, at least 1.
+    pub fn min_members(&self) -> u32 {
+        let t = u64::from(self.threshold.get());
+        let n = (u64::from(self.headcount) * t).div_ceil(1000);
+        u32::try_from(n.max(1)).unwrap_or(self.headcount)
+    }
+}
+
+/// Everything a KubeShare pod asks of the scheduler, from its labels.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GpuDemand {
+    pub share: GpuShare,
+    /// Memory cap per GPU in bytes; `None` means ⌊request × the chosen GPU's memory⌋.
+    pub mem: Option<u64>,
+    pub model: Option<String>,
+    /// 0 = opportunistic (pack), 1..=100 = guarantee (spread).
+    pub priority: u8,
+    pub group: Option<GroupSpec>,
+    pub affinity: Option<String>,
+    pub anti_affinity: Option<String>,
+    pub exclusion: Option<String>,
+}
+
+/// The rule a label value broke.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rule {
+    RequestNotANumber,
+    RequestFractionAboveOne,
+    NotNegative,
+    TooPrecise,
+    TooManyWholeGpus,
+    LimitNotANumber,
+    LimitAboveOne,
+    LimitZero,
+    RequestAboveLimit {
+        limit: String,
+    },
+    WholeLimitMismatch {
+        request: String,
+    },
+    CountNotANumber,
+    CountWithWhole,
+    Memory(QuantityError),
+    MemoryZero,
+    ModelName,
+    PriorityRange,
+    HeadcountRange,
+    ThresholdRange,
+    LabelValue,
+    AliasConflict {
+        other_label: &'static str,
+        other_value: String,
+    },
+    Obsolete,
+    Unknown,
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rule::RequestNotANumber => write!(
+                f,
+                "must be a decimal between 0.0 and 1.0, or a whole number of GPUs such as 2"
+            ),
+            Rule::RequestFractionAboveOne => write!(
+                f,
+                "a fractional request must be at most 1.0; whole GPUs are written as an integer such as 2"
+            ),
+            Rule::NotNegative => write!(f, "must not be negative"),
+            Rule::TooPrecise => write!(
+                f,
+                "at most 3 decimal places are allowed (shares are counted in thousandths of a GPU)"
+            ),
+            Rule::TooManyWholeGpus => {
+                write!(
+                    f,
+                    "at most {MAX_WHOLE_GPUS} whole GPUs may be requested by one pod"
+                )
+            }
+            Rule::LimitNotANumber => write!(f, "must be a decimal between 0.0 and 1.0"),
+            Rule::LimitAboveOne => write!(
+                f,
+                "must be at most 1.0 for a fractional request; for whole GPUs set gpu_request and gpu_limit to the same integer"
+            ),
+            Rule::LimitZero => write!(f, "must be greater than 0"),
+            Rule::RequestAboveLimit { limit } => {
+                write!(f, "must not exceed {GPU_LIMIT}={limit}")
+            }
+            Rule::WholeLimitMismatch { request } => write!(
+                f,
+                "must equal {GPU_REQUEST}={request}: whole GPUs are not time-shared, so their limit is their request"
+            ),
+            Rule::CountNotANumber => {
+                write!(f, "must be a whole number from 1 to {MAX_GPU_COUNT}")
+            }
+            Rule::CountWithWhole => write!(
+                f,
+                "only applies to a fractional gpu_request (at most 1.0); for whole GPUs set gpu_request to the number of GPUs"
+            ),
+            Rule::Memory(e) => write!(f, "{e}"),
+            Rule::MemoryZero => write!(
+                f,
+                "must be greater than 0 (leave it out to get the request's share of the GPU's memory)"
+            ),
+            Rule::ModelName => write!(
+                f,
+                "must be a GPU model as NVML names it, spaces written as '-', such as NVIDIA-H100-80GB-HBM3"
+            ),
+            Rule::PriorityRange => write!(
+                f,
+                "must be a whole number from 0 to {MAX_PRIORITY} (0 = opportunistic, 1-{MAX_PRIORITY} = guaranteed)"
+            ),
+            Rule::HeadcountRange => {
+                write!(f, "must be a whole number from 1 to {MAX_GROUP_HEADCOUNT}")
+            }
+            Rule::ThresholdRange => write!(
+                f,
+                "must be a decimal greater than 0 and at most 1.0 (the fraction of the group that must start together)"
+            ),
+            Rule::LabelValue => write!(
+                f,
+                "must be 1-63 characters of letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+            ),
+            Rule::AliasConflict {
+                other_label,
+                other_value,
+            } => write!(
+                f,
+                "conflicts with {other_label}={other_value}; set only one of them"
+            ),
+            Rule::Obsolete => write!(
+                f,
+                "is obsolete; use {GROUP_HEADCOUNT} and {GROUP_THRESHOLD}"
+            ),
+            Rule::Unknown => write!(
+                f,
+                "unknown KubeShare label (a typo?); known labels are gpu_request, gpu_limit, gpu_mem, gpu_count, gpu_model, priority, group_name, group_headcount, group_threshold, sched_affinity, sched_anti-affinity, sched_exclusion"
+            ),
+        }
+    }
+}
+
+/// A label set that breaks a rule. The message names the label, the value and the rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LabelError {
+    #[error("{label}={value}: {rule}")]
+    Invalid {
+        label: String,
+        value: String,
+        rule: Rule,
+    },
+    #[error("{label}={value}: {missing} is required as well{why}")]
+    Missing {
+        label: &'static str,
+        value: String,
+        missing: &'static str,
+        why: &'static str,
+    },
+}
+
+impl LabelError {
+    /// The label the user must fix.
+    pub fn label(&self) -> &str {
+        match self {
+            LabelError::Invalid { label, .. } => label,
+            LabelError::Missing { label, .. } => label,
+        }
+    }
+}
+
+/// Whether KubeShare handles this pod: it names our scheduler or carries a
+/// `sharedgpu/gpu_*` label.
+pub fn is_kubeshare_pod(scheduler_name: Option<&str>, labels: &BTreeMap<String, String>) -> bool {
+    scheduler_name == Some(crate::SCHEDULER_NAME)
+        || labels.keys().any(|k| k.starts_with("sharedgpu/gpu_"))
+}
+
+fn invalid(label: &str, value: &str, rule: Rule) -> LabelError {
+    LabelError::Invalid {
+        label: label.to_string(),
+        value: value.to_string(),
+        rule,
+    }
+}
+
+/// A Kubernetes label value that is not empty.
+fn is_label_value(v: &str) -> bool {
+    let b = v.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric)
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+fn parse_whole(s: &str) -> Option<u64> {
+    let s = s.trim();
+    if s.is_empty() || s.len() > 12 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+fn share_error(label: &str, value: &str, e: MilliParseError, not_number: Rule) -> LabelError {
+    let rule = match e {
+        MilliParseError::NotANumber => not_number,
+        MilliParseError::Negative => Rule::NotNegative,
+        MilliParseError::TooPrecise => Rule::TooPrecise,
+        MilliParseError::AboveOne => Rule::LimitAboveOne,
+    };
+    invalid(label, value, rule)
+}
+
+fn tag(labels: &BTreeMap<String, String>, key: &str) -> Result<Option<String>, LabelError> {
+    match labels.get(key) {
+        None => Ok(None),
+        Some(v) if is_label_value(v) => Ok(Some(v.clone())),
+        Some(v) => Err(invalid(key, v, Rule::LabelValue)),
+    }
+}
+
+impl GpuDemand {
+    /// Parses a pod's labels. `Ok(None)` when the pod carries no `sharedgpu/` label:
+    /// it asks for no GPU.
+    pub fn from_labels(labels: &BTreeMap<String, String>) -> Result<Option<GpuDemand>, LabelError> {
+        let ours: Vec<(&String, &String)> = labels
+            .iter()
+            .filter(|(k, _)| k.starts_with(crate::PREFIX))
+            .collect();
+        if ours.is_empty() {
+            return Ok(None);
+        }
+        for (k, v) in &ours {
+            if k.as_str() == OBSOLETE_MIN_AVAILABLE {
+                return Err(invalid(k, v, Rule::Obsolete));
+            }
+            if !KNOWN_LABELS.contains(&k.as_str()) {
+                return Err(invalid(k, v, Rule::Unknown));
+            }
+        }
+        let get = |k: &str| labels.get(k).map(String::as_str);
+
+        // gpu_limit is the label every GPU pod must carry.
+        let Some(limit_s) = get(GPU_LIMIT) else {
+            let (label, value) = ours
+                .first()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .unwrap_or((GPU_REQUEST, ""));
+            let label = KNOWN_LABELS
+                .iter()
+                .copied()
+                .find(|k| *k == label)
+                .unwrap_or(GPU_REQUEST);
+            return Err(LabelError::Missing {
+                label,
+                value: value.to_string(),
+                missing: GPU_LIMIT,
+                why: " (the most of a GPU the pod may use; use the same value as gpu_request for a fixed share)",
+            });
+        };
+
+        let share = match get(GPU_REQUEST) {
+            None => {
+                let limit = Milli::parse(limit_s)
+                    .map_err(|e| share_error(GPU_LIMIT, limit_s, e, Rule::LimitNotANumber))?;
+                fraction(limit_s, Milli::ZERO, limit, labels)?
+            }
+            Some(req_s) => {
+                let req = parse_decimal_milli(req_s).map_err(|e| {
+                    let rule = match e {
+                        MilliParseError::NotANumber => Rule::RequestNotANumber,
+                        MilliParseError::Negative => Rule::NotNegative,
+                        MilliParseError::TooPrecise => Rule::TooPrecise,
+                        MilliParseError::AboveOne => Rule::TooManyWholeGpus,
+                    };
+                    invalid(GPU_REQUEST, req_s, rule)
+                })?;
+                if req <= 1000 {
+                    let request = Milli::new(req as u16).unwrap_or(Milli::ONE);
+                    let limit = Milli::parse(limit_s)
+                        .map_err(|e| share_error(GPU_LIMIT, limit_s, e, Rule::LimitNotANumber))?;
+                    if request > limit {
+                        return Err(invalid(
+                            GPU_REQUEST,
+                            req_s,
+                            Rule::RequestAboveLimit {
+                                limit: limit_s.to_string(),
+                            },
+                        ));
+                    }
+                    fraction(limit_s, request, limit, labels)?
+                } else if req % 1000 != 0 {
+                    return Err(invalid(GPU_REQUEST, req_s, Rule::RequestFractionAboveOne));
+                } else {
+                    let gpus = req / 1000;
+                    if gpus > u64::from(MAX_WHOLE_GPUS) {
+                        return Err(invalid(GPU_REQUEST, req_s, Rule::TooManyWholeGpus));
+                    }
+                    if parse_decimal_milli(limit_s).ok() != Some(req) {
+                        return Err(invalid(
+                            GPU_LIMIT,
+                            limit_s,
+                            Rule::WholeLimitMismatch {
+                                request: req_s.to_string(),
+                            },
+                        ));
+                    }
+                    if let Some(c) = get(GPU_COUNT) {
+                        return Err(invalid(GPU_COUNT, c, Rule::CountWithWhole));
+                    }
+                    GpuShare::Whole { gpus: gpus as u16 }
+                }
+            }
+        };
+
+        let mem = match get(GPU_MEM) {
+            None => None,
+            Some(s) => match parse_bytes(s) {
+                Ok(0) => return Err(invalid(GPU_MEM, s, Rule::MemoryZero)),
+                Ok(b) => Some(b),
+                Err(e) => return Err(invalid(GPU_MEM, s, Rule::Memory(e))),
+            },
+        };
+
+        let model = match get(GPU_MODEL) {
+            None => None,
+            Some(m) if is_label_value(m) => Some(m.to_string()),
+            Some(m) => return Err(invalid(GPU_MODEL, m, Rule::ModelName)),
+        };
+
+        let priority = match get(PRIORITY) {
+            None => 0,
+            Some(p) => match parse_whole(p) {
+                Some(v) if v <= u64::from(MAX_PRIORITY) => v as u8,
+                _ => return Err(invalid(PRIORITY, p, Rule::PriorityRange)),
+            },
+        };
+
+        let group = parse_group(labels)?;
+
+        Ok(Some(GpuDemand {
+            share,
+            mem,
+            model,
+            priority,
+            group,
+            affinity: tag(labels, SCHED_AFFINITY)?,
+            anti_affinity: tag(labels, SCHED_ANTI_AFFINITY)?,
+            exclusion: tag(labels, SCHED_EXCLUSION)?,
+        }))
+    }
+
+    /// The labels that parse back to this demand (canonical spelling).
+    pub fn to_labels(&self) -> BTreeMap<String, String> {
+        let mut l = BTreeMap::new();
+        let mut put = |k: &str, v: String| {
+            l.insert(k.to_string(), v);
+        };
+        match &self.share {
+            GpuShare::Fraction {
+                request,
+                limit,
+                count,
+            } => {
+                put(GPU_REQUEST, request.to_string());
+                put(GPU_LIMIT, limit.to_string());
+                if *count != 1 {
+                    put(GPU_COUNT, count.to_string());
+                }
+            }
+            GpuShare::Whole { gpus } => {
+                put(GPU_REQUEST, gpus.to_string());
+                put(GPU_LIMIT, gpus.to_string());
+            }
+        }
+        if let Some(m) = self.mem {
+            put(GPU_MEM, m.to_string());
+        }
+        if let Some(m) = &self.model {
+            put(GPU_MODEL, m.clone());
+        }
+        if self.priority != 0 {
+            put(PRIORITY, self.priority.to_string());
+        }
+        if let Some(g) = &self.group {
+            put(GROUP_NAME, g.name.clone());
+            put(GROUP_HEADCOUNT, g.headcount.to_string());
+            put(GROUP_THRESHOLD, g.threshold.to_string());
+        }
+        for (k, v) in [
+            (SCHED_AFFINITY, &self.affinity),
+            (SCHED_ANTI_AFFINITY, &self.anti_affinity),
+            (SCHED_EXCLUSION, &self.exclusion),
+        ] {
+            if let Some(v) = v {
+                put(k, v.clone());
+            }
+        }
+        l
+    }
+
+    /// How many distinct GPUs the pod needs.
+    pub fn gpu_count(&self) -> u16 {
+        match self.share {
+            GpuShare::Fraction { count, .. } => u16::from(count),
+            GpuShare::Whole { gpus } => gpus,
+        }
+    }
+
+    /// The guaranteed share it takes on each of its GPUs (a whole GPU is 1000).
+    pub fn request_per_gpu(&self) -> Milli {
+        match self.share {
+            GpuShare::Fraction { request, .. } => request,
+            GpuShare::Whole { .. } => Milli::ONE,
+        }
+    }
+
+    /// The ceiling of its share on each GPU.
+    pub fn limit_per_gpu(&self) -> Milli {
+        match self.share {
+            GpuShare::Fraction { limit, .. } => limit,
+            GpuShare::Whole { .. } => Milli::ONE,
+        }
+    }
+
+    /// Whole GPUs need no time-slicing and so no hook library.
+    pub fn is_whole(&self) -> bool {
+        matches!(self.share, GpuShare::Whole { .. })
+    }
+
+    /// Effective memory cap on a GPU of `gpu_memory` bytes: the label, else
+    /// ⌊request × memory⌋ (a whole GPU gets all of it).
+    pub fn mem_on(&self, gpu_memory: u64) -> u64 {
+        if let Some(m) = self.mem {
+            return m;
+        }
+        let r = u128::from(self.request_per_gpu().get());
+        (u128::from(gpu_memory) * r / 1000) as u64
+    }
+}
+
+fn fraction(
+    limit_s: &str,
+    request: Milli,
+    limit: Milli,
+    labels: &BTreeMap<String, String>,
+) -> Result<GpuShare, LabelError> {
+    if limit == Milli::ZERO {
+        return Err(invalid(GPU_LIMIT, limit_s, Rule::LimitZero));
+    }
+    let count = match labels.get(GPU_COUNT) {
+        None => 1,
+        Some(c) => match parse_whole(c) {
+            Some(n) if (1..=u64::from(MAX_GPU_COUNT)).contains(&n) => n as u8,
+            _ => return Err(invalid(GPU_COUNT, c, Rule::CountNotANumber)),
+        },
+    };
+    Ok(GpuShare::Fraction {
+        request,
+        limit,
+        count,
+    })
+}
+
+fn parse_group(labels: &BTreeMap<String, String>) -> Result<Option<GroupSpec>, LabelError> {
+    let name = match (labels.get(GROUP_NAME), labels.get(POD_GROUP_NAME)) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(invalid(
+                POD_GROUP_NAME,
+                b,
+                Rule::AliasConflict {
+                    other_label: GROUP_NAME,
+                    other_value: a.clone(),
+                },
+            ));
+        }
+        (Some(a), _) => Some((GROUP_NAME, a)),
+        (None, Some(b)) => Some((POD_GROUP_NAME, b)),
+        (None, None) => None,
+    };
+    let headcount = labels.get(GROUP_HEADCOUNT);
+    let threshold = labels.get(GROUP_THRESHOLD);
+    const WHY: &str =
+        " (coscheduling needs group_name, group_headcount and group_threshold together)";
+    let (name_label, name) = match (name, headcount, threshold) {
+        (None, None, None) => return Ok(None),
+        (Some(n), Some(_), Some(_)) => n,
+        (Some((l, v)), None, _) => {
+            return Err(missing(l, v, GROUP_HEADCOUNT, WHY));
+        }
+        (Some((l, v)), Some(_), None) => return Err(missing(l, v, GROUP_THRESHOLD, WHY)),
+        (None, Some(h), _) => return Err(missing(GROUP_HEADCOUNT, h, GROUP_NAME, WHY)),
+        (None, None, Some(t)) => return Err(missing(GROUP_THRESHOLD, t, GROUP_NAME, WHY)),
+    };
+    if !is_label_value(name) {
+        return Err(invalid(name_label, name, Rule::LabelValue));
+    }
+    let (Some(h), Some(t)) = (headcount, threshold) else {
+        return Ok(None);
+    };
+    let headcount = match parse_whole(h) {
+        Some(n) if (1..=u64::from(MAX_GROUP_HEADCOUNT)).contains(&n) => n as u32,
+        _ => return Err(invalid(GROUP_HEADCOUNT, h, Rule::HeadcountRange)),
+    };
+    let threshold = match Milli::parse(t) {
+        Ok(m) if m > Milli::ZERO => m,
+        Err(MilliParseError::TooPrecise) => {
+            return Err(invalid(GROUP_THRESHOLD, t, Rule::TooPrecise));
+        }
+        _ => return Err(invalid(GROUP_THRESHOLD, t, Rule::ThresholdRange)),
+    };
+    Ok(Some(GroupSpec {
+        name: name.clone(),
+        headcount,
+        threshold,
+    }))
+}
+
+fn missing(
+    label: &'static str,
+    value: &str,
+    missing: &'static str,
+    why: &'static str,
+) -> LabelError {
+    LabelError::Missing {
+        label,
+        value: value.to_string(),
+        missing,
+        why,
+    }
+}
