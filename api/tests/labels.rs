@@ -195,10 +195,6 @@ const THRESH: &str = "must be a decimal greater than 0 and at most 1.0 (the frac
 
 #[test]
 fn malformed_label_sets_are_denied_with_exact_messages() {
-        ("group_name", "g"),
-        ("group_headcount", "3"),
-        ("group_threshold", "0.5"),
-    ];
     let cases: Vec<(Vec<(&str, &str)>, String)> = vec![
         // gpu_request
         (vec![("gpu_request", "1.5"), ("gpu_limit", "1.0")], format!("sharedgpu/gpu_request=1.5: {FRAC}")),
