@@ -1,0 +1,1 @@
+//! Placeholder: this crate arrives with its own issue.
