@@ -1,1 +1,998 @@
-//! Placeholder: this crate arrives with its own issue.
+//! A fake CUDA driver (`libcuda.so.1`) for tests on machines without a GPU.
+//!
+//! It exports the driver entry points that libgemhook and its tests use, reachable like the
+//! real driver's by symbol, by `dlsym` and by `cuGetProcAddress` / `cuGetProcAddress_v2`.
+//! Each device is a simulated GPU: one queue that runs launched kernels one after another, each
+//! occupying the device for the duration its arguments name (see [`abi::kernel_duration_us`]),
+//! asynchronously, so that synchronisation calls really wait. Memory is counted against a
+//! configurable size, with fake device addresses (never dereferenced).
+//!
+//! Environment: `FAKE_CUDA_DEVICES` (comma-separated NVML-style UUIDs; default one device),
+//! `FAKE_CUDA_MEM_BYTES` (memory per device; default 16 GiB), `FAKE_CUDA_DRIVER_VERSION`
+//! (default 13000). `fakeCudaBusyMicros(dev)` returns the kernel time the device has executed
+//! in this process, so tests can measure shares.
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+#[path = "abi.rs"]
+pub mod abi;
+mod engine;
+
+use abi::*;
+use engine::{Device, Event, Job};
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+const DEFAULT_UUID: &str = "GPU-00000000-0000-4000-8000-000000000001";
+const DEFAULT_MEM: u64 = 16 << 30;
+
+/// A context: which device it belongs to.
+struct Ctx {
+    dev: usize,
+}
+
+/// A stream: its device and the last job queued on it.
+struct Stream {
+    dev: usize,
+    last: AtomicU64,
+}
+
+struct Driver {
+    devices: Vec<Arc<Device>>,
+    primary: Vec<usize>, // Box<Ctx> addresses, leaked on purpose (primary contexts live forever)
+    allocations: Mutex<HashMap<u64, (usize, u64)>>,
+    next_addr: AtomicU64,
+    version: i32,
+}
+
+fn driver() -> &'static Driver {
+    static DRIVER: OnceLock<Driver> = OnceLock::new();
+    DRIVER.get_or_init(|| {
+        let uuids = std::env::var("FAKE_CUDA_DEVICES").unwrap_or_else(|_| DEFAULT_UUID.into());
+        let mem = std::env::var("FAKE_CUDA_MEM_BYTES")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(DEFAULT_MEM);
+        let devices: Vec<Arc<Device>> = uuids
+            .split(',')
+            .filter_map(|u| parse_uuid(u.trim()))
+            .enumerate()
+            .map(|(i, uuid)| Arc::new(Device::new(i, uuid, mem)))
+            .collect();
+        let primary = (0..devices.len())
+            .map(|dev| Box::into_raw(Box::new(Ctx { dev })) as usize)
+            .collect();
+        let version = std::env::var("FAKE_CUDA_DRIVER_VERSION")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(13000);
+        Driver {
+            devices,
+            primary,
+            allocations: Mutex::new(HashMap::new()),
+            next_addr: AtomicU64::new(0x7f00_0000_0000),
+            version,
+        }
+    })
+}
+
+thread_local! {
+    static CURRENT: Cell<*mut Ctx> = const { Cell::new(std::ptr::null_mut()) };
+    static CTX_STACK: std::cell::RefCell<Vec<*mut Ctx>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn device(dev: CUdevice) -> Option<&'static Arc<Device>> {
+    usize::try_from(dev)
+        .ok()
+        .and_then(|d| driver().devices.get(d))
+}
+
+fn current_dev() -> Option<usize> {
+    let c = CURRENT.with(|c| c.get());
+    if c.is_null() {
+        None
+    } else {
+        // SAFETY: contexts are only created by this library and never freed while current.
+        Some(unsafe { (*c).dev })
+    }
+}
+
+/// The device a stream handle belongs to (special handles and null: the current context's).
+fn stream_dev(s: CUstream) -> Option<usize> {
+    if (s as usize) <= 2 {
+        current_dev()
+    } else {
+        // SAFETY: non-special stream handles are `Box<Stream>` made by cuStreamCreate.
+        Some(unsafe { (*(s as *const Stream)).dev })
+    }
+}
+
+fn enqueue(s: CUstream, job: Job) -> CUresult {
+    let Some(dev) = stream_dev(s) else {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    };
+    let seq = driver().devices[dev].submit(job);
+    if (s as usize) > 2 {
+        // SAFETY: as in `stream_dev`.
+        unsafe { (*(s as *const Stream)).last.store(seq, Ordering::Release) };
+    }
+    CUDA_SUCCESS
+}
+
+unsafe fn put<T>(p: *mut T, v: T) -> CUresult {
+    if p.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null; the caller passes a writable out-pointer.
+    unsafe { p.write(v) };
+    CUDA_SUCCESS
+}
+
+// ---------------------------------------------------------------- init, version, devices
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuInit(_flags: c_uint) -> CUresult {
+    if driver().devices.is_empty() {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDriverGetVersion(v: *mut c_int) -> CUresult {
+    unsafe { put(v, driver().version) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetCount(n: *mut c_int) -> CUresult {
+    unsafe { put(n, driver().devices.len() as c_int) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGet(d: *mut CUdevice, ordinal: c_int) -> CUresult {
+    if device(ordinal).is_none() {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    unsafe { put(d, ordinal) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
+    if device(dev).is_none() {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    let s = b"Fake GPU\0";
+    if name.is_null() || (len as usize) < s.len() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    unsafe { std::ptr::copy_nonoverlapping(s.as_ptr() as *const c_char, name, s.len()) };
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
+    match device(dev) {
+        Some(d) => unsafe { put(uuid, d.uuid) },
+        None => CUDA_ERROR_INVALID_DEVICE,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
+    unsafe { cuDeviceGetUuid(uuid, dev) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    match device(dev) {
+        Some(d) => unsafe { put(bytes, d.mem_total as usize) },
+        None => CUDA_ERROR_INVALID_DEVICE,
+    }
+}
+
+// ---------------------------------------------------------------- contexts
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+    if device(dev).is_none() {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    unsafe { put(ctx, driver().primary[dev as usize] as CUcontext) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+    if device(dev).is_none() {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    ctx: *mut CUcontext,
+    _flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    if device(dev).is_none() {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    let c = Box::into_raw(Box::new(Ctx { dev: dev as usize }));
+    CURRENT.with(|cur| cur.set(c));
+    unsafe { put(ctx, c as CUcontext) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
+    if ctx.is_null() || driver().primary.contains(&(ctx as usize)) {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    CURRENT.with(|cur| {
+        if cur.get() == ctx as *mut Ctx {
+            cur.set(std::ptr::null_mut());
+        }
+    });
+    // Contexts are leaked rather than freed: another thread may still name it (a test double).
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
+    CURRENT.with(|cur| cur.set(ctx as *mut Ctx));
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult {
+    unsafe { put(ctx, CURRENT.with(|c| c.get()) as CUcontext) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
+    match current_dev() {
+        Some(d) => unsafe { put(dev, d as CUdevice) },
+        None => CUDA_ERROR_INVALID_CONTEXT,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
+    let prev = CURRENT.with(|c| c.replace(ctx as *mut Ctx));
+    CTX_STACK.with(|s| s.borrow_mut().push(prev));
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxPopCurrent_v2(ctx: *mut CUcontext) -> CUresult {
+    let prev = CTX_STACK
+        .with(|s| s.borrow_mut().pop())
+        .unwrap_or(std::ptr::null_mut());
+    let cur = CURRENT.with(|c| c.replace(prev));
+    if !ctx.is_null() {
+        unsafe { ctx.write(cur as CUcontext) };
+    }
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSynchronize() -> CUresult {
+    match current_dev() {
+        Some(d) => {
+            let dev = &driver().devices[d];
+            dev.wait_for(dev.submitted());
+            CUDA_SUCCESS
+        }
+        None => CUDA_ERROR_INVALID_CONTEXT,
+    }
+}
+
+// ---------------------------------------------------------------- streams and events
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamCreate(s: *mut CUstream, _flags: c_uint) -> CUresult {
+    let Some(dev) = current_dev() else {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    };
+    let b = Box::into_raw(Box::new(Stream {
+        dev,
+        last: AtomicU64::new(0),
+    }));
+    unsafe { put(s, b as CUstream) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamDestroy_v2(_s: CUstream) -> CUresult {
+    // Leaked on purpose: work queued on it may still reference its device.
+    CUDA_SUCCESS
+}
+
+fn stream_target(s: CUstream) -> Option<(usize, u64)> {
+    let dev = stream_dev(s)?;
+    let seq = if (s as usize) <= 2 {
+        driver().devices[dev].submitted()
+    } else {
+        // SAFETY: a `Box<Stream>` from cuStreamCreate.
+        unsafe { (*(s as *const Stream)).last.load(Ordering::Acquire) }
+    };
+    Some((dev, seq))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamSynchronize(s: CUstream) -> CUresult {
+    match stream_target(s) {
+        Some((dev, seq)) => {
+            driver().devices[dev].wait_for(seq);
+            CUDA_SUCCESS
+        }
+        None => CUDA_ERROR_INVALID_CONTEXT,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamSynchronize_ptsz(s: CUstream) -> CUresult {
+    cuStreamSynchronize(s)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamQuery(s: CUstream) -> CUresult {
+    match stream_target(s) {
+        Some((dev, seq)) if driver().devices[dev].completed() >= seq => CUDA_SUCCESS,
+        Some(_) => CUDA_ERROR_NOT_READY,
+        None => CUDA_ERROR_INVALID_CONTEXT,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamIsCapturing(_s: CUstream, status: *mut c_int) -> CUresult {
+    unsafe { put(status, 0) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CUresult {
+    if mode.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventCreate(e: *mut CUevent, _flags: c_uint) -> CUresult {
+    let ev = Arc::new(Event::default());
+    unsafe { put(e, Arc::into_raw(ev) as CUevent) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventDestroy_v2(e: CUevent) -> CUresult {
+    if e.is_null() {
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    // SAFETY: made by Arc::into_raw in cuEventCreate; queued markers hold their own clones.
+    drop(unsafe { Arc::from_raw(e as *const Event) });
+    CUDA_SUCCESS
+}
+
+unsafe fn event<'a>(e: CUevent) -> Option<&'a Event> {
+    if e.is_null() {
+        None
+    } else {
+        Some(unsafe { &*(e as *const Event) })
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventRecord(e: CUevent, s: CUstream) -> CUresult {
+    if e.is_null() {
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    // SAFETY: a live event from cuEventCreate; clone a reference for the queue.
+    let ev = unsafe {
+        Arc::increment_strong_count(e as *const Event);
+        Arc::from_raw(e as *const Event)
+    };
+    ev.arm();
+    enqueue(s, Job::Marker(ev))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventRecord_ptsz(e: CUevent, s: CUstream) -> CUresult {
+    unsafe { cuEventRecord(e, s) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventSynchronize(e: CUevent) -> CUresult {
+    match unsafe { event(e) } {
+        Some(ev) => {
+            ev.wait();
+            CUDA_SUCCESS
+        }
+        None => CUDA_ERROR_INVALID_HANDLE,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventQuery(e: CUevent) -> CUresult {
+    match unsafe { event(e) } {
+        Some(ev) if ev.done_at().is_some() || !ev.armed() => CUDA_SUCCESS,
+        Some(_) => CUDA_ERROR_NOT_READY,
+        None => CUDA_ERROR_INVALID_HANDLE,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventElapsedTime(
+    ms: *mut f32,
+    start: CUevent,
+    end: CUevent,
+) -> CUresult {
+    let (Some(a), Some(b)) = (unsafe { event(start) }, unsafe { event(end) }) else {
+        return CUDA_ERROR_INVALID_HANDLE;
+    };
+    match (a.done_at(), b.done_at()) {
+        (Some(ta), Some(tb)) => unsafe {
+            put(ms, (tb.saturating_duration_since(ta)).as_secs_f32() * 1e3)
+        },
+        _ => CUDA_ERROR_NOT_READY,
+    }
+}
+
+// ---------------------------------------------------------------- launches
+
+fn launch(s: CUstream, dur_us: u64) -> CUresult {
+    enqueue(s, Job::Kernel(dur_us))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernel(
+    _f: CUfunction,
+    _gx: c_uint,
+    _gy: c_uint,
+    _gz: c_uint,
+    _bx: c_uint,
+    _by: c_uint,
+    _bz: c_uint,
+    _shmem: c_uint,
+    s: CUstream,
+    params: *mut *mut c_void,
+    _extra: *mut *mut c_void,
+) -> CUresult {
+    launch(s, unsafe { kernel_duration_us(params) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernel_ptsz(
+    f: CUfunction,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shmem: c_uint,
+    s: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    unsafe { cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchCooperativeKernel(
+    f: CUfunction,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shmem: c_uint,
+    s: CUstream,
+    params: *mut *mut c_void,
+) -> CUresult {
+    unsafe {
+        cuLaunchKernel(
+            f,
+            gx,
+            gy,
+            gz,
+            bx,
+            by,
+            bz,
+            shmem,
+            s,
+            params,
+            std::ptr::null_mut(),
+        )
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchCooperativeKernel_ptsz(
+    f: CUfunction,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shmem: c_uint,
+    s: CUstream,
+    params: *mut *mut c_void,
+) -> CUresult {
+    unsafe { cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    config: *const CUlaunchConfig,
+    _f: CUfunction,
+    params: *mut *mut c_void,
+    _extra: *mut *mut c_void,
+) -> CUresult {
+    if config.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let s = unsafe { (*config).h_stream };
+    launch(s, unsafe { kernel_duration_us(params) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    unsafe { cuLaunchKernelEx(config, f, params, extra) }
+}
+
+/// The fake's graph convention: a `CUgraphExec` handle's numeric value is the duration, in
+/// microseconds, of the work one replay runs.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuGraphLaunch(g: CUgraphExec, s: CUstream) -> CUresult {
+    launch(s, g as u64)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuGraphLaunch_ptsz(g: CUgraphExec, s: CUstream) -> CUresult {
+    cuGraphLaunch(g, s)
+}
+
+/// Kernel time, in microseconds, that device `dev` has executed for this process.
+#[unsafe(no_mangle)]
+pub extern "C" fn fakeCudaBusyMicros(dev: CUdevice) -> u64 {
+    device(dev).map(|d| d.busy_us()).unwrap_or(0)
+}
+
+// ---------------------------------------------------------------- memory
+
+fn alloc_on(dev: usize, bytes: u64) -> Result<CUdeviceptr, CUresult> {
+    let d = &driver().devices[dev];
+    if !d.reserve(bytes) {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    // Addresses are 2 MiB aligned and never reused, like a fresh virtual range.
+    let span = bytes.max(1).div_ceil(2 << 20) * (2 << 20);
+    let addr = driver().next_addr.fetch_add(span, Ordering::Relaxed);
+    if let Ok(mut m) = driver().allocations.lock() {
+        m.insert(addr, (dev, bytes));
+    }
+    Ok(addr)
+}
+
+fn free_addr(addr: u64) -> CUresult {
+    if addr == 0 {
+        return CUDA_SUCCESS;
+    }
+    let entry = driver()
+        .allocations
+        .lock()
+        .ok()
+        .and_then(|mut m| m.remove(&addr));
+    match entry {
+        Some((dev, bytes)) => {
+            driver().devices[dev].unreserve(bytes);
+            CUDA_SUCCESS
+        }
+        None => CUDA_ERROR_INVALID_VALUE,
+    }
+}
+
+unsafe fn alloc_current(out: *mut CUdeviceptr, bytes: usize) -> CUresult {
+    if out.is_null() || bytes == 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let Some(dev) = current_dev() else {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    };
+    match alloc_on(dev, bytes as u64) {
+        Ok(p) => unsafe { put(out, p) },
+        Err(e) => e,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc_v2(p: *mut CUdeviceptr, bytes: usize) -> CUresult {
+    unsafe { alloc_current(p, bytes) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    p: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    _elem: c_uint,
+) -> CUresult {
+    if pitch.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let pt = fake_pitch(width);
+    let r = unsafe { alloc_current(p, pt.saturating_mul(height)) };
+    if r == CUDA_SUCCESS {
+        unsafe { pitch.write(pt) };
+    }
+    r
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    p: *mut CUdeviceptr,
+    bytes: usize,
+    _flags: c_uint,
+) -> CUresult {
+    unsafe { alloc_current(p, bytes) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    p: *mut CUdeviceptr,
+    bytes: usize,
+    _s: CUstream,
+) -> CUresult {
+    unsafe { alloc_current(p, bytes) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    p: *mut CUdeviceptr,
+    bytes: usize,
+    s: CUstream,
+) -> CUresult {
+    unsafe { cuMemAllocAsync(p, bytes, s) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    p: *mut CUdeviceptr,
+    bytes: usize,
+    _pool: CUmemoryPool,
+    _s: CUstream,
+) -> CUresult {
+    unsafe { alloc_current(p, bytes) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
+    p: *mut CUdeviceptr,
+    bytes: usize,
+    pool: CUmemoryPool,
+    s: CUstream,
+) -> CUresult {
+    unsafe { cuMemAllocFromPoolAsync(p, bytes, pool, s) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFree_v2(p: CUdeviceptr) -> CUresult {
+    free_addr(p)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFreeAsync(p: CUdeviceptr, _s: CUstream) -> CUresult {
+    free_addr(p)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFreeAsync_ptsz(p: CUdeviceptr, s: CUstream) -> CUresult {
+    cuMemFreeAsync(p, s)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemCreate(
+    h: *mut CUmemGenericAllocationHandle,
+    bytes: usize,
+    prop: *const CUmemAllocationProp,
+    _flags: u64,
+) -> CUresult {
+    if h.is_null() || prop.is_null() || bytes == 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let id = unsafe { (*prop).location_id };
+    if device(id).is_none() {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    match alloc_on(id as usize, bytes as u64) {
+        Ok(a) => unsafe { put(h, a) },
+        Err(e) => e,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemRelease(h: CUmemGenericAllocationHandle) -> CUresult {
+    free_addr(h)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayCreate_v2(
+    a: *mut CUarray,
+    d: *const CudaArrayDescriptor,
+) -> CUresult {
+    if a.is_null() || d.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let bytes = array_bytes(unsafe { &*d });
+    let Some(dev) = current_dev() else {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    };
+    match alloc_on(dev, bytes) {
+        Ok(p) => unsafe { put(a, p as CUarray) },
+        Err(e) => e,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArray3DCreate_v2(
+    a: *mut CUarray,
+    d: *const CudaArray3dDescriptor,
+) -> CUresult {
+    if a.is_null() || d.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let bytes = array3d_bytes(unsafe { &*d });
+    let Some(dev) = current_dev() else {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    };
+    match alloc_on(dev, bytes) {
+        Ok(p) => unsafe { put(a, p as CUarray) },
+        Err(e) => e,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuArrayDestroy(a: CUarray) -> CUresult {
+    free_addr(a as u64)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    let Some(dev) = current_dev() else {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    };
+    let d = &driver().devices[dev];
+    let (used, tot) = (d.mem_used(), d.mem_total);
+    unsafe {
+        let r = put(free, tot.saturating_sub(used) as usize);
+        if r != CUDA_SUCCESS {
+            return r;
+        }
+        put(total, tot as usize)
+    }
+}
+
+// ---------------------------------------------------------------- errors
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorString(e: CUresult, s: *mut *const c_char) -> CUresult {
+    let msg: &'static CStr = match e {
+        CUDA_SUCCESS => c"no error",
+        CUDA_ERROR_OUT_OF_MEMORY => c"out of memory",
+        CUDA_ERROR_INVALID_CONTEXT => c"invalid device context",
+        _ => c"fake libcuda error",
+    };
+    unsafe { put(s, msg.as_ptr()) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorName(e: CUresult, s: *mut *const c_char) -> CUresult {
+    let msg: &'static CStr = match e {
+        CUDA_SUCCESS => c"CUDA_SUCCESS",
+        CUDA_ERROR_OUT_OF_MEMORY => c"CUDA_ERROR_OUT_OF_MEMORY",
+        _ => c"CUDA_ERROR_UNKNOWN",
+    };
+    unsafe { put(s, msg.as_ptr()) }
+}
+
+// ---------------------------------------------------------------- cuGetProcAddress
+
+/// Every entry point the fake serves through `cuGetProcAddress`, by exported name.
+fn table() -> &'static HashMap<&'static str, usize> {
+    static TABLE: OnceLock<HashMap<&'static str, usize>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        macro_rules! entries {
+            ($($f:ident),* $(,)?) => { HashMap::from([$((stringify!($f), $f as *const () as usize)),*]) };
+        }
+        entries!(
+            cuInit, cuDriverGetVersion, cuDeviceGetCount, cuDeviceGet, cuDeviceGetName,
+            cuDeviceGetUuid, cuDeviceGetUuid_v2, cuDeviceTotalMem_v2, cuDevicePrimaryCtxRetain,
+            cuDevicePrimaryCtxRelease_v2, cuCtxCreate_v2, cuCtxDestroy_v2, cuCtxSetCurrent,
+            cuCtxGetCurrent, cuCtxGetDevice, cuCtxPushCurrent_v2, cuCtxPopCurrent_v2,
+            cuCtxSynchronize, cuStreamCreate, cuStreamDestroy_v2, cuStreamSynchronize,
+            cuStreamSynchronize_ptsz, cuStreamQuery, cuStreamIsCapturing,
+            cuThreadExchangeStreamCaptureMode, cuEventCreate, cuEventDestroy_v2, cuEventRecord,
+            cuEventRecord_ptsz, cuEventSynchronize, cuEventQuery, cuEventElapsedTime,
+            cuLaunchKernel, cuLaunchKernel_ptsz, cuLaunchCooperativeKernel,
+            cuLaunchCooperativeKernel_ptsz, cuLaunchKernelEx, cuLaunchKernelEx_ptsz,
+            cuGraphLaunch, cuGraphLaunch_ptsz, cuMemAlloc_v2, cuMemAllocPitch_v2,
+            cuMemAllocManaged, cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAllocFromPoolAsync,
+            cuMemAllocFromPoolAsync_ptsz, cuMemFree_v2, cuMemFreeAsync, cuMemFreeAsync_ptsz,
+            cuMemCreate, cuMemRelease, cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy,
+            cuMemGetInfo_v2, cuGetErrorString, cuGetErrorName, cuGetProcAddress,
+            cuGetProcAddress_v2, fakeCudaBusyMicros,
+        )
+    })
+}
+
+/// Resolves a base name the way the driver does: the `_v2`/`_ptsz` variant that the caller's
+/// CUDA version and per-thread-stream flag select, else the name itself.
+fn resolve(name: &str, version: i32, flags: u64) -> Option<usize> {
+    let t = table();
+    let ptsz = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0;
+    let mut candidates: Vec<String> = Vec::new();
+    let v2_from = match name {
+        "cuGetProcAddress" => 12000,
+        "cuDeviceGetUuid" => 11040,
+        _ => 3020,
+    };
+    if ptsz {
+        candidates.push(format!("{name}_ptsz"));
+    }
+    if version >= v2_from {
+        candidates.push(format!("{name}_v2"));
+    }
+    candidates.push(name.to_string());
+    candidates.iter().find_map(|c| t.get(c.as_str()).copied())
+}
+
+unsafe fn get_proc(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> (CUresult, i32) {
+    if symbol.is_null() || pfn.is_null() {
+        return (
+            CUDA_ERROR_INVALID_VALUE,
+            CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND,
+        );
+    }
+    let name = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
+    match resolve(name, version, flags) {
+        Some(f) => {
+            unsafe { pfn.write(f as *mut c_void) };
+            (CUDA_SUCCESS, CU_GET_PROC_ADDRESS_SUCCESS)
+        }
+        None => {
+            unsafe { pfn.write(std::ptr::null_mut()) };
+            (CUDA_ERROR_NOT_FOUND, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND)
+        }
+    }
+}
+
+/// The CUDA 11.3–11.8 ABI (exported name `cuGetProcAddress`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> CUresult {
+    unsafe { get_proc(symbol, pfn, version, flags).0 }
+}
+
+/// The CUDA 12+ ABI, with the query result.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    let (r, st) = unsafe { get_proc(symbol, pfn, version, flags) };
+    if !status.is_null() {
+        unsafe { status.write(st) };
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolve_picks_versioned_variants() {
+        let t = table();
+        assert_eq!(
+            resolve("cuMemAlloc", 12000, 0),
+            t.get("cuMemAlloc_v2").copied()
+        );
+        assert_eq!(
+            resolve("cuLaunchKernel", 12000, 2),
+            t.get("cuLaunchKernel_ptsz").copied()
+        );
+        assert_eq!(
+            resolve("cuLaunchKernel", 12000, 0),
+            t.get("cuLaunchKernel").copied()
+        );
+        assert_eq!(
+            resolve("cuGetProcAddress", 11080, 0),
+            t.get("cuGetProcAddress").copied()
+        );
+        assert_eq!(
+            resolve("cuGetProcAddress", 12000, 0),
+            t.get("cuGetProcAddress_v2").copied()
+        );
+        assert_eq!(resolve("cuNoSuchThing", 12000, 0), None);
+    }
+
+    #[test]
+    fn uuid_round_trip() {
+        let u = parse_uuid("GPU-0123abcd-4567-89ef-0123-456789abcdef").unwrap();
+        assert_eq!(u[0], 0x01);
+        assert_eq!(u[15], 0xef);
+        assert!(parse_uuid("GPU-123").is_none());
+        assert!(parse_uuid("MIG-0123abcd-4567-89ef-0123-456789abcdef").is_none());
+    }
+
+    #[test]
+    fn kernels_run_asynchronously_and_sync_waits() {
+        let mut ctx = std::ptr::null_mut();
+        unsafe { assert_eq!(cuDevicePrimaryCtxRetain(&mut ctx, 0), 0) };
+        assert_eq!(cuCtxSetCurrent(ctx), 0);
+        let before = fakeCudaBusyMicros(0);
+        let mut dur: u64 = 20_000;
+        let mut params = [&mut dur as *mut u64 as *mut c_void];
+        let t0 = std::time::Instant::now();
+        let r = unsafe {
+            cuLaunchKernel(
+                std::ptr::null_mut(),
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(r, 0);
+        assert!(t0.elapsed().as_millis() < 15, "launch must not block");
+        assert_eq!(cuCtxSynchronize(), 0);
+        assert!(
+            t0.elapsed().as_millis() >= 20,
+            "sync must wait for the kernel"
+        );
+        assert!(fakeCudaBusyMicros(0) - before >= 20_000);
+    }
+
+    #[test]
+    fn memory_is_capped_and_credited() {
+        let mut ctx = std::ptr::null_mut();
+        unsafe { assert_eq!(cuDevicePrimaryCtxRetain(&mut ctx, 0), 0) };
+        assert_eq!(cuCtxSetCurrent(ctx), 0);
+        let mut p = 0u64;
+        unsafe {
+            assert_eq!(
+                cuMemAlloc_v2(&mut p, (DEFAULT_MEM + 1) as usize),
+                CUDA_ERROR_OUT_OF_MEMORY
+            );
+            assert_eq!(cuMemAlloc_v2(&mut p, 1 << 20), 0);
+        }
+        assert_eq!(cuMemFree_v2(p), 0);
+        assert_eq!(cuMemFree_v2(p), CUDA_ERROR_INVALID_VALUE);
+    }
+}

@@ -1,0 +1,631 @@
+//! A CUDA driver-API workload for tests: it reaches `libcuda.so.1` by one of the three paths a
+//! real CUDA stack uses (linked symbols, `dlsym` on the library handle, `cuGetProcAddress_v2`),
+//! runs kernels of a given duration (fake-libcuda convention) or allocations, and prints JSON
+//! lines on stdout.
+
+#[path = "../abi.rs"]
+mod abi;
+
+use abi::*;
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::json;
+use std::ffi::{CString, c_int, c_uint, c_void};
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
+enum Lookup {
+    /// Call the functions the program was linked against (the dynamic linker resolves them).
+    Symbol,
+    /// `dlopen("libcuda.so.1")` and `dlsym` each function.
+    Dlsym,
+    /// `dlsym` only `cuGetProcAddress_v2`, ask it for `cuGetProcAddress`, then resolve every
+    /// function through that (what the CUDA 12+ runtime does).
+    Proc,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
+enum LaunchKind {
+    Launch,
+    Ex,
+    Coop,
+    Graph,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
+enum AllocKind {
+    Alloc,
+    Pitch,
+    Managed,
+    Async,
+    Pool,
+    Create,
+    Array,
+    Array3d,
+}
+
+#[derive(Parser)]
+#[command(about = "Drive libcuda.so.1 (real or fake) through one lookup path and print JSON")]
+struct Cli {
+    #[arg(long, value_enum, default_value = "symbol")]
+    lookup: Lookup,
+    /// Device ordinal whose primary context is made current.
+    #[arg(long, default_value_t = 0)]
+    device: i32,
+    /// Resolve per-thread-default-stream variants (`_ptsz`) through cuGetProcAddress.
+    #[arg(long)]
+    ptsz: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Launch kernels of `--kernel-us` each, in batches followed by a synchronisation.
+    Launch {
+        #[arg(long, default_value_t = 1000)]
+        kernel_us: u64,
+        /// Stop after this many seconds (or after `--count` kernels).
+        #[arg(long)]
+        seconds: Option<f64>,
+        #[arg(long)]
+        count: Option<u64>,
+        #[arg(long, default_value_t = 10)]
+        batch: u64,
+        #[arg(long, value_enum, default_value = "launch")]
+        kind: LaunchKind,
+        /// Interval of the (time, busy) samples in the output.
+        #[arg(long, default_value_t = 250)]
+        sample_ms: u64,
+    },
+    /// Allocate `--count` blocks of `--bytes`, print the outcome and the memory info, hold them,
+    /// free them and print the memory info again.
+    Alloc {
+        #[arg(long, value_enum, default_value = "alloc")]
+        kind: AllocKind,
+        #[arg(long)]
+        bytes: u64,
+        #[arg(long, default_value_t = 1)]
+        count: u64,
+        #[arg(long, default_value_t = 0)]
+        hold_ms: u64,
+    },
+    /// Print `cuMemGetInfo_v2` and `cuDeviceTotalMem_v2`.
+    Meminfo,
+}
+
+type FnInit = unsafe extern "C" fn(c_uint) -> CUresult;
+type FnRetain = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult;
+type FnSetCur = unsafe extern "C" fn(CUcontext) -> CUresult;
+type FnSync = unsafe extern "C" fn() -> CUresult;
+type FnLaunch = unsafe extern "C" fn(
+    CUfunction,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    CUstream,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> CUresult;
+type FnCoop = unsafe extern "C" fn(
+    CUfunction,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    CUstream,
+    *mut *mut c_void,
+) -> CUresult;
+type FnLaunchEx = unsafe extern "C" fn(
+    *const CUlaunchConfig,
+    CUfunction,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> CUresult;
+type FnGraph = unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult;
+type FnAlloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
+type FnPitch = unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult;
+type FnManaged = unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult;
+type FnAsync = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
+type FnPool = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
+type FnFree = unsafe extern "C" fn(CUdeviceptr) -> CUresult;
+type FnFreeAsync = unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult;
+type FnCreate = unsafe extern "C" fn(
+    *mut CUmemGenericAllocationHandle,
+    usize,
+    *const CUmemAllocationProp,
+    u64,
+) -> CUresult;
+type FnRelease = unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult;
+type FnArray = unsafe extern "C" fn(*mut CUarray, *const CudaArrayDescriptor) -> CUresult;
+type FnArray3d = unsafe extern "C" fn(*mut CUarray, *const CudaArray3dDescriptor) -> CUresult;
+type FnArrayDestroy = unsafe extern "C" fn(CUarray) -> CUresult;
+type FnMemInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult;
+type FnTotalMem = unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult;
+type FnBusy = unsafe extern "C" fn(CUdevice) -> u64;
+type FnGpa2 = unsafe extern "C" fn(*const i8, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
+
+#[link(name = "cuda")]
+unsafe extern "C" {
+    fn cuInit(flags: c_uint) -> CUresult;
+    fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult;
+    fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult;
+    fn cuCtxSynchronize() -> CUresult;
+    fn cuLaunchKernel(
+        f: CUfunction,
+        gx: c_uint,
+        gy: c_uint,
+        gz: c_uint,
+        bx: c_uint,
+        by: c_uint,
+        bz: c_uint,
+        shmem: c_uint,
+        s: CUstream,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) -> CUresult;
+    fn cuLaunchCooperativeKernel(
+        f: CUfunction,
+        gx: c_uint,
+        gy: c_uint,
+        gz: c_uint,
+        bx: c_uint,
+        by: c_uint,
+        bz: c_uint,
+        shmem: c_uint,
+        s: CUstream,
+        params: *mut *mut c_void,
+    ) -> CUresult;
+    fn cuLaunchKernelEx(
+        c: *const CUlaunchConfig,
+        f: CUfunction,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) -> CUresult;
+    fn cuGraphLaunch(g: CUgraphExec, s: CUstream) -> CUresult;
+    fn cuMemAlloc_v2(p: *mut CUdeviceptr, n: usize) -> CUresult;
+    fn cuMemAllocPitch_v2(
+        p: *mut CUdeviceptr,
+        pitch: *mut usize,
+        w: usize,
+        h: usize,
+        e: c_uint,
+    ) -> CUresult;
+    fn cuMemAllocManaged(p: *mut CUdeviceptr, n: usize, flags: c_uint) -> CUresult;
+    fn cuMemAllocAsync(p: *mut CUdeviceptr, n: usize, s: CUstream) -> CUresult;
+    fn cuMemAllocFromPoolAsync(
+        p: *mut CUdeviceptr,
+        n: usize,
+        pool: CUmemoryPool,
+        s: CUstream,
+    ) -> CUresult;
+    fn cuMemFree_v2(p: CUdeviceptr) -> CUresult;
+    fn cuMemFreeAsync(p: CUdeviceptr, s: CUstream) -> CUresult;
+    fn cuMemCreate(
+        h: *mut CUmemGenericAllocationHandle,
+        n: usize,
+        prop: *const CUmemAllocationProp,
+        flags: u64,
+    ) -> CUresult;
+    fn cuMemRelease(h: CUmemGenericAllocationHandle) -> CUresult;
+    fn cuArrayCreate_v2(a: *mut CUarray, d: *const CudaArrayDescriptor) -> CUresult;
+    fn cuArray3DCreate_v2(a: *mut CUarray, d: *const CudaArray3dDescriptor) -> CUresult;
+    fn cuArrayDestroy(a: CUarray) -> CUresult;
+    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult;
+    fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult;
+}
+
+struct Api {
+    init: FnInit,
+    retain: FnRetain,
+    set_current: FnSetCur,
+    sync: FnSync,
+    launch: FnLaunch,
+    coop: FnCoop,
+    launch_ex: FnLaunchEx,
+    graph: FnGraph,
+    alloc: FnAlloc,
+    pitch: FnPitch,
+    managed: FnManaged,
+    alloc_async: FnAsync,
+    pool: FnPool,
+    free: FnFree,
+    free_async: FnFreeAsync,
+    create: FnCreate,
+    release: FnRelease,
+    array: FnArray,
+    array3d: FnArray3d,
+    array_destroy: FnArrayDestroy,
+    mem_info: FnMemInfo,
+    total_mem: FnTotalMem,
+    busy: Option<FnBusy>,
+}
+
+/// Looks a function pointer up and casts it to the right type.
+///
+/// # Safety
+/// `T` must be the function type of the named entry point.
+unsafe fn cast<T: Copy>(p: *mut c_void, name: &str) -> Result<T> {
+    if p.is_null() {
+        bail!("{name} not found");
+    }
+    // SAFETY: the caller names the right function type; function pointers are pointer-sized.
+    Ok(unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) })
+}
+
+fn dlopen_cuda() -> Result<*mut c_void> {
+    // SAFETY: dlopen with a constant name.
+    let h = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    if h.is_null() {
+        bail!("dlopen(libcuda.so.1) failed");
+    }
+    Ok(h)
+}
+
+fn load(lookup: Lookup, ptsz: bool) -> Result<Api> {
+    let h = dlopen_cuda()?;
+    let dl = |name: &str| -> *mut c_void {
+        let c = CString::new(name).unwrap_or_default();
+        // SAFETY: a valid handle and name; goes through the process's `dlsym` (the hook's if
+        // it is preloaded), as a CUDA program's own dlsym would.
+        unsafe { libc::dlsym(h, c.as_ptr()) }
+    };
+    // SAFETY (all `cast`s below): each name is paired with its own signature.
+    let busy = unsafe { cast::<FnBusy>(dl("fakeCudaBusyMicros"), "fakeCudaBusyMicros").ok() };
+    match lookup {
+        Lookup::Symbol => Ok(Api {
+            init: cuInit,
+            retain: cuDevicePrimaryCtxRetain,
+            set_current: cuCtxSetCurrent,
+            sync: cuCtxSynchronize,
+            launch: cuLaunchKernel,
+            coop: cuLaunchCooperativeKernel,
+            launch_ex: cuLaunchKernelEx,
+            graph: cuGraphLaunch,
+            alloc: cuMemAlloc_v2,
+            pitch: cuMemAllocPitch_v2,
+            managed: cuMemAllocManaged,
+            alloc_async: cuMemAllocAsync,
+            pool: cuMemAllocFromPoolAsync,
+            free: cuMemFree_v2,
+            free_async: cuMemFreeAsync,
+            create: cuMemCreate,
+            release: cuMemRelease,
+            array: cuArrayCreate_v2,
+            array3d: cuArray3DCreate_v2,
+            array_destroy: cuArrayDestroy,
+            mem_info: cuMemGetInfo_v2,
+            total_mem: cuDeviceTotalMem_v2,
+            busy,
+        }),
+        Lookup::Dlsym => unsafe {
+            Ok(Api {
+                init: cast(dl("cuInit"), "cuInit")?,
+                retain: cast(dl("cuDevicePrimaryCtxRetain"), "cuDevicePrimaryCtxRetain")?,
+                set_current: cast(dl("cuCtxSetCurrent"), "cuCtxSetCurrent")?,
+                sync: cast(dl("cuCtxSynchronize"), "cuCtxSynchronize")?,
+                launch: cast(dl("cuLaunchKernel"), "cuLaunchKernel")?,
+                coop: cast(dl("cuLaunchCooperativeKernel"), "cuLaunchCooperativeKernel")?,
+                launch_ex: cast(dl("cuLaunchKernelEx"), "cuLaunchKernelEx")?,
+                graph: cast(dl("cuGraphLaunch"), "cuGraphLaunch")?,
+                alloc: cast(dl("cuMemAlloc_v2"), "cuMemAlloc_v2")?,
+                pitch: cast(dl("cuMemAllocPitch_v2"), "cuMemAllocPitch_v2")?,
+                managed: cast(dl("cuMemAllocManaged"), "cuMemAllocManaged")?,
+                alloc_async: cast(dl("cuMemAllocAsync"), "cuMemAllocAsync")?,
+                pool: cast(dl("cuMemAllocFromPoolAsync"), "cuMemAllocFromPoolAsync")?,
+                free: cast(dl("cuMemFree_v2"), "cuMemFree_v2")?,
+                free_async: cast(dl("cuMemFreeAsync"), "cuMemFreeAsync")?,
+                create: cast(dl("cuMemCreate"), "cuMemCreate")?,
+                release: cast(dl("cuMemRelease"), "cuMemRelease")?,
+                array: cast(dl("cuArrayCreate_v2"), "cuArrayCreate_v2")?,
+                array3d: cast(dl("cuArray3DCreate_v2"), "cuArray3DCreate_v2")?,
+                array_destroy: cast(dl("cuArrayDestroy"), "cuArrayDestroy")?,
+                mem_info: cast(dl("cuMemGetInfo_v2"), "cuMemGetInfo_v2")?,
+                total_mem: cast(dl("cuDeviceTotalMem_v2"), "cuDeviceTotalMem_v2")?,
+                busy,
+            })
+        },
+        Lookup::Proc => unsafe {
+            let first: FnGpa2 = cast(dl("cuGetProcAddress_v2"), "cuGetProcAddress_v2")?;
+            // Like cudart: fetch cuGetProcAddress itself through cuGetProcAddress_v2.
+            let mut p = std::ptr::null_mut();
+            let mut st = 0;
+            let r = first(c"cuGetProcAddress".as_ptr(), &mut p, 12000, 0, &mut st);
+            if r != 0 {
+                bail!("cuGetProcAddress_v2(cuGetProcAddress) = {r}");
+            }
+            let gpa: FnGpa2 = cast(p, "cuGetProcAddress")?;
+            let flags = if ptsz {
+                CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+            } else {
+                0
+            };
+            let get = |name: &str| -> *mut c_void {
+                let c = CString::new(name).unwrap_or_default();
+                let mut p = std::ptr::null_mut();
+                let mut st = 0;
+                gpa(c.as_ptr(), &mut p, 12000, flags, &mut st);
+                p
+            };
+            Ok(Api {
+                init: cast(get("cuInit"), "cuInit")?,
+                retain: cast(get("cuDevicePrimaryCtxRetain"), "cuDevicePrimaryCtxRetain")?,
+                set_current: cast(get("cuCtxSetCurrent"), "cuCtxSetCurrent")?,
+                sync: cast(get("cuCtxSynchronize"), "cuCtxSynchronize")?,
+                launch: cast(get("cuLaunchKernel"), "cuLaunchKernel")?,
+                coop: cast(
+                    get("cuLaunchCooperativeKernel"),
+                    "cuLaunchCooperativeKernel",
+                )?,
+                launch_ex: cast(get("cuLaunchKernelEx"), "cuLaunchKernelEx")?,
+                graph: cast(get("cuGraphLaunch"), "cuGraphLaunch")?,
+                alloc: cast(get("cuMemAlloc"), "cuMemAlloc")?,
+                pitch: cast(get("cuMemAllocPitch"), "cuMemAllocPitch")?,
+                managed: cast(get("cuMemAllocManaged"), "cuMemAllocManaged")?,
+                alloc_async: cast(get("cuMemAllocAsync"), "cuMemAllocAsync")?,
+                pool: cast(get("cuMemAllocFromPoolAsync"), "cuMemAllocFromPoolAsync")?,
+                free: cast(get("cuMemFree"), "cuMemFree")?,
+                free_async: cast(get("cuMemFreeAsync"), "cuMemFreeAsync")?,
+                create: cast(get("cuMemCreate"), "cuMemCreate")?,
+                release: cast(get("cuMemRelease"), "cuMemRelease")?,
+                array: cast(get("cuArrayCreate"), "cuArrayCreate")?,
+                array3d: cast(get("cuArray3DCreate"), "cuArray3DCreate")?,
+                array_destroy: cast(get("cuArrayDestroy"), "cuArrayDestroy")?,
+                mem_info: cast(get("cuMemGetInfo"), "cuMemGetInfo")?,
+                total_mem: cast(get("cuDeviceTotalMem"), "cuDeviceTotalMem")?,
+                busy,
+            })
+        },
+    }
+}
+
+fn check(r: CUresult, what: &str) -> Result<()> {
+    if r != CUDA_SUCCESS {
+        bail!("{what} failed: CUresult {r}");
+    }
+    Ok(())
+}
+
+fn emit(v: serde_json::Value) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{v}");
+    let _ = out.flush();
+}
+
+fn mem_info(api: &Api, dev: i32) -> serde_json::Value {
+    let (mut free, mut total, mut dev_total) = (0usize, 0usize, 0usize);
+    // SAFETY: out-pointers to locals.
+    let (r1, r2) = unsafe {
+        (
+            (api.mem_info)(&mut free, &mut total),
+            (api.total_mem)(&mut dev_total, dev),
+        )
+    };
+    json!({"free": free, "total": total, "device_total": dev_total, "rc": [r1, r2]})
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let api = load(cli.lookup, cli.ptsz)?;
+    let dev = cli.device;
+    // SAFETY: driver calls with valid arguments.
+    unsafe {
+        check((api.init)(0), "cuInit")?;
+        let mut ctx = std::ptr::null_mut();
+        check((api.retain)(&mut ctx, dev), "cuDevicePrimaryCtxRetain")?;
+        check((api.set_current)(ctx), "cuCtxSetCurrent")?;
+    }
+    match cli.cmd {
+        Cmd::Launch {
+            kernel_us,
+            seconds,
+            count,
+            batch,
+            kind,
+            sample_ms,
+        } => run_launch(
+            &api,
+            dev,
+            kernel_us,
+            seconds,
+            count,
+            batch.max(1),
+            kind,
+            sample_ms,
+        ),
+        Cmd::Alloc {
+            kind,
+            bytes,
+            count,
+            hold_ms,
+        } => run_alloc(&api, dev, kind, bytes, count, hold_ms),
+        Cmd::Meminfo => {
+            emit(mem_info(&api, dev));
+            Ok(())
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_launch(
+    api: &Api,
+    dev: i32,
+    kernel_us: u64,
+    seconds: Option<f64>,
+    count: Option<u64>,
+    batch: u64,
+    kind: LaunchKind,
+    sample_ms: u64,
+) -> Result<()> {
+    let deadline = seconds.map(Duration::from_secs_f64);
+    let busy = |d| api.busy.map(|f| unsafe { f(d) }).unwrap_or(0);
+    let busy0 = busy(dev);
+    let mut dur = kernel_us;
+    let mut params = [&mut dur as *mut u64 as *mut c_void];
+    let f = 0x1000 as CUfunction; // the fake needs no real module
+    let cfg = CUlaunchConfig {
+        grid_dim: [1, 1, 1],
+        block_dim: [1, 1, 1],
+        shared_mem_bytes: 0,
+        h_stream: std::ptr::null_mut(),
+        attrs: std::ptr::null_mut(),
+        num_attrs: 0,
+    };
+    let t0 = Instant::now();
+    let mut first_launch_us = None;
+    let mut kernels = 0u64;
+    let mut samples = vec![];
+    let mut next_sample = Duration::ZERO;
+    loop {
+        if deadline.is_some_and(|d| t0.elapsed() >= d) || count.is_some_and(|c| kernels >= c) {
+            break;
+        }
+        for _ in 0..batch {
+            // SAFETY: the fake's calling convention; `params` outlives the call.
+            let r = unsafe {
+                let p = params.as_mut_ptr();
+                let (s, x) = (std::ptr::null_mut(), std::ptr::null_mut());
+                match kind {
+                    LaunchKind::Launch => (api.launch)(f, 1, 1, 1, 1, 1, 1, 0, s, p, x),
+                    LaunchKind::Coop => (api.coop)(f, 1, 1, 1, 1, 1, 1, 0, s, p),
+                    LaunchKind::Ex => (api.launch_ex)(&cfg, f, p, x),
+                    LaunchKind::Graph => (api.graph)(kernel_us as usize as CUgraphExec, s),
+                }
+            };
+            check(r, "launch")?;
+            first_launch_us.get_or_insert(t0.elapsed().as_micros() as u64);
+            kernels += 1;
+        }
+        // SAFETY: plain driver call.
+        check(unsafe { (api.sync)() }, "cuCtxSynchronize")?;
+        if t0.elapsed() >= next_sample {
+            samples.push(json!([t0.elapsed().as_millis() as u64, busy(dev) - busy0]));
+            next_sample += Duration::from_millis(sample_ms);
+        }
+    }
+    let wall = t0.elapsed().as_micros() as u64;
+    samples.push(json!([wall / 1000, busy(dev) - busy0]));
+    emit(json!({
+        "kernels": kernels,
+        "kernel_us": kernel_us,
+        "wall_us": wall,
+        "busy_us": busy(dev) - busy0,
+        "first_launch_us": first_launch_us,
+        "samples": samples,
+    }));
+    Ok(())
+}
+
+enum Held {
+    Ptr(CUdeviceptr, bool),
+    Handle(CUmemGenericAllocationHandle),
+    Array(CUarray),
+}
+
+fn run_alloc(
+    api: &Api,
+    dev: i32,
+    kind: AllocKind,
+    bytes: u64,
+    count: u64,
+    hold_ms: u64,
+) -> Result<()> {
+    let n = usize::try_from(bytes).context("size")?;
+    let mut held = vec![];
+    let mut codes = vec![];
+    for _ in 0..count {
+        let mut p: CUdeviceptr = 0;
+        // SAFETY: out-pointers to locals, descriptors built here.
+        let (r, h) = unsafe {
+            match kind {
+                AllocKind::Alloc => ((api.alloc)(&mut p, n), Held::Ptr(p, false)),
+                AllocKind::Pitch => {
+                    let mut pitch = 0usize;
+                    // `bytes` as 1024-byte-wide rows; the fake's pitch of 1024 is 1024.
+                    let r = (api.pitch)(&mut p, &mut pitch, 1024, n / 1024, 4);
+                    (r, Held::Ptr(p, false))
+                }
+                AllocKind::Managed => ((api.managed)(&mut p, n, 1), Held::Ptr(p, false)),
+                AllocKind::Async => (
+                    (api.alloc_async)(&mut p, n, std::ptr::null_mut()),
+                    Held::Ptr(p, true),
+                ),
+                AllocKind::Pool => (
+                    (api.pool)(&mut p, n, std::ptr::null_mut(), std::ptr::null_mut()),
+                    Held::Ptr(p, true),
+                ),
+                AllocKind::Create => {
+                    let prop = CUmemAllocationProp {
+                        kind: 1,
+                        requested_handle_types: 0,
+                        location_type: 1,
+                        location_id: dev,
+                        win32_handle_meta_data: std::ptr::null_mut(),
+                        alloc_flags: [0; 8],
+                    };
+                    let mut hd = 0;
+                    let r = (api.create)(&mut hd, n, &prop, 0);
+                    (r, Held::Handle(hd))
+                }
+                AllocKind::Array => {
+                    let d = CudaArrayDescriptor {
+                        width: n / 4,
+                        height: 1,
+                        format: 0x20,
+                        num_channels: 1,
+                    };
+                    let mut a = std::ptr::null_mut();
+                    let r = (api.array)(&mut a, &d);
+                    (r, Held::Array(a))
+                }
+                AllocKind::Array3d => {
+                    let d = CudaArray3dDescriptor {
+                        width: n / 4,
+                        height: 1,
+                        depth: 1,
+                        format: 0x20,
+                        num_channels: 1,
+                        flags: 0,
+                    };
+                    let mut a = std::ptr::null_mut();
+                    let r = (api.array3d)(&mut a, &d);
+                    (r, Held::Array(a))
+                }
+            }
+        };
+        // The out-value was written after the Held was built for pointer kinds: rebuild.
+        let h = match h {
+            Held::Ptr(_, asy) => Held::Ptr(p, asy),
+            other => other,
+        };
+        codes.push(r);
+        if r == CUDA_SUCCESS {
+            held.push(h);
+        }
+    }
+    emit(json!({"phase": "allocated", "codes": codes, "mem": mem_info(api, dev)}));
+    std::thread::sleep(Duration::from_millis(hold_ms));
+    let mut free_codes = vec![];
+    for h in held {
+        // SAFETY: handles returned by the allocations above.
+        let r = unsafe {
+            match h {
+                Held::Ptr(p, false) => (api.free)(p),
+                Held::Ptr(p, true) => (api.free_async)(p, std::ptr::null_mut()),
+                Held::Handle(hd) => (api.release)(hd),
+                Held::Array(a) => (api.array_destroy)(a),
+            }
+        };
+        free_codes.push(r);
+    }
+    emit(json!({"phase": "freed", "codes": free_codes, "mem": mem_info(api, dev)}));
+    Ok(())
+}

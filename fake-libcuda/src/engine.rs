@@ -1,0 +1,184 @@
+//! A simulated GPU: one in-order queue per device, run by a worker thread that "executes" each
+//! kernel by occupying the device for the kernel's duration. Launches return at once; the
+//! synchronisation calls wait on the queue's completion counter.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Work on a device's queue.
+pub enum Job {
+    /// A kernel occupying the device for this many microseconds.
+    Kernel(u64),
+    /// An event: completes when the work queued before it has run.
+    Marker(Arc<Event>),
+}
+
+/// A CUDA event's state.
+#[derive(Default)]
+pub struct Event {
+    armed: AtomicBool,
+    done: Mutex<Option<Instant>>,
+    cv: Condvar,
+}
+
+impl Event {
+    /// Recording an event resets it until the queue reaches it.
+    pub fn arm(&self) {
+        self.armed.store(true, Ordering::Release);
+        if let Ok(mut d) = self.done.lock() {
+            *d = None;
+        }
+    }
+    pub fn armed(&self) -> bool {
+        self.armed.load(Ordering::Acquire)
+    }
+    pub fn done_at(&self) -> Option<Instant> {
+        self.done.lock().ok().and_then(|d| *d)
+    }
+    fn complete(&self) {
+        if let Ok(mut d) = self.done.lock() {
+            *d = Some(Instant::now());
+        }
+        self.cv.notify_all();
+    }
+    /// Waits until the queue has reached the event (at once if it was never recorded).
+    pub fn wait(&self) {
+        if !self.armed() {
+            return;
+        }
+        let Ok(mut d) = self.done.lock() else { return };
+        while d.is_none() {
+            d = match self.cv.wait(d) {
+                Ok(d) => d,
+                Err(_) => return,
+            };
+        }
+    }
+}
+
+/// The queue's last sequence number and its sender (made when the worker starts).
+type Queue = (u64, Option<Sender<(u64, Job)>>);
+
+/// One simulated device.
+pub struct Device {
+    pub index: usize,
+    pub uuid: [u8; 16],
+    pub mem_total: u64,
+    mem_used: Mutex<u64>,
+    queue: Mutex<Queue>,
+    completed: Mutex<u64>,
+    completed_cv: Condvar,
+    busy_us: AtomicU64,
+    worker: OnceLock<()>,
+}
+
+impl Device {
+    pub fn new(index: usize, uuid: [u8; 16], mem_total: u64) -> Self {
+        Device {
+            index,
+            uuid,
+            mem_total,
+            mem_used: Mutex::new(0),
+            queue: Mutex::new((0, None)),
+            completed: Mutex::new(0),
+            completed_cv: Condvar::new(),
+            busy_us: AtomicU64::new(0),
+            worker: OnceLock::new(),
+        }
+    }
+
+    /// Queues a job; returns its sequence number (jobs complete in this order).
+    pub fn submit(self: &Arc<Self>, job: Job) -> u64 {
+        self.start_worker();
+        let Ok(mut q) = self.queue.lock() else {
+            return 0;
+        };
+        q.0 += 1;
+        let seq = q.0;
+        if let Some(tx) = &q.1 {
+            let _ = tx.send((seq, job));
+        }
+        seq
+    }
+
+    fn start_worker(self: &Arc<Self>) {
+        self.worker.get_or_init(|| {
+            let (tx, rx) = channel::<(u64, Job)>();
+            if let Ok(mut q) = self.queue.lock() {
+                q.1 = Some(tx);
+            }
+            let dev = Arc::clone(self);
+            let _ = std::thread::Builder::new()
+                .name(format!("fake-gpu-{}", self.index))
+                .spawn(move || {
+                    for (seq, job) in rx {
+                        match job {
+                            Job::Kernel(us) => {
+                                // Sleeping, not spinning: CI has few cores. The time
+                                // counted is the time the device was really occupied.
+                                let t0 = Instant::now();
+                                std::thread::sleep(Duration::from_micros(us));
+                                dev.busy_us
+                                    .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+                            }
+                            Job::Marker(ev) => ev.complete(),
+                        }
+                        if let Ok(mut c) = dev.completed.lock() {
+                            *c = seq;
+                        }
+                        dev.completed_cv.notify_all();
+                    }
+                });
+        });
+    }
+
+    pub fn submitted(&self) -> u64 {
+        self.queue.lock().map(|q| q.0).unwrap_or(0)
+    }
+
+    pub fn completed(&self) -> u64 {
+        self.completed.lock().map(|c| *c).unwrap_or(0)
+    }
+
+    /// Blocks until job `seq` (and everything before it) has run.
+    pub fn wait_for(&self, seq: u64) {
+        let Ok(mut c) = self.completed.lock() else {
+            return;
+        };
+        while *c < seq {
+            c = match self.completed_cv.wait(c) {
+                Ok(c) => c,
+                Err(_) => return,
+            };
+        }
+    }
+
+    pub fn busy_us(&self) -> u64 {
+        self.busy_us.load(Ordering::Relaxed)
+    }
+
+    pub fn reserve(&self, bytes: u64) -> bool {
+        let Ok(mut u) = self.mem_used.lock() else {
+            return false;
+        };
+        match u.checked_add(bytes) {
+            Some(n) if n <= self.mem_total => {
+                *u = n;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub fn unreserve(&self, bytes: u64) {
+        if let Ok(mut u) = self.mem_used.lock() {
+            *u = u.saturating_sub(bytes);
+        }
+    }
+
+    pub fn mem_used(&self) -> u64 {
+        self.mem_used.lock().map(|u| *u).unwrap_or(0)
+    }
+}
