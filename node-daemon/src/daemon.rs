@@ -1,0 +1,378 @@
+//! The daemon's main loop: the edges around the pure decisions of [`crate::reconcile`].
+//!
+//! Inputs: the pods bound to the node (a list-then-watch on `spec.nodeName=<node>`),
+//! the inventory (re-read every resync), a resync tick. Each change recomputes the
+//! desired state from everything known and applies the difference to the disk, so
+//! after a restart the daemon rebuilds its state from the API and the files alone.
+//! Nothing on disk is touched until the first list of pods has completed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::{FutureExt as _, StreamExt as _};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event as KEvent, EventType, Recorder, Reporter};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kubeshare_api::NodeInventory;
+
+use crate::disk::{Layout, install_hook_lib};
+use crate::metrics::{Counters, Snapshot};
+use crate::pods::PodCache;
+use crate::reconcile::{self, Action, Desired, Placement, PodView};
+use crate::source::InventorySource;
+use crate::supervisor::{GemSchdCommand, ProcStats, Supervisor};
+
+/// The name the daemon reports events under.
+pub const CONTROLLER_NAME: &str = "kubeshare-node-daemon";
+
+/// Everything the daemon is told at start.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub node: String,
+    pub layout: Layout,
+    pub inventory: InventorySource,
+    pub hook_lib: Option<std::path::PathBuf>,
+    pub gem_schd: Option<GemSchdCommand>,
+    pub listen: SocketAddr,
+    pub resync: Duration,
+}
+
+/// State shared with the HTTP server.
+#[derive(Clone, Default)]
+pub struct Shared {
+    pub snapshot: Arc<Mutex<Snapshot>>,
+    pub procs: ProcStats,
+    pub supervised: bool,
+}
+
+impl Shared {
+    fn update(&self, f: impl FnOnce(&mut Snapshot)) {
+        f(&mut self.snapshot.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+    fn counters(&self, f: impl FnOnce(&mut Counters)) {
+        self.update(|s| f(&mut s.counters));
+    }
+}
+
+/// Runs until `shutdown` resolves, then stops the gem-schd children and returns.
+pub async fn run(
+    cfg: Config,
+    client: Client,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let layout = cfg.layout.clone();
+    layout.create().with_context(|| {
+        format!(
+            "cannot create the directories under {}",
+            layout.root.display()
+        )
+    })?;
+    if let Some(src) = &cfg.hook_lib {
+        let written = install_hook_lib(&layout, src)
+            .with_context(|| format!("cannot install the hook library from {}", src.display()))?;
+        tracing::info!(from = %src.display(), to = %layout.hook_lib().display(), written, "hook library installed");
+    }
+    let mut inventory = cfg.inventory.load().context("GPU discovery failed")?;
+    tracing::info!(node = %cfg.node, gpus = inventory.gpus.len(), inventory = %inventory.to_json(), "inventory");
+
+    let shared = Shared {
+        supervised: cfg.gem_schd.is_some(),
+        ..Shared::default()
+    };
+    shared.update(|s| {
+        s.node = cfg.node.clone();
+        s.inventory = inventory.clone();
+    });
+
+    let (http_stop_tx, http_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    tracing::info!(addr = %listener.local_addr()?, "serving /healthz, /readyz, /metrics");
+    let http = tokio::spawn(crate::http::serve(listener, shared.clone(), async {
+        let _ = http_stop_rx.await;
+    }));
+
+    // gem-schd needs a config file to start; keep what is there (the last truth), else
+    // start it empty until the first list of pods says otherwise.
+    for g in &inventory.gpus {
+        let path = layout.config(&g.uuid);
+        if !path.exists() {
+            layout.apply(&Action::WriteConfig {
+                gpu: g.uuid.clone(),
+                text: "0\n".into(),
+            })?;
+        }
+    }
+    let mut supervisor = cfg
+        .gem_schd
+        .clone()
+        .map(|c| Supervisor::new(c, layout.clone(), shared.procs.clone()));
+    if let Some(s) = supervisor.as_mut() {
+        s.ensure(&gpu_set(&inventory)).await;
+    }
+
+    let mut daemon = Daemon {
+        cfg: cfg.clone(),
+        nodes: Api::all(client.clone()),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: CONTROLLER_NAME.into(),
+                instance: Some(format!("{CONTROLLER_NAME}-{}", cfg.node)),
+            },
+        ),
+        shared: shared.clone(),
+        announced: BTreeSet::new(),
+        reported: BTreeSet::new(),
+        last_overcommit: Vec::new(),
+    };
+    daemon.publish(&inventory).await;
+
+    let pods: Api<Pod> = Api::all(client.clone());
+    let wc = watcher::Config::default().fields(&format!("spec.nodeName={}", cfg.node));
+    let mut stream = watcher(pods, wc).default_backoff().boxed();
+    let mut cache = PodCache::default();
+    let mut tick = tokio::time::interval(cfg.resync);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    let mut shutdown = std::pin::pin!(shutdown);
+
+    loop {
+        let mut dirty = false;
+        tokio::select! {
+            _ = &mut shutdown => break,
+            ev = stream.next() => {
+                let mut next = ev;
+                // Take every event already waiting, then reconcile once.
+                loop {
+                    match next {
+                        Some(Ok(e)) => dirty |= cache.apply(e),
+                        Some(Err(e)) => tracing::warn!(error = %e, "pod watch error; retrying"),
+                        None => anyhow::bail!("the pod watch ended"),
+                    }
+                    match stream.next().now_or_never() {
+                        Some(n) => next = n,
+                        None => break,
+                    }
+                }
+            }
+            _ = tick.tick() => {
+                match cfg.inventory.load() {
+                    Ok(inv) if inv != inventory => {
+                        tracing::info!(inventory = %inv.to_json(), "inventory changed");
+                        inventory = inv;
+                        shared.update(|s| s.inventory = inventory.clone());
+                        if let Some(s) = supervisor.as_mut() {
+                            s.ensure(&gpu_set(&inventory)).await;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        shared.counters(|c| c.errors += 1);
+                        tracing::warn!(error = %e, "inventory re-read failed; keeping the last one");
+                    }
+                }
+                daemon.publish(&inventory).await;
+                // Repairs files changed behind our back.
+                dirty = true;
+            }
+        }
+        if dirty && cache.synced() {
+            daemon.reconcile(&inventory, &cache.pods());
+        }
+    }
+
+    tracing::info!("shutting down");
+    if let Some(s) = supervisor.as_mut() {
+        s.shutdown().await;
+    }
+    let _ = http_stop_tx.send(());
+    let _ = http.await;
+    Ok(())
+}
+
+fn gpu_set(inv: &NodeInventory) -> BTreeSet<String> {
+    inv.gpus.iter().map(|g| g.uuid.clone()).collect()
+}
+
+struct Daemon {
+    cfg: Config,
+    nodes: Api<Node>,
+    recorder: Recorder,
+    shared: Shared,
+    /// Pods whose placement was announced with an event (uid).
+    announced: BTreeSet<String>,
+    /// Problems already reported (uid, message): one event each, not one per pass.
+    reported: BTreeSet<(String, String)>,
+    last_overcommit: Vec<(String, u32)>,
+}
+
+impl Daemon {
+    /// Makes the Node's labels and annotation say `inventory`.
+    async fn publish(&mut self, inventory: &NodeInventory) {
+        let node = match self.nodes.get(&self.cfg.node).await {
+            Ok(n) => n,
+            Err(e) => {
+                self.shared.counters(|c| c.errors += 1);
+                tracing::warn!(node = %self.cfg.node, error = %e, "cannot read my Node; will retry");
+                return;
+            }
+        };
+        let labels = node.metadata.labels.unwrap_or_default();
+        let annotations = node.metadata.annotations.unwrap_or_default();
+        let Some(patch) = crate::node::inventory_patch(&labels, &annotations, inventory) else {
+            return;
+        };
+        match self
+            .nodes
+            .patch(
+                &self.cfg.node,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => {
+                self.shared.counters(|c| c.inventory_patches += 1);
+                tracing::info!(node = %self.cfg.node, patch = %patch, "inventory published on the Node");
+            }
+            Err(e) => {
+                self.shared.counters(|c| c.errors += 1);
+                tracing::warn!(node = %self.cfg.node, error = %e, "cannot patch my Node; will retry");
+            }
+        }
+    }
+
+    fn reconcile(&mut self, inventory: &NodeInventory, pods: &[PodView]) {
+        let desired = reconcile::desired(&self.cfg.node, inventory, pods);
+        let layout = &self.cfg.layout;
+        let mut writes = 0u64;
+        let mut errors = 0u64;
+        match layout.read_actual(desired.configs.keys()) {
+            Ok(actual) => {
+                for action in reconcile::diff(&desired, &actual) {
+                    match layout.apply(&action) {
+                        Ok(()) => {
+                            if let Action::WriteConfig { gpu, text } = &action {
+                                writes += 1;
+                                tracing::info!(gpu = %gpu, config = %text.replace('\n', "; "), "resource-config written");
+                            } else {
+                                tracing::info!(?action, "applied");
+                            }
+                        }
+                        Err(e) => {
+                            errors += 1;
+                            tracing::error!(?action, error = %e, "cannot apply");
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                errors += 1;
+                tracing::error!(root = %layout.root.display(), error = %e, "cannot read the node's files");
+            }
+        }
+        if desired.overcommitted != self.last_overcommit {
+            for (gpu, milli) in &desired.overcommitted {
+                tracing::warn!(gpu = %gpu, requested_milli = milli, "guaranteed shares add up to more than one GPU");
+            }
+            self.last_overcommit = desired.overcommitted.clone();
+        }
+        self.events(pods, &desired);
+        self.shared.update(|s| {
+            s.synced = true;
+            s.counters.reconciles += 1;
+            s.counters.config_writes += writes;
+            s.counters.errors += errors;
+            s.desired = desired;
+        });
+    }
+
+    /// One event per new placement and per new problem; forgets pods that left.
+    fn events(&mut self, pods: &[PodView], desired: &Desired) {
+        let by_uid: BTreeMap<&str, &PodView> = pods.iter().map(|p| (p.uid.as_str(), p)).collect();
+        self.announced.retain(|u| by_uid.contains_key(u.as_str()));
+        self.reported
+            .retain(|(u, _)| by_uid.contains_key(u.as_str()));
+        for p in &desired.placements {
+            if !self.announced.insert(p.pod_uid.clone()) {
+                continue;
+            }
+            let Some(pod) = by_uid.get(p.pod_uid.as_str()) else {
+                continue;
+            };
+            tracing::info!(pod = %p.pod_key, uid = %p.pod_uid, gpus = ?p.gpus, whole = p.whole, "pod configured");
+            self.emit(
+                pod,
+                EventType::Normal,
+                "GpuConfigured",
+                placement_note(p, &self.cfg.node),
+            );
+        }
+        for prob in &desired.problems {
+            if !self
+                .reported
+                .insert((prob.pod_uid.clone(), prob.message.clone()))
+            {
+                continue;
+            }
+            tracing::warn!(pod = %prob.pod_key, uid = %prob.pod_uid, problem = %prob.message, "pod not configured");
+            if let Some(pod) = by_uid.get(prob.pod_uid.as_str()) {
+                self.emit(
+                    pod,
+                    EventType::Warning,
+                    "GpuNotConfigured",
+                    prob.message.clone(),
+                );
+            }
+        }
+    }
+
+    fn emit(&self, pod: &PodView, type_: EventType, reason: &str, note: String) {
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(pod.name.clone()),
+            namespace: Some(pod.namespace.clone()),
+            uid: Some(pod.uid.clone()),
+            ..ObjectReference::default()
+        };
+        let ev = KEvent {
+            type_,
+            reason: reason.into(),
+            // The API caps a note at 1 kB.
+            note: Some(note.chars().take(1000).collect()),
+            action: "Configure".into(),
+            secondary: None,
+        };
+        let recorder = self.recorder.clone();
+        // Events are best effort; they never hold up the loop.
+        tokio::spawn(async move {
+            if let Err(e) = recorder.publish(&ev, &reference).await {
+                tracing::debug!(error = %e, "cannot publish event");
+            }
+        });
+    }
+}
+
+fn placement_note(p: &Placement, node: &str) -> String {
+    if p.whole {
+        format!(
+            "whole GPU(s) {} on {node}: no time-slicing",
+            p.gpus.join(",")
+        )
+    } else {
+        format!(
+            "added to the resource-config of GPU(s) {} on {node}; socket directory pods/{}/",
+            p.gpus.join(","),
+            p.pod_uid
+        )
+    }
+}

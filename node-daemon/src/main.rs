@@ -1,0 +1,156 @@
+//! `kubeshare-node-daemon`: the command line around [`kubeshare_node_daemon::daemon::run`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use kubeshare_node_daemon::daemon::{self, Config};
+use kubeshare_node_daemon::disk::Layout;
+use kubeshare_node_daemon::nvml::DEFAULT_LIBRARY;
+use kubeshare_node_daemon::source::InventorySource;
+use kubeshare_node_daemon::supervisor::GemSchdCommand;
+
+/// KubeShare node daemon: publishes the node's GPUs on its Node, writes one Gemini
+/// resource-config per GPU from the pods bound to the node, and runs one gem-schd per GPU.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Name of the Node this daemon serves.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+
+    /// Host directory holding lib/, gpus/<uuid>/ and pods/<pod-uid>/.
+    #[arg(long, default_value = "/var/lib/kubeshare")]
+    root: PathBuf,
+
+    /// Fake mode: read the inventory from this file (the JSON of the Node annotation
+    /// sharedgpu/inventory) instead of NVML. Re-read on every resync.
+    #[arg(long, value_name = "FILE")]
+    fake_inventory: Option<PathBuf>,
+
+    /// NVML library to load at run time.
+    #[arg(long, default_value = DEFAULT_LIBRARY, value_name = "PATH")]
+    nvml_library: PathBuf,
+
+    /// Install this file as <root>/lib/libgemhook.so.1 (skipped when identical).
+    #[arg(long, value_name = "PATH")]
+    hook_lib: Option<PathBuf>,
+
+    /// Run and supervise this gem-schd binary, one process per GPU. Without it the
+    /// daemon only writes the configs.
+    #[arg(long, value_name = "PATH")]
+    gem_schd: Option<PathBuf>,
+
+    /// Extra argument appended to every gem-schd command line (repeatable).
+    #[arg(long = "gem-schd-arg", value_name = "ARG", allow_hyphen_values = true)]
+    gem_schd_args: Vec<String>,
+
+    /// Seconds between SIGTERM and SIGKILL when stopping a gem-schd.
+    #[arg(long, default_value_t = 5)]
+    stop_grace_secs: u64,
+
+    /// Address of /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "0.0.0.0:9477")]
+    listen: SocketAddr,
+
+    /// Seconds between full resyncs (inventory re-read, Node re-published, files repaired).
+    #[arg(long, default_value_t = 30)]
+    resync_secs: u64,
+
+    /// Kubeconfig to use (default: $KUBECONFIG, ~/.kube/config, then in-cluster).
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+
+    /// Print the discovered inventory as JSON and exit (no API access).
+    #[arg(long)]
+    print_inventory: bool,
+
+    /// Log as JSON lines.
+    #[arg(long)]
+    log_json: bool,
+}
+
+fn init_tracing(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        b.json().init();
+    } else {
+        b.init();
+    }
+}
+
+async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("bad kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no Kubernetes configuration found")?,
+    };
+    kube::Client::try_from(config).context("cannot build the Kubernetes client")
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGTERM; only SIGINT stops the daemon");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+// One thread on purpose: gem-schd children get PR_SET_PDEATHSIG, which fires when the
+// thread that forked them exits; the main thread lives as long as the daemon.
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_tracing(args.log_json);
+    let inventory = match &args.fake_inventory {
+        Some(file) => InventorySource::Fake { file: file.clone() },
+        None => InventorySource::Nvml {
+            library: args.nvml_library.clone(),
+        },
+    };
+    if args.print_inventory {
+        let inv = inventory.load().context("GPU discovery failed")?;
+        println!("{}", serde_json::to_string_pretty(&inv)?);
+        return Ok(());
+    }
+    anyhow::ensure!(
+        !args.node_name.is_empty(),
+        "--node-name (or NODE_NAME) must not be empty"
+    );
+    let cfg = Config {
+        node: args.node_name.clone(),
+        layout: Layout::new(&args.root),
+        inventory,
+        hook_lib: args.hook_lib.clone(),
+        gem_schd: args.gem_schd.clone().map(|binary| GemSchdCommand {
+            binary,
+            extra_args: args.gem_schd_args.clone(),
+            grace: Duration::from_secs(args.stop_grace_secs),
+        }),
+        listen: args.listen,
+        resync: Duration::from_secs(args.resync_secs.max(1)),
+    };
+    let client = client(args.kubeconfig.as_ref()).await?;
+    daemon::run(cfg, client, shutdown_signal()).await
+}

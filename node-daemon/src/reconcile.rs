@@ -1,0 +1,624 @@
+//! The node daemon's decisions, free of I/O: from the pods bound to this node and the
+//! node's GPU inventory, what every GPU's resource-config must say and which pod
+//! directories must exist; and from what is on disk, the actions that get there.
+//!
+//! Everything here is recomputed from scratch on each pass (level-triggered), so a
+//! missed watch event, a restart or a hand-edited file is repaired by the next pass.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kubeshare_api::resource_config::is_valid_id;
+use kubeshare_api::{Allocation, GpuDemand, Milli, NodeInventory, ResourceConfig, ResourceEntry};
+
+/// What the daemon needs to know of a pod (taken from the API object by the caller).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PodView {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    /// `spec.nodeName`.
+    pub node_name: Option<String>,
+    /// `status.phase`.
+    pub phase: Option<String>,
+    pub scheduler_name: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl PodView {
+    /// `namespace/name`, for logs and messages.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// A pod that has run to completion holds no GPU any more.
+    pub fn is_finished(&self) -> bool {
+        matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
+    }
+}
+
+/// A pod that carries an allocation for this node but cannot be configured.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Problem {
+    pub pod_uid: String,
+    pub pod_key: String,
+    pub message: String,
+}
+
+/// A pod that was configured on this node's GPUs.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Placement {
+    pub pod_uid: String,
+    pub pod_key: String,
+    pub gpus: Vec<String>,
+    /// Whole GPUs get no config line and no token scheduling.
+    pub whole: bool,
+}
+
+/// What the node should look like.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Desired {
+    /// One config per GPU of the inventory (empty ones included), entries sorted by pod UID.
+    pub configs: BTreeMap<String, ResourceConfig>,
+    /// Whole-GPU pods per GPU (they appear in no config, but hold the GPU).
+    pub whole: BTreeMap<String, Vec<String>>,
+    /// Pod UIDs whose directory `pods/<uid>/` must exist.
+    pub pod_dirs: BTreeSet<String>,
+    pub placements: Vec<Placement>,
+    pub problems: Vec<Problem>,
+    /// GPUs whose guaranteed shares add up to more than one GPU (the extender should
+    /// never allow it; the configs are still written, gem-schd copes).
+    pub overcommitted: Vec<(String, u32)>,
+}
+
+/// What a pod amounts to on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PodPlan {
+    /// Not ours to configure: no GPU asked for or none allocated, or it has finished.
+    Ignore,
+    Shared {
+        gpus: Vec<String>,
+        request: Milli,
+        limit: Milli,
+        mem: u64,
+    },
+    Whole {
+        gpus: Vec<String>,
+    },
+    Bad(String),
+}
+
+fn plan(node: &str, inventory: &NodeInventory, pod: &PodView) -> PodPlan {
+    if pod.node_name.as_deref() != Some(node) || pod.is_finished() {
+        return PodPlan::Ignore;
+    }
+    let alloc = match Allocation::from_annotations(&pod.annotations) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            // A KubeShare pod bound here without the extender (spec.nodeName set by hand,
+            // or the default scheduler) got no GPU: say so rather than run it unshared.
+            let asks = matches!(GpuDemand::from_labels(&pod.labels), Ok(Some(_)));
+            return if asks {
+                PodPlan::Bad(format!(
+                    "bound to {node} without a GPU allocation (annotation {} missing): was it placed by kubeshare-scheduler?",
+                    kubeshare_api::annotations::GPU_UUID
+                ))
+            } else {
+                PodPlan::Ignore
+            };
+        }
+        Err(e) => return PodPlan::Bad(format!("bad allocation: {e}")),
+    };
+    if alloc.node != node {
+        return PodPlan::Bad(format!(
+            "allocation is for node {:?} but the pod is bound to {node}",
+            alloc.node
+        ));
+    }
+    if !is_valid_id(&pod.uid) {
+        return PodPlan::Bad(format!("pod UID {:?} cannot be a client ID", pod.uid));
+    }
+    let demand = match GpuDemand::from_labels(&pod.labels) {
+        Ok(Some(d)) => d,
+        Ok(None) => {
+            return PodPlan::Bad("has a GPU allocation but no sharedgpu/ labels".to_string());
+        }
+        Err(e) => return PodPlan::Bad(format!("bad labels: {e}")),
+    };
+    let mut seen = BTreeSet::new();
+    for u in &alloc.gpu_uuids {
+        if !seen.insert(u.as_str()) {
+            return PodPlan::Bad(format!("GPU {u} is allocated twice"));
+        }
+        if inventory.gpu(u).is_none() {
+            return PodPlan::Bad(format!("GPU {u} is not a GPU of node {node}"));
+        }
+    }
+    if alloc.gpu_uuids.len() != usize::from(demand.gpu_count()) {
+        return PodPlan::Bad(format!(
+            "{} GPU(s) allocated but the labels ask for {}",
+            alloc.gpu_uuids.len(),
+            demand.gpu_count()
+        ));
+    }
+    if demand.is_whole() {
+        return PodPlan::Whole {
+            gpus: alloc.gpu_uuids,
+        };
+    }
+    PodPlan::Shared {
+        gpus: alloc.gpu_uuids,
+        request: demand.request_per_gpu(),
+        limit: demand.limit_per_gpu(),
+        mem: alloc.gpu_mem,
+    }
+}
+
+/// The desired state of node `node` with GPUs `inventory`, given the pods bound to it.
+pub fn desired(node: &str, inventory: &NodeInventory, pods: &[PodView]) -> Desired {
+    let mut d = Desired {
+        configs: inventory
+            .gpus
+            .iter()
+            .map(|g| (g.uuid.clone(), ResourceConfig::default()))
+            .collect(),
+        ..Desired::default()
+    };
+    for pod in pods {
+        let placed = |gpus: &Vec<String>, whole| Placement {
+            pod_uid: pod.uid.clone(),
+            pod_key: pod.key(),
+            gpus: gpus.clone(),
+            whole,
+        };
+        match plan(node, inventory, pod) {
+            PodPlan::Ignore => {}
+            PodPlan::Bad(message) => d.problems.push(Problem {
+                pod_uid: pod.uid.clone(),
+                pod_key: pod.key(),
+                message,
+            }),
+            PodPlan::Whole { gpus } => {
+                for g in &gpus {
+                    d.whole.entry(g.clone()).or_default().push(pod.uid.clone());
+                }
+                d.pod_dirs.insert(pod.uid.clone());
+                d.placements.push(placed(&gpus, true));
+            }
+            PodPlan::Shared {
+                gpus,
+                request,
+                limit,
+                mem,
+            } => {
+                for g in &gpus {
+                    // Every GPU was checked against the inventory, so the config exists.
+                    if let Some(c) = d.configs.get_mut(g) {
+                        c.entries.push(ResourceEntry {
+                            id: pod.uid.clone(),
+                            request,
+                            limit,
+                            gpu_mem: mem,
+                        });
+                    }
+                }
+                d.pod_dirs.insert(pod.uid.clone());
+                d.placements.push(placed(&gpus, false));
+            }
+        }
+    }
+    for (gpu, c) in &mut d.configs {
+        // Stable order: the file changes only when its pods change.
+        c.entries.sort_by(|a, b| a.id.cmp(&b.id));
+        // The same UID twice can only come from duplicate input; keep one line.
+        c.entries.dedup_by(|a, b| a.id == b.id);
+        let sum: u32 = c.entries.iter().map(|e| u32::from(e.request.get())).sum();
+        if sum > 1000 {
+            d.overcommitted.push((gpu.clone(), sum));
+        }
+    }
+    for w in d.whole.values_mut() {
+        w.sort();
+        w.dedup();
+    }
+    d.placements.sort();
+    d.placements.dedup();
+    d.problems.sort();
+    d.problems.dedup();
+    d.pod_dirs = d.pod_dirs.into_iter().collect();
+    d
+}
+
+/// What is on disk now.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Actual {
+    /// Current text of `gpus/<uuid>/resource-config.txt` for each GPU (None: no file).
+    pub configs: BTreeMap<String, Option<String>>,
+    /// Names of the entries of `pods/` that look like pod UIDs.
+    pub pod_dirs: BTreeSet<String>,
+}
+
+/// One change to make on disk.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Action {
+    /// Create `pods/<uid>/` before the config names the pod, so gem-schd can make its socket.
+    CreatePodDir(String),
+    WriteConfig {
+        gpu: String,
+        text: String,
+    },
+    /// Remove `pods/<uid>/` and its sockets, after the configs stopped naming the pod.
+    RemovePodDir(String),
+}
+
+/// Whether a `pods/` entry is one of ours to manage: a pod UID (lowercase 8-4-4-4-12 hex).
+/// Anything else there is left alone.
+pub fn looks_like_pod_uid(s: &str) -> bool {
+    let groups: Vec<&str> = s.split('-').collect();
+    groups.len() == 5
+        && groups.iter().zip([8, 4, 4, 4, 12]).all(|(g, n)| {
+            g.len() == n
+                && g.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
+}
+
+/// The actions that turn `actual` into `desired`, in the order to apply them:
+/// directories first, then configs, then removals (a pod leaves the config before its
+/// socket directory disappears).
+pub fn diff(desired: &Desired, actual: &Actual) -> Vec<Action> {
+    let mut actions = Vec::new();
+    for uid in desired.pod_dirs.difference(&actual.pod_dirs) {
+        actions.push(Action::CreatePodDir(uid.clone()));
+    }
+    for (gpu, config) in &desired.configs {
+        let text = config.render();
+        let current = actual.configs.get(gpu).and_then(|t| t.as_deref());
+        if current != Some(text.as_str()) {
+            actions.push(Action::WriteConfig {
+                gpu: gpu.clone(),
+                text,
+            });
+        }
+    }
+    for uid in actual.pod_dirs.difference(&desired.pod_dirs) {
+        if looks_like_pod_uid(uid) {
+            actions.push(Action::RemovePodDir(uid.clone()));
+        }
+    }
+    actions
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kubeshare_api::GpuInfo;
+
+    const NODE: &str = "nd-node-a";
+
+    fn gpu_uuid(i: u32) -> String {
+        format!("GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd")
+    }
+
+    fn uid(i: u32) -> String {
+        format!("0000000{i}-1111-2222-3333-444444444444")
+    }
+
+    fn inventory(n: u32) -> NodeInventory {
+        NodeInventory {
+            gpus: (0..n)
+                .map(|i| GpuInfo {
+                    uuid: gpu_uuid(i),
+                    index: i,
+                    model: "NVIDIA-H100-80GB-HBM3".into(),
+                    memory: 80 << 30,
+                    numa_node: None,
+                    nvlink_peers: vec![],
+                })
+                .collect(),
+        }
+    }
+
+    fn pod(i: u32, labels: &[(&str, &str)], gpus: &[u32], mem: u64) -> PodView {
+        let mut annotations = BTreeMap::new();
+        if !gpus.is_empty() {
+            annotations = Allocation {
+                node: NODE.into(),
+                gpu_uuids: gpus.iter().map(|g| gpu_uuid(*g)).collect(),
+                gpu_mem: mem,
+                gpu_model: "NVIDIA-H100-80GB-HBM3".into(),
+            }
+            .to_annotations();
+        }
+        PodView {
+            uid: uid(i),
+            namespace: "nd-test".into(),
+            name: format!("p{i}"),
+            node_name: Some(NODE.into()),
+            phase: Some("Running".into()),
+            scheduler_name: Some("kubeshare-scheduler".into()),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (format!("sharedgpu/{k}"), v.to_string()))
+                .collect(),
+            annotations,
+        }
+    }
+
+    fn shared(i: u32, req: &str, lim: &str, gpu: u32) -> PodView {
+        pod(
+            i,
+            &[("gpu_request", req), ("gpu_limit", lim)],
+            &[gpu],
+            1 << 30,
+        )
+    }
+
+    #[test]
+    fn request_before_limit_sorted_by_uid() {
+        let inv = inventory(2);
+        // Given out of order: the file is sorted by pod UID.
+        let pods = vec![shared(3, "0.2", "0.9", 0), shared(1, "0.3", "0.5", 0)];
+        let d = desired(NODE, &inv, &pods);
+        assert_eq!(
+            d.configs[&gpu_uuid(0)].render(),
+            format!(
+                "2\n{} 0.3 0.5 1073741824\n{} 0.2 0.9 1073741824\n",
+                uid(1),
+                uid(3)
+            )
+        );
+        // The other GPU gets an empty config, not no config.
+        assert_eq!(d.configs[&gpu_uuid(1)].render(), "0\n");
+        assert_eq!(d.pod_dirs, BTreeSet::from([uid(1), uid(3)]));
+        assert!(d.problems.is_empty());
+        // Same input in another order: the same result.
+        let rev: Vec<PodView> = pods.into_iter().rev().collect();
+        assert_eq!(desired(NODE, &inv, &rev), d);
+    }
+
+    #[test]
+    fn finished_and_deleted_pods_leave() {
+        let inv = inventory(1);
+        let mut done = shared(2, "0.5", "0.5", 0);
+        done.phase = Some("Succeeded".into());
+        let mut failed = shared(3, "0.1", "0.5", 0);
+        failed.phase = Some("Failed".into());
+        let pending = {
+            let mut p = shared(4, "0.1", "0.2", 0);
+            p.phase = Some("Pending".into());
+            p
+        };
+        let d = desired(
+            NODE,
+            &inv,
+            &[shared(1, "0.2", "0.4", 0), done, failed, pending],
+        );
+        let ids: Vec<&str> = d.configs[&gpu_uuid(0)]
+            .entries
+            .iter()
+            .map(|e| e.id.as_str())
+            .collect();
+        // Pending pods are configured before they start (KubeShare only knew Running ones).
+        assert_eq!(ids, [uid(1).as_str(), uid(4).as_str()]);
+        assert_eq!(d.pod_dirs, BTreeSet::from([uid(1), uid(4)]));
+
+        // Pod 1 deleted: the GPU's config loses its line, and the disk loses the dir.
+        let before = Actual {
+            configs: BTreeMap::from([(gpu_uuid(0), Some(d.configs[&gpu_uuid(0)].render()))]),
+            pod_dirs: d.pod_dirs.clone(),
+        };
+        let after = desired(NODE, &inv, &[]);
+        assert_eq!(
+            diff(&after, &before),
+            vec![
+                Action::WriteConfig {
+                    gpu: gpu_uuid(0),
+                    text: "0\n".into()
+                },
+                Action::RemovePodDir(uid(1)),
+                Action::RemovePodDir(uid(4)),
+            ]
+        );
+    }
+
+    #[test]
+    fn diff_is_empty_when_disk_matches() {
+        let inv = inventory(2);
+        let d = desired(NODE, &inv, &[shared(1, "0.2", "0.4", 1)]);
+        let actual = Actual {
+            configs: d
+                .configs
+                .iter()
+                .map(|(g, c)| (g.clone(), Some(c.render())))
+                .collect(),
+            pod_dirs: d.pod_dirs.clone(),
+        };
+        assert!(diff(&d, &actual).is_empty());
+        // Missing files and dirs are created, dirs before configs.
+        let acts = diff(&d, &Actual::default());
+        assert_eq!(acts[0], Action::CreatePodDir(uid(1)));
+        assert_eq!(acts.len(), 3);
+    }
+
+    #[test]
+    fn foreign_entries_in_pods_dir_are_left_alone() {
+        let actual = Actual {
+            configs: BTreeMap::new(),
+            pod_dirs: BTreeSet::from([
+                "lost+found".into(),
+                uid(7),
+                "ABCDEF00-1111-2222-3333-444444444444".into(),
+            ]),
+        };
+        assert_eq!(
+            diff(&Desired::default(), &actual),
+            vec![Action::RemovePodDir(uid(7))]
+        );
+    }
+
+    #[test]
+    fn whole_and_multi_gpu_pods() {
+        let inv = inventory(4);
+        let whole = pod(
+            1,
+            &[("gpu_request", "2"), ("gpu_limit", "2")],
+            &[2, 3],
+            80 << 30,
+        );
+        let halves = pod(
+            2,
+            &[
+                ("gpu_request", "0.5"),
+                ("gpu_limit", "1.0"),
+                ("gpu_count", "2"),
+            ],
+            &[0, 1],
+            1 << 30,
+        );
+        let d = desired(NODE, &inv, &[whole, halves]);
+        assert!(d.problems.is_empty(), "{:?}", d.problems);
+        assert_eq!(d.configs[&gpu_uuid(2)].render(), "0\n");
+        assert_eq!(d.whole[&gpu_uuid(3)], vec![uid(1)]);
+        for g in [0, 1] {
+            assert_eq!(
+                d.configs[&gpu_uuid(g)].render(),
+                format!("1\n{} 0.5 1.0 1073741824\n", uid(2))
+            );
+        }
+        assert_eq!(d.pod_dirs, BTreeSet::from([uid(1), uid(2)]));
+        assert_eq!(d.placements.len(), 2);
+        assert!(d.placements[0].whole);
+    }
+
+    #[test]
+    fn bad_pods_are_reported_not_configured() {
+        let inv = inventory(2);
+        let mut wrong_node = shared(1, "0.5", "0.5", 0);
+        wrong_node
+            .annotations
+            .insert("sharedgpu/node".into(), "elsewhere".into());
+        let mut bad_mem = shared(2, "0.5", "0.5", 0);
+        bad_mem
+            .annotations
+            .insert("sharedgpu/gpu_mem".into(), "lots".into());
+        let mut bad_uuid = shared(3, "0.5", "0.5", 0);
+        bad_uuid
+            .annotations
+            .insert("sharedgpu/gpu_uuid".into(), "GPU-nope".into());
+        let foreign_gpu = {
+            let mut p = shared(4, "0.5", "0.5", 0);
+            p.annotations.insert(
+                "sharedgpu/gpu_uuid".into(),
+                "GPU-99999999-aaaa-bbbb-cccc-dddddddddddd".into(),
+            );
+            p
+        };
+        let swapped = pod(5, &[("gpu_request", "0.9"), ("gpu_limit", "0.5")], &[0], 1);
+        let unallocated = pod(6, &[("gpu_request", "0.5"), ("gpu_limit", "0.5")], &[], 1);
+        let no_labels = pod(7, &[], &[0], 1);
+        let count_mismatch = pod(
+            8,
+            &[("gpu_request", "0.5"), ("gpu_limit", "0.5")],
+            &[0, 1],
+            1,
+        );
+        let twice = {
+            let mut p = pod(
+                9,
+                &[
+                    ("gpu_request", "0.1"),
+                    ("gpu_limit", "0.5"),
+                    ("gpu_count", "2"),
+                ],
+                &[0, 1],
+                1,
+            );
+            p.annotations.insert(
+                "sharedgpu/gpu_uuid".into(),
+                format!("{},{}", gpu_uuid(0), gpu_uuid(0)),
+            );
+            p
+        };
+        // A plain pod on the node is none of our business.
+        let plain = pod(0, &[], &[], 0);
+        let good = shared(1, "0.25", "0.5", 1);
+        let good = PodView {
+            uid: "00000001-aaaa-2222-3333-444444444444".into(),
+            ..good
+        };
+        let pods = vec![
+            wrong_node,
+            bad_mem,
+            bad_uuid,
+            foreign_gpu,
+            swapped,
+            unallocated,
+            no_labels,
+            count_mismatch,
+            twice,
+            plain,
+            good.clone(),
+        ];
+        let d = desired(NODE, &inv, &pods);
+        let msgs: Vec<String> = d
+            .problems
+            .iter()
+            .map(|p| format!("{} {}", p.pod_key, p.message))
+            .collect();
+        assert_eq!(msgs.len(), 9, "{msgs:#?}");
+        let expect = [
+            "nd-test/p1 allocation is for node \"elsewhere\" but the pod is bound to nd-node-a",
+            "nd-test/p2 bad allocation: annotation sharedgpu/gpu_mem=\"lots\": not a byte count",
+            "nd-test/p3 bad allocation: annotation sharedgpu/gpu_uuid=\"GPU-nope\": not a list of GPU UUIDs",
+            "nd-test/p4 GPU GPU-99999999-aaaa-bbbb-cccc-dddddddddddd is not a GPU of node nd-node-a",
+            "nd-test/p6 bound to nd-node-a without a GPU allocation (annotation sharedgpu/gpu_uuid missing): was it placed by kubeshare-scheduler?",
+            "nd-test/p7 has a GPU allocation but no sharedgpu/ labels",
+            "nd-test/p8 2 GPU(s) allocated but the labels ask for 1",
+            "nd-test/p9 GPU GPU-00000000-aaaa-bbbb-cccc-dddddddddddd is allocated twice",
+        ];
+        for e in expect {
+            assert!(msgs.iter().any(|m| m == e), "missing {e:?} in {msgs:#?}");
+        }
+        assert!(
+            msgs.iter()
+                .any(|m| m.starts_with("nd-test/p5 bad labels: ") && m.contains("gpu_request")),
+            "{msgs:#?}"
+        );
+        // Only the good pod is configured.
+        assert_eq!(d.pod_dirs, BTreeSet::from([good.uid.clone()]));
+        assert_eq!(d.configs[&gpu_uuid(0)].render(), "0\n");
+        assert_eq!(
+            d.configs[&gpu_uuid(1)].render(),
+            format!("1\n{} 0.25 0.5 1073741824\n", good.uid)
+        );
+    }
+
+    #[test]
+    fn other_nodes_pods_and_overcommit() {
+        let inv = inventory(1);
+        let mut elsewhere = shared(1, "0.5", "0.5", 0);
+        elsewhere.node_name = Some("nd-node-b".into());
+        let d = desired(
+            NODE,
+            &inv,
+            &[
+                elsewhere,
+                shared(2, "0.6", "0.6", 0),
+                shared(3, "0.5", "1.0", 0),
+            ],
+        );
+        assert!(d.problems.is_empty());
+        assert_eq!(d.configs[&gpu_uuid(0)].entries.len(), 2);
+        assert_eq!(d.overcommitted, vec![(gpu_uuid(0), 1100)]);
+    }
+
+    #[test]
+    fn pod_uid_shape() {
+        assert!(looks_like_pod_uid("8d9e5c3a-1b2c-4d5e-8f90-0123456789ab"));
+        assert!(!looks_like_pod_uid("8d9e5c3a-1b2c-4d5e-8f90-0123456789a"));
+        assert!(!looks_like_pod_uid("8D9E5C3A-1b2c-4d5e-8f90-0123456789ab"));
+        assert!(!looks_like_pod_uid("../../etc"));
+        assert!(!looks_like_pod_uid(""));
+    }
+}
