@@ -1,0 +1,90 @@
+//! `kubectl-sharedgpu`: lists Nodes and Pods from the current kubeconfig's cluster
+//! and prints who holds which GPU. Installed on PATH, `kubectl sharedgpu` runs it.
+
+use anyhow::Context as _;
+use clap::Parser;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::ListParams;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use kubectl_sharedgpu::{RenderOptions, render_table};
+
+/// Show KubeShare's fractional GPU allocations: nodes x GPUs, each GPU's pods with
+/// their guaranteed share (gpu_request), ceiling (gpu_limit) and memory, as bars.
+///
+/// Reads Nodes (annotation sharedgpu/inventory) and Pods (labels sharedgpu/* and the
+/// allocation annotations the scheduler extender writes at bind). Read-only.
+#[derive(Parser, Debug)]
+#[command(name = "kubectl-sharedgpu", version, about, long_about)]
+struct Args {
+    /// Only show pods of this namespace (GPU totals then count only them).
+    /// Default: all namespaces.
+    #[arg(short = 'n', long, conflicts_with = "all_namespaces")]
+    namespace: Option<String>,
+
+    /// Show pods of all namespaces (the default; kept for kubectl habits).
+    #[arg(short = 'A', long)]
+    all_namespaces: bool,
+
+    /// Path to a kubeconfig file (default: $KUBECONFIG, then ~/.kube/config,
+    /// then the in-cluster service account).
+    #[arg(long)]
+    kubeconfig: Option<std::path::PathBuf>,
+
+    /// The kubeconfig context to use.
+    #[arg(long)]
+    context: Option<String>,
+
+    /// Show full GPU UUIDs.
+    #[arg(short = 'w', long)]
+    wide: bool,
+}
+
+async fn client(args: &Args) -> anyhow::Result<Client> {
+    let opts = KubeConfigOptions {
+        context: args.context.clone(),
+        ..Default::default()
+    };
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            Config::from_custom_kubeconfig(kc, &opts).await?
+        }
+        None if args.context.is_some() => Config::from_kubeconfig(&opts).await?,
+        None => Config::infer().await.context("finding a kubeconfig")?,
+    };
+    Client::try_from(config).context("building the Kubernetes client")
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+
+    let client = client(&args).await?;
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing nodes")?;
+    let pods_api: Api<Pod> = match &args.namespace {
+        Some(ns) => Api::namespaced(client, ns),
+        None => Api::all(client),
+    };
+    let pods = pods_api
+        .list(&ListParams::default())
+        .await
+        .context("listing pods")?;
+    tracing::debug!(nodes = nodes.items.len(), pods = pods.items.len(), "listed");
+    print!(
+        "{}",
+        render_table(&nodes.items, &pods.items, RenderOptions { wide: args.wide })
+    );
+    Ok(())
+}
