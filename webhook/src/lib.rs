@@ -1,1 +1,14 @@
-//! Placeholder: this crate arrives with its own issue.
+//! KubeShare's mutating admission webhook.
+//!
+//! [`admit`] decides (validation through the API crate, and the JSON Patch that gives a
+//! KubeShare pod its GPU env, hook and volumes), [`review`] speaks AdmissionReview v1,
+//! [`server`] serves it over rustls with certificate reload, and [`certs`] makes the
+//! CA and serving certificate. What is injected is listed in [`inject`].
+
+pub mod admit;
+pub mod certs;
+pub mod inject;
+pub mod review;
+pub mod server;
+
+pub use admit::{Denial, Operation, Verdict, admit_pod};

@@ -1,0 +1,545 @@
+//! The admission decision for a Pod, free of I/O: validate the `sharedgpu/*` labels
+//! (through the API crate, the one label parser) and compute the JSON Patch that
+//! makes a KubeShare pod ready for its GPU.
+//!
+//! CREATE: bad labels are denied with the API crate's message; a KubeShare pod gets
+//! `schedulerName`, the GPU env, the hook and its volumes; any other pod is allowed
+//! untouched. UPDATE: `sharedgpu/*` labels may not change on a bound pod, and may not
+//! turn a pod into (or out of) a KubeShare pod. The patch is idempotent: admitting the
+//! patched pod again yields an empty patch.
+
+use std::collections::BTreeMap;
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, PatchOperation};
+use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, PodSpec, Volume, VolumeMount};
+use kubeshare_api::{GpuDemand, LabelError, PREFIX, SCHEDULER_NAME, is_kubeshare_pod};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::inject::{self, HOOK_PATH};
+
+/// The scheduler the apiserver writes into a pod that names none. Admission runs after
+/// defaulting, so "unset" reaches us as this name.
+pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
+
+/// What admission does with the request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Allowed; `patch` may be empty (nothing to change).
+    Allow {
+        patch: Vec<PatchOperation>,
+        warnings: Vec<String>,
+    },
+    Deny(Denial),
+}
+
+/// A refusal: the HTTP-style code and reason the apiserver reports, and the message
+/// the user reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denial {
+    pub code: u16,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Denial {
+    /// The pod breaks a rule: fix the manifest.
+    pub fn invalid(message: impl Into<String>) -> Denial {
+        Denial {
+            code: 422,
+            reason: "Invalid",
+            message: message.into(),
+        }
+    }
+    /// The change is not allowed in the pod's current state.
+    pub fn forbidden(message: impl Into<String>) -> Denial {
+        Denial {
+            code: 403,
+            reason: "Forbidden",
+            message: message.into(),
+        }
+    }
+    /// The request itself is malformed.
+    pub fn bad_request(message: impl Into<String>) -> Denial {
+        Denial {
+            code: 400,
+            reason: "BadRequest",
+            message: message.into(),
+        }
+    }
+}
+
+impl From<LabelError> for Denial {
+    fn from(e: LabelError) -> Self {
+        Denial::invalid(e.to_string())
+    }
+}
+
+impl Verdict {
+    fn allow() -> Verdict {
+        Verdict::Allow {
+            patch: Vec::new(),
+            warnings: Vec::new(),
+        }
+    }
+    /// The patch, when allowed.
+    pub fn patch(&self) -> Option<&[PatchOperation]> {
+        match self {
+            Verdict::Allow { patch, .. } => Some(patch),
+            Verdict::Deny(_) => None,
+        }
+    }
+    /// The denial message, when denied.
+    pub fn denial(&self) -> Option<&Denial> {
+        match self {
+            Verdict::Deny(d) => Some(d),
+            Verdict::Allow { .. } => None,
+        }
+    }
+}
+
+/// The admission operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Create,
+    Update,
+    Delete,
+    Connect,
+}
+
+impl Operation {
+    pub fn parse(s: &str) -> Option<Operation> {
+        match s {
+            "CREATE" => Some(Operation::Create),
+            "UPDATE" => Some(Operation::Update),
+            "DELETE" => Some(Operation::Delete),
+            "CONNECT" => Some(Operation::Connect),
+            _ => None,
+        }
+    }
+}
+
+/// Decides on a Pod admission request. `object` and `old_object` are the raw JSON the
+/// apiserver sent.
+pub fn admit_pod(op: Operation, object: Option<&Value>, old_object: Option<&Value>) -> Verdict {
+    let result = match op {
+        Operation::Create => match object {
+            Some(obj) => parse_pod(obj, "object").and_then(|p| admit_create(&p)),
+            None => Err(Denial::bad_request("CREATE request without an object")),
+        },
+        Operation::Update => match (object, old_object) {
+            (Some(new), Some(old)) => parse_pod(new, "object")
+                .and_then(|n| parse_pod(old, "oldObject").map(|o| (n, o)))
+                .and_then(|(n, o)| admit_update(&n, &o)),
+            _ => Err(Denial::bad_request(
+                "UPDATE request without object and oldObject",
+            )),
+        },
+        Operation::Delete | Operation::Connect => Ok(Verdict::allow()),
+    };
+    result.unwrap_or_else(Verdict::Deny)
+}
+
+fn parse_pod(v: &Value, what: &str) -> Result<Pod, Denial> {
+    Pod::deserialize(v).map_err(|e| Denial::bad_request(format!("{what} is not a Pod: {e}")))
+}
+
+fn labels_of(pod: &Pod) -> BTreeMap<String, String> {
+    pod.metadata.labels.clone().unwrap_or_default()
+}
+
+fn admit_create(pod: &Pod) -> Result<Verdict, Denial> {
+    let labels = labels_of(pod);
+    // Every sharedgpu/ label is checked, also on pods that would not be ours (a lone
+    // `sharedgpu/priority` is a forgotten gpu_limit, not a pod without a GPU).
+    let demand = GpuDemand::from_labels(&labels)?;
+    let Some(spec) = pod.spec.as_ref() else {
+        return Err(Denial::bad_request("the pod has no spec"));
+    };
+    if !is_kubeshare_pod(spec.scheduler_name.as_deref(), &labels) {
+        return Ok(Verdict::allow());
+    }
+    let mut plan = Plan::default();
+    match spec.scheduler_name.as_deref() {
+        Some(SCHEDULER_NAME) => {}
+        None | Some("") | Some(DEFAULT_SCHEDULER) => {
+            plan.add(&["spec", "schedulerName"], Value::from(SCHEDULER_NAME));
+        }
+        Some(other) => {
+            return Err(Denial::invalid(format!(
+                "spec.schedulerName={other}: a pod with sharedgpu/gpu_* labels is placed by {SCHEDULER_NAME}; leave schedulerName unset or set it to {SCHEDULER_NAME}"
+            )));
+        }
+    }
+    if let Some(node) = spec.node_name.as_deref().filter(|n| !n.is_empty()) {
+        return Err(Denial::invalid(format!(
+            "spec.nodeName={node}: a KubeShare pod must be placed by {SCHEDULER_NAME}, which picks its GPU; leave nodeName unset (use a nodeSelector or affinity instead)"
+        )));
+    }
+    // A pod on kubeshare-scheduler without GPU labels asks for no GPU: nothing to inject.
+    let Some(demand) = demand else {
+        return Ok(plan.into_verdict());
+    };
+    let hook = !demand.is_whole();
+    if hook {
+        plan_volumes(spec, &mut plan)?;
+    }
+    let groups: [(&str, &str, &[Container]); 2] = [
+        (
+            "initContainers",
+            "init container",
+            spec.init_containers.as_deref().unwrap_or_default(),
+        ),
+        ("containers", "container", spec.containers.as_slice()),
+    ];
+    for (field, what, containers) in groups {
+        for (i, c) in containers.iter().enumerate() {
+            let at = ContainerAt {
+                field,
+                index: i,
+                label: format!("{what} {:?}", c.name),
+            };
+            plan_env(c, &at, hook, &mut plan)?;
+            if hook {
+                plan_mounts(c, &at, &mut plan)?;
+            }
+        }
+    }
+    Ok(plan.into_verdict())
+}
+
+/// Where a container sits in the pod, for patch paths and messages.
+struct ContainerAt {
+    field: &'static str,
+    index: usize,
+    label: String,
+}
+
+impl ContainerAt {
+    fn path<'a>(&'a self, rest: &[&'a str]) -> Vec<String> {
+        let mut p = vec![
+            "spec".to_string(),
+            self.field.to_string(),
+            self.index.to_string(),
+        ];
+        p.extend(rest.iter().map(|s| s.to_string()));
+        p
+    }
+}
+
+/// The patch being built, plus warnings for the user.
+#[derive(Default)]
+struct Plan {
+    ops: Vec<PatchOperation>,
+    warnings: Vec<String>,
+}
+
+impl Plan {
+    fn add<S: AsRef<str>>(&mut self, path: &[S], value: Value) {
+        self.ops.push(PatchOperation::Add(AddOperation {
+            path: PointerBuf::from_tokens(path.iter().map(|s| s.as_ref())),
+            value,
+        }));
+    }
+
+    /// Appends `items` to the array at `path`, creating it when `exists` is false.
+    fn append<S: AsRef<str>>(&mut self, path: &[S], exists: bool, items: Vec<Value>) {
+        if items.is_empty() {
+            return;
+        }
+        if exists {
+            for item in items {
+                let mut p: Vec<&str> = path.iter().map(|s| s.as_ref()).collect();
+                p.push("-");
+                self.add(&p, item);
+            }
+        } else {
+            self.add(path, Value::Array(items));
+        }
+    }
+
+    fn into_verdict(self) -> Verdict {
+        Verdict::Allow {
+            patch: self.ops,
+            warnings: self.warnings,
+        }
+    }
+}
+
+fn to_value<T: serde::Serialize>(t: &T) -> Value {
+    // Serializing k8s-openapi types to a Value cannot fail (string keys, no floats).
+    serde_json::to_value(t).unwrap_or(Value::Null)
+}
+
+fn plan_volumes(spec: &PodSpec, plan: &mut Plan) -> Result<(), Denial> {
+    let existing = spec.volumes.as_deref().unwrap_or_default();
+    let mut new = Vec::new();
+    for want in [inject::lib_volume(), inject::run_volume()] {
+        match existing.iter().find(|v| v.name == want.name) {
+            None => new.push(to_value(&want)),
+            Some(v) if is_our_volume(v, &want) => {}
+            Some(_) => {
+                return Err(Denial::invalid(format!(
+                    "volume {name}: the name is reserved by KubeShare, which mounts {what} under it; rename the pod's volume",
+                    name = want.name,
+                    what = if want.name == inject::LIB_VOLUME {
+                        "the GPU hook library"
+                    } else {
+                        "the pod's scheduler sockets"
+                    },
+                )));
+            }
+        }
+    }
+    plan.append(&["spec", "volumes"], spec.volumes.is_some(), new);
+    Ok(())
+}
+
+fn is_our_volume(v: &Volume, want: &Volume) -> bool {
+    match (&v.host_path, &want.host_path) {
+        (Some(have), Some(want)) => have.path == want.path,
+        _ => false,
+    }
+}
+
+/// What an injected env var must be.
+enum EnvWant {
+    Field(String),
+    Value(&'static str),
+}
+
+impl EnvWant {
+    fn matches(&self, e: &EnvVar) -> bool {
+        match self {
+            EnvWant::Field(fp) => {
+                e.value.as_deref().unwrap_or_default().is_empty()
+                    && e.value_from
+                        .as_ref()
+                        .and_then(|s| s.field_ref.as_ref())
+                        .is_some_and(|f| &f.field_path == fp)
+            }
+            EnvWant::Value(v) => e.value_from.is_none() && e.value.as_deref() == Some(v),
+        }
+    }
+    fn to_env(&self, name: &str) -> EnvVar {
+        match self {
+            EnvWant::Field(fp) => inject::field_env(name, fp),
+            EnvWant::Value(v) => inject::value_env(name, v),
+        }
+    }
+}
+
+fn plan_env(c: &Container, at: &ContainerAt, hook: bool, plan: &mut Plan) -> Result<(), Denial> {
+    let env = c.env.as_deref().unwrap_or_default();
+    let mut wants = vec![(
+        inject::ENV_VISIBLE_DEVICES,
+        EnvWant::Field(inject::visible_devices_field_path()),
+    )];
+    if hook {
+        wants.push((
+            inject::ENV_POD_UID,
+            EnvWant::Field(inject::POD_UID_FIELD_PATH.to_string()),
+        ));
+        wants.push((
+            inject::ENV_SOCKET_DIR,
+            EnvWant::Value(inject::RUN_MOUNT_PATH),
+        ));
+    }
+    let mut new = Vec::new();
+    for (name, want) in &wants {
+        let mut same = env.iter().filter(|e| e.name == *name);
+        match (same.next(), same.next()) {
+            (None, _) => new.push(to_value(&want.to_env(name))),
+            (Some(e), None) if want.matches(e) => {}
+            _ => {
+                return Err(Denial::invalid(format!(
+                    "{}: env {name} is set by KubeShare ({}); remove it from the pod",
+                    at.label,
+                    match *name {
+                        inject::ENV_VISIBLE_DEVICES => "from the GPU allocation at bind",
+                        inject::ENV_POD_UID => "from the pod's UID",
+                        _ => "to the mount of the pod's scheduler sockets",
+                    }
+                )));
+            }
+        }
+    }
+    if hook {
+        plan_ld_preload(c, env, at, plan, &mut new)?;
+    }
+    let env_path = at.path(&["env"]);
+    plan.append(&env_path, c.env.is_some(), new);
+    Ok(())
+}
+
+/// `LD_PRELOAD` gets the hook appended, never replacing what the user preloads.
+/// A literal value is extended in place; a value from `valueFrom` (ConfigMap, Secret,
+/// field) is moved to `KUBESHARE_USER_LD_PRELOAD` and our `LD_PRELOAD` refers to it.
+fn plan_ld_preload(
+    c: &Container,
+    env: &[EnvVar],
+    at: &ContainerAt,
+    plan: &mut Plan,
+    new: &mut Vec<Value>,
+) -> Result<(), Denial> {
+    let mut found = env
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.name == inject::ENV_LD_PRELOAD);
+    let existing = match (found.next(), found.next()) {
+        (_, Some(_)) => {
+            return Err(Denial::invalid(format!(
+                "{}: env {} is defined more than once; define it once (KubeShare appends its hook to it)",
+                at.label,
+                inject::ENV_LD_PRELOAD
+            )));
+        }
+        (e, None) => e,
+    };
+    let user_var_taken = env.iter().any(|e| e.name == inject::ENV_USER_LD_PRELOAD);
+    let idx_s;
+    match existing {
+        None => {
+            if user_var_taken {
+                return Err(reserved_user_var(at));
+            }
+            new.push(to_value(&inject::value_env(
+                inject::ENV_LD_PRELOAD,
+                HOOK_PATH,
+            )));
+            if !c.env_from.as_deref().unwrap_or_default().is_empty() {
+                plan.warnings.push(format!(
+                    "{}: an LD_PRELOAD from envFrom is overridden by KubeShare's; set LD_PRELOAD under env to keep it",
+                    at.label
+                ));
+            }
+        }
+        Some((j, e)) if e.value_from.is_none() => {
+            let v = e.value.as_deref().unwrap_or_default();
+            if !inject::preloads_hook(v) {
+                let value = if v.trim().is_empty() {
+                    HOOK_PATH.to_string()
+                } else {
+                    format!("{}:{HOOK_PATH}", v.trim_end_matches([':', ' ']))
+                };
+                idx_s = j.to_string();
+                plan.add(&at.path(&["env", &idx_s, "value"]), Value::from(value));
+            }
+        }
+        Some((j, _)) => {
+            if user_var_taken {
+                return Err(reserved_user_var(at));
+            }
+            idx_s = j.to_string();
+            plan.add(
+                &at.path(&["env", &idx_s, "name"]),
+                Value::from(inject::ENV_USER_LD_PRELOAD),
+            );
+            new.push(to_value(&inject::value_env(
+                inject::ENV_LD_PRELOAD,
+                &format!("$({}):{HOOK_PATH}", inject::ENV_USER_LD_PRELOAD),
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn reserved_user_var(at: &ContainerAt) -> Denial {
+    Denial::invalid(format!(
+        "{}: env {} is reserved by KubeShare (it carries an LD_PRELOAD given with valueFrom); rename it",
+        at.label,
+        inject::ENV_USER_LD_PRELOAD
+    ))
+}
+
+fn plan_mounts(c: &Container, at: &ContainerAt, plan: &mut Plan) -> Result<(), Denial> {
+    let mounts = c.volume_mounts.as_deref().unwrap_or_default();
+    let mut new = Vec::new();
+    for want in [inject::lib_mount(), inject::run_mount()] {
+        if let Some(m) = mounts.iter().find(|m| m.name == want.name) {
+            if is_our_mount(m, &want) {
+                continue;
+            }
+            return Err(Denial::invalid(format!(
+                "{}: volume {} is mounted at {}; KubeShare mounts it at {} itself, remove the mount",
+                at.label, m.name, m.mount_path, want.mount_path
+            )));
+        }
+        if let Some(m) = mounts
+            .iter()
+            .find(|m| m.mount_path.trim_end_matches('/') == want.mount_path)
+        {
+            return Err(Denial::invalid(format!(
+                "{}: mount path {} (volume {}) is reserved by KubeShare for volume {}; mount it elsewhere",
+                at.label, want.mount_path, m.name, want.name
+            )));
+        }
+        new.push(to_value(&want));
+    }
+    let path = at.path(&["volumeMounts"]);
+    plan.append(&path, c.volume_mounts.is_some(), new);
+    Ok(())
+}
+
+fn is_our_mount(m: &VolumeMount, want: &VolumeMount) -> bool {
+    m.mount_path == want.mount_path
+        && m.sub_path_expr == want.sub_path_expr
+        && m.sub_path.as_deref().unwrap_or_default().is_empty()
+        && m.read_only.unwrap_or(false) == want.read_only.unwrap_or(false)
+}
+
+fn sharedgpu_labels(labels: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
+    labels
+        .iter()
+        .filter(|(k, _)| k.starts_with(PREFIX))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect()
+}
+
+fn admit_update(new: &Pod, old: &Pod) -> Result<Verdict, Denial> {
+    let new_labels = labels_of(new);
+    let old_labels = labels_of(old);
+    let (n, o) = (sharedgpu_labels(&new_labels), sharedgpu_labels(&old_labels));
+    if n == o {
+        return Ok(Verdict::allow());
+    }
+    // The first label that differs, for the message.
+    let changed = n
+        .keys()
+        .chain(o.keys())
+        .find(|k| n.get(*k) != o.get(*k))
+        .copied()
+        .unwrap_or_default();
+    let describe = |m: &BTreeMap<&str, &str>| {
+        m.get(changed)
+            .map(|v| format!("{changed}={v}"))
+            .unwrap_or_else(|| format!("no {changed}"))
+    };
+    let change = format!("{} -> {}", describe(&o), describe(&n));
+    let bound = old
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .filter(|n| !n.is_empty());
+    if let Some(node) = bound {
+        return Err(Denial::forbidden(format!(
+            "{change}: sharedgpu/* labels cannot change once the pod is bound (node {node}): its GPU share is already booked; delete and re-create the pod"
+        )));
+    }
+    let new_demand = GpuDemand::from_labels(&new_labels)?;
+    let old_demand = GpuDemand::from_labels(&old_labels).ok().flatten();
+    let sched = |p: &Pod| p.spec.as_ref().and_then(|s| s.scheduler_name.clone());
+    let was_ours = is_kubeshare_pod(sched(old).as_deref(), &old_labels);
+    let is_ours = is_kubeshare_pod(sched(new).as_deref(), &new_labels);
+    if was_ours != is_ours
+        || old_demand.is_some() != new_demand.is_some()
+        || old_demand.as_ref().map(GpuDemand::is_whole)
+            != new_demand.as_ref().map(GpuDemand::is_whole)
+    {
+        return Err(Denial::forbidden(format!(
+            "{change}: a pod's GPU env and hook are set when it is created, so an update cannot add or remove its GPU or switch between whole and fractional GPUs; delete and re-create the pod"
+        )));
+    }
+    Ok(Verdict::allow())
+}
