@@ -1,1 +1,21 @@
-//! Placeholder: this crate arrives with its own issue.
+//! KubeShare's scheduler extender.
+//!
+//! A second kube-scheduler (profile `kubeshare-scheduler`) calls this HTTP
+//! extender with `filter`, `prioritize` and `bind`; it decides which node and
+//! which GPU(s) each KubeShare pod gets and writes that choice on the pod as the
+//! `sharedgpu/*` allocation annotations before it creates the Binding.
+//!
+//! - [`placement`]: the pure decision logic and the books (no I/O).
+//! - [`convert`]: Kubernetes objects to what placement needs (pure).
+//! - [`wire`]: the upstream extender JSON shapes.
+//! - [`metrics`]: Prometheus text exposition.
+//! - [`server`]: the axum routes, bind's API calls, and the watches that feed the books.
+
+pub mod convert;
+pub mod metrics;
+pub mod placement;
+pub mod server;
+pub mod wire;
+
+pub use placement::{Cluster, Config, PodInfo};
+pub use server::{Extender, ExtenderOptions};

@@ -1,0 +1,90 @@
+//! `kubeshare-extender`: the HTTP scheduler extender that kube-scheduler's
+//! `kubeshare-scheduler` profile calls (filter, prioritize, bind).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use kube::Client;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kubeshare_scheduler::{Config, Extender, ExtenderOptions};
+use tracing::info;
+use tracing_subscriber::EnvFilter;
+
+/// KubeShare's scheduler extender: picks the node and GPU(s) for sharedgpu pods.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Address to serve the extender verbs, /healthz, /readyz and /metrics on.
+    #[arg(
+        long,
+        env = "KUBESHARE_EXTENDER_LISTEN",
+        default_value = "127.0.0.1:8888"
+    )]
+    listen: SocketAddr,
+    /// Kubeconfig file; default: $KUBECONFIG, ~/.kube/config, then in-cluster.
+    #[arg(long, env = "KUBESHARE_EXTENDER_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Seconds capacity reserved for an admitted group's members is held for them.
+    #[arg(long, default_value_t = 30)]
+    group_reservation_timeout: u64,
+    /// Log as JSON lines.
+    #[arg(long)]
+    log_json: bool,
+}
+
+async fn client(path: Option<&PathBuf>) -> anyhow::Result<Client> {
+    match path {
+        None => Client::try_default()
+            .await
+            .context("no kubeconfig ($KUBECONFIG, ~/.kube/config) and not in a cluster"),
+        Some(p) => {
+            let kc =
+                Kubeconfig::read_from(p).with_context(|| format!("reading {}", p.display()))?;
+            let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("loading {}", p.display()))?;
+            Client::try_from(cfg).context("building the Kubernetes client")
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term => {},
+    }
+    info!("shutting down");
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    if args.log_json {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .json()
+            .init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
+    let client = client(args.kubeconfig.as_ref()).await?;
+    let opts = ExtenderOptions {
+        listen: args.listen,
+        placement: Config {
+            reservation_timeout_ms: args.group_reservation_timeout.saturating_mul(1000),
+        },
+        instance: std::env::var("POD_NAME").ok(),
+    };
+    Extender::run(client, opts, shutdown_signal()).await
+}
