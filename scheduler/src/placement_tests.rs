@@ -725,7 +725,7 @@ fn nodes() -> Vec<(String, NodeInventory)> {
 }
 
 enum Ev {
-    Apply(PodInfo),
+    Apply(Box<PodInfo>),
     Delete(String),
 }
 
@@ -781,7 +781,7 @@ impl World {
                 let uid = format!("u{:04}", self.next);
                 let p = pod(&uid, KINDS[kind]);
                 self.api.insert(uid, p.clone());
-                self.queue.push_back(Ev::Apply(p));
+                self.queue.push_back(Ev::Apply(Box::new(p)));
             }
             Op::Schedule(k) => {
                 let Some(uid) = self.pick(k, true) else {
@@ -807,7 +807,7 @@ impl World {
                         self.log.push((uid.clone(), best, a.gpu_uuids.clone()));
                     }
                     self.api.insert(uid, q.clone());
-                    self.queue.push_back(Ev::Apply(q));
+                    self.queue.push_back(Ev::Apply(Box::new(q)));
                 }
             }
             Op::Deliver(n) => {
@@ -831,7 +831,7 @@ impl World {
                     p.terminal = true;
                     let p = p.clone();
                     self.api.remove(&uid);
-                    self.queue.push_back(Ev::Apply(p));
+                    self.queue.push_back(Ev::Apply(Box::new(p)));
                 }
             }
             Op::Restart => self.restart(),
