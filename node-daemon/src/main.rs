@@ -123,6 +123,9 @@ async fn shutdown_signal() {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     init_tracing(args.log_json);
+    // kube's TLS uses the process-wide rustls provider: name ring, so that another
+    // provider compiled into the workspace cannot make the choice ambiguous.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let inventory = match &args.fake_inventory {
         Some(file) => InventorySource::Fake { file: file.clone() },
         None => InventorySource::Nvml {

@@ -271,6 +271,12 @@ mod tests {
     }
 
     #[test]
+    fn a_library_that_is_not_nvml_is_an_error() {
+        let e = discover(Path::new("libc.so.6")).unwrap_err();
+        assert!(e.to_string().contains("lacks nvmlInit_v2"), "{e}");
+    }
+
+    #[test]
     fn c_strings() {
         let raw: Vec<c_char> = b"00000000:17:00.0\0junk"
             .iter()
