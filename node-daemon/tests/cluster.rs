@@ -728,7 +728,7 @@ async fn connect(sock: &Path, gpu: &str) -> anyhow::Result<gem_proto::client::He
         let deadline = Instant::now() + WAIT;
         loop {
             match gem_proto::client::Client::connect(&sock, std::process::id(), &gpu) {
-                Ok(c) => return Ok(c.hello().clone()),
+                Ok(c) => return Ok(*c.hello()),
                 Err(e) if Instant::now() < deadline => {
                     let _ = e;
                     std::thread::sleep(Duration::from_millis(100));
