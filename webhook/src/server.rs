@@ -1,14 +1,16 @@
 //! The HTTPS server: axum on rustls (ring), `POST /mutate`, `POST /validate`,
-//! `GET /healthz`. The certificate and key are read from PEM files (a mounted Secret)
+//! `GET /healthz`, `GET /metrics`. The certificate and key are read from PEM files (a mounted Secret)
 //! and reloaded when they change; admission is never served over plain HTTP.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -53,26 +55,105 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// The routes, without TLS (tests drive them in-process too).
-pub fn router() -> Router {
+/// Request counters, per endpoint and outcome (served at `/metrics`).
+#[derive(Debug, Default)]
+pub struct Stats {
+    counts: [[AtomicU64; 4]; 2],
+}
+
+/// What became of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Allowed without a patch.
+    Allowed,
+    /// Allowed with a patch.
+    Patched,
+    Denied,
+    /// HTTP 400.
+    Malformed,
+}
+
+const OUTCOMES: [(Outcome, &str); 4] = [
+    (Outcome::Allowed, "allowed"),
+    (Outcome::Patched, "patched"),
+    (Outcome::Denied, "denied"),
+    (Outcome::Malformed, "malformed"),
+];
+const MODES: [(Mode, &str); 2] = [(Mode::Mutate, "mutate"), (Mode::Validate, "validate")];
+
+impl Stats {
+    fn slot(&self, mode: Mode, outcome: Outcome) -> &AtomicU64 {
+        let m = MODES.iter().position(|(x, _)| *x == mode).unwrap_or(0);
+        let o = OUTCOMES
+            .iter()
+            .position(|(x, _)| *x == outcome)
+            .unwrap_or(0);
+        &self.counts[m][o]
+    }
+    fn record(&self, mode: Mode, outcome: Outcome) {
+        self.slot(mode, outcome).fetch_add(1, Ordering::Relaxed);
+    }
+    /// Requests seen so far on `mode`'s endpoint with this outcome.
+    pub fn get(&self, mode: Mode, outcome: Outcome) -> u64 {
+        self.slot(mode, outcome).load(Ordering::Relaxed)
+    }
+    /// All requests seen on `mode`'s endpoint.
+    pub fn total(&self, mode: Mode) -> u64 {
+        OUTCOMES.iter().map(|(o, _)| self.get(mode, *o)).sum()
+    }
+    /// Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::from(
+            "# HELP kubeshare_webhook_requests_total Admission requests by endpoint and outcome.\n# TYPE kubeshare_webhook_requests_total counter\n",
+        );
+        for (mode, m) in MODES {
+            for (outcome, o) in OUTCOMES {
+                out.push_str(&format!(
+                    "kubeshare_webhook_requests_total{{endpoint=\"{m}\",outcome=\"{o}\"}} {}\n",
+                    self.get(mode, outcome)
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// The routes, without TLS.
+pub fn router(stats: Arc<Stats>) -> Router {
     Router::new()
         .route("/mutate", post(mutate))
         .route("/validate", post(validate))
         .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(stats)
 }
 
-async fn mutate(body: Bytes) -> Response {
-    handle(&body, Mode::Mutate)
+async fn mutate(State(stats): State<Arc<Stats>>, body: Bytes) -> Response {
+    handle(&stats, &body, Mode::Mutate)
 }
 
-async fn validate(body: Bytes) -> Response {
-    handle(&body, Mode::Validate)
+async fn validate(State(stats): State<Arc<Stats>>, body: Bytes) -> Response {
+    handle(&stats, &body, Mode::Validate)
 }
 
-fn handle(body: &[u8], mode: Mode) -> Response {
+async fn metrics(State(stats): State<Arc<Stats>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        stats.render(),
+    )
+        .into_response()
+}
+
+fn handle(stats: &Stats, body: &[u8], mode: Mode) -> Response {
     match answer(body, mode) {
         Ok(a) => {
+            let outcome = match &a.verdict {
+                Verdict::Deny(_) => Outcome::Denied,
+                Verdict::Allow { patch, .. } if patch.is_empty() => Outcome::Allowed,
+                Verdict::Allow { .. } => Outcome::Patched,
+            };
+            stats.record(mode, outcome);
             match &a.verdict {
                 Verdict::Deny(d) => tracing::info!(
                     uid = %a.uid, op = %a.operation, kind = %a.kind, namespace = %a.namespace,
@@ -86,6 +167,7 @@ fn handle(body: &[u8], mode: Mode) -> Response {
             ([(header::CONTENT_TYPE, "application/json")], a.body).into_response()
         }
         Err(e) => {
+            stats.record(mode, Outcome::Malformed);
             tracing::warn!(error = %e, bytes = body.len(), ?mode, "malformed admission request");
             (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response()
         }
@@ -106,6 +188,7 @@ pub struct ServeConfig {
 /// A started server.
 pub struct Running {
     pub addr: SocketAddr,
+    pub stats: Arc<Stats>,
     pub handle: Handle<SocketAddr>,
     pub task: tokio::task::JoinHandle<Result<(), ServerError>>,
     _watcher: notify::RecommendedWatcher,
@@ -168,7 +251,8 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
 
     let handle: Handle<SocketAddr> = Handle::new();
     let server = axum_server::bind_rustls(cfg.listen, tls).handle(handle.clone());
-    let app = router();
+    let stats = Arc::new(Stats::default());
+    let app = router(stats.clone());
     let listen = cfg.listen;
     let task = tokio::spawn(async move {
         server
@@ -188,6 +272,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     tracing::info!(%addr, cert = %cfg.cert.display(), key = %cfg.key.display(), "serving admission over TLS");
     Ok(Running {
         addr,
+        stats,
         handle,
         task,
         _watcher: watcher,

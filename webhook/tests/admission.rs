@@ -174,7 +174,7 @@ fn every_container_and_init_container_is_injected() {
     );
     for list in ["initContainers", "containers"] {
         for c in spec[list].as_array().unwrap() {
-            assert_eq!(c["volumeMounts"].as_array().unwrap().len() >= 2, true);
+            assert!(c["volumeMounts"].as_array().unwrap().len() >= 2);
         }
     }
     assert_eq!(

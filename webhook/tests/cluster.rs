@@ -1,0 +1,416 @@
+//! The webhook against the real control plane (kubeshare-testkit): the real
+//! kube-apiserver calls it by URL over TLS with our `caBundle`, using the webhook
+//! configurations of `manifests/webhook.yaml` as written (rules, matchConditions,
+//! failurePolicy), with only the clientConfig, the name and a namespaceSelector for
+//! this test's namespaces changed, so other tests' pods never reach it.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kubeshare_testkit::{Cluster, Identity, TestNamespace, wait_until};
+use kubeshare_webhook::certs::{self, CertRequest};
+use kubeshare_webhook::review::Mode;
+use kubeshare_webhook::server::{self, Outcome, ServeConfig};
+use serde_json::{Value, json};
+
+const TEST_LABEL: &str = "kubeshare-webhook-test";
+const HOOK: &str = "/kubeshare/lib/libgemhook.so.1";
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Deletes the webhook configurations when the test ends, also on panic.
+struct ConfigGuard {
+    cluster: &'static Cluster,
+    name: String,
+}
+
+impl Drop for ConfigGuard {
+    fn drop(&mut self) {
+        for kind in [
+            "mutatingwebhookconfiguration",
+            "validatingwebhookconfiguration",
+        ] {
+            if let Ok(mut cmd) = self.cluster.kubectl() {
+                let _ = cmd
+                    .args([
+                        "delete",
+                        kind,
+                        &self.name,
+                        "--ignore-not-found",
+                        "--wait=false",
+                    ])
+                    .output();
+            }
+        }
+    }
+}
+
+/// manifests/webhook.yaml's two configurations, pointed at `https://127.0.0.1:port`
+/// and limited to namespaces labelled `TEST_LABEL=token`.
+fn configurations(port: u16, ca_bundle: &str, token: &str) -> Result<(Value, Value)> {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../manifests/webhook.yaml"
+    ))?;
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text)?;
+    let mut found = (None, None);
+    for mut doc in docs {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+        if !kind.ends_with("WebhookConfiguration") {
+            continue;
+        }
+        doc["metadata"]["name"] = json!(format!("kubeshare-webhook-test-{token}"));
+        for wh in doc["webhooks"].as_array_mut().context("webhooks")? {
+            let path = wh["clientConfig"]["service"]["path"]
+                .as_str()
+                .context("service path")?
+                .to_string();
+            wh["clientConfig"] = json!({
+                "url": format!("https://127.0.0.1:{port}{path}"),
+                "caBundle": ca_bundle,
+            });
+            wh["namespaceSelector"]["matchLabels"] = json!({TEST_LABEL: token});
+        }
+        match kind.as_str() {
+            "MutatingWebhookConfiguration" => found.0 = Some(doc),
+            "ValidatingWebhookConfiguration" => found.1 = Some(doc),
+            _ => {}
+        }
+    }
+    match found {
+        (Some(m), Some(v)) => Ok((m, v)),
+        _ => bail!("manifests/webhook.yaml lacks a mutating or validating configuration"),
+    }
+}
+
+async fn label_namespace(client: &kube::Client, ns: &str, labels: Value) -> Result<()> {
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": labels}})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// A pod that no node matches: it stays Pending and never reaches a scheduler's
+/// extender (filters run first), so it cannot disturb other tests.
+fn pod(generate_name: &str, labels: Value, spec: Value) -> Result<Pod> {
+    let mut spec = spec;
+    spec["nodeSelector"] = json!({TEST_LABEL: "no-such-node"});
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"generateName": generate_name, "labels": labels},
+        "spec": spec,
+    }))?)
+}
+
+fn api_error(e: kube::Error) -> Result<(u16, String)> {
+    match e {
+        kube::Error::Api(s) => Ok((s.code, s.message)),
+        other => bail!("expected an API error, got {other}"),
+    }
+}
+
+fn env_of(pod: &Value, list: &str, i: usize) -> Vec<Value> {
+    pod["spec"][list][i]["env"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn env_named<'a>(env: &'a [Value], name: &str) -> Option<&'a Value> {
+    env.iter().find(|e| e["name"] == name)
+}
+
+/// Every container and init container of a fractional pod carries the env and mounts.
+fn assert_injected(pod: &Pod) {
+    let v = serde_json::to_value(pod).unwrap();
+    assert_eq!(v["spec"]["schedulerName"], "kubeshare-scheduler", "{v}");
+    for list in ["initContainers", "containers"] {
+        for (i, c) in v["spec"][list]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+        {
+            let env = env_of(&v, list, i);
+            assert_eq!(
+                env_named(&env, "NVIDIA_VISIBLE_DEVICES").unwrap()["valueFrom"]["fieldRef"]["fieldPath"],
+                "metadata.annotations['sharedgpu/gpu_uuid']",
+                "{list}[{i}]"
+            );
+            assert_eq!(
+                env_named(&env, "KUBESHARE_POD_UID").unwrap()["valueFrom"]["fieldRef"]["fieldPath"],
+                "metadata.uid"
+            );
+            let preload = env_named(&env, "LD_PRELOAD").unwrap()["value"]
+                .as_str()
+                .unwrap();
+            assert!(preload.ends_with(HOOK), "{preload}");
+            let mounts = c["volumeMounts"].as_array().unwrap();
+            assert!(mounts.contains(&json!({"name": "kubeshare-lib", "mountPath": "/kubeshare/lib", "readOnly": true})), "{mounts:?}");
+            assert!(mounts.contains(&json!({"name": "kubeshare-run", "mountPath": "/kubeshare/run", "subPathExpr": "$(KUBESHARE_POD_UID)"})), "{mounts:?}");
+        }
+    }
+    let vols = v["spec"]["volumes"].as_array().unwrap();
+    assert!(vols.contains(&json!({"name": "kubeshare-lib", "hostPath": {"path": "/var/lib/kubeshare/lib", "type": "Directory"}})), "{vols:?}");
+    assert!(vols.contains(&json!({"name": "kubeshare-run", "hostPath": {"path": "/var/lib/kubeshare/pods", "type": "Directory"}})), "{vols:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_apiserver_calls_the_webhook() -> Result<()> {
+    server::install_crypto_provider();
+    let cluster = Cluster::shared()?;
+    let client = cluster.client(Identity::Admin).await?;
+
+    // Our own CA and serving certificate, as `kubeshare-webhook certs` makes them.
+    let tls_dir = tempfile::tempdir()?;
+    let files = certs::generate(
+        &CertRequest {
+            dns: vec!["localhost".into()],
+            ips: vec!["127.0.0.1".parse()?],
+            days: 1,
+            reuse_ca: false,
+        },
+        tls_dir.path(),
+    )?;
+    let running = server::start(ServeConfig {
+        listen: "127.0.0.1:0".parse()?,
+        cert: files.cert(),
+        key: files.key(),
+        poll: Duration::from_secs(5),
+    })
+    .await?;
+
+    let ns = TestNamespace::create(cluster, "webhook").await?;
+    let token = ns.name().to_string();
+    label_namespace(&client, ns.name(), json!({TEST_LABEL: token})).await?;
+    let opted_out = TestNamespace::create(cluster, "webhook-optout").await?;
+    label_namespace(
+        &client,
+        opted_out.name(),
+        json!({TEST_LABEL: token, "sharedgpu/webhook": "disabled"}),
+    )
+    .await?;
+
+    let (mutating, validating) = configurations(running.addr.port(), &files.ca_bundle(), &token)?;
+    let _guard = ConfigGuard {
+        cluster,
+        name: mutating["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    };
+    let pp = PostParams::default();
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .create(&pp, &serde_json::from_value(mutating)?)
+        .await
+        .context("the apiserver refused the MutatingWebhookConfiguration")?;
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .create(&pp, &serde_json::from_value(validating)?)
+        .await
+        .context("the apiserver refused the ValidatingWebhookConfiguration")?;
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
+    let frac = json!({"app": "t", "sharedgpu/gpu_request": "0.5", "sharedgpu/gpu_limit": "1.0"});
+
+    // The apiserver picks up a new configuration within a moment: probe with dry runs.
+    let probe = pod(
+        "probe-",
+        frac.clone(),
+        json!({"containers": [{"name": "c", "image": "x"}]}),
+    )?;
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    wait_until("the apiserver to call the webhook", WAIT, || {
+        let (pods, probe, dry) = (pods.clone(), probe.clone(), dry.clone());
+        async move {
+            match pods.create(&dry, &probe).await {
+                Ok(p)
+                    if p.spec.as_ref().and_then(|s| s.scheduler_name.as_deref())
+                        == Some("kubeshare-scheduler") =>
+                {
+                    Ok(Some(()))
+                }
+                Ok(_) => Ok(None),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    })
+    .await?;
+
+    // 1. A fractional pod (generateName, init container, two containers, an existing
+    //    LD_PRELOAD) is created with everything injected.
+    let created = pods
+        .create(
+            &pp,
+            &pod(
+                "frac-",
+                frac.clone(),
+                json!({
+                    "initContainers": [{"name": "init", "image": "x"}],
+                    "containers": [
+                        {"name": "main", "image": "x", "env": [{"name": "LD_PRELOAD", "value": "/usr/lib/libjemalloc.so.2"}]},
+                        {"name": "side", "image": "x"}
+                    ]
+                }),
+            )?,
+        )
+        .await?;
+    assert_injected(&created);
+    let v = serde_json::to_value(&created)?;
+    assert_eq!(
+        env_named(&env_of(&v, "containers", 0), "LD_PRELOAD").unwrap()["value"],
+        format!("/usr/lib/libjemalloc.so.2:{HOOK}")
+    );
+    // What the apiserver stored is what it returned.
+    let stored = pods
+        .get(created.metadata.name.as_deref().unwrap_or_default())
+        .await?;
+    assert_eq!(serde_json::to_value(&stored)?["spec"], v["spec"]);
+
+    // 2. gpu_request=1.5 is refused at create, with the label, value and rule.
+    let bad = pod(
+        "bad-",
+        json!({"sharedgpu/gpu_request": "1.5", "sharedgpu/gpu_limit": "1.0"}),
+        json!({"containers": [{"name": "c", "image": "x"}]}),
+    )?;
+    let (code, message) = api_error(
+        pods.create(&pp, &bad)
+            .await
+            .expect_err("1.5 must be refused"),
+    )?;
+    assert_eq!(code, 422, "{message}");
+    assert!(
+        message.contains("sharedgpu/gpu_request=1.5: a fractional request must be at most 1.0; whole GPUs are written as an integer such as 2"),
+        "{message}"
+    );
+    assert!(message.contains("pods.mutate.kubeshare.io"), "{message}");
+
+    // 3. The pods of a Job (created by the job controller) are mutated.
+    let job: Job = serde_json::from_value(json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "train"},
+        "spec": {
+            "parallelism": 2, "completions": 2, "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": {"sharedgpu/gpu_limit": "0.5"}},
+                "spec": {"restartPolicy": "Never",
+                         "nodeSelector": {TEST_LABEL: "no-such-node"},
+                         "containers": [{"name": "main", "image": "x"}]}
+            }
+        }
+    }))?;
+    Api::<Job>::namespaced(client.clone(), ns.name())
+        .create(&pp, &job)
+        .await?;
+    let job_pods = wait_until("two pods of job train", WAIT, || {
+        let pods = pods.clone();
+        async move {
+            let l = pods
+                .list(&ListParams::default().labels("job-name=train"))
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok((l.items.len() == 2).then_some(l.items))
+        }
+    })
+    .await?;
+    for p in &job_pods {
+        assert_injected(p);
+    }
+
+    // 4. Pods that are not KubeShare pods are left alone.
+    let plain = pods
+        .create(
+            &pp,
+            &pod(
+                "plain-",
+                json!({"app": "web"}),
+                json!({"containers": [{"name": "c", "image": "x"}]}),
+            )?,
+        )
+        .await?;
+    let pv = serde_json::to_value(&plain)?;
+    assert_eq!(pv["spec"]["schedulerName"], "default-scheduler");
+    assert!(pv["spec"]["containers"][0].get("env").is_none(), "{pv}");
+
+    // 5. A namespace labelled sharedgpu/webhook=disabled is not sent to the webhook.
+    let out_pods: Api<Pod> = Api::namespaced(client.clone(), opted_out.name());
+    let admitted = out_pods.create(&pp, &bad).await?;
+    assert!(
+        admitted
+            .spec
+            .and_then(|s| s.containers[0].env.clone())
+            .is_none()
+    );
+
+    // 6. UPDATE: labels may change before bind, not after.
+    let name = created.metadata.name.clone().unwrap_or_default();
+    let relabel =
+        |v: &str| Patch::Merge(json!({"metadata": {"labels": {"sharedgpu/gpu_request": v}}}));
+    pods.patch(&name, &PatchParams::default(), &relabel("0.25"))
+        .await?;
+    assert_eq!(running.stats.get(Mode::Validate, Outcome::Allowed), 1);
+    let bad_update = pods
+        .patch(&name, &PatchParams::default(), &relabel("2.5"))
+        .await
+        .expect_err("an invalid label update must be refused");
+    let (_, message) = api_error(bad_update)?;
+    assert!(
+        message.contains("sharedgpu/gpu_request=2.5: a fractional request must be at most 1.0"),
+        "{message}"
+    );
+    pods.create_subresource::<Value, Value>(
+        "binding",
+        &name,
+        &pp,
+        &json!({
+            "apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": format!("{token}-ghost")}
+        }),
+    )
+    .await?;
+    let (code, message) = api_error(
+        pods.patch(&name, &PatchParams::default(), &relabel("0.75"))
+            .await
+            .expect_err("a bound pod's sharedgpu labels must not change"),
+    )?;
+    assert_eq!(code, 403, "{message}");
+    assert!(
+        message.contains("sharedgpu/gpu_request=0.25 -> sharedgpu/gpu_request=0.75: sharedgpu/* labels cannot change once the pod is bound"),
+        "{message}"
+    );
+    // Other labels and annotations still may, and such updates do not even reach the
+    // webhook (the CEL matchCondition filters them).
+    let seen = running.stats.total(Mode::Validate);
+    assert_eq!(running.stats.get(Mode::Validate, Outcome::Denied), 2);
+    pods.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"team": "a"}, "annotations": {"note": "x"}}})),
+    )
+    .await?;
+    assert_eq!(running.stats.total(Mode::Validate), seen);
+
+    // Clean up: pods bound to a node without a kubelet go at once with grace 0.
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    pods.delete(&name, &now).await?;
+    running.shutdown(Duration::from_secs(1)).await?;
+    ns.delete().await?;
+    opted_out.delete().await?;
+    Ok(())
+}
