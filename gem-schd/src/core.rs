@@ -1,0 +1,860 @@
+//! The token scheduler's pure core: Gemini's algorithm as a state machine.
+//!
+//! No I/O and no clock: every event carries `now` (µs on any monotonic scale), and the
+//! core answers with [`Action`]s (grants and errors to send to connections) plus
+//! [`Core::next_wakeup`], the time at which the driver must call [`Core::tick`]. The
+//! daemon drives it with the real clock, the tests with a virtual one.
+//!
+//! Accounting: every hold is a history entry `[start, end)` in a sliding window. Entries
+//! never overlap: when a late overuse report stretches an entry over the holds granted
+//! after it, those are pushed back (the GPU was still busy with the first holder's last,
+//! non-preemptible burst). So a client's usage in the window is the sum of its entries,
+//! less the part of the oldest entry that has slid out, kept incrementally.
+
+use std::collections::{HashMap, VecDeque};
+
+/// Microseconds on the driver's clock.
+pub type Micros = u64;
+/// A connection, as numbered by the driver.
+pub type ConnId = u64;
+
+/// Tunables of the algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Params {
+    /// Sliding window over which usage is accounted.
+    pub window_us: Micros,
+    /// Quota of a client that has reported no burst yet.
+    pub base_quota_us: Micros,
+    /// Lower bound of every quota.
+    pub min_quota_us: Micros,
+    /// How long past a holder's quota the token waits for the holder's report
+    /// (TokenRequest or Release) before moving on: the GPU is still busy with the
+    /// holder's last, non-preemptible burst, and a client granted meanwhile would
+    /// only queue behind it (or share the GPU with it) and mis-measure its burst.
+    /// 0 = Gemini's behaviour (move on at expiry).
+    pub grace_us: Micros,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            window_us: 10_000_000,
+            base_quota_us: 50_000,
+            min_quota_us: 5_000,
+            grace_us: 50_000,
+        }
+    }
+}
+
+/// One client as the config declares it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientSpec {
+    pub id: String,
+    /// Guaranteed share, 0..=1000.
+    pub request_milli: u16,
+    /// Ceiling of the share, 0..=1000.
+    pub limit_milli: u16,
+    /// Memory cap in bytes.
+    pub mem_limit: u64,
+}
+
+impl From<&kubeshare_api::ResourceEntry> for ClientSpec {
+    fn from(e: &kubeshare_api::ResourceEntry) -> Self {
+        ClientSpec {
+            id: e.id.clone(),
+            request_milli: e.request.get(),
+            limit_milli: e.limit.get(),
+            mem_limit: e.gpu_mem,
+        }
+    }
+}
+
+/// What the driver must send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Send Grant{quota_us} to each of `conns` (all waiting requests of `client`).
+    Grant {
+        client: String,
+        conns: Vec<ConnId>,
+        quota_us: Micros,
+    },
+    /// Send Error{code, message} to `conn`.
+    Error {
+        conn: ConnId,
+        code: u16,
+        message: String,
+    },
+}
+
+/// A refusal of a synchronous request (Hello, memory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: u16,
+    pub message: String,
+}
+
+/// The client's limits, for HelloOk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HelloInfo {
+    pub request_milli: u16,
+    pub limit_milli: u16,
+    pub mem_limit: u64,
+    pub mem_used: u64,
+    pub window_ms: u32,
+}
+
+/// Answer to a memory reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemDecision {
+    pub granted: bool,
+    pub used: u64,
+    pub limit: u64,
+}
+
+type Key = u32;
+
+#[derive(Debug)]
+struct ClientState {
+    spec: ClientSpec,
+    /// Quota estimate (EMA of reported bursts).
+    quota_us: Micros,
+    /// Sum of `end - start` of this client's entries still in `history`.
+    usage_sum: Micros,
+    /// Connections with an unanswered TokenRequest, in arrival order.
+    waiting: Vec<ConnId>,
+    /// Order of the first waiting request, for FIFO tie-breaks.
+    waiting_since: u64,
+    /// Sequence number of the client's latest history entry.
+    last_entry: Option<u64>,
+    /// Open connections (Hello done).
+    conns: usize,
+    mem_used: u64,
+}
+
+#[derive(Debug)]
+struct ConnState {
+    /// `None` once the client has left the config.
+    client: Option<Key>,
+    mem: u64,
+    waiting: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    client: Key,
+    start: Micros,
+    end: Micros,
+    grant: Micros,
+    quota_end: Micros,
+}
+
+#[derive(Debug)]
+struct Hold {
+    client: Key,
+    /// Connections the grant answered (or that joined it).
+    conns: Vec<ConnId>,
+    quota_end: Micros,
+    seq: u64,
+}
+
+/// The scheduler of one GPU.
+#[derive(Debug)]
+pub struct Core {
+    params: Params,
+    start: Micros,
+    ids: HashMap<String, Key>,
+    clients: HashMap<Key, ClientState>,
+    conns: HashMap<ConnId, ConnState>,
+    history: VecDeque<Entry>,
+    /// Sequence number of `history[0]`.
+    first_seq: u64,
+    holder: Option<Hold>,
+    next_key: Key,
+    next_wait: u64,
+    grants: u64,
+}
+
+impl Core {
+    /// A scheduler started at `now` with the given clients.
+    pub fn new(params: Params, specs: &[ClientSpec], now: Micros) -> Self {
+        let mut c = Core {
+            params,
+            start: now,
+            ids: HashMap::new(),
+            clients: HashMap::new(),
+            conns: HashMap::new(),
+            history: VecDeque::new(),
+            first_seq: 0,
+            holder: None,
+            next_key: 0,
+            next_wait: 0,
+            grants: 0,
+        };
+        let _ = c.set_config(now, specs);
+        c
+    }
+
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    /// IDs of the configured clients.
+    pub fn client_ids(&self) -> impl Iterator<Item = &str> {
+        self.ids.keys().map(String::as_str)
+    }
+
+    /// The client currently holding the token.
+    pub fn holder(&self) -> Option<&str> {
+        self.holder
+            .as_ref()
+            .and_then(|h| self.clients.get(&h.client))
+            .map(|c| c.spec.id.as_str())
+    }
+
+    /// Number of grants made so far.
+    pub fn grants(&self) -> u64 {
+        self.grants
+    }
+
+    /// Usage of `id` in the window ending at `now` (the running hold up to `now`).
+    pub fn usage_us(&self, now: Micros, id: &str) -> Option<Micros> {
+        let key = *self.ids.get(id)?;
+        let mut u = self.usage(key, now);
+        if let Some(h) = &self.holder
+            && h.client == key
+            && let Some(e) = self.entry(h.seq)
+        {
+            u = u.saturating_sub(e.end.saturating_sub(now.max(e.start)));
+        }
+        Some(u)
+    }
+
+    /// The current quota estimate of `id`.
+    pub fn quota_estimate_us(&self, id: &str) -> Option<Micros> {
+        self.ids.get(id).map(|k| self.clients[k].quota_us)
+    }
+
+    /// Memory counted for `id`.
+    pub fn mem_used(&self, id: &str) -> Option<u64> {
+        self.ids.get(id).map(|k| self.clients[k].mem_used)
+    }
+
+    /// A connection said Hello as client `id`.
+    pub fn hello(&mut self, conn: ConnId, id: &str) -> Result<HelloInfo, Refusal> {
+        if self.conns.contains_key(&conn) {
+            return Err(Refusal {
+                code: gem_proto::code::PROTOCOL_MISUSE,
+                message: "Hello was already said on this connection".into(),
+            });
+        }
+        let Some(&key) = self.ids.get(id) else {
+            return Err(unknown(id));
+        };
+        let c = self.clients.get_mut(&key).expect("ids and clients agree");
+        c.conns += 1;
+        self.conns.insert(
+            conn,
+            ConnState {
+                client: Some(key),
+                mem: 0,
+                waiting: false,
+            },
+        );
+        Ok(HelloInfo {
+            request_milli: c.spec.request_milli,
+            limit_milli: c.spec.limit_milli,
+            mem_limit: c.spec.mem_limit,
+            mem_used: c.mem_used,
+            window_ms: u32::try_from(self.params.window_us / 1000).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// TokenRequest{overuse, burst} on `conn`.
+    pub fn token_request(
+        &mut self,
+        now: Micros,
+        conn: ConnId,
+        overuse_us: Micros,
+        burst_us: Micros,
+    ) -> Vec<Action> {
+        let mut out = Vec::new();
+        let key = match self.conn_client(conn) {
+            Ok(k) => k,
+            Err(r) => {
+                out.push(refusal_action(conn, r));
+                return out;
+            }
+        };
+        if self.conns[&conn].waiting {
+            out.push(Action::Error {
+                conn,
+                code: gem_proto::code::PROTOCOL_MISUSE,
+                message: "a TokenRequest is already pending on this connection".into(),
+            });
+            return out;
+        }
+        self.expire(now);
+        self.learn_burst(key, burst_us);
+        let mut queue = true;
+        if let Some(h) = &mut self.holder
+            && h.client == key
+        {
+            let remaining = h.quota_end.saturating_sub(now);
+            if !h.conns.contains(&conn) && remaining > burst_us && remaining > 0 {
+                // A process joining its client's running hold gets what is left.
+                h.conns.push(conn);
+                out.push(Action::Grant {
+                    client: self.clients[&key].spec.id.clone(),
+                    conns: vec![conn],
+                    quota_us: remaining,
+                });
+                queue = false;
+            } else {
+                self.end_hold(now, |e| e.quota_end.saturating_add(overuse_us));
+            }
+        } else {
+            self.report_late(now, key, |e| e.quota_end.saturating_add(overuse_us));
+        }
+        if queue {
+            self.enqueue(key, conn);
+        }
+        self.dispatch(now, &mut out);
+        out
+    }
+
+    /// Release{used} on `conn`: the process went idle.
+    pub fn release(&mut self, now: Micros, conn: ConnId, used_us: Micros) -> Vec<Action> {
+        let mut out = Vec::new();
+        let key = match self.conn_client(conn) {
+            Ok(k) => k,
+            // Release has no reply; a stray one from a departed client is dropped.
+            Err(_) => return out,
+        };
+        self.expire(now);
+        if let Some(h) = &mut self.holder
+            && h.client == key
+        {
+            h.conns.retain(|c| *c != conn);
+            if h.conns.is_empty() {
+                // Before the quota's end this is `now`; in the grace period after it,
+                // the measured use counts (the last burst ran past the quota).
+                self.end_hold(now, |e| e.quota_end.max(e.grant.saturating_add(used_us)));
+            }
+        } else {
+            self.report_late(now, key, |e| {
+                e.quota_end.max(e.grant.saturating_add(used_us))
+            });
+        }
+        self.dispatch(now, &mut out);
+        out
+    }
+
+    /// `conn` closed (or its process died).
+    pub fn disconnect(&mut self, now: Micros, conn: ConnId) -> Vec<Action> {
+        let mut out = Vec::new();
+        let Some(cs) = self.conns.remove(&conn) else {
+            return out;
+        };
+        let Some(key) = cs.client else {
+            return out;
+        };
+        self.expire(now);
+        if let Some(c) = self.clients.get_mut(&key) {
+            c.waiting.retain(|x| *x != conn);
+            c.conns = c.conns.saturating_sub(1);
+            c.mem_used = c.mem_used.saturating_sub(cs.mem);
+            if c.conns == 0 {
+                c.mem_used = 0;
+            }
+        }
+        if let Some(h) = &mut self.holder
+            && h.client == key
+        {
+            h.conns.retain(|c| *c != conn);
+            if h.conns.is_empty() {
+                // The token was held until now.
+                self.end_hold(now, |_| now);
+            }
+        }
+        self.dispatch(now, &mut out);
+        out
+    }
+
+    /// MemAlloc{bytes} on `conn`.
+    pub fn mem_alloc(&mut self, conn: ConnId, bytes: u64) -> Result<MemDecision, Refusal> {
+        let key = self.conn_client(conn)?;
+        let c = self.clients.get_mut(&key).expect("conn client exists");
+        let limit = c.spec.mem_limit;
+        let granted = c
+            .mem_used
+            .checked_add(bytes)
+            .is_some_and(|total| total <= limit);
+        if granted {
+            c.mem_used += bytes;
+            if let Some(cs) = self.conns.get_mut(&conn) {
+                cs.mem += bytes;
+            }
+        }
+        Ok(MemDecision {
+            granted,
+            used: c.mem_used,
+            limit,
+        })
+    }
+
+    /// MemFree{bytes} on `conn`: credits at most what the connection had counted.
+    pub fn mem_free(&mut self, conn: ConnId, bytes: u64) -> Result<(), Refusal> {
+        let key = self.conn_client(conn)?;
+        let cs = self.conns.get_mut(&conn).expect("checked");
+        let credit = bytes.min(cs.mem);
+        cs.mem -= credit;
+        let c = self.clients.get_mut(&key).expect("conn client exists");
+        c.mem_used = c.mem_used.saturating_sub(credit);
+        Ok(())
+    }
+
+    /// MemQuery on `conn`: (used, limit).
+    pub fn mem_query(&self, conn: ConnId) -> Result<(u64, u64), Refusal> {
+        let key = self.conn_client(conn)?;
+        let c = &self.clients[&key];
+        Ok((c.mem_used, c.spec.mem_limit))
+    }
+
+    /// The config changed: clients that stay keep their history and quota estimate
+    /// (their limits take effect now); clients that left are dropped, their waiting
+    /// requests answered Error{1}.
+    pub fn set_config(&mut self, now: Micros, specs: &[ClientSpec]) -> Vec<Action> {
+        let mut out = Vec::new();
+        self.expire(now);
+        let keep: HashMap<&str, &ClientSpec> = specs.iter().map(|s| (s.id.as_str(), s)).collect();
+        let gone: Vec<(String, Key)> = self
+            .ids
+            .iter()
+            .filter(|(id, _)| !keep.contains_key(id.as_str()))
+            .map(|(id, k)| (id.clone(), *k))
+            .collect();
+        for (id, key) in gone {
+            if self.holder.as_ref().is_some_and(|h| h.client == key) {
+                self.end_hold(now, |_| now);
+            }
+            self.ids.remove(&id);
+            if let Some(c) = self.clients.remove(&key) {
+                for conn in c.waiting {
+                    out.push(refusal_action(conn, unknown(&id)));
+                }
+            }
+            for cs in self.conns.values_mut() {
+                if cs.client == Some(key) {
+                    cs.client = None;
+                    cs.mem = 0;
+                    cs.waiting = false;
+                }
+            }
+        }
+        for spec in specs {
+            match self.ids.get(&spec.id) {
+                Some(k) => {
+                    if let Some(c) = self.clients.get_mut(k) {
+                        c.spec = spec.clone();
+                    }
+                }
+                None => {
+                    let key = self.next_key;
+                    self.next_key += 1;
+                    self.ids.insert(spec.id.clone(), key);
+                    self.clients.insert(
+                        key,
+                        ClientState {
+                            spec: spec.clone(),
+                            quota_us: self.params.base_quota_us,
+                            usage_sum: 0,
+                            waiting: Vec::new(),
+                            waiting_since: 0,
+                            last_entry: None,
+                            conns: 0,
+                            mem_used: 0,
+                        },
+                    );
+                }
+            }
+        }
+        self.dispatch(now, &mut out);
+        out
+    }
+
+    /// Timer: the driver calls this at (or after) [`Core::next_wakeup`].
+    pub fn tick(&mut self, now: Micros) -> Vec<Action> {
+        let mut out = Vec::new();
+        self.expire(now);
+        self.dispatch(now, &mut out);
+        out
+    }
+
+    /// Shutting down: every waiting request gets Error{5}.
+    pub fn shutdown(&mut self) -> Vec<Action> {
+        let mut out = Vec::new();
+        for c in self.clients.values_mut() {
+            for conn in c.waiting.drain(..) {
+                out.push(Action::Error {
+                    conn,
+                    code: gem_proto::code::SHUTTING_DOWN,
+                    message: "gem-schd is shutting down".into(),
+                });
+            }
+        }
+        for cs in self.conns.values_mut() {
+            cs.waiting = false;
+        }
+        out
+    }
+
+    /// When the driver must call [`Core::tick`] next (`None`: only on an event).
+    pub fn next_wakeup(&self, now: Micros) -> Option<Micros> {
+        if let Some(h) = &self.holder {
+            return Some(h.quota_end.saturating_add(self.params.grace_us));
+        }
+        self.clients
+            .iter()
+            .filter(|(_, c)| !c.waiting.is_empty())
+            .filter_map(|(k, _)| self.eligible_at(*k, now))
+            .min()
+    }
+
+    // ---- internals ----
+
+    /// When a waiting client at its limit becomes eligible, if nothing else happens.
+    fn eligible_at(&self, key: Key, now: Micros) -> Option<Micros> {
+        let c = self.clients.get(&key)?;
+        let lim = u128::from(c.spec.limit_milli);
+        if lim == 0 {
+            return None;
+        }
+        let w = self.params.window_us;
+        let uptime = now.saturating_sub(self.start);
+        let used = u128::from(self.usage(key, now)) * 1000;
+        let allowed = lim * u128::from(self.w_eff(now));
+        let excess = used.checked_sub(allowed)?; // None: eligible already
+        if uptime < w {
+            // The window is still growing: the allowance rises by `lim` per µs.
+            let dt = u64::try_from(excess / lim + 1).unwrap_or(u64::MAX);
+            return Some(now + dt.min(w - uptime).max(1));
+        }
+        // The window slides: the client loses its oldest usage as the cutoff passes.
+        let need = u64::try_from(excess / 1000 + 1).unwrap_or(u64::MAX);
+        let cutoff = now.saturating_sub(w);
+        let mut lost = 0;
+        for e in self
+            .history
+            .iter()
+            .filter(|e| e.client == key && e.end > cutoff)
+        {
+            let s = e.start.max(cutoff);
+            let seg = e.end.min(now).saturating_sub(s);
+            if lost + seg >= need {
+                return Some(now + (s + (need - lost) - cutoff).max(1));
+            }
+            lost += seg;
+        }
+        None
+    }
+
+    fn conn_client(&self, conn: ConnId) -> Result<Key, Refusal> {
+        match self.conns.get(&conn) {
+            None => Err(Refusal {
+                code: gem_proto::code::PROTOCOL_MISUSE,
+                message: "Hello must be the first frame".into(),
+            }),
+            Some(ConnState { client: None, .. }) => Err(Refusal {
+                code: gem_proto::code::UNKNOWN_CLIENT,
+                message: "this client has been removed from the resource config".into(),
+            }),
+            Some(ConnState {
+                client: Some(k), ..
+            }) => Ok(*k),
+        }
+    }
+
+    fn w_eff(&self, now: Micros) -> Micros {
+        now.saturating_sub(self.start)
+            .clamp(1, self.params.window_us.max(1))
+    }
+
+    fn entry(&self, seq: u64) -> Option<&Entry> {
+        let i = seq.checked_sub(self.first_seq)?;
+        self.history.get(usize::try_from(i).ok()?)
+    }
+
+    /// Usage of `key` in the window ending at `now`, entries counted as recorded.
+    fn usage(&self, key: Key, now: Micros) -> Micros {
+        let Some(c) = self.clients.get(&key) else {
+            return 0;
+        };
+        let cutoff = now.saturating_sub(self.params.window_us);
+        let mut u = c.usage_sum;
+        // Entries never overlap and are pruned when they end before the cutoff, so
+        // only those at the front can straddle it (normally just the first).
+        for e in &self.history {
+            if e.start >= cutoff {
+                break;
+            }
+            if e.client == key {
+                u = u.saturating_sub(e.end.min(cutoff) - e.start);
+            }
+        }
+        u
+    }
+
+    fn prune(&mut self, now: Micros) {
+        let cutoff = now.saturating_sub(self.params.window_us);
+        let hold_seq = self.holder.as_ref().map(|h| h.seq);
+        while let Some(e) = self.history.front() {
+            if e.end > cutoff || Some(self.first_seq) == hold_seq {
+                break;
+            }
+            if let Some(c) = self.clients.get_mut(&e.client) {
+                c.usage_sum = c.usage_sum.saturating_sub(e.end - e.start);
+            }
+            self.history.pop_front();
+            self.first_seq += 1;
+        }
+    }
+
+    /// Set the end of entry `seq`, pushing later entries back if it now overlaps them.
+    fn set_end(&mut self, seq: u64, end: Micros) {
+        let Some(i) = seq
+            .checked_sub(self.first_seq)
+            .and_then(|i| usize::try_from(i).ok())
+            .filter(|i| *i < self.history.len())
+        else {
+            return;
+        };
+        let e = &mut self.history[i];
+        let end = end.max(e.start);
+        let (old, client) = (e.end - e.start, e.client);
+        e.end = end;
+        let new = end - e.start;
+        self.adjust(client, old, new);
+        for j in i + 1..self.history.len() {
+            let f = &mut self.history[j];
+            if f.start >= end {
+                break;
+            }
+            let old = f.end - f.start;
+            f.start = end;
+            f.end = f.end.max(end);
+            let (new, client) = (f.end - f.start, f.client);
+            self.adjust(client, old, new);
+        }
+    }
+
+    fn adjust(&mut self, key: Key, old: Micros, new: Micros) {
+        if let Some(c) = self.clients.get_mut(&key) {
+            c.usage_sum = c.usage_sum - old + new;
+        }
+    }
+
+    /// The holder's quota and grace ran out without a report: the token is free
+    /// (its entry stays open to a late overuse report).
+    fn expire(&mut self, now: Micros) {
+        let grace = self.params.grace_us;
+        if self
+            .holder
+            .as_ref()
+            .is_some_and(|h| now >= h.quota_end.saturating_add(grace))
+        {
+            self.holder = None;
+        }
+    }
+
+    /// End the running hold, charging it up to `end_of(&entry)` but never past `now`.
+    fn end_hold(&mut self, now: Micros, end_of: impl Fn(&Entry) -> Micros) {
+        let Some(h) = self.holder.take() else { return };
+        let Some(e) = self.entry(h.seq).copied() else {
+            return;
+        };
+        self.set_end(h.seq, now.min(end_of(&e)));
+    }
+
+    /// A client that no longer holds the token reports how far its last hold ran.
+    fn report_late(&mut self, now: Micros, key: Key, end_of: impl Fn(&Entry) -> Micros) {
+        let Some(seq) = self.clients.get(&key).and_then(|c| c.last_entry) else {
+            return;
+        };
+        let Some(e) = self.entry(seq).copied() else {
+            return;
+        };
+        let end = now.min(end_of(&e));
+        if end > e.end {
+            self.set_end(seq, end);
+        }
+    }
+
+    fn learn_burst(&mut self, key: Key, burst_us: Micros) {
+        if burst_us == 0 {
+            return;
+        }
+        let w = self.params.window_us;
+        if let Some(c) = self.clients.get_mut(&key) {
+            // Gemini: q <- 0.5 burst + 0.5 q (clamped when granting).
+            c.quota_us = c.quota_us / 2 + burst_us.min(w) / 2;
+        }
+    }
+
+    fn enqueue(&mut self, key: Key, conn: ConnId) {
+        if let Some(cs) = self.conns.get_mut(&conn) {
+            cs.waiting = true;
+        }
+        let c = self.clients.get_mut(&key).expect("conn client exists");
+        if c.waiting.is_empty() {
+            c.waiting_since = self.next_wait;
+            self.next_wait += 1;
+        }
+        c.waiting.push(conn);
+    }
+
+    /// Grant the token if it is free and someone eligible waits.
+    fn dispatch(&mut self, now: Micros, out: &mut Vec<Action>) {
+        self.expire(now);
+        if self.holder.is_some() {
+            return;
+        }
+        self.prune(now);
+        let w_eff = u128::from(self.w_eff(now));
+        let window = u128::from(self.params.window_us);
+        // (key, priority class, ratio or usage, FIFO order, headroom µs)
+        let mut best: Option<(Key, Rank, u64)> = None;
+        for (&key, c) in &self.clients {
+            if c.waiting.is_empty() {
+                continue;
+            }
+            let usage = u128::from(self.usage(key, now));
+            let allowed_milli = u128::from(c.spec.limit_milli) * w_eff;
+            if usage * 1000 >= allowed_milli {
+                continue; // at its limit: waits
+            }
+            let headroom = ((allowed_milli - usage * 1000).div_ceil(1000)) as u64;
+            let require_milli = u128::from(c.spec.request_milli) * w_eff;
+            let rank = if usage * 1000 < require_milli {
+                // Below its request: the smaller usage/require goes first (the
+                // larger missing/(missing+usage) in Gemini's words).
+                Rank::Below {
+                    usage,
+                    require: require_milli,
+                    order: c.waiting_since,
+                }
+            } else {
+                Rank::Above {
+                    usage,
+                    order: c.waiting_since,
+                }
+            };
+            if best.as_ref().is_none_or(|(_, r, _)| rank.before(r)) {
+                best = Some((key, rank, headroom));
+            }
+        }
+        let Some((key, _, headroom)) = best else {
+            return;
+        };
+        let p = self.params;
+        let c = self.clients.get_mut(&key).expect("picked from clients");
+        let cap = (u128::from(c.spec.limit_milli) * window / 1000) as u64;
+        let mut quota = c.quota_us.max(p.min_quota_us).min(cap.max(1));
+        // Do not hand out much more than the limit allows in this window.
+        quota = quota.min(headroom.max(p.min_quota_us)).max(1);
+        let conns = std::mem::take(&mut c.waiting);
+        let seq = self.first_seq + self.history.len() as u64;
+        c.last_entry = Some(seq);
+        let client = c.spec.id.clone();
+        for conn in &conns {
+            if let Some(cs) = self.conns.get_mut(conn) {
+                cs.waiting = false;
+            }
+        }
+        let quota_end = now + quota;
+        self.history.push_back(Entry {
+            client: key,
+            start: now,
+            end: quota_end,
+            grant: now,
+            quota_end,
+        });
+        self.clients.get_mut(&key).expect("picked").usage_sum += quota;
+        self.holder = Some(Hold {
+            client: key,
+            conns: conns.clone(),
+            quota_end,
+            seq,
+        });
+        self.grants += 1;
+        out.push(Action::Grant {
+            client,
+            conns,
+            quota_us: quota,
+        });
+    }
+}
+
+/// Gemini's `schd_priority`, as a total order with FIFO tie-break.
+#[derive(Debug, Clone, Copy)]
+enum Rank {
+    Below {
+        usage: u128,
+        require: u128,
+        order: u64,
+    },
+    Above {
+        usage: u128,
+        order: u64,
+    },
+}
+
+impl Rank {
+    fn before(&self, other: &Rank) -> bool {
+        match (*self, *other) {
+            (
+                Rank::Below {
+                    usage: u1,
+                    require: r1,
+                    order: o1,
+                },
+                Rank::Below {
+                    usage: u2,
+                    require: r2,
+                    order: o2,
+                },
+            ) => {
+                // u1*1000/r1 < u2*1000/r2, cross-multiplied (usages are in µs,
+                // requires in milli-µs).
+                let (a, b) = (u1 * r2, u2 * r1);
+                a < b || (a == b && o1 < o2)
+            }
+            (Rank::Below { .. }, Rank::Above { .. }) => true,
+            (Rank::Above { .. }, Rank::Below { .. }) => false,
+            (
+                Rank::Above {
+                    usage: u1,
+                    order: o1,
+                },
+                Rank::Above {
+                    usage: u2,
+                    order: o2,
+                },
+            ) => u1 < u2 || (u1 == u2 && o1 < o2),
+        }
+    }
+}
+
+fn unknown(id: &str) -> Refusal {
+    Refusal {
+        code: gem_proto::code::UNKNOWN_CLIENT,
+        message: format!("client {id:?} is not in the resource config"),
+    }
+}
+
+fn refusal_action(conn: ConnId, r: Refusal) -> Action {
+    Action::Error {
+        conn,
+        code: r.code,
+        message: r.message,
+    }
+}

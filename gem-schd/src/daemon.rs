@@ -1,0 +1,524 @@
+//! The gem-schd server: one actor task owns the [`Core`], one accept task per client
+//! socket, one task per connection, and a config watcher. Everything runs on a
+//! current-thread runtime: the work is tiny message passing, and one thread keeps the
+//! request→grant path free of cross-thread wake-ups.
+
+use std::collections::HashMap;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result};
+use gem_proto::{FrameError, Reply, Request, code};
+use gem_schd::config::{self, SocketTemplate};
+use gem_schd::core::{Action, ClientSpec, ConnId, Core, Micros, Params};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+/// Everything the daemon needs to start.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub gpu: String,
+    pub config: PathBuf,
+    pub template: SocketTemplate,
+    pub params: Params,
+    pub poll: Duration,
+    pub dir_mode: u32,
+    pub socket_mode: u32,
+}
+
+enum Cmd {
+    Open {
+        conn: ConnId,
+        client: String,
+        out: mpsc::UnboundedSender<Reply>,
+    },
+    Frame {
+        conn: ConnId,
+        req: Request,
+    },
+    Closed {
+        conn: ConnId,
+    },
+    Config(Vec<ClientSpec>),
+}
+
+struct Conn {
+    client: String,
+    out: mpsc::UnboundedSender<Reply>,
+    hello: bool,
+}
+
+struct Listener {
+    path: PathBuf,
+    task: JoinHandle<()>,
+}
+
+struct Actor {
+    settings: Settings,
+    core: Core,
+    epoch: Instant,
+    conns: HashMap<ConnId, Conn>,
+    listeners: HashMap<String, Listener>,
+    tx: mpsc::UnboundedSender<Cmd>,
+    next_conn: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Run until `shutdown` resolves.
+pub async fn run(
+    settings: Settings,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    let (_, specs) = config::load(&settings.config).context("initial resource config")?;
+    let epoch = Instant::now();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut actor = Actor {
+        core: Core::new(settings.params, &specs, 0),
+        settings,
+        epoch,
+        conns: HashMap::new(),
+        listeners: HashMap::new(),
+        tx: tx.clone(),
+        next_conn: Default::default(),
+    };
+    actor.sync_listeners();
+    info!(
+        gpu = %actor.settings.gpu,
+        clients = specs.len(),
+        config = %actor.settings.config.display(),
+        "gem-schd serving"
+    );
+    let watcher = spawn_watcher(&actor.settings, tx.clone())?;
+    tokio::pin!(shutdown);
+    loop {
+        let wake = actor.core.next_wakeup(actor.now());
+        let sleep = async {
+            match wake {
+                Some(w) => {
+                    tokio::time::sleep_until((actor.epoch + Duration::from_micros(w)).into()).await
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = &mut shutdown => break,
+            cmd = rx.recv() => match cmd {
+                Some(cmd) => actor.handle(cmd),
+                None => break,
+            },
+            _ = sleep => {
+                let acts = actor.core.tick(actor.now());
+                actor.perform(acts);
+            }
+        }
+    }
+    info!("shutting down");
+    let acts = actor.core.shutdown();
+    actor.perform(acts);
+    drop(watcher);
+    for (_, l) in actor.listeners.drain() {
+        l.task.abort();
+        remove_socket(&l.path);
+    }
+    // Let connection tasks flush the Error{5} frames before the runtime stops.
+    actor.conns.clear();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    Ok(())
+}
+
+impl Actor {
+    fn now(&self) -> Micros {
+        self.epoch.elapsed().as_micros() as Micros
+    }
+
+    fn send(&self, conn: ConnId, reply: Reply) {
+        if let Some(c) = self.conns.get(&conn) {
+            // A closed receiver means the connection is going away; nothing to do.
+            let _ = c.out.send(reply);
+        }
+    }
+
+    fn perform(&mut self, acts: Vec<Action>) {
+        for a in acts {
+            match a {
+                Action::Grant {
+                    client,
+                    conns,
+                    quota_us,
+                } => {
+                    debug!(%client, quota_us, conns = conns.len(), "grant");
+                    for c in conns {
+                        self.send(c, Reply::Grant { quota_us });
+                    }
+                }
+                Action::Error {
+                    conn,
+                    code,
+                    message,
+                } => self.send(conn, Reply::error(code, message)),
+            }
+        }
+    }
+
+    fn handle(&mut self, cmd: Cmd) {
+        let now = self.now();
+        match cmd {
+            Cmd::Open { conn, client, out } => {
+                self.conns.insert(
+                    conn,
+                    Conn {
+                        client,
+                        out,
+                        hello: false,
+                    },
+                );
+            }
+            Cmd::Closed { conn } => {
+                if let Some(c) = self.conns.remove(&conn) {
+                    debug!(conn, client = %c.client, "connection closed");
+                }
+                let acts = self.core.disconnect(now, conn);
+                self.perform(acts);
+            }
+            Cmd::Frame { conn, req } => self.frame(now, conn, req),
+            Cmd::Config(specs) => {
+                let ids: Vec<&str> = specs.iter().map(|s| s.id.as_str()).collect();
+                info!(clients = ?ids, "resource config reloaded");
+                let acts = self.core.set_config(now, &specs);
+                self.perform(acts);
+                self.sync_listeners();
+            }
+        }
+    }
+
+    fn hello(&mut self, conn: ConnId, pid: u32, gpu_uuid: &str) {
+        let Some(c) = self.conns.get(&conn) else {
+            return;
+        };
+        if c.hello {
+            self.send(conn, Reply::error(code::PROTOCOL_MISUSE, "second Hello"));
+            return;
+        }
+        if !gpu_uuid.eq_ignore_ascii_case(&self.settings.gpu) {
+            let msg = format!("this gem-schd serves {}, not {gpu_uuid}", self.settings.gpu);
+            self.send(conn, Reply::error(code::WRONG_GPU, msg));
+            return;
+        }
+        let client = c.client.clone();
+        match self.core.hello(conn, &client) {
+            Ok(h) => {
+                info!(conn, %client, pid, "client connected");
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.hello = true;
+                }
+                self.send(
+                    conn,
+                    Reply::HelloOk {
+                        request_milli: h.request_milli,
+                        limit_milli: h.limit_milli,
+                        mem_limit: h.mem_limit,
+                        mem_used: h.mem_used,
+                        window_ms: h.window_ms,
+                    },
+                );
+            }
+            Err(r) => self.send(conn, Reply::error(r.code, r.message)),
+        }
+    }
+
+    fn frame(&mut self, now: Micros, conn: ConnId, req: Request) {
+        if !self.conns.contains_key(&conn) {
+            return;
+        }
+        // The core answers frames before Hello with Error{4} (it has no such conn).
+        match req {
+            Request::Hello { pid, gpu_uuid } => self.hello(conn, pid, &gpu_uuid),
+            Request::TokenRequest {
+                overuse_us,
+                burst_us,
+            } => {
+                let acts = self.core.token_request(now, conn, overuse_us, burst_us);
+                self.perform(acts);
+            }
+            Request::Release { used_us } => {
+                let acts = self.core.release(now, conn, used_us);
+                self.perform(acts);
+            }
+            Request::MemAlloc { bytes } => {
+                let r = match self.core.mem_alloc(conn, bytes) {
+                    Ok(d) => Reply::MemVerdict {
+                        granted: d.granted,
+                        used: d.used,
+                        limit: d.limit,
+                    },
+                    Err(r) => Reply::error(r.code, r.message),
+                };
+                self.send(conn, r);
+            }
+            Request::MemFree { bytes } => {
+                if let Err(r) = self.core.mem_free(conn, bytes) {
+                    // MemFree has no reply, but a refused one must not be silent.
+                    self.send(conn, Reply::error(r.code, r.message));
+                }
+            }
+            Request::MemQuery => {
+                let r = match self.core.mem_query(conn) {
+                    Ok((used, limit)) => Reply::MemInfo { used, limit },
+                    Err(r) => Reply::error(r.code, r.message),
+                };
+                self.send(conn, r);
+            }
+        }
+    }
+
+    /// Open sockets for new clients, close those of clients that left.
+    fn sync_listeners(&mut self) {
+        let ids: Vec<String> = self.core.client_ids().map(str::to_owned).collect();
+        let gone: Vec<String> = self
+            .listeners
+            .keys()
+            .filter(|k| !ids.contains(k))
+            .cloned()
+            .collect();
+        for id in gone {
+            if let Some(l) = self.listeners.remove(&id) {
+                l.task.abort();
+                remove_socket(&l.path);
+                info!(client = %id, path = %l.path.display(), "socket removed");
+            }
+        }
+        for id in ids {
+            if self.listeners.contains_key(&id) {
+                continue;
+            }
+            let path = self.settings.template.path(&id, &self.settings.gpu);
+            match bind(&path, self.settings.dir_mode, self.settings.socket_mode) {
+                Ok(listener) => {
+                    info!(client = %id, path = %path.display(), "socket created");
+                    let task = tokio::spawn(accept_loop(
+                        listener,
+                        id.clone(),
+                        self.tx.clone(),
+                        self.next_conn.clone(),
+                    ));
+                    self.listeners.insert(id, Listener { path, task });
+                }
+                Err(e) => {
+                    warn!(client = %id, path = %path.display(), error = %format!("{e:#}"), "cannot create socket")
+                }
+            }
+        }
+    }
+}
+
+fn bind(path: &Path, dir_mode: u32, socket_mode: u32) -> Result<UnixListener> {
+    if let Some(dir) = path.parent()
+        && !dir.as_os_str().is_empty()
+    {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(dir_mode)
+            .create(dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            // A stale socket from an earlier run.
+            std::fs::remove_file(path).with_context(|| format!("removing {}", path.display()))?;
+        }
+        Ok(_) => anyhow::bail!("{} exists and is not a socket", path.display()),
+        Err(_) => {}
+    }
+    let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(socket_mode))
+        .with_context(|| format!("chmod {}", path.display()))?;
+    Ok(l)
+}
+
+fn remove_socket(path: &Path) {
+    if let Err(e) = std::fs::remove_file(path)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        warn!(path = %path.display(), error = %e, "cannot remove socket");
+    }
+}
+
+async fn accept_loop(
+    listener: UnixListener,
+    client: String,
+    tx: mpsc::UnboundedSender<Cmd>,
+    next: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let conn = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tokio::spawn(serve(stream, conn, client.clone(), tx.clone()));
+            }
+            Err(e) => {
+                warn!(%client, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// One connection: decode frames to the actor, write its replies back.
+async fn serve(stream: UnixStream, conn: ConnId, client: String, tx: mpsc::UnboundedSender<Cmd>) {
+    let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Reply>();
+    if tx
+        .send(Cmd::Open {
+            conn,
+            client,
+            out: out_tx,
+        })
+        .is_err()
+    {
+        return;
+    }
+    let (mut rd, mut wr) = stream.into_split();
+    let mut buf: Vec<u8> = Vec::with_capacity(256);
+    let mut chunk = [0u8; 1024];
+    let mut wbuf = Vec::with_capacity(64);
+    'outer: loop {
+        tokio::select! {
+            n = rd.read(&mut chunk) => {
+                let n = match n {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                buf.extend_from_slice(&chunk[..n]);
+                loop {
+                    match Request::decode(&buf) {
+                        Ok(Some((req, used))) => {
+                            buf.drain(..used);
+                            if tx.send(Cmd::Frame { conn, req }).is_err() {
+                                break 'outer;
+                            }
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            bad_frame(&mut wr, e).await;
+                            break 'outer;
+                        }
+                    }
+                }
+            }
+            r = out_rx.recv() => {
+                let Some(r) = r else { break };
+                wbuf.clear();
+                // Replies are built from bounded fields; Reply::error cuts messages.
+                if r.encode_into(&mut wbuf).is_err() || wr.write_all(&wbuf).await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = tx.send(Cmd::Closed { conn });
+}
+
+async fn bad_frame(wr: &mut tokio::net::unix::OwnedWriteHalf, e: FrameError) {
+    debug!(error = %e, "bad frame; closing connection");
+    if let Ok(b) = Reply::error(code::BAD_FRAME, e.to_string()).encode() {
+        let _ = wr.write_all(&b).await;
+    }
+}
+
+/// Watch the config file (inotify on its directory, so a rename into place is seen,
+/// plus a polling fallback) and send every new, valid version to the actor. A
+/// malformed file is logged with the line at fault and the last good one stays.
+fn spawn_watcher(settings: &Settings, tx: mpsc::UnboundedSender<Cmd>) -> Result<WatchGuard> {
+    use notify::Watcher;
+    let path = settings.config.clone();
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .to_owned();
+    let (kick_tx, mut kick_rx) = mpsc::unbounded_channel::<()>();
+    let name = path.file_name().map(|n| n.to_owned());
+    let k = kick_tx.clone();
+    let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+        if let Ok(ev) = ev
+            && ev
+                .paths
+                .iter()
+                .any(|p| p.file_name().map(|n| n.to_owned()) == name)
+        {
+            let _ = k.send(());
+        }
+    })
+    .context("starting file watcher")?;
+    if let Err(e) = watcher.watch(&dir, notify::RecursiveMode::NonRecursive) {
+        warn!(dir = %dir.display(), error = %e, "cannot watch config dir; polling only");
+    }
+    let poll = settings.poll;
+    let task = tokio::spawn(async move {
+        let mut last_text = std::fs::read_to_string(&path).ok();
+        let mut last_bad: Option<String> = None;
+        let mut last_meta = stamp(&path);
+        let mut tick = tokio::time::interval(poll);
+        loop {
+            tokio::select! {
+                k = kick_rx.recv() => if k.is_none() { break },
+                _ = tick.tick() => {
+                    if stamp(&path) == last_meta { continue }
+                }
+            }
+            // Coalesce a burst of events (write + close + rename).
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            while kick_rx.try_recv().is_ok() {}
+            last_meta = stamp(&path);
+            let text = match std::fs::read_to_string(&path) {
+                Ok(t) => t,
+                Err(e) => {
+                    warn!(path = %path.display(), error = %e, "cannot read resource config; keeping the last good one");
+                    continue;
+                }
+            };
+            if Some(&text) == last_text.as_ref() || Some(&text) == last_bad.as_ref() {
+                continue;
+            }
+            match config::parse_specs(&text) {
+                Ok(specs) => {
+                    last_text = Some(text);
+                    last_bad = None;
+                    if tx.send(Cmd::Config(specs)).is_err() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    warn!(path = %path.display(), error = %e, "malformed resource config; keeping the last good one");
+                    last_bad = Some(text);
+                }
+            }
+        }
+    });
+    Ok(WatchGuard {
+        _watcher: watcher,
+        task,
+        _kick: kick_tx,
+    })
+}
+
+fn stamp(p: &Path) -> Option<(SystemTime, u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(p).ok()?;
+    Some((m.modified().ok()?, m.len(), m.ino()))
+}
+
+struct WatchGuard {
+    _watcher: notify::RecommendedWatcher,
+    task: JoinHandle<()>,
+    _kick: mpsc::UnboundedSender<()>,
+}
+
+impl Drop for WatchGuard {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,104 @@
+//! `gem-schd`: the token scheduler of one GPU. Reads a resource-config file, serves one
+//! Unix socket per client, hands out the GPU token by Gemini's algorithm.
+
+mod daemon;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use gem_schd::config::SocketTemplate;
+use gem_schd::core::Params;
+use tracing_subscriber::EnvFilter;
+
+/// Token scheduler for one GPU (Gemini's algorithm): each client gets at least its
+/// REQUEST share of GPU time over a sliding window and at most its LIMIT.
+#[derive(Debug, Parser)]
+#[command(name = "gem-schd", version)]
+struct Args {
+    /// UUID of the GPU this scheduler serves (NVML form, GPU-xxxxxxxx-...); clients
+    /// must name it in their Hello.
+    #[arg(long)]
+    gpu: String,
+    /// Resource-config file: first line N, then N lines `ID REQUEST LIMIT GPU_MEM`.
+    /// Reloaded when it changes (also when a new file is renamed into place).
+    #[arg(long)]
+    config: PathBuf,
+    /// Socket path per client, with `{client}` (the ID) and `{gpu}` (the UUID).
+    #[arg(long, default_value = "/var/lib/kubeshare/pods/{client}/{gpu}.sock")]
+    socket_template: String,
+    /// Sliding window over which usage is accounted, ms.
+    #[arg(long, default_value_t = 10_000)]
+    window_ms: u64,
+    /// Quota of a client that has not reported a burst yet, ms.
+    #[arg(long, default_value_t = 50)]
+    base_quota_ms: u64,
+    /// Smallest quota, ms (smaller = finer sharing, more token round trips).
+    #[arg(long, default_value_t = 5)]
+    min_quota_ms: u64,
+    /// How long past a holder's quota to wait for its overuse report before moving
+    /// the token on, ms (its last burst still occupies the GPU); 0 = Gemini's behaviour.
+    #[arg(long, default_value_t = 50)]
+    grace_ms: u64,
+    /// Poll the config's mtime this often as well as watching it, ms.
+    #[arg(long, default_value_t = 1000)]
+    poll_ms: u64,
+    /// Mode of socket directories gem-schd creates (octal).
+    #[arg(long, default_value = "700", value_parser = octal)]
+    dir_mode: u32,
+    /// Mode of the sockets (octal). Use 666 (and --dir-mode 755) when clients run as
+    /// another user than gem-schd; isolation then rests on which directory is
+    /// mounted into which pod.
+    #[arg(long, default_value = "600", value_parser = octal)]
+    socket_mode: u32,
+}
+
+fn octal(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| format!("{s:?} is not an octal file mode"))
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if args.window_ms == 0 {
+        anyhow::bail!("--window-ms must be positive");
+    }
+    let settings = daemon::Settings {
+        gpu: args.gpu,
+        config: args.config,
+        template: SocketTemplate::new(&args.socket_template)?,
+        params: Params {
+            window_us: args.window_ms * 1000,
+            base_quota_us: args.base_quota_ms * 1000,
+            min_quota_us: args.min_quota_ms * 1000,
+            grace_us: args.grace_ms * 1000,
+        },
+        poll: Duration::from_millis(args.poll_ms.max(10)),
+        dir_mode: args.dir_mode,
+        socket_mode: args.socket_mode,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    rt.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing SIGTERM handler")?;
+        let shutdown = async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        };
+        daemon::run(settings, shutdown).await
+    })
+}

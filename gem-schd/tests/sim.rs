@@ -1,0 +1,707 @@
+//! Virtual-clock simulations of the scheduling core with clients that behave like
+//! the hook: ask for the token, launch kernel bursts while the quota lasts (a burst
+//! that does not fit the rest of the quota asks again first), report overuse and the
+//! predicted burst, and give the token back when idle. The GPU runs kernels one after
+//! another in submission order and cannot be preempted.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+use gem_schd::core::{Action, ClientSpec, Core, Micros, Params};
+
+const MS: Micros = 1_000;
+const S: Micros = 1_000_000;
+
+/// What a client does.
+#[derive(Debug, Clone)]
+struct Pattern {
+    /// Duration of one kernel.
+    kernel_us: Micros,
+    /// Kernels launched back to back per burst (then one synchronisation).
+    kernels: u32,
+    /// CPU time between the end of a burst and the next launch.
+    gap_us: Micros,
+    /// Intervals without any work.
+    idle: Vec<(Micros, Micros)>,
+}
+
+impl Pattern {
+    fn long() -> Self {
+        Pattern {
+            kernel_us: 20 * MS,
+            kernels: 1,
+            gap_us: 50,
+            idle: vec![],
+        }
+    }
+    fn tiny() -> Self {
+        Pattern {
+            kernel_us: 50,
+            kernels: 20,
+            gap_us: 10,
+            idle: vec![],
+        }
+    }
+    fn medium() -> Self {
+        Pattern {
+            kernel_us: 700,
+            kernels: 4,
+            gap_us: 30,
+            idle: vec![],
+        }
+    }
+    fn absent() -> Self {
+        Pattern {
+            idle: vec![(0, Micros::MAX)],
+            ..Pattern::long()
+        }
+    }
+    /// Fraction of its time this pattern keeps the GPU busy when it runs alone.
+    /// The scheduler charges the time a client holds the token, CPU gaps between its
+    /// bursts included (as Gemini does), so a client at its limit or its request
+    /// gets `share × duty` of GPU busy time.
+    fn duty(&self) -> f64 {
+        let burst = (self.kernel_us * Micros::from(self.kernels)) as f64;
+        burst / (burst + self.gap_us as f64)
+    }
+    fn idle_during(mut self, from: Micros, to: Micros) -> Self {
+        self.idle.push((from, to));
+        self
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    /// The client's CPU wants to launch its next burst.
+    Ready(usize),
+    /// The client's burst finished on the GPU (its sync returns).
+    SyncDone(usize),
+    /// Release the token if nothing was launched since epoch `1`.
+    IdleCheck(usize, u64),
+    /// A message reaches the scheduler.
+    ToSched(usize, Msg),
+    /// A grant reaches the client.
+    Grant(usize, Micros),
+    /// The scheduler's timer.
+    Wake,
+    /// Replace the config.
+    Reconfig(usize),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Msg {
+    Request { overuse: Micros, burst: Micros },
+    Release { used: Micros },
+}
+
+struct Client {
+    spec: ClientSpec,
+    pattern: Pattern,
+    holding: bool,
+    grant_at: Micros,
+    deadline: Micros,
+    waiting: bool,
+    overuse: Micros,
+    launched_at: Micros,
+    epoch: u64,
+    /// (time, measured burst) over the last 3 s: the prediction is their maximum.
+    samples: VecDeque<(Micros, Micros)>,
+    /// GPU busy intervals of this client's bursts.
+    segments: Vec<(Micros, Micros)>,
+    errors: u32,
+}
+
+impl Client {
+    fn predicted(&self) -> Micros {
+        self.samples.iter().map(|s| s.1).max().unwrap_or(0)
+    }
+    fn idle_until(&self, t: Micros) -> Option<Micros> {
+        self.pattern
+            .idle
+            .iter()
+            .find(|(a, b)| *a <= t && t < *b)
+            .map(|(_, b)| *b)
+    }
+}
+
+struct Sim {
+    core: Core,
+    clients: Vec<Client>,
+    queue: BinaryHeap<Reverse<(Micros, u64, Ev)>>,
+    seq: u64,
+    gpu_busy: Micros,
+    latency: Micros,
+    release_idle: Micros,
+    last_wake: Option<Micros>,
+    reconfigs: Vec<Vec<ClientSpec>>,
+}
+
+fn spec(id: &str, req: u16, lim: u16) -> ClientSpec {
+    ClientSpec {
+        id: id.into(),
+        request_milli: req,
+        limit_milli: lim,
+        mem_limit: 1 << 30,
+    }
+}
+
+impl Sim {
+    fn new(params: Params, clients: Vec<(ClientSpec, Pattern)>) -> Sim {
+        let specs: Vec<ClientSpec> = clients.iter().map(|c| c.0.clone()).collect();
+        let mut core = Core::new(params, &specs, 0);
+        let clients: Vec<Client> = clients
+            .into_iter()
+            .enumerate()
+            .map(|(i, (spec, pattern))| {
+                core.hello(i as u64, &spec.id).unwrap();
+                Client {
+                    spec,
+                    pattern,
+                    holding: false,
+                    grant_at: 0,
+                    deadline: 0,
+                    waiting: false,
+                    overuse: 0,
+                    launched_at: 0,
+                    epoch: 0,
+                    samples: VecDeque::new(),
+                    segments: vec![],
+                    errors: 0,
+                }
+            })
+            .collect();
+        let mut sim = Sim {
+            core,
+            clients,
+            queue: BinaryHeap::new(),
+            seq: 0,
+            gpu_busy: 0,
+            latency: 20,
+            release_idle: MS,
+            last_wake: None,
+            reconfigs: vec![],
+        };
+        for i in 0..sim.clients.len() {
+            sim.push(0, Ev::Ready(i));
+        }
+        sim
+    }
+
+    fn push(&mut self, t: Micros, ev: Ev) {
+        self.seq += 1;
+        self.queue.push(Reverse((t, self.seq, ev)));
+    }
+
+    fn apply(&mut self, now: Micros, actions: Vec<Action>) {
+        for a in actions {
+            match a {
+                Action::Grant {
+                    conns, quota_us, ..
+                } => {
+                    for c in conns {
+                        self.push(now + self.latency, Ev::Grant(c as usize, quota_us));
+                    }
+                }
+                Action::Error { conn, .. } => self.clients[conn as usize].errors += 1,
+            }
+        }
+        if let Some(w) = self.core.next_wakeup(now)
+            && self.last_wake != Some(w)
+        {
+            self.last_wake = Some(w);
+            self.push(w.max(now), Ev::Wake);
+        }
+    }
+
+    fn run(&mut self, horizon: Micros) {
+        while let Some(Reverse((t, _, ev))) = self.queue.pop() {
+            if t > horizon {
+                break;
+            }
+            self.step(t, ev);
+        }
+    }
+
+    fn send(&mut self, t: Micros, i: usize, m: Msg) {
+        self.push(t + self.latency, Ev::ToSched(i, m));
+    }
+
+    fn launch(&mut self, t: Micros, i: usize) {
+        let c = &mut self.clients[i];
+        c.epoch += 1;
+        c.launched_at = t;
+        let start = self.gpu_busy.max(t);
+        let end = start + c.pattern.kernel_us * Micros::from(c.pattern.kernels);
+        self.gpu_busy = end;
+        c.segments.push((start, end));
+        self.push(end, Ev::SyncDone(i));
+    }
+
+    fn step(&mut self, t: Micros, ev: Ev) {
+        match ev {
+            Ev::Ready(i) => {
+                let c = &mut self.clients[i];
+                if let Some(until) = c.idle_until(t) {
+                    if until != Micros::MAX {
+                        self.push(until, Ev::Ready(i));
+                    }
+                    return;
+                }
+                if c.holding && t >= c.deadline {
+                    c.holding = false; // the quota ran out during the CPU gap
+                }
+                if c.holding && t - c.grant_at + c.predicted() < c.deadline - c.grant_at {
+                    self.launch(t, i);
+                } else {
+                    // No token, or the next burst does not fit what is left of it.
+                    let m = Msg::Request {
+                        overuse: c.overuse,
+                        burst: c.predicted(),
+                    };
+                    c.overuse = 0;
+                    c.holding = false;
+                    c.waiting = true;
+                    c.epoch += 1;
+                    self.send(t, i, m);
+                }
+            }
+            Ev::SyncDone(i) => {
+                let c = &mut self.clients[i];
+                let burst = t - c.launched_at;
+                c.samples.push_back((t, burst));
+                while c.samples.front().is_some_and(|s| s.0 + 3 * S < t) {
+                    c.samples.pop_front();
+                }
+                if c.holding && t > c.deadline {
+                    // The hook synchronised at the deadline and measured this overrun.
+                    c.overuse = t - c.deadline;
+                    c.holding = false;
+                }
+                let gap = c.pattern.gap_us;
+                let epoch = c.epoch;
+                self.push(t + gap, Ev::Ready(i));
+                self.push(t + self.release_idle, Ev::IdleCheck(i, epoch));
+            }
+            Ev::IdleCheck(i, epoch) => {
+                let c = &mut self.clients[i];
+                if c.epoch != epoch || c.waiting {
+                    return;
+                }
+                if c.holding {
+                    c.holding = false;
+                    let used = t - c.grant_at;
+                    self.send(t, i, Msg::Release { used });
+                } else if c.overuse > 0 {
+                    let used = c.deadline - c.grant_at + c.overuse;
+                    c.overuse = 0;
+                    self.send(t, i, Msg::Release { used });
+                }
+            }
+            Ev::ToSched(i, m) => {
+                let acts = match m {
+                    Msg::Request { overuse, burst } => {
+                        self.core.token_request(t, i as u64, overuse, burst)
+                    }
+                    Msg::Release { used } => self.core.release(t, i as u64, used),
+                };
+                self.apply(t, acts);
+            }
+            Ev::Grant(i, quota) => {
+                let c = &mut self.clients[i];
+                c.waiting = false;
+                c.holding = true;
+                c.grant_at = t;
+                c.deadline = t + quota;
+                // The launch that asked for the token goes now.
+                self.launch(t, i);
+            }
+            Ev::Wake => {
+                self.last_wake = None;
+                let acts = self.core.tick(t);
+                self.apply(t, acts);
+            }
+            Ev::Reconfig(k) => {
+                let specs = self.reconfigs[k].clone();
+                let acts = self.core.set_config(t, &specs);
+                self.apply(t, acts);
+            }
+        }
+    }
+
+    /// Share of the GPU used by client `i` during [a, b).
+    fn share(&self, i: usize, a: Micros, b: Micros) -> f64 {
+        let used: Micros = self.clients[i]
+            .segments
+            .iter()
+            .map(|&(s, e)| e.min(b).saturating_sub(s.max(a)))
+            .sum();
+        used as f64 / (b - a) as f64
+    }
+
+    /// The largest usage of client `i` over any window of `w` ending on a 100 ms tick.
+    fn max_window_share(&self, i: usize, w: Micros, horizon: Micros) -> f64 {
+        (w / (100 * MS)..=horizon / (100 * MS))
+            .map(|k| self.share(i, k * 100 * MS - w, k * 100 * MS))
+            .fold(0.0, f64::max)
+    }
+}
+
+fn run(clients: Vec<(ClientSpec, Pattern)>) -> Sim {
+    let mut sim = Sim::new(Params::default(), clients);
+    sim.run(60 * S);
+    sim
+}
+
+#[track_caller]
+fn assert_share(sim: &Sim, i: usize, expected: f64) {
+    let got = sim.share(i, 0, 60 * S);
+    assert!(
+        (got - expected).abs() <= 0.02,
+        "client {} got {got:.4}, expected {expected:.2} ± 0.02",
+        sim.clients[i].spec.id
+    );
+}
+
+/// Expected GPU-busy share of client `i` held at `share` of the token's time.
+fn held(sim: &Sim, i: usize, share: f64) -> f64 {
+    share * sim.clients[i].pattern.duty()
+}
+
+#[track_caller]
+fn assert_within_limits(sim: &Sim) {
+    for (i, c) in sim.clients.iter().enumerate() {
+        let lim = f64::from(c.spec.limit_milli) / 1000.0;
+        let over_60 = sim.share(i, 0, 60 * S);
+        assert!(
+            over_60 <= lim + 0.005,
+            "{} used {over_60:.4} > limit {lim}",
+            c.spec.id
+        );
+        // Over any 10 s window: at most the limit plus one burst's overrun.
+        let worst = sim.max_window_share(i, 10 * S, 60 * S);
+        assert!(
+            worst <= lim + 0.01,
+            "{} used {worst:.4} of a window, limit {lim}",
+            c.spec.id
+        );
+    }
+}
+
+fn total(sim: &Sim) -> f64 {
+    (0..sim.clients.len())
+        .map(|i| sim.share(i, 0, 60 * S))
+        .sum()
+}
+
+// ---- (0.3, 0.3) + (0.7, 0.7): both capped ----
+
+#[test]
+fn capped_pair_long_and_tiny() {
+    let sim = run(vec![
+        (spec("a", 300, 300), Pattern::long()),
+        (spec("b", 700, 700), Pattern::tiny()),
+    ]);
+    assert_share(&sim, 0, held(&sim, 0, 0.30));
+    assert_share(&sim, 1, held(&sim, 1, 0.70));
+    assert_within_limits(&sim);
+}
+
+#[test]
+fn capped_pair_tiny_and_long() {
+    let sim = run(vec![
+        (spec("a", 300, 300), Pattern::tiny()),
+        (spec("b", 700, 700), Pattern::long()),
+    ]);
+    assert_share(&sim, 0, held(&sim, 0, 0.30));
+    assert_share(&sim, 1, held(&sim, 1, 0.70));
+    assert_within_limits(&sim);
+}
+
+#[test]
+fn capped_pair_medium_both() {
+    let sim = run(vec![
+        (spec("a", 300, 300), Pattern::medium()),
+        (spec("b", 700, 700), Pattern::medium()),
+    ]);
+    assert_share(&sim, 0, held(&sim, 0, 0.30));
+    assert_share(&sim, 1, held(&sim, 1, 0.70));
+    assert_within_limits(&sim);
+}
+
+#[test]
+fn capped_client_alone_is_held_to_its_limit() {
+    // Idle GPU time is not given beyond a limit: the limit is a hard cap.
+    let sim = run(vec![
+        (spec("a", 300, 300), Pattern::tiny()),
+        (spec("b", 700, 700), Pattern::absent()),
+    ]);
+    assert_share(&sim, 0, held(&sim, 0, 0.30));
+    assert_share(&sim, 1, 0.0);
+    assert_within_limits(&sim);
+}
+
+// ---- (0.2, 1.0) + (0.2, 1.0): equal, elastic ----
+
+#[test]
+fn elastic_pair_splits_evenly_long_long() {
+    let sim = run(vec![
+        (spec("a", 200, 1000), Pattern::long()),
+        (spec("b", 200, 1000), Pattern::long()),
+    ]);
+    assert_share(&sim, 0, held(&sim, 0, 0.50));
+    assert_share(&sim, 1, held(&sim, 1, 0.50));
+    assert_within_limits(&sim);
+}
+
+#[test]
+fn elastic_pair_splits_evenly_long_tiny() {
+    let sim = run(vec![
+        (spec("a", 200, 1000), Pattern::long()),
+        (spec("b", 200, 1000), Pattern::tiny()),
+    ]);
+    assert_share(&sim, 0, held(&sim, 0, 0.50));
+    assert_share(&sim, 1, held(&sim, 1, 0.50));
+    assert_within_limits(&sim);
+}
+
+#[test]
+fn elastic_idle_client_share_goes_to_the_other() {
+    // b is idle from 20 s to 40 s: a gets (almost) the whole GPU then.
+    let sim = run(vec![
+        (spec("a", 200, 1000), Pattern::tiny()),
+        (
+            spec("b", 200, 1000),
+            Pattern::long().idle_during(20 * S, 40 * S),
+        ),
+    ]);
+    let a_idle = sim.share(0, 20 * S + 100 * MS, 40 * S);
+    // Tiny's own duty cycle (1 ms of kernels, 20 µs of CPU) bounds it at ~0.98.
+    assert!(a_idle >= 0.96, "a got {a_idle:.4} while b was idle");
+    assert!(sim.share(1, 20 * S + 100 * MS, 40 * S) == 0.0);
+    // Both competing before: an even split.
+    assert!((sim.share(0, 0, 20 * S) - 0.5).abs() <= 0.02);
+    // Over the minute the GPU never sat idle while someone had work.
+    assert!(total(&sim) >= 0.96, "total {:.4}", total(&sim));
+    assert_within_limits(&sim);
+}
+
+#[test]
+fn elastic_client_alone_takes_the_gpu() {
+    let sim = run(vec![
+        (spec("a", 200, 1000), Pattern::long()),
+        (spec("b", 200, 1000), Pattern::absent()),
+    ]);
+    assert_share(&sim, 0, held(&sim, 0, 1.0));
+}
+
+// ---- (0.5, 0.5) + (0.1, 1.0) ----
+
+#[test]
+fn capped_and_elastic_busy() {
+    let sim = run(vec![
+        (spec("a", 500, 500), Pattern::long()),
+        (spec("b", 100, 1000), Pattern::tiny()),
+    ]);
+    assert_share(&sim, 0, held(&sim, 0, 0.50));
+    assert_share(&sim, 1, held(&sim, 1, 0.50));
+    assert_within_limits(&sim);
+}
+
+#[test]
+fn capped_and_elastic_busy_swapped_patterns() {
+    let sim = run(vec![
+        (spec("a", 500, 500), Pattern::tiny()),
+        (spec("b", 100, 1000), Pattern::long()),
+    ]);
+    assert_share(&sim, 0, held(&sim, 0, 0.50));
+    assert_share(&sim, 1, held(&sim, 1, 0.50));
+    assert_within_limits(&sim);
+}
+
+#[test]
+fn capped_idle_elastic_takes_all() {
+    let sim = run(vec![
+        (spec("a", 500, 500), Pattern::absent()),
+        (spec("b", 100, 1000), Pattern::long()),
+    ]);
+    assert_share(&sim, 0, 0.0);
+    assert_share(&sim, 1, held(&sim, 1, 1.0));
+}
+
+#[test]
+fn elastic_idle_capped_keeps_its_limit() {
+    let sim = run(vec![
+        (spec("a", 500, 500), Pattern::medium()),
+        (spec("b", 100, 1000), Pattern::absent()),
+    ]);
+    assert_share(&sim, 0, held(&sim, 0, 0.50));
+    assert_within_limits(&sim);
+}
+
+#[test]
+fn capped_and_elastic_with_idle_gaps() {
+    // a stops for 10 s twice; meanwhile b takes the GPU, and a's limit still holds.
+    let sim = run(vec![
+        (
+            spec("a", 500, 500),
+            Pattern::medium()
+                .idle_during(15 * S, 25 * S)
+                .idle_during(40 * S, 50 * S),
+        ),
+        (spec("b", 100, 1000), Pattern::tiny()),
+    ]);
+    let b_alone = sim.share(1, 15 * S + 100 * MS, 25 * S);
+    assert!(b_alone >= 0.96, "b got {b_alone:.4} while a was idle");
+    assert!(total(&sim) >= 0.96, "total {:.4}", total(&sim));
+    assert_within_limits(&sim);
+}
+
+// ---- requests are guaranteed ----
+
+#[test]
+fn request_is_guaranteed_beyond_an_even_split() {
+    // Least-usage alone would split 0.5/0.5; a's request of 0.7 comes first.
+    let sim = run(vec![
+        (spec("a", 700, 1000), Pattern::tiny()),
+        (spec("b", 200, 1000), Pattern::long()),
+    ]);
+    assert_share(&sim, 0, held(&sim, 0, 0.70));
+    assert_share(&sim, 1, held(&sim, 1, 0.30));
+}
+
+#[test]
+fn three_clients_requests_and_limits() {
+    let sim = run(vec![
+        (spec("a", 200, 400), Pattern::long()),
+        (spec("b", 300, 1000), Pattern::tiny()),
+        (spec("c", 100, 300), Pattern::medium()),
+    ]);
+    // Everyone is busy: c is capped at 0.3; a and b split the rest by least usage,
+    // a capped at 0.4 -> a 0.35, b 0.35, c 0.3.
+    assert_share(&sim, 0, held(&sim, 0, 0.35));
+    assert_share(&sim, 1, held(&sim, 1, 0.35));
+    assert_share(&sim, 2, held(&sim, 2, 0.30));
+    assert_within_limits(&sim);
+}
+
+// ---- hot reload keeps state, drops leavers ----
+
+#[test]
+fn reload_swaps_limits_and_keeps_clients() {
+    let mut sim = Sim::new(
+        Params::default(),
+        vec![
+            (spec("a", 300, 300), Pattern::tiny()),
+            (spec("b", 700, 700), Pattern::long()),
+        ],
+    );
+    sim.reconfigs
+        .push(vec![spec("a", 700, 700), spec("b", 300, 300)]);
+    sim.push(30 * S, Ev::Reconfig(0));
+    sim.run(60 * S);
+    // The window needs 10 s to forget the old split.
+    let (a1, b1) = (sim.share(0, 0, 30 * S), sim.share(1, 0, 30 * S));
+    let (a2, b2) = (sim.share(0, 40 * S, 60 * S), sim.share(1, 40 * S, 60 * S));
+    let close = |x: f64, y: f64| (x - y).abs() <= 0.02;
+    assert!(
+        close(a1, held(&sim, 0, 0.3)) && close(b1, held(&sim, 1, 0.7)),
+        "{a1} {b1}"
+    );
+    assert!(
+        close(a2, held(&sim, 0, 0.7)) && close(b2, held(&sim, 1, 0.3)),
+        "{a2} {b2}"
+    );
+    assert_eq!(sim.clients[0].errors + sim.clients[1].errors, 0);
+}
+
+#[test]
+fn reload_removing_a_client_errors_it_and_frees_the_gpu() {
+    let mut sim = Sim::new(
+        Params::default(),
+        vec![
+            (spec("a", 500, 1000), Pattern::long()),
+            (spec("b", 500, 1000), Pattern::long()),
+        ],
+    );
+    sim.reconfigs.push(vec![spec("a", 500, 1000)]);
+    sim.push(20 * S, Ev::Reconfig(0));
+    sim.run(60 * S);
+    assert!(
+        sim.clients[1].errors >= 1,
+        "b's request was answered with an error"
+    );
+    assert!(sim.share(1, 20 * S + 100 * MS, 60 * S) == 0.0);
+    assert!(sim.share(0, 20 * S + 100 * MS, 60 * S) >= 0.98);
+    assert_eq!(sim.core.client_ids().collect::<Vec<_>>(), vec!["a"]);
+}
+
+/// Not a test of correctness but of how sharing granularity moves with the quota:
+/// `cargo test -p gem-schd --test sim -- --ignored --nocapture quota_table`.
+#[test]
+#[ignore]
+fn quota_table() {
+    for (base, min) in [(250, 100), (100, 20), (50, 5), (20, 2), (5, 1)] {
+        let params = Params {
+            window_us: 10 * S,
+            base_quota_us: base * MS,
+            min_quota_us: min * MS,
+            grace_us: 50 * MS,
+        };
+        let mut sim = Sim::new(
+            params,
+            vec![
+                (spec("a", 300, 300), Pattern::medium()),
+                (spec("b", 700, 700), Pattern::tiny()),
+            ],
+        );
+        sim.run(60 * S);
+        // Spread of a's share over 100 ms slices after the first window.
+        let slices: Vec<f64> = (100..600)
+            .map(|k| sim.share(0, k * 100 * MS, (k + 1) * 100 * MS))
+            .collect();
+        let mean = slices.iter().sum::<f64>() / slices.len() as f64;
+        let sd =
+            (slices.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / slices.len() as f64).sqrt();
+        println!(
+            "base {base:>3} ms min {min:>3} ms: a {:.4} b {:.4} total {:.4}; a per 100 ms: mean {mean:.3} sd {sd:.3}; grants/s {:.0}",
+            sim.share(0, 0, 60 * S),
+            sim.share(1, 0, 60 * S),
+            total(&sim),
+            sim.core.grants() as f64 / 60.0
+        );
+    }
+}
+
+#[test]
+#[ignore]
+fn diag() {
+    let mut sim = Sim::new(
+        Params::default(),
+        vec![
+            (spec("a", 300, 300), Pattern::long()),
+            (spec("b", 700, 700), Pattern::tiny()),
+        ],
+    );
+    let mut n = 0u64;
+    while let Some(Reverse((t, _, ev))) = sim.queue.pop() {
+        if t > 60 * S {
+            break;
+        }
+        n += 1;
+        sim.step(t, ev);
+    }
+    println!("events {n} grants {}", sim.core.grants());
+    for k in 0..60 {
+        print!(
+            "{:.2}/{:.2} ",
+            sim.share(0, k * S, (k + 1) * S),
+            sim.share(1, k * S, (k + 1) * S)
+        );
+    }
+    println!();
+    println!(
+        "a {:.4} b {:.4}",
+        sim.share(0, 0, 60 * S),
+        sim.share(1, 0, 60 * S)
+    );
+}
