@@ -66,7 +66,7 @@ pid_alive() {
   local pid="$1"
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
   [[ -r "/proc/$pid/cmdline" ]] || return 1
-  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$RUN"
+  { tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null | grep -qF -- "$RUN"
 }
 
 live_pids() {
@@ -131,7 +131,7 @@ claim_stale() {
   local p
   for p in "$owner"/pids/*.pid; do
     [[ -f "$p" ]] || continue
-    if [[ -r "/proc/$(cat "$p")/cmdline" ]] && tr '\0' ' ' <"/proc/$(cat "$p")/cmdline" | grep -qF -- "$owner"; then
+    if { tr '\0' ' ' <"/proc/$(cat "$p")/cmdline"; } 2>/dev/null | grep -qF -- "$owner"; then
       return 1
     fi
   done

@@ -314,12 +314,16 @@ async fn kubeshare_scheduler_sends_its_pods_to_the_extender_port() -> Result<()>
     let node = ready_kwok_node(&admin, &ns).await?;
 
     let calls = Arc::new(Mutex::new(Calls::default()));
-    type St = (Arc<Mutex<Calls>>, kube::Client);
+    type St = (Arc<Mutex<Calls>>, kube::Client, String);
     let app = axum::Router::new()
         .route(
             "/filter",
             post(
-                |State((calls, _)): State<St>, Json(args): Json<Value>| async move {
+                |State((calls, _, ns)): State<St>, Json(args): Json<Value>| async move {
+                    // Only our own pod passes: the cluster is shared with other tests.
+                    if args["Pod"]["metadata"]["namespace"] != ns.as_str() {
+                        return Json(json!({"NodeNames": [], "FailedNodes": {}, "Error": ""}));
+                    }
                     let names = args["NodeNames"].clone();
                     calls.lock().unwrap().filter.push(args);
                     Json(json!({"NodeNames": names, "FailedNodes": {}, "Error": ""}))
@@ -329,7 +333,7 @@ async fn kubeshare_scheduler_sends_its_pods_to_the_extender_port() -> Result<()>
         .route(
             "/prioritize",
             post(
-                |State((calls, _)): State<St>, Json(args): Json<Value>| async move {
+                |State((calls, _, _)): State<St>, Json(args): Json<Value>| async move {
                     let scores: Vec<Value> = args["NodeNames"]
                         .as_array()
                         .map(|ns| ns.iter().map(|n| json!({"Host": n, "Score": 0})).collect())
@@ -342,7 +346,7 @@ async fn kubeshare_scheduler_sends_its_pods_to_the_extender_port() -> Result<()>
         .route(
             "/bind",
             post(
-                |State((calls, client)): State<St>, Json(args): Json<Value>| async move {
+                |State((calls, client, _)): State<St>, Json(args): Json<Value>| async move {
                     calls.lock().unwrap().bind.push(args.clone());
                     let ns = args["PodNamespace"]
                         .as_str()
@@ -362,7 +366,7 @@ async fn kubeshare_scheduler_sends_its_pods_to_the_extender_port() -> Result<()>
                 },
             ),
         )
-        .with_state((calls.clone(), extender_client));
+        .with_state((calls.clone(), extender_client, ns.name().to_string()));
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", cluster.extender_port())).await?;
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
 
@@ -401,6 +405,20 @@ async fn kubeshare_scheduler_sends_its_pods_to_the_extender_port() -> Result<()>
     assert_eq!(bind["PodNamespace"], ns.name());
     assert_eq!(bind["Node"], node);
 
+    // Delete the pod while its kwok node still exists (kwok finishes the
+    // deletion), then the node.
+    pods.delete("via-extender", &Default::default()).await?;
+    wait_until("pod via-extender gone", WAIT, || {
+        let pods = pods.clone();
+        async move {
+            match pods.get_opt("via-extender").await {
+                Ok(None) => Ok(Some(())),
+                Ok(Some(_)) => Ok(None),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    })
+    .await?;
     delete_node(&admin, &node).await?;
     ns.delete().await?;
     Ok(())
