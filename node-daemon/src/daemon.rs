@@ -67,6 +67,13 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let layout = cfg.layout.clone();
+    let longest = layout.longest_socket_path();
+    anyhow::ensure!(
+        longest <= crate::disk::MAX_SOCKET_PATH,
+        "root {} is too long: socket paths under it would be {longest} bytes, Unix sockets allow {}",
+        layout.root.display(),
+        crate::disk::MAX_SOCKET_PATH
+    );
     layout.create().with_context(|| {
         format!(
             "cannot create the directories under {}",

@@ -20,6 +20,9 @@ use crate::reconcile::{Action, Actual};
 /// The hook library's file name under `lib/`, as the webhook's `LD_PRELOAD` names it.
 pub const HOOK_LIB_NAME: &str = "libgemhook.so.1";
 
+/// Longest Unix socket path (`sun_path` is 108 bytes with its NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
 /// Paths under the root.
 #[derive(Debug, Clone)]
 pub struct Layout {
@@ -54,6 +57,12 @@ impl Layout {
     /// The `--socket-template` gem-schd gets: `{client}` is the pod UID, `{gpu}` the UUID.
     pub fn socket_template(&self) -> String {
         format!("{}/{{client}}/{{gpu}}.sock", self.pods_dir().display())
+    }
+
+    /// Length of the longest socket path gem-schd will make under this root
+    /// (`pods/<36-char pod UID>/<40-char GPU UUID>.sock`).
+    pub fn longest_socket_path(&self) -> usize {
+        self.pods_dir().as_os_str().len() + 1 + 36 + 1 + 40 + ".sock".len()
     }
 
     /// Creates `lib/`, `gpus/` and `pods/`.
@@ -203,6 +212,11 @@ mod tests {
         assert!(!l.pod_dir(&uid).exists());
         // Removing twice is fine.
         l.apply(&Action::RemovePodDir(uid)).unwrap();
+        assert_eq!(
+            Layout::new("/var/lib/kubeshare").longest_socket_path(),
+            106,
+            "the default root leaves room for the socket names"
+        );
         assert_eq!(
             l.socket_template(),
             format!("{}/pods/{{client}}/{{gpu}}.sock", d.path().display())

@@ -359,9 +359,10 @@ async fn node_daemons_on_kwok_nodes() -> anyhow::Result<()> {
     };
     let (a0, a1, b0) = (uuid(0), uuid(1), uuid(2));
 
-    let tmp = tempfile::tempdir()?;
-    let root_a = tmp.path().join("root-a");
-    let root_b = tmp.path().join("root-b");
+    // Short: socket paths under the root must fit in 107 bytes.
+    let tmp = tempfile::Builder::new().prefix("nd").tempdir_in("/tmp")?;
+    let root_a = tmp.path().join("a");
+    let root_b = tmp.path().join("b");
     let inv_file_a = tmp.path().join("inv-a.json");
     let inv_file_b = tmp.path().join("inv-b.json");
     std::fs::write(&inv_file_a, inv_a.to_json())?;
