@@ -10,6 +10,8 @@ CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
 TEST_PREREQS :=
+# A command that wraps `cargo test` (mk/cluster.mk brings a shared cluster up around it).
+CARGO_TEST_WRAPPER :=
 
 -include mk/*.mk
 
@@ -25,5 +27,5 @@ clippy:
 
 prereqs: $(TEST_PREREQS)
 
-cargo-test:
-	$(CARGO) test --workspace --locked
+cargo-test: prereqs
+	$(CARGO_TEST_WRAPPER) $(CARGO) test --workspace --locked
