@@ -423,3 +423,103 @@ async fn kubeshare_scheduler_sends_its_pods_to_the_extender_port() -> Result<()>
     ns.delete().await?;
     Ok(())
 }
+
+/// The apiserver reaches a webhook on `webhook_port()` over TLS, with the rig's
+/// ready-made serving cert and the CA as `caBundle`: admission webhooks are on.
+#[tokio::test]
+async fn apiserver_calls_a_tls_webhook_on_the_webhook_port() -> Result<()> {
+    use base64::Engine as _;
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cluster = Cluster::shared()?;
+    let admin = cluster.client(Identity::Admin).await?;
+    let ns = TestNamespace::create(cluster, "smoke-webhook").await?;
+
+    let seen = Arc::new(Mutex::new(Vec::<Value>::new()));
+    let app = axum::Router::new()
+        .route(
+            "/validate",
+            post(|State(seen): State<Arc<Mutex<Vec<Value>>>>, Json(review): Json<Value>| async move {
+                let uid = review["request"]["uid"].clone();
+                seen.lock().unwrap().push(review);
+                Json(json!({
+                    "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                    "response": {"uid": uid, "allowed": false,
+                                 "status": {"code": 403, "message": "denied by the testkit smoke webhook"}}
+                }))
+            }),
+        )
+        .with_state(seen.clone());
+    let (cert, key) = cluster.webhook_serving_cert_paths();
+    let tls = axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key).await?;
+    let handle = axum_server::Handle::new();
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], cluster.webhook_port()));
+    let server = tokio::spawn(
+        axum_server::bind_rustls(addr, tls)
+            .handle(handle.clone())
+            .serve(app.into_make_service()),
+    );
+
+    let ca = std::fs::read(cluster.ca_cert_path())?;
+    let name = ns.unique_name("deny-configmaps");
+    let config: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": "deny.smoke.kubeshare.io",
+            "clientConfig": {
+                "url": format!("https://127.0.0.1:{}/validate", cluster.webhook_port()),
+                "caBundle": base64::engine::general_purpose::STANDARD.encode(ca)
+            },
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                       "resources": ["configmaps"]}],
+            // Only this test's namespace: the cluster is shared.
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name()}},
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 5
+        }]
+    }))?;
+    let configs: Api<ValidatingWebhookConfiguration> = Api::all(admin.clone());
+    configs.create(&PostParams::default(), &config).await?;
+
+    // The apiserver picks up new webhook configurations asynchronously: retry
+    // until the webhook's denial (not a plain success) comes back.
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), ns.name());
+    let denial = wait_until("configmap creation denied by the webhook", WAIT, || {
+        let cms = cms.clone();
+        async move {
+            let cm: ConfigMap = serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": "probe-"}
+            }))
+            .map_err(|e| e.to_string())?;
+            match cms.create(&PostParams::default(), &cm).await {
+                Err(kube::Error::Api(s)) if s.message.contains("testkit smoke webhook") => {
+                    Ok(Some(s))
+                }
+                Err(e) => Err(e.to_string()),
+                Ok(_) => Err("created (webhook not active yet)".into()),
+            }
+        }
+    })
+    .await?;
+    assert_eq!(denial.code, 403);
+    let first = seen
+        .lock()
+        .unwrap()
+        .first()
+        .cloned()
+        .context("webhook saw no review")?;
+    assert_eq!(first["request"]["namespace"], ns.name());
+    assert_eq!(first["request"]["operation"], "CREATE");
+
+    configs.delete(&name, &Default::default()).await?;
+    handle.shutdown();
+    let _ = server.await;
+    ns.delete().await?;
+    Ok(())
+}
