@@ -35,7 +35,7 @@ struct Args {
     #[arg(long)]
     context: Option<String>,
 
-    /// Show full GPU UUIDs.
+    /// Show full GPU UUIDs and the scheduler's whole message for pending pods.
     #[arg(short = 'w', long)]
     wide: bool,
 }
@@ -68,6 +68,9 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
 
+    // kube's TLS uses rustls's process-wide provider; name ring, so a dependency
+    // that also compiles aws-lc-rs cannot leave the choice ambiguous.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let client = client(&args).await?;
     let nodes = Api::<Node>::all(client.clone())
         .list(&ListParams::default())

@@ -12,7 +12,8 @@ pub const BAR_WIDTH: usize = 10;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RenderOptions {
-    /// Full GPU UUIDs instead of their first group.
+    /// Full GPU UUIDs instead of their first group (also used when first groups
+    /// collide), and whole scheduler messages instead of their first 160 characters.
     pub wide: bool,
 }
 
@@ -154,7 +155,10 @@ fn pod_row(glyph: &str, p: &PodShare) -> Vec<String> {
     ]
 }
 
-fn pending_row(p: &PendingPod) -> Vec<String> {
+/// Longest scheduler message shown without `--wide`.
+pub const REASON_WIDTH: usize = 160;
+
+fn pending_row(p: &PendingPod, wide: bool) -> Vec<String> {
     let (_, text) = share_cells(p.request, p.limit, p.whole);
     let ask = if p.whole {
         format!("{} whole GPUs", p.gpus)
@@ -167,7 +171,12 @@ fn pending_row(p: &PendingPod) -> Vec<String> {
         format!("{}/{}", p.namespace, p.name),
         ask,
         p.tags.join(" "),
-        p.reason.clone(),
+        if wide || p.reason.chars().count() <= REASON_WIDTH {
+            p.reason.clone()
+        } else {
+            let cut: String = p.reason.chars().take(REASON_WIDTH - 3).collect();
+            format!("{cut}...")
+        },
     ]
 }
 
@@ -175,6 +184,10 @@ fn pending_row(p: &PendingPod) -> Vec<String> {
 pub fn render(view: &ClusterView, opts: RenderOptions) -> String {
     let mut out = String::new();
     let gpus: Vec<&GpuView> = view.nodes.iter().flat_map(|n| &n.gpus).collect();
+    // Short UUIDs only while they still tell every GPU apart.
+    let short: std::collections::BTreeSet<String> =
+        gpus.iter().map(|g| short_uuid(&g.uuid, false)).collect();
+    let full_uuids = opts.wide || short.len() < gpus.len();
     if view.nodes.is_empty() {
         out.push_str(
             "No node publishes a KubeShare GPU inventory (annotation sharedgpu/inventory).\n",
@@ -206,7 +219,7 @@ pub fn render(view: &ClusterView, opts: RenderOptions) -> String {
             }
             for (i, g) in n.gpus.iter().enumerate() {
                 let shown_name = if i == 0 { n.name.as_str() } else { "" };
-                gpu_rows.push(gpu_row(shown_name, g, opts.wide));
+                gpu_rows.push(gpu_row(shown_name, g, full_uuids));
                 let start = pod_rows.len();
                 for (j, p) in g.pods.iter().enumerate() {
                     let glyph = if j + 1 == g.pods.len() {
@@ -273,7 +286,7 @@ pub fn render(view: &ClusterView, opts: RenderOptions) -> String {
             "TAGS".into(),
             "WHY".into(),
         ]];
-        rows.extend(view.pending.iter().map(pending_row));
+        rows.extend(view.pending.iter().map(|p| pending_row(p, opts.wide)));
         for l in table(&rows) {
             let _ = writeln!(out, "  {l}");
         }

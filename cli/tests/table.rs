@@ -324,3 +324,40 @@ fn no_gpu_nodes_says_so() {
     );
     assert!(out.contains("0 GPU nodes, 0 GPUs"));
 }
+
+#[test]
+fn colliding_short_uuids_and_long_reasons() {
+    // Two GPUs whose UUIDs share the first group: short forms would look alike.
+    let inv = json!({"gpus": [
+        {"uuid": "GPU-00000000-aaaa-bbbb-cccc-000000000001", "index": 0, "model": "M", "memory": GI},
+        {"uuid": "GPU-00000000-aaaa-bbbb-cccc-000000000002", "index": 1, "model": "M", "memory": GI},
+    ]});
+    let n: Node = serde_json::from_value(json!({
+        "metadata": {"name": "n", "annotations": {"sharedgpu/inventory": inv.to_string()}}
+    }))
+    .unwrap();
+    let mut p = pod("default", "slow", frac("0.5", "0.5"), None, "Pending");
+    let long = "x".repeat(500);
+    let cond: k8s_openapi::api::core::v1::PodCondition =
+        serde_json::from_value(json!({"type": "PodScheduled", "status": "False", "message": long}))
+            .unwrap();
+    p.status.as_mut().unwrap().conditions = Some(vec![cond]);
+    let out = render_table(
+        std::slice::from_ref(&n),
+        std::slice::from_ref(&p),
+        RenderOptions::default(),
+    );
+    assert!(
+        out.contains("GPU-00000000-aaaa-bbbb-cccc-000000000001"),
+        "{out}"
+    );
+    assert!(
+        out.contains("GPU-00000000-aaaa-bbbb-cccc-000000000002"),
+        "{out}"
+    );
+    let line = lines_with(&out, "default/slow")[0];
+    assert!(line.ends_with("..."), "{line}");
+    assert!(!line.contains(&long));
+    let wide = render_table(&[n], &[p], RenderOptions { wide: true });
+    assert!(wide.contains(&long));
+}
