@@ -694,7 +694,31 @@ async fn node_daemons_on_kwok_nodes() -> anyhow::Result<()> {
         wait_file(&cfg(&root_a, &g1), "0\n").await?;
         wait_gone(&root_a.join("pods").join(&uid1)).await?;
 
-        // 9. Graceful shutdown stops every gem-schd.
+        // 9. The inventory changes (a GPU of another model appears): the Node follows,
+        // by patch, and the new GPU gets its (empty) config.
+        let b1 = uuid(3);
+        let inv_b2 = NodeInventory {
+            gpus: vec![
+                inv_b.gpus[0].clone(),
+                gpu(b1.clone(), 1, "NVIDIA-H100-80GB-HBM3", 80 << 30),
+            ],
+        };
+        std::fs::write(&inv_file_b, inv_b2.to_json())?;
+        let want = inv_b2.to_json();
+        let n = kubeshare_testkit::wait_for(&nodes, &node_b, WAIT, |n: &Node| {
+            n.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(INVENTORY_ANNOTATION))
+                == Some(&want)
+        })
+        .await?;
+        let labels = n.metadata.labels.unwrap_or_default();
+        assert_eq!(labels.get(COUNT_LABEL).map(String::as_str), Some("2"));
+        assert_eq!(labels.get(MODEL_LABEL).map(String::as_str), Some("mixed"));
+        wait_file(&cfg(&root_b, &b1), "0\n").await?;
+
+        // 10. Graceful shutdown stops every gem-schd.
         let children: Vec<u32> = gpus_a
             .iter()
             .filter_map(|g| read_pid(&root_a.join("gpus").join(g).join("gem-schd.pid")))
