@@ -262,18 +262,24 @@ impl Daemon {
         let layout = &self.cfg.layout;
         let mut writes = 0u64;
         let mut errors = 0u64;
+        // Pods whose directory this pass created: new here, so worth an event (a
+        // restarted daemon finds the directories there and stays quiet).
+        let mut created = BTreeSet::new();
         match layout.read_actual(desired.configs.keys()) {
             Ok(actual) => {
                 for action in reconcile::diff(&desired, &actual) {
                     match layout.apply(&action) {
-                        Ok(()) => {
-                            if let Action::WriteConfig { gpu, text } = &action {
+                        Ok(()) => match &action {
+                            Action::WriteConfig { gpu, text } => {
                                 writes += 1;
                                 tracing::info!(gpu = %gpu, config = %text.replace('\n', "; "), "resource-config written");
-                            } else {
+                            }
+                            Action::CreatePodDir(uid) => {
+                                created.insert(uid.clone());
                                 tracing::info!(?action, "applied");
                             }
-                        }
+                            Action::RemovePodDir(_) => tracing::info!(?action, "applied"),
+                        },
                         Err(e) => {
                             errors += 1;
                             tracing::error!(?action, error = %e, "cannot apply");
@@ -292,7 +298,7 @@ impl Daemon {
             }
             self.last_overcommit = desired.overcommitted.clone();
         }
-        self.events(pods, &desired);
+        self.events(pods, &desired, &created);
         self.shared.update(|s| {
             s.synced = true;
             s.counters.reconciles += 1;
@@ -302,14 +308,15 @@ impl Daemon {
         });
     }
 
-    /// One event per new placement and per new problem; forgets pods that left.
-    fn events(&mut self, pods: &[PodView], desired: &Desired) {
+    /// One event per new placement (its directory was just created) and per new
+    /// problem; forgets pods that left.
+    fn events(&mut self, pods: &[PodView], desired: &Desired, created: &BTreeSet<String>) {
         let by_uid: BTreeMap<&str, &PodView> = pods.iter().map(|p| (p.uid.as_str(), p)).collect();
         self.announced.retain(|u| by_uid.contains_key(u.as_str()));
         self.reported
             .retain(|(u, _)| by_uid.contains_key(u.as_str()));
         for p in &desired.placements {
-            if !self.announced.insert(p.pod_uid.clone()) {
+            if !created.contains(&p.pod_uid) || !self.announced.insert(p.pod_uid.clone()) {
                 continue;
             }
             let Some(pod) = by_uid.get(p.pod_uid.as_str()) else {

@@ -674,6 +674,13 @@ async fn node_daemons_on_kwok_nodes() -> anyhow::Result<()> {
             metric_now(port_a2, "kubeshare_node_config_writes_total", None).await,
             Some(0.0)
         );
+        // Nor does it announce the pod again.
+        let configured = event_reasons(&admin, &nsname, &uid1)
+            .await
+            .into_iter()
+            .filter(|(r, _)| r == "GpuConfigured")
+            .count();
+        assert_eq!(configured, 1, "one GpuConfigured event for p1");
 
         // 8. A finished pod leaves its GPU (node B), a deleted one too (node A).
         let status = serde_json::json!({"status": {"phase": "Succeeded"}});
