@@ -58,6 +58,26 @@ impl Event {
     }
 }
 
+/// With `FAKE_CUDA_SHARED_DIR` set, the simulated devices of all processes naming that
+/// directory are one device: a kernel runs only while holding an exclusive `flock` on
+/// `<dir>/<uuid>.lock`, as kernels of several processes share one real GPU.
+fn shared_lock(uuid: &[u8; 16]) -> Option<i32> {
+    let dir = std::env::var_os("FAKE_CUDA_SHARED_DIR")?;
+    let name: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+    let path = std::path::Path::new(&dir).join(format!("{name}.lock"));
+    let c =
+        std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str())).ok()?;
+    // SAFETY: open with a valid path; the descriptor lives as long as the process.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_CREAT | libc::O_RDWR | libc::O_CLOEXEC,
+            0o600,
+        )
+    };
+    (fd >= 0).then_some(fd)
+}
+
 /// The queue's last sequence number and its sender (made when the worker starts).
 type Queue = (u64, Option<Sender<(u64, Job)>>);
 
@@ -110,6 +130,7 @@ impl Device {
                 q.1 = Some(tx);
             }
             let dev = Arc::clone(self);
+            let shared = shared_lock(&self.uuid);
             let _ = std::thread::Builder::new()
                 .name(format!("fake-gpu-{}", self.index))
                 .spawn(move || {
@@ -118,8 +139,16 @@ impl Device {
                             Job::Kernel(us) => {
                                 // Sleeping, not spinning: CI has few cores. The time
                                 // counted is the time the device was really occupied.
+                                if let Some(fd) = shared {
+                                    // SAFETY: a lock file descriptor this thread owns.
+                                    unsafe { libc::flock(fd, libc::LOCK_EX) };
+                                }
                                 let t0 = Instant::now();
                                 std::thread::sleep(Duration::from_micros(us));
+                                if let Some(fd) = shared {
+                                    // SAFETY: as above.
+                                    unsafe { libc::flock(fd, libc::LOCK_UN) };
+                                }
                                 dev.busy_us
                                     .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
                             }

@@ -9,7 +9,8 @@
 //!
 //! Environment: `FAKE_CUDA_DEVICES` (comma-separated NVML-style UUIDs; default one device),
 //! `FAKE_CUDA_MEM_BYTES` (memory per device; default 16 GiB), `FAKE_CUDA_DRIVER_VERSION`
-//! (default 13000). `fakeCudaBusyMicros(dev)` returns the kernel time the device has executed
+//! (default 13000), `FAKE_CUDA_SHARED_DIR` (processes naming the same directory share their
+//! simulated devices, as processes share a real GPU). `fakeCudaBusyMicros(dev)` returns the kernel time the device has executed
 //! in this process, so tests can measure shares.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 

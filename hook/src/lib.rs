@@ -1,1 +1,17 @@
-//! Placeholder: this crate arrives with its own issue.
+//! libgemhook.so.1: loaded with LD_PRELOAD into a KubeShare pod's processes, it makes the pod's
+//! GPU share real. Kernel launches are gated on gem-schd's token, device memory is capped at the
+//! pod's budget, and the memory queries report that budget. See `docs/hook.md`.
+//!
+//! Outside a KubeShare pod (no socket directory) it is inert: every call passes through.
+
+// `real!` forwards a wrapper's own arguments to the driver inside `unsafe`: that is its job.
+#![allow(clippy::macro_metavars_in_unsafe)]
+
+pub mod clock;
+pub mod config;
+pub mod cuda;
+pub mod device;
+pub mod exports;
+pub mod log;
+pub mod procaddr;
+pub mod real;

@@ -488,7 +488,8 @@ fn run_launch(
         if deadline.is_some_and(|d| t0.elapsed() >= d) || count.is_some_and(|c| kernels >= c) {
             break;
         }
-        for _ in 0..batch {
+        let n = count.map_or(batch, |c| batch.min(c - kernels));
+        for _ in 0..n {
             // SAFETY: the fake's calling convention; `params` outlives the call.
             let r = unsafe {
                 let p = params.as_mut_ptr();

@@ -1,0 +1,139 @@
+//! The hook's settings, from the environment, and whether it is active at all.
+//!
+//! Active means inside a KubeShare pod: the socket directory (`KUBESHARE_SOCKET_DIR`, default
+//! `/kubeshare/run`) exists. Otherwise the hook is inert and every call passes straight through.
+//! The activity check uses raw `getenv`/`stat`, because it runs inside the hook's `dlsym`,
+//! which may be called while libraries are still loading (Rust's std may itself call `dlsym`).
+
+use std::ffi::CStr;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// What to do while gem-schd cannot be reached (`KUBESHARE_ON_UNREACHABLE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unreachable {
+    /// Fail closed: block launches and allocations until gem-schd answers, logging.
+    Wait,
+    /// Fail open: run without gating or memory cap, retrying gem-schd every few seconds.
+    Run,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub socket_dir: PathBuf,
+    pub on_unreachable: Unreachable,
+    /// A holder that launched nothing for this long gives the token back.
+    pub idle_release_us: u64,
+}
+
+pub const DEFAULT_IDLE_RELEASE_US: u64 = 10_000;
+
+pub fn parse_unreachable(v: Option<&str>) -> Result<Unreachable, String> {
+    match v.map(str::trim) {
+        None | Some("") | Some("wait") => Ok(Unreachable::Wait),
+        Some("run") => Ok(Unreachable::Run),
+        Some(other) => Err(format!(
+            "KUBESHARE_ON_UNREACHABLE={other:?} is not `wait` or `run`; using `wait`"
+        )),
+    }
+}
+
+pub fn parse_idle_ms(v: Option<&str>) -> Result<u64, String> {
+    match v.map(str::trim) {
+        None | Some("") => Ok(DEFAULT_IDLE_RELEASE_US),
+        Some(s) => match s.parse::<f64>() {
+            Ok(ms) if ms.is_finite() && (0.5..=10_000.0).contains(&ms) => Ok((ms * 1000.0) as u64),
+            _ => Err(format!(
+                "KUBESHARE_HOOK_IDLE_MS={s:?} is not a number of ms in 0.5..=10000; using {}",
+                DEFAULT_IDLE_RELEASE_US / 1000
+            )),
+        },
+    }
+}
+
+pub fn settings() -> &'static Settings {
+    static S: OnceLock<Settings> = OnceLock::new();
+    S.get_or_init(|| {
+        let get = |k: &str| std::env::var(k).ok();
+        let on_unreachable = parse_unreachable(get("KUBESHARE_ON_UNREACHABLE").as_deref())
+            .unwrap_or_else(|e| {
+                crate::info!("{e}");
+                Unreachable::Wait
+            });
+        let idle_release_us = parse_idle_ms(get("KUBESHARE_HOOK_IDLE_MS").as_deref())
+            .unwrap_or_else(|e| {
+                crate::info!("{e}");
+                DEFAULT_IDLE_RELEASE_US
+            });
+        let socket_dir = get(gem_proto::SOCKET_DIR_ENV)
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| gem_proto::DEFAULT_SOCKET_DIR.to_string())
+            .into();
+        Settings {
+            socket_dir,
+            on_unreachable,
+            idle_release_us,
+        }
+    })
+}
+
+const UNKNOWN: u8 = 0;
+const INERT: u8 = 1;
+const ACTIVE: u8 = 2;
+static MODE: AtomicU8 = AtomicU8::new(UNKNOWN);
+
+/// Whether the hook enforces anything in this process (decided once).
+#[inline]
+pub fn active() -> bool {
+    match MODE.load(Ordering::Relaxed) {
+        ACTIVE => true,
+        INERT => false,
+        _ => {
+            let a = socket_dir_exists();
+            MODE.store(if a { ACTIVE } else { INERT }, Ordering::Relaxed);
+            if a {
+                crate::debug!("active: socket directory present");
+            }
+            a
+        }
+    }
+}
+
+fn socket_dir_exists() -> bool {
+    // SAFETY: getenv with a constant name; the result is copied before any env change could
+    // matter; stat into a zeroed struct.
+    unsafe {
+        let env = libc::getenv(c"KUBESHARE_SOCKET_DIR".as_ptr());
+        let default: &CStr = c"/kubeshare/run";
+        let path = if env.is_null() || *env == 0 {
+            default.as_ptr()
+        } else {
+            env
+        };
+        let mut st: libc::stat = std::mem::zeroed();
+        libc::stat(path, &mut st) == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFDIR
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unreachable_policy() {
+        assert_eq!(parse_unreachable(None), Ok(Unreachable::Wait));
+        assert_eq!(parse_unreachable(Some("run")), Ok(Unreachable::Run));
+        assert_eq!(parse_unreachable(Some(" wait ")), Ok(Unreachable::Wait));
+        assert!(parse_unreachable(Some("yolo")).is_err());
+    }
+
+    #[test]
+    fn idle_ms() {
+        assert_eq!(parse_idle_ms(None), Ok(DEFAULT_IDLE_RELEASE_US));
+        assert_eq!(parse_idle_ms(Some("2.5")), Ok(2500));
+        assert!(parse_idle_ms(Some("0")).is_err());
+        assert!(parse_idle_ms(Some("NaN")).is_err());
+        assert!(parse_idle_ms(Some("-3")).is_err());
+    }
+}

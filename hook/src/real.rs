@@ -1,0 +1,134 @@
+//! Reaching the real things behind the hook: glibc's `dlsym` (the hook exports its own) and the
+//! driver's functions in `libcuda.so.1`.
+//!
+//! Everything here is lock-free and re-entrant: a pointer is looked up on first use and cached
+//! in an atomic (two threads racing do the same lookup twice, harmlessly). Nothing here calls
+//! the hook's own exported functions, so a lookup made while the dynamic loader, libc or
+//! libcuda's constructors are running cannot recurse into an unfinished initialisation.
+
+use std::ffi::{CStr, c_char, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static LIBCUDA: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// glibc's `dlsym`, found with `dlvsym` (not hooked). glibc 2.34 moved it into libc with a new
+/// version; older glibc only has GLIBC_2.2.5.
+pub fn real_dlsym() -> Option<DlsymFn> {
+    let mut p = REAL_DLSYM.load(Ordering::Acquire);
+    if p.is_null() {
+        for v in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+            // SAFETY: dlvsym with constant strings.
+            p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), v.as_ptr()) };
+            if !p.is_null() {
+                break;
+            }
+        }
+        if p.is_null() {
+            return None;
+        }
+        REAL_DLSYM.store(p, Ordering::Release);
+    }
+    // SAFETY: `p` is glibc's dlsym.
+    Some(unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(p) })
+}
+
+/// The driver library's handle (the one the program loaded, matched by soname).
+pub fn libcuda() -> *mut c_void {
+    let h = LIBCUDA.load(Ordering::Acquire);
+    if !h.is_null() {
+        return h;
+    }
+    // SAFETY: dlopen with a constant name; RTLD_NOLOAD first to reuse what the program loaded.
+    let h = unsafe {
+        let h = libc::dlopen(
+            c"libcuda.so.1".as_ptr(),
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+        );
+        if h.is_null() {
+            libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_LAZY)
+        } else {
+            h
+        }
+    };
+    if !h.is_null() {
+        LIBCUDA.store(h, Ordering::Release);
+    }
+    h
+}
+
+/// A real driver function, looked up by its exported name on first use.
+pub struct Slot {
+    /// NUL-terminated (see [`slots!`]).
+    name: &'static str,
+    ptr: AtomicPtr<c_void>,
+}
+
+impl Slot {
+    /// `name` must end with a NUL byte; [`slots!`] makes such names.
+    pub const fn new(name: &'static str) -> Self {
+        Slot {
+            name,
+            ptr: AtomicPtr::new(std::ptr::null_mut()),
+        }
+    }
+
+    /// The real function's address, or null when the driver lacks it.
+    #[inline]
+    pub fn get(&self) -> *mut c_void {
+        let p = self.ptr.load(Ordering::Acquire);
+        if !p.is_null() {
+            return p;
+        }
+        self.resolve()
+    }
+
+    #[cold]
+    fn resolve(&self) -> *mut c_void {
+        let (Some(dl), h) = (real_dlsym(), libcuda()) else {
+            return std::ptr::null_mut();
+        };
+        if h.is_null() {
+            return std::ptr::null_mut();
+        }
+        let Ok(name) = CStr::from_bytes_with_nul(self.name.as_bytes()) else {
+            return std::ptr::null_mut();
+        };
+        // SAFETY: glibc's dlsym on a live handle with a NUL-terminated name.
+        let p = unsafe { dl(h, name.as_ptr()) };
+        if !p.is_null() {
+            self.ptr.store(p, Ordering::Release);
+        }
+        p
+    }
+}
+
+/// Calls a real driver function through a [`Slot`] as function type `$ty`, returning
+/// `CUDA_ERROR_NOT_FOUND` when the driver lacks it: `real!(SLOT, FnType, args...)`.
+/// The arguments are passed through unchanged to the driver (callers own their safety).
+#[macro_export]
+macro_rules! real {
+    ($slot:expr, $ty:ty $(, $arg:expr)* $(,)?) => {{
+        let p = $slot.get();
+        if p.is_null() {
+            $crate::cuda::CUDA_ERROR_NOT_FOUND
+        } else {
+            // SAFETY: the slot names a driver function of exactly this type.
+            let f = unsafe { std::mem::transmute::<*mut std::ffi::c_void, $ty>(p) };
+            #[allow(unused_unsafe)]
+            unsafe {
+                f($($arg),*)
+            }
+        }
+    }};
+}
+
+/// Declares one [`Slot`] static per driver function, named after it.
+#[macro_export]
+macro_rules! slots {
+    ($($n:ident),* $(,)?) => {
+        $(pub static $n: $crate::real::Slot = $crate::real::Slot::new(concat!(stringify!($n), "\0"));)*
+    };
+}
