@@ -28,7 +28,8 @@ SETTLE="${KUBESHARE_DEMO_TIMEOUT:-120}"
 NS=kubeshare-demo
 
 STEP="starting"
-say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+if [[ -t 2 ]]; then BOLD=$'\033[1m' PLAIN=$'\033[0m'; else BOLD="" PLAIN=""; fi
+say() { printf '%s==> %s%s\n' "$BOLD" "$*" "$PLAIN" >&2; }
 note() { echo "    $*" >&2; }
 die() { echo "demo: error: $*" >&2; exit 1; }
 on_error() {
