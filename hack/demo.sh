@@ -32,14 +32,15 @@ if [[ -t 2 ]]; then BOLD=$'\033[1m' PLAIN=$'\033[0m'; else BOLD="" PLAIN=""; fi
 say() { printf '%s==> %s%s\n' "$BOLD" "$*" "$PLAIN" >&2; }
 note() { echo "    $*" >&2; }
 die() { echo "demo: error: $*" >&2; exit 1; }
-on_error() {
+# Any failure (die, or a command failing under set -e) ends here.
+on_exit() {
   local rc=$?
+  (( rc == 0 )) && return 0
   echo >&2
   echo "demo: FAILED during: $STEP (exit $rc)" >&2
   echo "demo: logs are in $DEMO/logs; stop what was started with: make demo-down" >&2
-  exit "$rc"
 }
-trap on_error ERR
+trap on_exit EXIT
 
 case "$PROFILE" in
   debug) CARGO_PROFILE=(); TARGET="$REPO/target/debug" ;;
@@ -329,7 +330,6 @@ mkdir -p "$DEMO/bin"
 ln -sfn "$K8S_BIN/kubectl" "$DEMO/bin/kubectl"
 ln -sfn "$TARGET/kubectl-sharedgpu" "$DEMO/bin/kubectl-sharedgpu"
 
-trap - ERR
 cat <<EOF
 
 The demo is running (logs: $DEMO/logs, control plane: $DEMO/cluster/logs).
