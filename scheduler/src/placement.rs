@@ -201,6 +201,19 @@ pub struct Cluster {
     affinity: HashMap<String, BTreeMap<(String, String), u32>>,
     /// Reservations by deadline.
     timed: BTreeSet<(u64, String)>,
+    /// Bumped on every change of the books or the nodes.
+    version: u64,
+    /// The last filter's raw scores, reused by the prioritize call that
+    /// follows it when nothing changed in between.
+    scores: Option<ScoreCache>,
+}
+
+#[derive(Debug, Clone)]
+struct ScoreCache {
+    uid: String,
+    version: u64,
+    demand: GpuDemand,
+    raw: HashMap<String, u64>,
 }
 
 /// One candidate answer for a pod on a node.
@@ -226,7 +239,14 @@ struct Req<'a> {
 struct GpuFail {
     /// (checks passed, free share) – larger is closer to fitting.
     rank: (u8, u32),
-    msg: String,
+    why: Why,
+}
+
+/// The numbers of a failure; formatted only for the one shown (filter is hot).
+enum Why {
+    Text(String),
+    Share { idx: u32, free: u32 },
+    Mem { idx: u32, free: u64, need: u64 },
 }
 
 fn gib(bytes: u64) -> String {
@@ -379,6 +399,7 @@ impl Cluster {
     }
 
     fn detach_node(&mut self, name: &str) {
+        self.version += 1;
         self.node_problems.remove(name);
         if self.nodes.remove(name).is_some() {
             for locs in self.affinity.values_mut() {
@@ -542,6 +563,7 @@ impl Cluster {
 
     /// Adds or subtracts a booking's share on the GPUs of its node (if known).
     fn account(&mut self, _uid: &str, b: &Booking, add: bool) {
+        self.version += 1;
         let Some(node) = self.nodes.get_mut(&b.node) else {
             return;
         };
@@ -736,9 +758,13 @@ impl Cluster {
             }
         }
         let req = self.req(&pod.uid, &pod.namespace, &demand);
+        let mut raw = HashMap::new();
         for n in names {
             match self.evaluate(&req, n) {
-                Ok(_) => out.passed.push(n.clone()),
+                Ok(c) => {
+                    raw.insert(n.clone(), c.raw);
+                    out.passed.push(n.clone());
+                }
                 Err((msg, unresolvable)) => {
                     if unresolvable {
                         out.unresolvable.insert(n.clone(), msg);
@@ -753,6 +779,12 @@ impl Cluster {
         } else {
             FilterKind::Fits
         };
+        self.scores = Some(ScoreCache {
+            uid: pod.uid.clone(),
+            version: self.version,
+            demand,
+            raw,
+        });
         out
     }
 
@@ -795,9 +827,19 @@ impl Cluster {
                 .collect();
         }
         let req = self.req(&pod.uid, &pod.namespace, demand);
+        let cached = self
+            .scores
+            .as_ref()
+            .filter(|c| c.uid == pod.uid && c.version == self.version && c.demand == *demand);
         let raw: Vec<(String, Option<u64>)> = names
             .iter()
-            .map(|n| (n.clone(), self.evaluate(&req, n).ok().map(|c| c.raw)))
+            .map(|n| {
+                let r = match cached.and_then(|c| c.raw.get(n)) {
+                    Some(r) => Some(*r),
+                    None => self.evaluate(&req, n).ok().map(|c| c.raw),
+                };
+                (n.clone(), r)
+            })
             .collect();
         scale_scores(&raw)
     }
@@ -1058,7 +1100,7 @@ impl Cluster {
                     if let Some(m) = tag_fail(i) {
                         note(GpuFail {
                             rank: (0, 0),
-                            msg: m,
+                            why: Why::Text(m),
                         });
                         continue;
                     }
@@ -1067,11 +1109,7 @@ impl Cluster {
                     if free < r {
                         note(GpuFail {
                             rank: (1, free),
-                            msg: format!(
-                                "{node_name}/gpu {idx}: {} free < {} requested",
-                                milli(free),
-                                request
-                            ),
+                            why: Why::Share { idx, free },
                         });
                         continue;
                     }
@@ -1080,11 +1118,11 @@ impl Cluster {
                     if mem_free < need {
                         note(GpuFail {
                             rank: (2, free),
-                            msg: format!(
-                                "{node_name}/gpu {idx}: {} memory free < {} requested",
-                                gib(mem_free),
-                                gib(need)
-                            ),
+                            why: Why::Mem {
+                                idx,
+                                free: mem_free,
+                                need,
+                            },
                         });
                         continue;
                     }
@@ -1094,9 +1132,19 @@ impl Cluster {
                 // Affinity: a GPU that holds the tag comes first and must be among the chosen.
                 let tagged = fits.iter().any(|f| in_tag(f.0));
                 if fits.len() < want || !tagged {
-                    let why = best_fail
-                        .map(|f| f.msg)
-                        .unwrap_or_else(|| format!("{node_name}: no GPU fits"));
+                    let why = match best_fail.map(|f| f.why) {
+                        None => format!("{node_name}: no GPU fits"),
+                        Some(Why::Text(m)) => m,
+                        Some(Why::Share { idx, free }) => format!(
+                            "{node_name}/gpu {idx}: {} free < {request} requested",
+                            milli(free)
+                        ),
+                        Some(Why::Mem { idx, free, need }) => format!(
+                            "{node_name}/gpu {idx}: {} memory free < {} requested",
+                            gib(free),
+                            gib(need)
+                        ),
+                    };
                     let msg = if !tagged && fits.len() >= want {
                         format!(
                             "{node_name}: the GPUs holding affinity tag {} have no room",

@@ -794,6 +794,13 @@ impl World {
                     return;
                 }
                 let scores = self.c.prioritize(&p, &f.passed);
+                let mut fresh = self.c.clone();
+                fresh.scores = None;
+                assert_eq!(
+                    fresh.prioritize(&p, &f.passed),
+                    scores,
+                    "cached scores = fresh scores"
+                );
                 let best = scores
                     .iter()
                     .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))

@@ -20,6 +20,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -409,7 +410,11 @@ impl Extender {
         let ext = Extender::build(Some(client.clone()), opts.placement, opts.instance);
         let listener = tokio::net::TcpListener::bind(opts.listen)
             .await
-            .with_context(|| format!("listening on {}", opts.listen))?;
+            .with_context(|| format!("listening on {}", opts.listen))?
+            .tap_io(|tcp| {
+                // Small JSON replies should not wait for Nagle.
+                let _ = tcp.set_nodelay(true);
+            });
         info!(addr = %opts.listen, "kubeshare extender listening");
         let nodes = tokio::spawn(watch_nodes(client.clone(), ext.shared.clone()));
         let pods = tokio::spawn(watch_pods(client, ext.shared.clone()));

@@ -1,1 +1,300 @@
-fn main() {}
+//! `extender-bench`: decision latency of filter + prioritize + bind on a large
+//! simulated cluster (default 1,000 nodes × 8 GPUs with 5,000 pods placed).
+//!
+//! In-process: the same `Shared` methods the HTTP handlers call, lock included,
+//! from the decoded request on. With `--http`: filter and prioritize as the
+//! kube-scheduler sends them (1,000 NodeNames as JSON over loopback HTTP/1.1 with
+//! keep-alive). Bind's API writes are not part of the decision and not measured.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use axum::serve::ListenerExt;
+use clap::Parser;
+use kubeshare_api::{GpuInfo, NodeInventory};
+use kubeshare_scheduler::convert::WirePod;
+use kubeshare_scheduler::wire::{ExtenderArgs, HostPriority};
+use kubeshare_scheduler::{Config, Extender};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+#[derive(Debug, Parser)]
+#[command(about = "Decision latency of the KubeShare extender on a simulated cluster")]
+struct Args {
+    #[arg(long, default_value_t = 1000)]
+    nodes: u32,
+    #[arg(long, default_value_t = 8)]
+    gpus: u32,
+    /// Pods placed before measuring.
+    #[arg(long, default_value_t = 5000)]
+    placed: u32,
+    /// Decisions measured (each followed by the delete of an old pod, so the
+    /// cluster stays at `placed` pods).
+    #[arg(long, default_value_t = 2000)]
+    decisions: u32,
+    /// Also measure filter + prioritize over HTTP with JSON bodies.
+    #[arg(long)]
+    http: bool,
+}
+
+/// A mix of demands: mostly fractions, some with memory, some spread, some multi-GPU.
+fn labels(i: u32) -> BTreeMap<String, String> {
+    let kv: &[(&str, &str)] = match i % 10 {
+        0..=2 => &[("gpu_request", "0.25"), ("gpu_limit", "0.5")],
+        3 | 4 => &[("gpu_request", "0.5"), ("gpu_limit", "1.0")],
+        5 => &[
+            ("gpu_request", "0.1"),
+            ("gpu_limit", "0.3"),
+            ("gpu_mem", "8Gi"),
+        ],
+        6 => &[
+            ("gpu_request", "0.3"),
+            ("gpu_limit", "1"),
+            ("priority", "50"),
+        ],
+        7 => &[
+            ("gpu_request", "0.2"),
+            ("gpu_limit", "0.2"),
+            ("gpu_count", "2"),
+        ],
+        8 => &[
+            ("gpu_request", "0.4"),
+            ("gpu_limit", "0.8"),
+            ("sched_anti-affinity", "web"),
+        ],
+        _ => &[("gpu_request", "1.0"), ("gpu_limit", "1.0")],
+    };
+    kv.iter()
+        .map(|(k, v)| (format!("sharedgpu/{k}"), v.to_string()))
+        .collect()
+}
+
+fn wire_pod(i: u32) -> WirePod {
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("p{i}"), "namespace": "bench", "uid": format!("uid-{i}"),
+                     "labels": labels(i)},
+        "spec": {"schedulerName": "kubeshare-scheduler"}
+    }))
+    .unwrap_or_default()
+}
+
+fn inventory(n: u32, gpus: u32) -> NodeInventory {
+    NodeInventory {
+        gpus: (0..gpus)
+            .map(|g| GpuInfo {
+                uuid: format!("GPU-{n:08x}-0000-0000-0000-{g:012x}"),
+                index: g,
+                model: "NVIDIA-H100-80GB-HBM3".into(),
+                memory: 80 << 30,
+                numa_node: Some(g / 4),
+                nvlink_peers: vec![],
+            })
+            .collect(),
+    }
+}
+
+#[derive(Default)]
+struct Samples(Vec<Duration>);
+
+impl Samples {
+    fn line(&mut self, what: &str) -> String {
+        self.0.sort_unstable();
+        let q = |p: f64| {
+            let i = ((self.0.len() as f64 - 1.0) * p).round() as usize;
+            self.0.get(i).copied().unwrap_or_default().as_secs_f64() * 1e3
+        };
+        format!(
+            "{what:<28} n={:<5} p50={:.3} ms  p90={:.3} ms  p99={:.3} ms  max={:.3} ms",
+            self.0.len(),
+            q(0.5),
+            q(0.9),
+            q(0.99),
+            q(1.0)
+        )
+    }
+}
+
+/// Filter → prioritize → bind → the watch confirms; returns the three latencies.
+fn decide(
+    ext: &Extender,
+    i: u32,
+    names: &[String],
+) -> Result<Option<(Duration, Duration, Duration)>> {
+    let s = &ext.shared;
+    let pod = wire_pod(i);
+    let args = ExtenderArgs {
+        pod: Some(pod.clone()),
+        nodes: None,
+        node_names: Some(names.to_vec()),
+    };
+    let t0 = Instant::now();
+    let (f, _) = s.filter(&args).map_err(|e| anyhow::anyhow!(e.0))?;
+    let t1 = Instant::now();
+    let passed = f.node_names.unwrap_or_default();
+    if passed.is_empty() {
+        return Ok(None);
+    }
+    let pargs = ExtenderArgs {
+        node_names: Some(passed),
+        ..args
+    };
+    let scores = s.prioritize(&pargs).map_err(|e| anyhow::anyhow!(e.0))?;
+    let t2 = Instant::now();
+    let best = scores
+        .iter()
+        .max_by(|a, b| a.score.cmp(&b.score).then(b.host.cmp(&a.host)))
+        .map(|h| h.host.clone())
+        .context("no scores")?;
+    let uid = format!("uid-{i}");
+    let now = s.now_ms();
+    let d = s
+        .with_cluster(|c| c.bind(&uid, &best, now))
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let t3 = Instant::now();
+    let mut info = pod.info();
+    info.node_name = Some(best);
+    info.allocation = Ok(d.allocation);
+    s.with_cluster(|c| c.apply_pod(&info));
+    Ok(Some((t1 - t0, t2 - t1, t3 - t2)))
+}
+
+async fn http_call(
+    r: &mut BufReader<tokio::net::TcpStream>,
+    path: &str,
+    body: &[u8],
+) -> Result<Vec<u8>> {
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    // One write: a split request meets Nagle and delayed ACKs (40 ms).
+    let mut req = head.into_bytes();
+    req.extend_from_slice(body);
+    r.get_mut().write_all(&req).await?;
+    let mut len = 0usize;
+    let mut status = String::new();
+    r.read_line(&mut status).await?;
+    if !status.contains(" 200 ") {
+        bail!("{path}: {status}");
+    }
+    loop {
+        let mut line = String::new();
+        r.read_line(&mut line).await?;
+        if line == "\r\n" || line.is_empty() {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            len = v.trim().parse()?;
+        }
+    }
+    let mut out = vec![0; len];
+    r.read_exact(&mut out).await?;
+    Ok(out)
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<()> {
+    let a = Args::parse();
+    let ext = Extender::offline(Config::default());
+    let setup = Instant::now();
+    ext.shared.with_cluster(|c| {
+        for n in 0..a.nodes {
+            c.apply_node(&format!("node-{n:04}"), Ok(Some(inventory(n, a.gpus))));
+        }
+    });
+    ext.shared.mark_synced();
+    let names = ext.shared.with_cluster(|c| c.node_names());
+    let mut live: VecDeque<u32> = VecDeque::new();
+    for i in 0..a.placed {
+        if decide(&ext, i, &names)?.is_some() {
+            live.push_back(i);
+        }
+    }
+    let (obs, _, _) = ext.shared.with_cluster(|c| c.booking_counts());
+    let used: u64 = ext
+        .shared
+        .with_cluster(|c| c.usage().iter().map(|g| u64::from(g.used_milli)).sum());
+    println!(
+        "cluster: {} nodes x {} GPUs, {} pods placed ({obs} allocations, {:.1}% of GPU share booked), setup {:.1} s",
+        a.nodes,
+        a.gpus,
+        live.len(),
+        used as f64 / (f64::from(a.nodes * a.gpus) * 10.0),
+        setup.elapsed().as_secs_f64()
+    );
+
+    let (mut f, mut p, mut b, mut total) = Default::default();
+    let (fs, ps, bs, ts): (&mut Samples, &mut Samples, &mut Samples, &mut Samples) =
+        (&mut f, &mut p, &mut b, &mut total);
+    let mut next = a.placed;
+    for _ in 0..a.decisions {
+        if let Some((x, y, z)) = decide(&ext, next, &names)? {
+            fs.0.push(x);
+            ps.0.push(y);
+            bs.0.push(z);
+            ts.0.push(x + y + z);
+            live.push_back(next);
+        }
+        next += 1;
+        if let Some(old) = live.pop_front() {
+            ext.shared
+                .with_cluster(|c| c.delete_pod(&format!("uid-{old}")));
+        }
+    }
+    println!("in-process (decoded request, lock held, no JSON):");
+    println!("  {}", fs.line("filter (1000 nodes)"));
+    println!("  {}", ps.line("prioritize"));
+    println!("  {}", bs.line("bind decision"));
+    println!("  {}", ts.line("filter+prioritize+bind"));
+    ext.shared
+        .with_cluster(|c| c.check_invariants())
+        .map_err(|e| anyhow::anyhow!(e))?;
+
+    if a.http {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = l.local_addr()?;
+        let l = l.tap_io(|t| {
+            let _ = t.set_nodelay(true);
+        });
+        let router = ext.router();
+        tokio::spawn(async move { axum::serve(l, router).await });
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let mut conn = BufReader::new(stream);
+        let (mut hf, mut hp, mut ht) = (Samples::default(), Samples::default(), Samples::default());
+        for _ in 0..a.decisions {
+            let i = next;
+            next += 1;
+            let body = serde_json::to_vec(&json!({
+                "Pod": {"metadata": {"name": format!("p{i}"), "namespace": "bench",
+                        "uid": format!("uid-{i}"), "labels": labels(i)},
+                        "spec": {"schedulerName": "kubeshare-scheduler",
+                                 "containers": [{"name": "main", "image": "x"}]}},
+                "Nodes": null,
+                "NodeNames": names,
+            }))?;
+            let t0 = Instant::now();
+            let fr = http_call(&mut conn, "/filter", &body).await?;
+            let t1 = Instant::now();
+            let v: serde_json::Value = serde_json::from_slice(&fr)?;
+            let passed = v["NodeNames"].clone();
+            let pbody = serde_json::to_vec(&json!({
+                "Pod": {"metadata": {"name": format!("p{i}"), "namespace": "bench",
+                        "uid": format!("uid-{i}"), "labels": labels(i)}},
+                "Nodes": null, "NodeNames": passed}))?;
+            let t2 = Instant::now();
+            let pr = http_call(&mut conn, "/prioritize", &pbody).await?;
+            let t3 = Instant::now();
+            let _: Vec<HostPriority> = serde_json::from_slice(&pr)?;
+            hf.0.push(t1 - t0);
+            hp.0.push(t3 - t2);
+            ht.0.push((t1 - t0) + (t3 - t2));
+        }
+        println!("over HTTP (JSON with 1000 NodeNames, loopback, keep-alive):");
+        println!("  {}", hf.line("filter"));
+        println!("  {}", hp.line("prioritize"));
+        println!("  {}", ht.line("filter+prioritize"));
+    }
+    Ok(())
+}
