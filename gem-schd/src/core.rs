@@ -858,3 +858,269 @@ fn refusal_action(conn: ConnId, r: Refusal) -> Action {
         message: r.message,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gem_proto::code;
+
+    const MS: Micros = 1000;
+    /// Events start one window after the core: the effective window is then full.
+    const T0: Micros = 1_000_000;
+    fn t(ms: Micros) -> Micros {
+        T0 + ms * MS
+    }
+
+    fn spec(id: &str, req: u16, lim: u16, mem: u64) -> ClientSpec {
+        ClientSpec {
+            id: id.into(),
+            request_milli: req,
+            limit_milli: lim,
+            mem_limit: mem,
+        }
+    }
+
+    fn params() -> Params {
+        Params {
+            window_us: 1000 * MS,
+            base_quota_us: 10 * MS,
+            min_quota_us: 2 * MS,
+            grace_us: 5 * MS,
+        }
+    }
+
+    /// Core with clients a, b (0.5/1.0 each); conns 1,2 = a; 3 = b.
+    fn two() -> Core {
+        let mut c = Core::new(
+            params(),
+            &[spec("a", 500, 1000, 100), spec("b", 500, 1000, 100)],
+            0,
+        );
+        c.hello(1, "a").unwrap();
+        c.hello(2, "a").unwrap();
+        c.hello(3, "b").unwrap();
+        c
+    }
+
+    fn grant(acts: &[Action]) -> Option<(&str, Vec<ConnId>, Micros)> {
+        acts.iter().find_map(|a| match a {
+            Action::Grant {
+                client,
+                conns,
+                quota_us,
+            } => Some((client.as_str(), conns.clone(), *quota_us)),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn unknown_client_and_early_frames_are_refused() {
+        let mut c = two();
+        assert_eq!(c.hello(9, "zz").unwrap_err().code, code::UNKNOWN_CLIENT);
+        assert_eq!(c.hello(1, "a").unwrap_err().code, code::PROTOCOL_MISUSE);
+        let acts = c.token_request(t(0), 42, 0, 0);
+        assert!(matches!(
+            &acts[..],
+            [Action::Error {
+                conn: 42,
+                code: 4,
+                ..
+            }]
+        ));
+        assert_eq!(c.mem_query(42).unwrap_err().code, code::PROTOCOL_MISUSE);
+    }
+
+    #[test]
+    fn free_token_is_granted_at_once_with_the_base_quota() {
+        let mut c = two();
+        let acts = c.token_request(t(0), 1, 0, 0);
+        assert_eq!(grant(&acts), Some(("a", vec![1], 10 * MS)));
+        assert_eq!(c.holder(), Some("a"));
+    }
+
+    #[test]
+    fn a_grant_answers_every_waiting_connection_of_the_client() {
+        let mut c = two();
+        c.token_request(t(0), 3, 0, 0); // b holds
+        assert!(grant(&c.token_request(1, 1, 0, 0)).is_none());
+        assert!(grant(&c.token_request(2, 2, 0, 0)).is_none());
+        let acts = c.release(t(3), 3, 3 * MS);
+        assert_eq!(grant(&acts).map(|g| (g.0, g.1)), Some(("a", vec![1, 2])));
+    }
+
+    #[test]
+    fn release_is_work_conserving() {
+        let mut c = two();
+        c.token_request(t(0), 1, 0, 0);
+        assert!(grant(&c.token_request(t(1), 3, 0, 0)).is_none());
+        // a goes idle after 2 ms of its 10 ms: b gets the token then, not at 10 ms.
+        let acts = c.release(t(2), 1, 2 * MS);
+        assert_eq!(grant(&acts).map(|g| g.0), Some("b"));
+        assert_eq!(c.usage_us(t(2), "a"), Some(2 * MS));
+    }
+
+    #[test]
+    fn a_new_process_joins_the_running_hold() {
+        let mut c = two();
+        c.token_request(t(0), 1, 0, 0); // a holds until 10 ms
+        let acts = c.token_request(t(4), 2, 0, 1 * MS);
+        assert_eq!(grant(&acts), Some(("a", vec![2], 6 * MS)));
+        // The hold ends when both have released.
+        c.token_request(t(4), 3, 0, 0);
+        assert!(grant(&c.release(t(5), 1, 0)).is_none());
+        assert_eq!(grant(&c.release(t(6), 2, 0)).map(|g| g.0), Some("b"));
+    }
+
+    #[test]
+    fn expiry_waits_for_the_holders_report_within_the_grace() {
+        let mut c = two();
+        c.token_request(t(0), 1, 0, 0); // a: 10 ms
+        c.token_request(t(1), 3, 0, 0); // b waits
+        assert_eq!(c.next_wakeup(t(1)), Some(t(15)));
+        assert!(grant(&c.tick(t(12))).is_none(), "a's last burst still runs");
+        // a reports 3 ms of overuse and asks again: b goes, a is charged 13 ms.
+        let acts = c.token_request(t(13), 1, 3 * MS, 0);
+        assert_eq!(grant(&acts).map(|g| g.0), Some("b"));
+        assert_eq!(c.usage_us(t(13), "a"), Some(13 * MS));
+    }
+
+    #[test]
+    fn a_silent_holder_loses_the_token_after_the_grace_and_overuse_pushes_back() {
+        let mut c = two();
+        c.token_request(t(0), 1, 0, 0);
+        c.token_request(t(1), 3, 0, 0);
+        let acts = c.tick(t(15));
+        assert_eq!(grant(&acts).map(|g| g.0), Some("b"));
+        // a reports late: it ran until 18 ms; b's hold is charged from then on.
+        c.token_request(t(18), 1, 8 * MS, 0);
+        assert_eq!(c.usage_us(t(18), "a"), Some(18 * MS));
+        assert_eq!(c.usage_us(t(18), "b"), Some(0));
+        assert_eq!(c.usage_us(t(20), "b"), Some(2 * MS));
+    }
+
+    #[test]
+    fn quota_follows_reported_bursts_within_bounds() {
+        let mut c = two();
+        // EMA: 10 -> (10+30)/2 = 20 ms.
+        assert_eq!(
+            grant(&c.token_request(t(0), 1, 0, 30 * MS)).unwrap().2,
+            20 * MS
+        );
+        // Tiny bursts: clamped up to the 2 ms minimum eventually.
+        let mut now = t(20);
+        let mut q = 0;
+        for _ in 0..10 {
+            q = grant(&c.token_request(now, 1, 0, 100)).unwrap().2;
+            now += MS;
+        }
+        assert_eq!(q, 2 * MS);
+        assert!(
+            c.quota_estimate_us("a").unwrap() < 2 * MS,
+            "the estimate itself follows the bursts"
+        );
+    }
+
+    #[test]
+    fn below_request_goes_first_then_least_usage() {
+        let mut c = Core::new(
+            params(),
+            &[spec("hi", 800, 1000, 0), spec("lo", 100, 1000, 0)],
+            0,
+        );
+        c.hello(1, "hi").unwrap();
+        c.hello(2, "lo").unwrap();
+        // At 500 ms, lo has used 200 ms (above its 10%), hi nothing: hi first.
+        c.token_request(t(0), 2, 0, 0);
+        c.release(t(200), 2, 0);
+        c.token_request(t(500), 3 + 0, 0, 0); // unknown conn: refused, no effect
+        c.token_request(t(500), 2, 0, 0); // lo holds again (only waiter)
+        c.token_request(t(501), 1, 0, 0);
+        let acts = c.release(t(502), 2, 0);
+        assert_eq!(grant(&acts).map(|g| g.0), Some("hi"));
+    }
+
+    #[test]
+    fn a_client_at_its_limit_waits_even_on_an_idle_gpu() {
+        let mut c = Core::new(params(), &[spec("a", 0, 100, 0)], 0);
+        c.hello(1, "a").unwrap();
+        // 10% of the 1 s window is 100 ms: ten 10 ms holds, then it must wait.
+        let mut now = t(0);
+        for _ in 0..10 {
+            let q = grant(&c.token_request(now, 1, 0, 0))
+                .expect("below its limit")
+                .2;
+            now += q;
+            c.release(now, 1, q);
+        }
+        assert_eq!(now, t(100));
+        assert!(grant(&c.token_request(now, 1, 0, 0)).is_none());
+        // Eligible again just after the first hold begins to slide out of the window.
+        let wake = c.next_wakeup(now).unwrap();
+        assert_eq!(wake, t(1000) + 1);
+        assert!(grant(&c.tick(wake - 1)).is_none());
+        assert!(grant(&c.tick(wake)).is_some());
+    }
+
+    #[test]
+    fn memory_is_per_client_and_reclaimed_per_connection() {
+        let mut c = two();
+        assert!(c.mem_alloc(1, 60).unwrap().granted);
+        let d = c.mem_alloc(2, 50).unwrap();
+        assert_eq!((d.granted, d.used, d.limit), (false, 60, 100));
+        assert!(c.mem_alloc(2, 40).unwrap().granted);
+        // MemFree credits only what that connection counted.
+        c.mem_free(2, 1000).unwrap();
+        assert_eq!(c.mem_query(1).unwrap(), (60, 100));
+        c.mem_alloc(2, 30).unwrap();
+        c.disconnect(t(0), 1); // a killed process: its 60 bytes are freed
+        assert_eq!(c.mem_query(2).unwrap(), (30, 100));
+        c.disconnect(t(0), 2);
+        assert_eq!(c.mem_used("a"), Some(0));
+    }
+
+    #[test]
+    fn reload_keeps_stayers_and_errors_leavers() {
+        let mut c = two();
+        c.token_request(t(0), 1, 0, 40 * MS); // a holds, quota estimate moves to 25 ms
+        c.token_request(t(1), 3, 0, 0); // b waits
+        let acts = c.set_config(t(2), &[spec("a", 500, 800, 50)]);
+        assert!(matches!(
+            &acts[..],
+            [Action::Error {
+                conn: 3,
+                code: 1,
+                ..
+            }]
+        ));
+        assert_eq!(c.quota_estimate_us("a"), Some(25 * MS));
+        assert_eq!(c.holder(), Some("a"));
+        assert_eq!(c.mem_query(1).unwrap(), (0, 50));
+        // b's connection now gets Error{1} for everything.
+        assert_eq!(c.mem_query(3).unwrap_err().code, code::UNKNOWN_CLIENT);
+        let acts = c.token_request(t(3), 3, 0, 0);
+        assert!(matches!(
+            &acts[..],
+            [Action::Error {
+                conn: 3,
+                code: 1,
+                ..
+            }]
+        ));
+    }
+
+    #[test]
+    fn shutdown_errors_every_waiter() {
+        let mut c = two();
+        c.token_request(t(0), 1, 0, 0);
+        c.token_request(t(0), 3, 0, 0);
+        let acts = c.shutdown();
+        assert!(matches!(
+            &acts[..],
+            [Action::Error {
+                conn: 3,
+                code: 5,
+                ..
+            }]
+        ));
+    }
+}

@@ -344,3 +344,72 @@ fn restart_while_clients_wait_and_they_reconnect() {
     let mut a = s.connect("a");
     assert_eq!(a.mem_query().unwrap(), (0, 1000));
 }
+
+#[test]
+fn gem_share_runs_schd_and_a_command_wired_to_its_socket() {
+    let share = env!("CARGO_BIN_EXE_gem-share");
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path(), "2\na 0.5 1.0 1000\nb 0.5 1.0 1000\n");
+    let sockets = dir.path().join("share");
+    let mut schd = Command::new(share)
+        .args(["schd", "--gpu", GPU, "--config"])
+        .arg(dir.path().join("resource-config.txt"))
+        .arg("--dir")
+        .arg(&sockets)
+        .args(["--schd", SCHD, "--", "--poll-ms", "100"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let sock_a = sockets.join("a").join(format!("{GPU}.sock"));
+    wait_for(
+        || sock_a.exists() && sockets.join("b").exists(),
+        "gem-share schd's sockets",
+    );
+    // Any file stands for the hook here: ld.so warns about it and goes on.
+    let hook = dir.path().join("libgemhook.so.1");
+    std::fs::write(&hook, b"").unwrap();
+    let script = format!(
+        "echo \"$LD_PRELOAD|$KUBESHARE_SOCKET_DIR\"; exec {SIM} --socket \"$KUBESHARE_SOCKET_DIR/{GPU}.sock\" --gpu {GPU} work --duration-ms 200"
+    );
+    let out = Command::new(share)
+        .args(["run", "--name", "a", "--dir"])
+        .arg(&sockets)
+        .arg("--hook")
+        .arg(&hook)
+        .args(["--", "sh", "-c", &script])
+        .env("LD_PRELOAD", "/nonexistent/other.so")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut lines = text.lines();
+    let canon = sockets.canonicalize().unwrap();
+    assert_eq!(
+        lines.next().unwrap(),
+        format!(
+            "/nonexistent/other.so:{}|{}",
+            hook.canonicalize().unwrap().display(),
+            canon.join("a").display()
+        )
+    );
+    assert!(lines.next().unwrap().starts_with("busy_us="), "{text}");
+    // A name that cannot be a client ID is refused before anything runs.
+    let bad = Command::new(share)
+        .args(["run", "--name", "../x", "--dir"])
+        .arg(&sockets)
+        .args(["--hook"])
+        .arg(&hook)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    // gem-share exec'd gem-schd: SIGTERM reaches it and it cleans up.
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(schd.id() as i32, libc::SIGTERM) };
+    assert!(schd.wait().unwrap().success());
+    assert!(!sock_a.exists());
+}

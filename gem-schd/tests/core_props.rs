@@ -1,0 +1,266 @@
+//! Property tests of the core under random event sequences: every TokenRequest is
+//! answered exactly once, one holder at a time, memory never granted past a limit,
+//! and (liveness) every waiting request is eventually granted.
+
+use std::collections::{HashMap, HashSet};
+
+use gem_schd::core::{Action, ClientSpec, ConnId, Core, Micros, Params};
+use proptest::prelude::*;
+
+const IDS: [&str; 3] = ["a", "b", "c"];
+
+#[derive(Debug, Clone)]
+enum Op {
+    Request(usize, Micros, Micros),
+    Release(usize, Micros),
+    Reconnect(usize),
+    Alloc(usize, u64),
+    Free(usize, u64),
+    Config(Vec<(usize, u16, u16, u64)>),
+    Advance(Micros),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..6usize, 0..20_000u64, 0..50_000u64).prop_map(|(c, o, b)| Op::Request(c, o, b)),
+        3 => (0..6usize, 0..100_000u64).prop_map(|(c, u)| Op::Release(c, u)),
+        1 => (0..6usize).prop_map(Op::Reconnect),
+        2 => (0..6usize, 0..700u64).prop_map(|(c, b)| Op::Alloc(c, b)),
+        1 => (0..6usize, 0..700u64).prop_map(|(c, b)| Op::Free(c, b)),
+        1 => prop::collection::vec((0..3usize, 0..=1000u16, 1..=1000u16, 0..1500u64), 0..4)
+            .prop_map(Op::Config),
+        4 => (0..200_000u64).prop_map(Op::Advance),
+    ]
+}
+
+fn specs(v: &[(usize, u16, u16, u64)]) -> Vec<ClientSpec> {
+    let mut seen = HashSet::new();
+    v.iter()
+        .filter(|(i, ..)| seen.insert(*i))
+        .map(|&(i, req, lim, mem)| ClientSpec {
+            id: IDS[i].into(),
+            request_milli: req.min(lim),
+            limit_milli: lim,
+            mem_limit: mem,
+        })
+        .collect()
+}
+
+/// The observer: which connections wait, and which client each belongs to.
+struct World {
+    core: Core,
+    now: Micros,
+    /// Slot (0..6) -> current connection id and its client index.
+    slots: Vec<(ConnId, usize)>,
+    next_conn: ConnId,
+    pending: HashSet<ConnId>,
+    limits: HashMap<String, u64>,
+    config: HashSet<String>,
+    /// Connections that said Hello and whose client has not left since.
+    live: HashSet<ConnId>,
+}
+
+impl World {
+    fn check(&mut self, acts: Vec<Action>) -> Result<(), TestCaseError> {
+        let mut granted_clients = HashSet::new();
+        for a in acts {
+            match a {
+                Action::Grant {
+                    client,
+                    conns,
+                    quota_us,
+                } => {
+                    prop_assert!(quota_us > 0);
+                    granted_clients.insert(client.clone());
+                    for c in conns {
+                        prop_assert!(self.pending.remove(&c), "grant to {c} without a request");
+                        let slot = self.slots.iter().find(|s| s.0 == c).unwrap();
+                        prop_assert_eq!(IDS[slot.1], client.as_str());
+                    }
+                }
+                // A second request on a waiting connection is refused (code 4) and
+                // leaves the first one waiting; other errors answer it.
+                Action::Error { conn, code, .. } if code != gem_proto::code::PROTOCOL_MISUSE => {
+                    self.pending.remove(&conn);
+                }
+                Action::Error { .. } => {}
+            }
+        }
+        prop_assert!(granted_clients.len() <= 1, "one holder at a time");
+        if let Some(h) = self.core.holder() {
+            prop_assert!(self.config.contains(h));
+        }
+        for id in &self.config {
+            let u = self.core.usage_us(self.now, id).unwrap();
+            prop_assert!(u <= self.core.params().window_us + 200_000);
+        }
+        Ok(())
+    }
+
+    fn conn_ok(&self, slot: usize) -> bool {
+        self.live.contains(&self.slots[slot].0)
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn random_events_keep_the_invariants(ops in prop::collection::vec(op(), 1..120)) {
+        let params = Params { window_us: 1_000_000, base_quota_us: 20_000, min_quota_us: 2_000, grace_us: 10_000 };
+        let init = specs(&[(0, 300, 500, 1000), (1, 200, 1000, 1000), (2, 0, 300, 500)]);
+        let mut w = World {
+            core: Core::new(params, &init, 0),
+            now: 0,
+            slots: (0..6).map(|s| (s as ConnId, s % 3)).collect(),
+            next_conn: 6,
+            pending: HashSet::new(),
+            limits: init.iter().map(|s| (s.id.clone(), s.mem_limit)).collect(),
+            config: init.iter().map(|s| s.id.clone()).collect(),
+            live: (0..6).collect(),
+        };
+        for s in 0..6 {
+            w.core.hello(s as ConnId, IDS[s % 3]).unwrap();
+        }
+        for op in ops {
+            let acts = match op {
+                Op::Request(s, o, b) => {
+                    let c = w.slots[s].0;
+                    let was_pending = w.pending.contains(&c);
+                    if w.conn_ok(s) && !was_pending {
+                        w.pending.insert(c);
+                    }
+                    let acts = w.core.token_request(w.now, c, o, b);
+                    if !w.conn_ok(s) || was_pending {
+                        // Refused at once.
+                        let refused = matches!(acts.first(), Some(Action::Error { conn, .. }) if *conn == c);
+                        prop_assert!(refused, "request on {} not refused: {:?}", c, acts);
+                    }
+                    acts
+                }
+                Op::Release(s, u) => {
+                    let c = w.slots[s].0;
+                    w.core.release(w.now, c, u)
+                }
+                Op::Reconnect(s) => {
+                    let (c, client) = w.slots[s];
+                    w.pending.remove(&c);
+                    let acts = w.core.disconnect(w.now, c);
+                    let n = w.next_conn;
+                    w.next_conn += 1;
+                    w.slots[s] = (n, client);
+                    w.live.remove(&c);
+                    let r = w.core.hello(n, IDS[client]);
+                    prop_assert_eq!(r.is_ok(), w.config.contains(IDS[client]));
+                    if r.is_ok() {
+                        w.live.insert(n);
+                    } else {
+                        // Not in the config: the slot stays unknown to the core.
+                        w.slots[s] = (u64::MAX - n, client);
+                    }
+                    acts
+                }
+                Op::Alloc(s, b) => {
+                    let c = w.slots[s].0;
+                    if let Ok(d) = w.core.mem_alloc(c, b) {
+                        let lim = w.limits[IDS[w.slots[s].1]];
+                        if d.granted {
+                            prop_assert!(d.used <= lim);
+                        }
+                        prop_assert_eq!(d.limit, lim);
+                    } else {
+                        prop_assert!(!w.conn_ok(s));
+                    }
+                    vec![]
+                }
+                Op::Free(s, b) => {
+                    let _ = w.core.mem_free(w.slots[s].0, b);
+                    vec![]
+                }
+                Op::Config(v) => {
+                    let sp = specs(&v);
+                    w.config = sp.iter().map(|s| s.id.clone()).collect();
+                    for &(c, client) in &w.slots {
+                        if !w.config.contains(IDS[client]) {
+                            w.live.remove(&c);
+                        }
+                    }
+                    for s in &sp {
+                        w.limits.insert(s.id.clone(), s.mem_limit);
+                    }
+                    let acts = w.core.set_config(w.now, &sp);
+                    // Waiting requests of clients that left are answered with errors.
+                    for a in &acts {
+                        if let Action::Error { conn, code, .. } = a {
+                            prop_assert_eq!(*code, gem_proto::code::UNKNOWN_CLIENT);
+                            let slot = w.slots.iter().find(|s| s.0 == *conn).unwrap();
+                            prop_assert!(!w.config.contains(IDS[slot.1]));
+                        }
+                    }
+                    acts
+                }
+                Op::Advance(dt) => {
+                    w.now += dt;
+                    w.core.tick(w.now)
+                }
+            };
+            w.check(acts)?;
+            // Requests of clients that left the config are no longer pending.
+            let gone: Vec<ConnId> = w.pending.iter().copied().filter(|c| !w.live.contains(c)).collect();
+            prop_assert!(gone.is_empty(), "requests of departed clients left unanswered: {gone:?}");
+        }
+        // Liveness: run the clock, releasing every grant at once; all waiters get served.
+        let mut steps = 0;
+        while !w.pending.is_empty() {
+            steps += 1;
+            prop_assert!(steps < 100_000, "waiters never served: {:?}", w.pending);
+            let next = w.core.next_wakeup(w.now);
+            prop_assert!(next.is_some(), "waiters but no wake-up: {:?}", w.pending);
+            w.now = next.unwrap().max(w.now);
+            let acts = w.core.tick(w.now);
+            let granted: Vec<ConnId> = acts.iter().flat_map(|a| match a {
+                Action::Grant { conns, .. } => conns.clone(),
+                _ => vec![],
+            }).collect();
+            w.check(acts)?;
+            for c in granted {
+                let acts = w.core.release(w.now, c, 0);
+                w.check(acts)?;
+            }
+        }
+    }
+}
+
+proptest! {
+    /// The config reader never panics, and what it accepts round-trips through the
+    /// API crate's renderer.
+    #[test]
+    fn config_text_never_panics(text in "[0-9a-z. \\n\\t-]{0,200}") {
+        if let Ok(specs) = gem_schd::config::parse_specs(&text) {
+            let again = gem_schd::config::parse_specs(
+                &kubeshare_api::ResourceConfig::parse(&text).unwrap().render(),
+            ).unwrap();
+            prop_assert_eq!(specs, again);
+        }
+    }
+
+    #[test]
+    fn config_lines_parse_to_specs(entries in prop::collection::vec(
+        ("[a-z][a-z0-9-]{0,20}", 0..=1000u16, 0..=1000u16, any::<u64>()), 0..6)
+    ) {
+        let mut seen = HashSet::new();
+        let entries: Vec<_> = entries.into_iter()
+            .filter(|e| seen.insert(e.0.clone()))
+            .map(|(id, a, b, m)| (id, a.min(b), a.max(b), m))
+            .collect();
+        let mut text = format!("{}\n", entries.len());
+        for (id, r, l, m) in &entries {
+            text += &format!("{id} {}.{:03} {}.{:03} {m}\n", r / 1000, r % 1000, l / 1000, l % 1000);
+        }
+        let specs = gem_schd::config::parse_specs(&text).unwrap();
+        prop_assert_eq!(specs.len(), entries.len());
+        for (s, (id, r, l, m)) in specs.iter().zip(&entries) {
+            prop_assert_eq!((&s.id, s.request_milli, s.limit_milli, s.mem_limit), (id, *r, *l, *m));
+        }
+    }
+}
