@@ -963,7 +963,7 @@ mod tests {
     fn a_new_process_joins_the_running_hold() {
         let mut c = two();
         c.token_request(t(0), 1, 0, 0); // a holds until 10 ms
-        let acts = c.token_request(t(4), 2, 0, 1 * MS);
+        let acts = c.token_request(t(4), 2, 0, MS);
         assert_eq!(grant(&acts), Some(("a", vec![2], 6 * MS)));
         // The hold ends when both have released.
         c.token_request(t(4), 3, 0, 0);
@@ -1024,19 +1024,43 @@ mod tests {
     fn below_request_goes_first_then_least_usage() {
         let mut c = Core::new(
             params(),
-            &[spec("hi", 800, 1000, 0), spec("lo", 100, 1000, 0)],
+            &[
+                spec("hi", 800, 1000, 0),
+                spec("lo", 100, 1000, 0),
+                spec("z", 0, 1000, 0),
+            ],
             0,
         );
         c.hello(1, "hi").unwrap();
         c.hello(2, "lo").unwrap();
-        // At 500 ms, lo has used 200 ms (above its 10%), hi nothing: hi first.
-        c.token_request(t(0), 2, 0, 0);
-        c.release(t(200), 2, 0);
-        c.token_request(t(500), 3 + 0, 0, 0); // unknown conn: refused, no effect
-        c.token_request(t(500), 2, 0, 0); // lo holds again (only waiter)
-        c.token_request(t(501), 1, 0, 0);
-        let acts = c.release(t(502), 2, 0);
+        c.hello(3, "z").unwrap();
+        // Run `conn` alone for `ms` of holds starting at `now`; returns the end.
+        let run = |c: &mut Core, conn, mut now: Micros, ms: Micros| {
+            let end = now + ms * MS;
+            while now < end {
+                let q = grant(&c.token_request(now, conn, 0, 0))
+                    .unwrap()
+                    .2
+                    .min(end - now);
+                now += q;
+                c.release(now, conn, q);
+            }
+            now
+        };
+        // hi used 300 ms (37% of its request), lo 50 ms (50% of its), z 20 ms.
+        let now = run(&mut c, 1, t(0), 300);
+        let now = run(&mut c, 2, now, 50);
+        let now = run(&mut c, 3, now, 20);
+        c.token_request(now, 3, 0, 0); // z holds; all three then wait
+        c.token_request(now, 2, 0, 0);
+        c.token_request(now, 1, 0, 0);
+        // Both below their requests: the smaller usage/request goes first (hi),
+        // although lo has used less.
+        let acts = c.release(now + MS, 3, MS);
         assert_eq!(grant(&acts).map(|g| g.0), Some("hi"));
+        // lo (below its request) beats z (above its request of 0) despite more usage.
+        let acts = c.release(now + 5 * MS, 1, 4 * MS);
+        assert_eq!(grant(&acts).map(|g| g.0), Some("lo"));
     }
 
     #[test]
