@@ -14,15 +14,27 @@ pub fn socket_template(dir: &Path) -> String {
     format!("{}/{{client}}/{{gpu}}.sock", dir.display())
 }
 
-/// The hook to preload: `--hook`, else `$KUBESHARE_HOOK`, else next to `exe`.
-pub fn hook_path(flag: Option<&Path>, env: Option<&str>, exe: Option<&Path>) -> Option<PathBuf> {
+/// The hook to preload: `--hook`, else `$KUBESHARE_HOOK`, else `libgemhook.so.1` next
+/// to `exe`, else `libgemhook.so` there (cargo's name for the cdylib), if `exists`.
+pub fn hook_path(
+    flag: Option<&Path>,
+    env: Option<&str>,
+    exe: Option<&Path>,
+    exists: impl Fn(&Path) -> bool,
+) -> Option<PathBuf> {
     if let Some(p) = flag {
         return Some(p.to_owned());
     }
     if let Some(e) = env.filter(|e| !e.is_empty()) {
         return Some(PathBuf::from(e));
     }
-    exe.and_then(Path::parent).map(|d| d.join(HOOK_NAME))
+    let dir = exe.and_then(Path::parent)?;
+    let primary = dir.join(HOOK_NAME);
+    let cargo_name = dir.join("libgemhook.so");
+    if !exists(&primary) && exists(&cargo_name) {
+        return Some(cargo_name);
+    }
+    Some(primary)
 }
 
 /// `existing` LD_PRELOAD with `hook` appended (kept once; never clobbering it).
@@ -50,17 +62,24 @@ mod tests {
     #[test]
     fn hook_path_order() {
         let exe = Path::new("/opt/ks/bin/gem-share");
+        let none = |_: &Path| false;
         assert_eq!(
-            hook_path(Some(Path::new("/x.so")), Some("/y.so"), Some(exe)),
+            hook_path(Some(Path::new("/x.so")), Some("/y.so"), Some(exe), none),
             Some(PathBuf::from("/x.so"))
         );
         assert_eq!(
-            hook_path(None, Some("/y.so"), Some(exe)),
+            hook_path(None, Some("/y.so"), Some(exe), none),
             Some(PathBuf::from("/y.so"))
         );
         assert_eq!(
-            hook_path(None, Some(""), Some(exe)),
+            hook_path(None, Some(""), Some(exe), none),
             Some(PathBuf::from("/opt/ks/bin/libgemhook.so.1"))
+        );
+        // Only cargo's output is there: use it.
+        let cargo_only = |p: &Path| p.ends_with("libgemhook.so");
+        assert_eq!(
+            hook_path(None, None, Some(exe), cargo_only),
+            Some(PathBuf::from("/opt/ks/bin/libgemhook.so"))
         );
     }
 

@@ -355,6 +355,10 @@ fn run(clients: Vec<(ClientSpec, Pattern)>) -> Sim {
 #[track_caller]
 fn assert_share(sim: &Sim, i: usize, expected: f64) {
     let got = sim.share(i, 0, 60 * S);
+    eprintln!(
+        "share {}: got {got:.4} expected {expected:.4}",
+        sim.clients[i].spec.id
+    );
     assert!(
         (got - expected).abs() <= 0.02,
         "client {} got {got:.4}, expected {expected:.2} ± 0.02",

@@ -4,7 +4,7 @@
 //! preloaded and its socket directory wired in.
 
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
@@ -51,7 +51,7 @@ enum Cmd {
         #[arg(long)]
         dir: PathBuf,
         /// The hook library (default: $KUBESHARE_HOOK, else libgemhook.so.1 next to
-        /// gem-share).
+        /// gem-share, else libgemhook.so there).
         #[arg(long)]
         hook: Option<PathBuf>,
         /// The command and its arguments, after `--`.
@@ -105,10 +105,13 @@ fn main() -> Result<()> {
                 );
             }
             let env_hook = std::env::var(HOOK_ENV).ok();
-            let hook = hook_path(hook.as_deref(), env_hook.as_deref(), exe.as_deref())
-                .with_context(|| {
-                    format!("cannot locate {HOOK_NAME}; pass --hook or set {HOOK_ENV}")
-                })?;
+            let hook = hook_path(
+                hook.as_deref(),
+                env_hook.as_deref(),
+                exe.as_deref(),
+                Path::exists,
+            )
+            .with_context(|| format!("cannot locate {HOOK_NAME}; pass --hook or set {HOOK_ENV}"))?;
             if !hook.exists() {
                 bail!(
                     "hook library {} does not exist; pass --hook or set {HOOK_ENV}",
