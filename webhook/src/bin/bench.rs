@@ -1,9 +1,10 @@
 //! `kubeshare-webhook-bench`: admission latency under load, from a separate process.
 //!
 //! Open loop at a fixed rate over N keep-alive HTTPS/1.1 connections: connection k
-//! sends its n-th request at `start + (k + n·N) / rate`, and latency is measured from
-//! that scheduled time, so a slow answer also counts against the requests queued
-//! behind it (no coordinated omission). Each request is a CREATE of a fractional-GPU
+//! sends its n-th request at `start + (k + n·N) / rate`. Latency is measured from that
+//! scheduled time when the connection is behind schedule, so a slow answer also counts
+//! against the requests queued behind it (no coordinated omission), and from the
+//! timer's wake-up otherwise (tokio's timer has 1 ms granularity). Each request is a CREATE of a fractional-GPU
 //! pod with two containers and an init container; an answer counts as an error unless
 //! it is HTTP 200 with `allowed: true` and a patch.
 
@@ -133,9 +134,17 @@ async fn worker(
         if at >= end {
             break;
         }
-        tokio::time::sleep_until(at).await;
+        // Latency counts from the scheduled time when this connection is behind (a
+        // slow answer delays the next request: that delay is the server's), but from
+        // the wake-up when it slept, since tokio's timer wakes up to 1 ms late.
+        let from = if at > tokio::time::Instant::now() {
+            tokio::time::sleep_until(at).await;
+            tokio::time::Instant::now()
+        } else {
+            at
+        };
         let result = one(&mut sender, &body, &host).await;
-        let lat = tokio::time::Instant::now().saturating_duration_since(at);
+        let lat = tokio::time::Instant::now().saturating_duration_since(from);
         if at < measure_from {
             continue;
         }
