@@ -37,7 +37,7 @@ enum LogFormat {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve POST /mutate, POST /validate and GET /healthz over HTTPS.
+    /// Serve POST /mutate, POST /validate, GET /healthz and GET /metrics over HTTPS.
     Serve {
         /// Address to listen on.
         #[arg(long, default_value = "0.0.0.0:8443", env = "KUBESHARE_WEBHOOK_LISTEN")]
