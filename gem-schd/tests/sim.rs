@@ -105,6 +105,7 @@ struct Client {
     launched_at: Micros,
     epoch: u64,
     /// (time, measured burst) over the last 3 s: the prediction is their maximum.
+    /// Kept as a monotonic queue (decreasing bursts), so the maximum is the front.
     samples: VecDeque<(Micros, Micros)>,
     /// GPU busy intervals of this client's bursts.
     segments: Vec<(Micros, Micros)>,
@@ -113,7 +114,7 @@ struct Client {
 
 impl Client {
     fn predicted(&self) -> Micros {
-        self.samples.iter().map(|s| s.1).max().unwrap_or(0)
+        self.samples.front().map_or(0, |s| s.1)
     }
     fn idle_until(&self, t: Micros) -> Option<Micros> {
         self.pattern
@@ -205,8 +206,10 @@ impl Sim {
                 Action::Error { conn, .. } => self.clients[conn as usize].errors += 1,
             }
         }
+        // Keep one timer: the earliest wake-up asked for (a later one is re-asked
+        // when that fires).
         if let Some(w) = self.core.next_wakeup(now)
-            && self.last_wake != Some(w)
+            && self.last_wake.is_none_or(|l| w < l)
         {
             self.last_wake = Some(w);
             self.push(w.max(now), Ev::Wake);
@@ -268,6 +271,9 @@ impl Sim {
             Ev::SyncDone(i) => {
                 let c = &mut self.clients[i];
                 let burst = t - c.launched_at;
+                while c.samples.back().is_some_and(|s| s.1 <= burst) {
+                    c.samples.pop_back();
+                }
                 c.samples.push_back((t, burst));
                 while c.samples.front().is_some_and(|s| s.0 + 3 * S < t) {
                     c.samples.pop_front();
@@ -316,7 +322,9 @@ impl Sim {
                 self.launch(t, i);
             }
             Ev::Wake => {
-                self.last_wake = None;
+                if self.last_wake.is_some_and(|l| l <= t) {
+                    self.last_wake = None;
+                }
                 let acts = self.core.tick(t);
                 self.apply(t, acts);
             }
@@ -340,8 +348,22 @@ impl Sim {
 
     /// The largest usage of client `i` over any window of `w` ending on a 100 ms tick.
     fn max_window_share(&self, i: usize, w: Micros, horizon: Micros) -> f64 {
-        (w / (100 * MS)..=horizon / (100 * MS))
-            .map(|k| self.share(i, k * 100 * MS - w, k * 100 * MS))
+        // GPU time per 100 ms bucket, then a running sum over `w`.
+        let b = 100 * MS;
+        let mut buckets = vec![0u64; (horizon / b) as usize + 1];
+        for &(s, e) in &self.clients[i].segments {
+            let (mut s, e) = (s, e.min(horizon));
+            while s < e {
+                let k = s / b;
+                let end = ((k + 1) * b).min(e);
+                buckets[k as usize] += end - s;
+                s = end;
+            }
+        }
+        let n = (w / b) as usize;
+        buckets
+            .windows(n)
+            .map(|win| win.iter().sum::<u64>() as f64 / w as f64)
             .fold(0.0, f64::max)
     }
 }
@@ -674,38 +696,4 @@ fn quota_table() {
             sim.core.grants() as f64 / 60.0
         );
     }
-}
-
-#[test]
-#[ignore]
-fn diag() {
-    let mut sim = Sim::new(
-        Params::default(),
-        vec![
-            (spec("a", 300, 300), Pattern::long()),
-            (spec("b", 700, 700), Pattern::tiny()),
-        ],
-    );
-    let mut n = 0u64;
-    while let Some(Reverse((t, _, ev))) = sim.queue.pop() {
-        if t > 60 * S {
-            break;
-        }
-        n += 1;
-        sim.step(t, ev);
-    }
-    println!("events {n} grants {}", sim.core.grants());
-    for k in 0..60 {
-        print!(
-            "{:.2}/{:.2} ",
-            sim.share(0, k * S, (k + 1) * S),
-            sim.share(1, k * S, (k + 1) * S)
-        );
-    }
-    println!();
-    println!(
-        "a {:.4} b {:.4}",
-        sim.share(0, 0, 60 * S),
-        sim.share(1, 0, 60 * S)
-    );
 }
