@@ -227,12 +227,15 @@ struct Choice {
 
 /// A pod being placed.
 struct Req<'a> {
-    uid: &'a str,
     ns: &'a str,
     demand: &'a GpuDemand,
     group: Option<GroupKey>,
     /// Nodes holding other members of its group.
     group_nodes: HashSet<String>,
+    /// Its own booking (an interrupted bind), which does not count against it.
+    own: Option<&'a Booking>,
+    /// Its tags as the books key them (namespace-scoped where they are).
+    tags: Tags,
 }
 
 /// Why one GPU does not fit; the most promising failure is shown.
@@ -641,15 +644,16 @@ impl Cluster {
             .collect()
     }
 
-    fn req<'a>(&self, uid: &'a str, ns: &'a str, demand: &'a GpuDemand) -> Req<'a> {
+    fn req<'a>(&'a self, uid: &'a str, ns: &'a str, demand: &'a GpuDemand) -> Req<'a> {
         let group = group_key(ns, demand);
         let group_nodes = self.group_nodes(&group, uid);
         Req {
-            uid,
             ns,
             demand,
             group,
             group_nodes,
+            own: self.bookings.get(uid),
+            tags: tags_of(ns, Some(demand)),
         }
     }
 
@@ -971,7 +975,7 @@ impl Cluster {
             return Err((msg, true));
         };
         let d = req.demand;
-        let own = self.bookings.get(req.uid);
+        let own = req.own;
         // The pod's own stale booking (an interrupted bind) does not count against it.
         let mine = |uuid: &str| own.is_some_and(|b| b.on(node_name, uuid));
         let eligible: Vec<usize> = (0..node.gpus.len())
@@ -999,10 +1003,11 @@ impl Cluster {
             0
         };
         // Where the pod's affinity tag already lives (its own stale booking aside).
-        let tag_locs: Option<BTreeSet<(String, String)>> = d
+        let tag_locs: Option<BTreeSet<(String, String)>> = req
+            .tags
             .affinity
             .as_ref()
-            .and_then(|t| self.affinity.get(&format!("{}/{t}", req.ns)))
+            .and_then(|k| self.affinity.get(k))
             .map(|l| {
                 let own_tag = own.and_then(|b| b.tags.affinity.as_ref()).is_some();
                 l.iter()
@@ -1071,10 +1076,9 @@ impl Cluster {
                     }
                 }
             }
-            if let Some(t) = &d.anti_affinity {
-                let k = format!("{}/{t}", req.ns);
-                let own_has = own_tags.anti.as_ref() == Some(&k);
-                if count_tag(&g.anti, &k, i, own_has) > 0 {
+            if let (Some(t), Some(k)) = (&d.anti_affinity, &req.tags.anti) {
+                let own_has = own_tags.anti.as_ref() == Some(k);
+                if count_tag(&g.anti, k, i, own_has) > 0 {
                     return Some(format!(
                         "{node_name}/gpu {idx}: already holds a pod with anti-affinity tag {t}"
                     ));
@@ -1087,13 +1091,14 @@ impl Cluster {
         match d.share {
             GpuShare::Fraction { request, count, .. } => {
                 let r = u32::from(request.get());
-                let mut fits: Vec<(usize, u32, u64, u64)> = Vec::new(); // (i, used, mem_free, need)
+                let mut fits: Vec<(usize, u32, u64, u64)> = Vec::with_capacity(eligible.len()); // (i, used, mem_free, need)
                 let mut best_fail: Option<GpuFail> = None;
                 let mut note = |f: GpuFail| {
                     if best_fail.as_ref().is_none_or(|b| f.rank > b.rank) {
                         best_fail = Some(f);
                     }
                 };
+                let mut need_cache: Option<(u64, u64)> = None;
                 for &i in &eligible {
                     let g = &node.gpus[i];
                     let idx = g.info.index;
@@ -1113,7 +1118,15 @@ impl Cluster {
                         });
                         continue;
                     }
-                    let need = d.mem_on(g.info.memory);
+                    // mem_on divides in u128; GPUs of a node mostly share one size.
+                    let need = match need_cache {
+                        Some((m, n)) if m == g.info.memory => n,
+                        _ => {
+                            let n = d.mem_on(g.info.memory);
+                            need_cache = Some((g.info.memory, n));
+                            n
+                        }
+                    };
                     let mem_free = g.info.memory.saturating_sub(mem_used);
                     if mem_free < need {
                         note(GpuFail {
@@ -1167,11 +1180,15 @@ impl Cluster {
                     };
                     tag.then(load).then(a.0.cmp(&b.0))
                 });
-                let chosen: Vec<(usize, u32, u64, u64)> = fits.into_iter().take(want).collect();
+                let chosen = &fits[..want];
                 let mem = chosen.iter().map(|c| c.3).min().unwrap_or(0);
                 let avg_used = chosen.iter().map(|c| u64::from(c.1)).sum::<u64>() / want as u64;
-                let node_busy = (0..node.gpus.len()).filter(|&i| usage(i).2 > 0).count() as u64;
-                let node_used: u64 = (0..node.gpus.len()).map(|i| u64::from(usage(i).0)).sum();
+                let (mut node_busy, mut node_used) = (0u64, 0u64);
+                for i in 0..node.gpus.len() {
+                    let (u, _, h) = usage(i);
+                    node_busy += u64::from(h > 0);
+                    node_used += u64::from(u);
+                }
                 let raw = if spread {
                     (1000 - avg_used.min(1000)) * 1001
                         + (1000 * n_gpus - node_used.min(1000 * n_gpus)) / n_gpus

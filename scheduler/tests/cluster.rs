@@ -399,6 +399,13 @@ async fn gpu_model_restricts_the_gpus() -> Result<()> {
     )
     .await?;
     rig.failed_with("q", "no NVIDIA-B200 GPU").await?;
+    // A pod of our scheduler that asks for no GPU is bound as is, without annotations.
+    rig.create("plain", &[]).await?;
+    let p = wait_for(&rig.pods(), "plain", WAIT, |p: &Pod| {
+        p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
+    })
+    .await?;
+    assert!(Allocation::from_annotations(&p.metadata.annotations.unwrap_or_default())?.is_none());
     rig.cleanup().await
 }
 
