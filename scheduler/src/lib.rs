@@ -18,4 +18,4 @@ pub mod server;
 pub mod wire;
 
 pub use placement::{Cluster, Config, PodInfo};
-pub use server::{Extender, ExtenderOptions};
+pub use server::{Extender, ExtenderOptions, TlsFiles, serve};

@@ -9,6 +9,7 @@
 use std::collections::HashSet;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -41,10 +42,19 @@ use crate::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
 };
 
+/// PEM files of the serving certificate (chain) and its key.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
 /// How the extender runs.
 #[derive(Debug, Clone)]
 pub struct ExtenderOptions {
     pub listen: SocketAddr,
+    /// Serve HTTPS (scheduler config `enableHTTPS: true`) instead of HTTP.
+    pub tls: Option<TlsFiles>,
     pub placement: Config,
     /// Reported as the events' reporting instance (e.g. the pod name).
     pub instance: Option<String>,
@@ -408,22 +418,63 @@ impl Extender {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let ext = Extender::build(Some(client.clone()), opts.placement, opts.instance);
-        let listener = tokio::net::TcpListener::bind(opts.listen)
-            .await
-            .with_context(|| format!("listening on {}", opts.listen))?
-            .tap_io(|tcp| {
-                // Small JSON replies should not wait for Nagle.
-                let _ = tcp.set_nodelay(true);
-            });
-        info!(addr = %opts.listen, "kubeshare extender listening");
         let nodes = tokio::spawn(watch_nodes(client.clone(), ext.shared.clone()));
         let pods = tokio::spawn(watch_pods(client, ext.shared.clone()));
-        let served = axum::serve(listener, ext.router())
-            .with_graceful_shutdown(shutdown)
-            .await;
+        let served = serve(ext.router(), opts.listen, opts.tls, shutdown).await;
         nodes.abort();
         pods.abort();
-        served.context("serving HTTP")
+        served
+    }
+}
+
+/// Serves `router` on `listen` (HTTPS with `tls`) until `shutdown` resolves,
+/// then lets in-flight requests finish.
+pub async fn serve(
+    router: Router,
+    listen: SocketAddr,
+    tls: Option<TlsFiles>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    match tls {
+        None => {
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .with_context(|| format!("listening on {listen}"))?
+                .tap_io(|tcp| {
+                    // Small JSON replies should not wait for Nagle.
+                    let _ = tcp.set_nodelay(true);
+                });
+            info!(addr = %listen, "kubeshare extender listening (HTTP)");
+            axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown)
+                .await
+                .context("serving HTTP")
+        }
+        Some(t) => {
+            // kube uses ring; make it the process default (a no-op if already set).
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let cfg = axum_server::tls_rustls::RustlsConfig::from_pem_file(&t.cert, &t.key)
+                .await
+                .with_context(|| {
+                    format!(
+                        "loading TLS files {} and {}",
+                        t.cert.display(),
+                        t.key.display()
+                    )
+                })?;
+            let handle = axum_server::Handle::new();
+            let h = handle.clone();
+            tokio::spawn(async move {
+                shutdown.await;
+                h.graceful_shutdown(Some(std::time::Duration::from_secs(10)));
+            });
+            info!(addr = %listen, "kubeshare extender listening (HTTPS)");
+            axum_server::bind_rustls(listen, cfg)
+                .handle(handle)
+                .serve(router.into_make_service())
+                .await
+                .context("serving HTTPS")
+        }
     }
 }
 

@@ -153,3 +153,69 @@ async fn bind_without_an_api_client_is_an_error_reply_not_a_crash() {
     let v: Value = serde_json::from_str(&body).unwrap();
     assert!(!v["Error"].as_str().unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn https_serves_the_same_routes_and_shuts_down_gracefully() {
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let ext = extender();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(kubeshare_scheduler::serve(
+        ext.router(),
+        addr,
+        Some(kubeshare_scheduler::TlsFiles { cert, key }),
+        async {
+            let _ = rx.await;
+        },
+    ));
+    let der = ck.cert.der().clone();
+    let reply = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der).unwrap();
+        let cfg = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        // The server may need a moment to bind.
+        let tcp = (0..50)
+            .find_map(|_| {
+                std::net::TcpStream::connect(addr)
+                    .map_err(|_| std::thread::sleep(std::time::Duration::from_millis(100)))
+                    .ok()
+            })
+            .expect("server listening");
+        let conn = rustls::ClientConnection::new(std::sync::Arc::new(cfg), name).unwrap();
+        let mut tls = rustls::StreamOwned::new(conn, tcp);
+        tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut out = String::new();
+        let _ = tls.read_to_string(&mut out);
+        out
+    })
+    .await
+    .unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.ends_with("ok"), "{reply}");
+    tx.send(()).unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(15), server)
+        .await
+        .expect("graceful shutdown finishes")
+        .unwrap()
+        .unwrap();
+}

@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Parser;
 use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kubeshare_scheduler::{Config, Extender, ExtenderOptions};
+use kubeshare_scheduler::{Config, Extender, ExtenderOptions, TlsFiles};
 use tracing::info;
 use tracing_subscriber::EnvFilter;
 
@@ -23,6 +23,12 @@ struct Args {
         default_value = "127.0.0.1:8888"
     )]
     listen: SocketAddr,
+    /// Serve HTTPS with this PEM certificate (chain); needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Kubeconfig file; default: $KUBECONFIG, ~/.kube/config, then in-cluster.
     #[arg(long, env = "KUBESHARE_EXTENDER_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
@@ -81,6 +87,10 @@ async fn main() -> anyhow::Result<()> {
     let client = client(args.kubeconfig.as_ref()).await?;
     let opts = ExtenderOptions {
         listen: args.listen,
+        tls: match (args.tls_cert, args.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            _ => None,
+        },
         placement: Config {
             reservation_timeout_ms: args.group_reservation_timeout.saturating_mul(1000),
         },
