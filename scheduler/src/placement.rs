@@ -688,7 +688,6 @@ impl Cluster {
                     .collect()
             })
             .unwrap_or_default();
-        let all_nodes: Vec<String> = self.nodes.keys().cloned().collect();
         let deadline = now_ms + self.cfg.reservation_timeout_ms;
         let mut planned: Vec<String> = Vec::new();
         for uid in todo {
@@ -702,9 +701,11 @@ impl Cluster {
                 continue;
             };
             let ns = e.namespace.clone();
-            let cands = if uid == pod.uid { names } else { &all_nodes };
+            // The nodes the scheduler found feasible for this member stand in for
+            // everyone's: a group's pods share one template (selectors, tolerations),
+            // and a member planned onto a node it cannot go to would hold it in vain.
             let req = self.req(&uid, &ns, &d);
-            let best = cands
+            let best = names
                 .iter()
                 .filter_map(|n| self.evaluate(&req, n).ok().map(|c| (n, c)))
                 .max_by(|(na, a), (nb, b)| a.raw.cmp(&b.raw).then(nb.cmp(na)));
