@@ -18,6 +18,6 @@ hook-test: hook-prereqs
 # Release artifacts for the GPU benchmark (hack/gpu-bench.sh), in a git-ignored folder.
 hook-release:
 	$(CARGO) build --locked --release -p gemhook -p gem-schd
-	mkdir -p .device-carry
-	cp target/release/libgemhook.so .device-carry/libgemhook.so.1
-	cp target/release/gem-schd .device-carry/gem-schd
+	mkdir -p .device-carry/gemhook
+	cp target/release/libgemhook.so .device-carry/gemhook/libgemhook.so.1
+	cp target/release/gem-schd .device-carry/gemhook/gem-schd

@@ -75,6 +75,9 @@ pub struct Gpu {
     /// Coarse-clock time until which launches pass without any check (0: no token).
     deadline: AtomicU64,
     last_launch: AtomicU64,
+    /// Coarse time at which the idle thread saw this process's queued work finished (with no
+    /// launch since it looked): the GPU has been idle for this process since then.
+    drained_at: AtomicU64,
     holding: AtomicBool,
     /// Bytes this process has counted against the pod on this device.
     outstanding: AtomicU64,
@@ -88,6 +91,7 @@ impl Gpu {
         Gpu {
             deadline: AtomicU64::new(0),
             last_launch: AtomicU64::new(0),
+            drained_at: AtomicU64::new(0),
             holding: AtomicBool::new(false),
             outstanding: AtomicU64::new(0),
             token: Mutex::new(Token {
@@ -353,10 +357,14 @@ fn start_idle_thread() {
     }
 }
 
+/// Idle means: no launch for `idle_ns` *after the queued work finished*. A program blocked in
+/// its own synchronisation while the GPU runs its burst is busy, not idle, so the thread first
+/// drains the queue (the token stays valid meanwhile, launches keep passing) and only releases
+/// once the GPU has been idle for this process for `idle_ns` with no launch since.
 fn release_if_idle(dev: usize, idle_ns: u64) {
     let g = &GPUS[dev];
-    let idle = || coarse_ns().saturating_sub(g.last_launch.load(Ordering::Relaxed)) >= idle_ns;
-    if !g.holding.load(Ordering::Acquire) || !idle() {
+    let last = g.last_launch.load(Ordering::Relaxed);
+    if !g.holding.load(Ordering::Acquire) || coarse_ns().saturating_sub(last) < idle_ns {
         return;
     }
     let mut t = match g.token.try_lock() {
@@ -364,12 +372,32 @@ fn release_if_idle(dev: usize, idle_ns: u64) {
         Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
         Err(std::sync::TryLockError::WouldBlock) => return, // a launching thread is at the gate
     };
-    if !g.holding.load(Ordering::Acquire) || !idle() {
+    if !g.holding.load(Ordering::Acquire) {
         return;
     }
-    g.deadline.store(0, Ordering::Release);
     let _ = real!(r::cuCtxSetCurrent, FnSetCtx, t.ctx as CUcontext);
+    let drained = g.drained_at.load(Ordering::Relaxed);
+    if drained <= last {
+        // Not yet seen drained since the last launch: wait for the queued work, note when.
+        sync_current();
+        if g.last_launch.load(Ordering::Relaxed) == last {
+            g.drained_at
+                .store(coarse_ns().max(last + 1), Ordering::Relaxed);
+        }
+        return;
+    }
+    if coarse_ns().saturating_sub(drained) < idle_ns {
+        return;
+    }
+    // Idle for long enough: stop launches, make sure nothing slipped in, give the token back.
+    g.deadline.store(0, Ordering::Release);
     sync_current();
+    if g.last_launch.load(Ordering::Relaxed) != last {
+        // A launch raced with the check: it ran on the token still held; the next launch
+        // ends the hold the usual way (overuse report and a new request).
+        g.deadline.store(coarse_ns() + 1, Ordering::Release);
+        return;
+    }
     g.holding.store(false, Ordering::Release);
     let used_us = precise_ns().saturating_sub(t.grant_ns) / 1000;
     // A burst that ended by itself is the program's natural burst: gem-schd learns its

@@ -401,3 +401,38 @@ fn two_clients_get_their_shares_and_one_clients_processes_share_a_token() {
         "client b got {share_b:.3}, not 0.7 ± 0.03"
     );
 }
+
+#[test]
+fn a_tenant_waiting_on_its_own_burst_is_not_idle() {
+    // Bursts of 10 × 3 ms kernels, each followed by a sync: the process launches nothing for
+    // 30 ms while its GPU work runs. Releasing the token then (as if idle) would make the two
+    // clients alternate burst by burst, 0.5/0.5, instead of their requests 0.3/0.7.
+    let _s = serial();
+    let env = Env::new();
+    env.write_config(&[("e", 0.3, 1.0, GIB), ("f", 0.7, 1.0, GIB)]);
+    let _schd = env.start_schd(&["e", "f"]);
+    let args = [
+        "launch",
+        "--kernel-us",
+        "3000",
+        "--batch",
+        "10",
+        "--seconds",
+        "8",
+        "--sample-ms",
+        "200",
+    ];
+    let e = Proc(env.workload("e", "proc", &args).spawn().unwrap());
+    let f = Proc(env.workload("f", "dlsym", &args).spawn().unwrap());
+    let t = Duration::from_secs(30);
+    let (e, f) = (e.finish(t), f.finish(t));
+    let (fe, be, _) = busy_fraction(&e[0], 1500);
+    let (ff, bf, _) = busy_fraction(&f[0], 1500);
+    let share_e = be as f64 / (be + bf) as f64;
+    eprintln!("GPU time: e = {fe:.3}, f = {ff:.3} of wall time; share of e {share_e:.3}");
+    assert!(
+        (share_e - 0.3).abs() <= 0.03,
+        "client e got {share_e:.3}, not 0.3 ± 0.03"
+    );
+    assert!(fe + ff >= 0.85, "GPU mostly idle: {:.3}", fe + ff);
+}
