@@ -1,5 +1,7 @@
 //! The slice of the CUDA driver ABI that the fake libcuda and its workload program share:
 //! handle types, structs laid out as in `cuda.h`, result codes and the fake's conventions.
+//! Written apart from the hook's own `hook/src/cuda.rs` on purpose: a test double that
+//! shared the hook's definitions would let a mistake in them pass on both sides.
 #![allow(dead_code, non_camel_case_types)]
 
 use std::ffi::c_void;

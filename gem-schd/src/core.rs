@@ -93,15 +93,8 @@ pub struct Refusal {
     pub message: String,
 }
 
-/// The client's limits, for HelloOk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HelloInfo {
-    pub request_milli: u16,
-    pub limit_milli: u16,
-    pub mem_limit: u64,
-    pub mem_used: u64,
-    pub window_ms: u32,
-}
+/// The client's limits, for HelloOk: the same type the client reads them into.
+pub use gem_proto::HelloInfo;
 
 /// Answer to a memory reservation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
