@@ -69,6 +69,20 @@ pid_alive() {
   { tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null | grep -qF -- "$RUN"
 }
 
+# not_dead PID: for waiting on a component we just started. While the kernel loads
+# a new program, /proc/PID/cmdline reads empty for a moment, so pid_alive alone
+# can report a process that is starting as gone; here only a missing or zombie
+# process counts as dead.
+not_dead() {
+  local pid="$1" stat
+  [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+  stat="$(cat "/proc/$pid/stat" 2>/dev/null)" || return 1
+  stat="${stat##*) }"
+  [[ -n "$stat" && "${stat:0:1}" != Z ]] || return 1
+  pid_alive "$pid" && return 0
+  [[ -z "$(tr -d '\0' <"/proc/$pid/cmdline" 2>/dev/null)" ]]
+}
+
 live_pids() {
   local f pid
   for f in "$RUN"/pids/*.pid; do
@@ -101,7 +115,7 @@ wait_for() {
   local deadline=$(( $(date +%s) + TIMEOUT ))
   local pidf="$RUN/pids/$name.pid"
   until "$@" >/dev/null 2>&1; do
-    if [[ -f "$pidf" ]] && ! pid_alive "$(cat "$pidf")"; then
+    if [[ -f "$pidf" ]] && ! not_dead "$(cat "$pidf")"; then
       tail -n 30 "$RUN/logs/$name.log" >&2 || true
       die "$name exited; see $RUN/logs/$name.log"
     fi
