@@ -10,6 +10,10 @@
 //! after it, those are pushed back (the GPU was still busy with the first holder's last,
 //! non-preemptible burst). So a client's usage in the window is the sum of its entries,
 //! less the part of the oldest entry that has slid out, kept incrementally.
+//!
+//! Pacing: a client with a limit below 1 must also stay within its limit over a short
+//! pacing window (with the slack of one min-quota grant), so that the window's limit is
+//! not used up in one block of seconds followed by as long a wait.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -33,6 +37,11 @@ pub struct Params {
     /// only queue behind it (or share the GPU with it) and mis-measure its burst.
     /// 0 = Gemini's behaviour (move on at expiry).
     pub grace_us: Micros,
+    /// Pacing window: a client with a limit below 1 must also keep its usage over
+    /// any such window within `limit × pace` (with the slack of one grant), so it
+    /// is not given its whole `limit × window` in one block of seconds followed by
+    /// as long a wait. Clamped to the window; 0 = off (Gemini's behaviour).
+    pub pace_us: Micros,
 }
 
 impl Default for Params {
@@ -42,6 +51,7 @@ impl Default for Params {
             base_quota_us: 50_000,
             min_quota_us: 5_000,
             grace_us: 50_000,
+            pace_us: 1_000_000,
         }
     }
 }
@@ -509,11 +519,125 @@ impl Core {
         self.clients
             .iter()
             .filter(|(_, c)| !c.waiting.is_empty())
-            .filter_map(|(k, _)| self.eligible_at(*k, now))
+            .filter_map(|(k, _)| self.ready_at(*k, now))
             .min()
     }
 
     // ---- internals ----
+
+    /// When a waiting client passes both its limit and its pacing allowance, if
+    /// nothing else happens (both only loosen as time passes, so the later of the two).
+    fn ready_at(&self, key: Key, now: Micros) -> Option<Micros> {
+        let c = self.clients.get(&key)?;
+        let usage = u128::from(self.usage(key, now)) * 1000;
+        let window_ok = usage < u128::from(c.spec.limit_milli) * u128::from(self.w_eff(now));
+        let w = if window_ok {
+            now
+        } else {
+            self.eligible_at(key, now)?
+        };
+        let p = match self.pace_budget(c) {
+            None => now,
+            Some(budget) => self.pace_ready_at(key, now, budget, self.pace_need(c, budget))?,
+        };
+        Some(w.max(p))
+    }
+
+    /// The pacing window in force (never longer than the window, whose history it reads).
+    fn pace_window(&self) -> Micros {
+        self.params.pace_us.min(self.params.window_us)
+    }
+
+    /// `limit × pace` of a paced client; `None` when pacing does not apply (off, an
+    /// uncapped client, or a limit of 0, which the window check already holds back).
+    fn pace_budget(&self, c: &ClientState) -> Option<Micros> {
+        let pace = self.pace_window();
+        let lim = c.spec.limit_milli;
+        if pace == 0 || lim == 0 || lim >= 1000 {
+            return None;
+        }
+        Some(((u128::from(lim) * u128::from(pace) / 1000) as u64).max(1))
+    }
+
+    /// The pacing headroom a paced client waits for: the grant it would usually get
+    /// (its quota estimate, clamped), but never more than the whole allowance.
+    fn pace_need(&self, c: &ClientState, budget: Micros) -> Micros {
+        let p = &self.params;
+        let cap = (u128::from(c.spec.limit_milli) * u128::from(p.window_us) / 1000) as u64;
+        c.quota_us
+            .max(p.min_quota_us)
+            .min(cap.max(1))
+            .min(budget)
+            .max(1)
+    }
+
+    /// The client's own history from `from` on, clipped to it, oldest first.
+    fn own_since(&self, key: Key, from: Micros) -> Vec<(Micros, Micros)> {
+        // Entries are in order and never overlap, so their ends are ordered too.
+        let mut v: Vec<(Micros, Micros)> = self
+            .history
+            .iter()
+            .rev()
+            .take_while(|e| e.end > from)
+            .filter(|e| e.client == key)
+            .map(|e| (e.start.max(from), e.end))
+            .collect();
+        v.reverse();
+        v
+    }
+
+    /// The longest hold `q` starting at `now` that keeps the client's usage over the
+    /// pacing window ending at `now + q` within `budget`: `q` plus its usage in
+    /// `[now + q - pace, ..)` (old usage slides out while the new hold runs).
+    fn pace_headroom(&self, key: Key, now: Micros, budget: Micros) -> Micros {
+        let from = now.saturating_sub(self.pace_window());
+        let segs = self.own_since(key, from);
+        let used: Micros = segs.iter().map(|(s, e)| e - s).sum();
+        let Some(slack) = budget.checked_sub(used) else {
+            return 0;
+        };
+        // Moving the window's start from `from`, the hold may grow by the gaps between
+        // the client's old pieces only up to `slack` (over its own pieces, the old
+        // usage sliding out pays for the new).
+        let (mut pos, mut gaps) = (from, 0);
+        for (s, e) in segs {
+            if s > pos {
+                // Strictly more: a gap that uses the slack up exactly still lets the
+                // hold run on over the next old piece (it slides out 1:1).
+                if gaps + (s - pos) > slack {
+                    break;
+                }
+                gaps += s - pos;
+            }
+            pos = pos.max(e);
+        }
+        pos + (slack - gaps) - from
+    }
+
+    /// When the pacing headroom reaches `need` (`now` if it has), assuming no new use:
+    /// the first `t` with `need + usage in [t + need - pace, ..) <= budget`.
+    fn pace_ready_at(&self, key: Key, now: Micros, budget: Micros, need: Micros) -> Option<Micros> {
+        let pace = self.pace_window();
+        let from = now.saturating_sub(pace);
+        let segs = self.own_since(key, from);
+        let used: Micros = segs.iter().map(|(s, e)| e - s).sum();
+        // `excess` of the old usage must slide out of the window.
+        let Some(excess) = used
+            .checked_sub(budget.checked_sub(need)?)
+            .filter(|x| *x > 0)
+        else {
+            return Some(now);
+        };
+        let mut gone = 0;
+        for (s, e) in segs {
+            if gone + (e - s) >= excess {
+                let cutoff = s + (excess - gone);
+                return Some((cutoff + pace).saturating_sub(need).max(now));
+            }
+            gone += e - s;
+        }
+        None
+    }
 
     /// When a waiting client at its limit becomes eligible, if nothing else happens.
     fn eligible_at(&self, key: Key, now: Micros) -> Option<Micros> {
@@ -714,8 +838,8 @@ impl Core {
         self.prune(now);
         let w_eff = u128::from(self.w_eff(now));
         let window = u128::from(self.params.window_us);
-        // (key, priority class, ratio or usage, FIFO order, headroom µs)
-        let mut best: Option<(Key, Rank, u64)> = None;
+        // (key, rank, headroom under the limit, headroom under the pacing allowance)
+        let mut best: Option<(Key, Rank, u64, u64)> = None;
         for (&key, c) in &self.clients {
             if c.waiting.is_empty() {
                 continue;
@@ -726,6 +850,17 @@ impl Core {
                 continue; // at its limit: waits
             }
             let headroom = ((allowed_milli - usage * 1000).div_ceil(1000)) as u64;
+            // Pacing: wait until a grant of the usual size fits the allowance.
+            let pace_room = match self.pace_budget(c) {
+                None => Micros::MAX,
+                Some(budget) => {
+                    let room = self.pace_headroom(key, now, budget);
+                    if room < self.pace_need(c, budget) {
+                        continue;
+                    }
+                    room
+                }
+            };
             let require_milli = u128::from(c.spec.request_milli) * w_eff;
             let rank = if usage * 1000 < require_milli {
                 // Below its request: the smaller usage/require goes first (the
@@ -741,11 +876,11 @@ impl Core {
                     order: c.waiting_since,
                 }
             };
-            if best.as_ref().is_none_or(|(_, r, _)| rank.before(r)) {
-                best = Some((key, rank, headroom));
+            if best.as_ref().is_none_or(|(_, r, _, _)| rank.before(r)) {
+                best = Some((key, rank, headroom, pace_room));
             }
         }
-        let Some((key, _, headroom)) = best else {
+        let Some((key, _, headroom, pace_room)) = best else {
             return;
         };
         let p = self.params;
@@ -754,6 +889,9 @@ impl Core {
         let mut quota = c.quota_us.max(p.min_quota_us).min(cap.max(1));
         // Do not hand out much more than the limit allows in this window.
         quota = quota.min(headroom.max(p.min_quota_us)).max(1);
+        // Nor more than the pacing allowance (the min quota is the slack: a burst is
+        // never cut below it).
+        quota = quota.min(pace_room.max(p.min_quota_us)).max(1);
         let conns = std::mem::take(&mut c.waiting);
         let seq = self.first_seq + self.history.len() as u64;
         c.last_entry = Some(seq);
@@ -879,6 +1017,7 @@ mod tests {
             base_quota_us: 10 * MS,
             min_quota_us: 2 * MS,
             grace_us: 5 * MS,
+            pace_us: 0,
         }
     }
 
@@ -1076,6 +1215,73 @@ mod tests {
         assert_eq!(wake, t(1000) + 1);
         assert!(grant(&c.tick(wake - 1)).is_none());
         assert!(grant(&c.tick(wake)).is_some());
+    }
+
+    /// Pacing over 100 ms (window 1 s), one client with the given limit.
+    fn paced(limit_milli: u16) -> Core {
+        let p = Params {
+            pace_us: 100 * MS,
+            ..params()
+        };
+        let mut c = Core::new(p, &[spec("a", 0, limit_milli, 0)], 0);
+        c.hello(1, "a").unwrap();
+        c
+    }
+
+    /// Back-to-back holds from `now` while granted at once; returns the time of the
+    /// first request that waits.
+    fn run_until_paced(c: &mut Core, mut now: Micros) -> Micros {
+        while let Some((_, _, q)) = grant(&c.token_request(now, 1, 0, 0)) {
+            now += q;
+            c.release(now, 1, q);
+            assert!(now < t(10_000), "never paced");
+        }
+        now
+    }
+
+    #[test]
+    fn pacing_holds_a_capped_client_to_its_limit_over_the_pace_window() {
+        let mut c = paced(500);
+        // 0.5 of 100 ms: five 10 ms holds, then it waits, far below its window limit.
+        let now = run_until_paced(&mut c, t(0));
+        assert_eq!(now, t(50));
+        // Exact wake-up: when a whole 10 ms quota fits, i.e. when the first hold
+        // starts to slide out of the pace window (the new hold replaces it).
+        let wake = c.next_wakeup(now).unwrap();
+        assert_eq!(wake, t(100));
+        assert!(grant(&c.tick(wake - 1)).is_none());
+        assert_eq!(grant(&c.tick(wake)).map(|g| g.2), Some(10 * MS));
+    }
+
+    #[test]
+    fn pacing_is_off_at_zero_and_for_uncapped_clients() {
+        // Limit 1.0: one second of back-to-back holds, each granted at once.
+        let mut c = paced(1000);
+        let mut now = t(0);
+        while now < t(1000) {
+            let q = grant(&c.token_request(now, 1, 0, 0))
+                .expect("never paced")
+                .2;
+            now += q;
+            c.release(now, 1, q);
+        }
+        let mut c = Core::new(params(), &[spec("a", 0, 500, 0)], 0);
+        c.hello(1, "a").unwrap();
+        // pace_us = 0: the 0.5 limit holds over the 1 s window only (500 ms at once).
+        assert_eq!(run_until_paced(&mut c, t(0)), t(500));
+    }
+
+    #[test]
+    fn a_grant_never_exceeds_the_pace_allowance_nor_drops_below_min_quota() {
+        let mut c = paced(500);
+        // A 150 ms burst moves the estimate to 80 ms; the allowance is 50 ms.
+        assert_eq!(
+            grant(&c.token_request(t(0), 1, 0, 150 * MS)).unwrap().2,
+            50 * MS
+        );
+        // A limit whose allowance (1 ms) is below the min quota gets the min quota.
+        let mut c = paced(10);
+        assert_eq!(grant(&c.token_request(t(0), 1, 0, 0)).unwrap().2, 2 * MS);
     }
 
     #[test]

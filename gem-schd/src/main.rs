@@ -41,6 +41,12 @@ struct Args {
     /// the token on, ms (its last burst still occupies the GPU); 0 = Gemini's behaviour.
     #[arg(long, default_value_t = 50)]
     grace_ms: u64,
+    /// Pacing window, ms: a client with a limit below 1 must also stay within its
+    /// limit over any such window (with the slack of one grant), so it runs in short
+    /// holds spread over time instead of seconds on, seconds off. Clamped to the
+    /// window; 0 = off (the limit holds over the window only, as in Gemini).
+    #[arg(long, default_value_t = 1000)]
+    pace_ms: u64,
     /// Poll the config's mtime this often as well as watching it, ms.
     #[arg(long, default_value_t = 1000)]
     poll_ms: u64,
@@ -81,6 +87,7 @@ fn main() -> Result<()> {
             base_quota_us: args.base_quota_ms * 1000,
             min_quota_us: args.min_quota_ms * 1000,
             grace_us: args.grace_ms * 1000,
+            pace_us: args.pace_ms.saturating_mul(1000),
         },
         poll: Duration::from_millis(args.poll_ms.max(10)),
         dir_mode: args.dir_mode,

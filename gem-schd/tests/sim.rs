@@ -369,7 +369,11 @@ impl Sim {
 }
 
 fn run(clients: Vec<(ClientSpec, Pattern)>) -> Sim {
-    let mut sim = Sim::new(Params::default(), clients);
+    run_with(Params::default(), clients)
+}
+
+fn run_with(params: Params, clients: Vec<(ClientSpec, Pattern)>) -> Sim {
+    let mut sim = Sim::new(params, clients);
     sim.run(60 * S);
     sim
 }
@@ -661,6 +665,244 @@ fn reload_removing_a_client_errors_it_and_frees_the_gpu() {
     assert_eq!(sim.core.client_ids().collect::<Vec<_>>(), vec!["a"]);
 }
 
+// ---- pacing: a capped client is held to its limit over short windows too ----
+
+/// GPU time of client `i` per millisecond, as prefix sums over [0, horizon).
+fn busy_prefix(sim: &Sim, i: usize, horizon: Micros) -> Vec<u64> {
+    let mut ms = vec![0u64; (horizon / MS) as usize];
+    for &(s, e) in &sim.clients[i].segments {
+        let (mut s, e) = (s, e.min(horizon));
+        while s < e {
+            let k = s / MS;
+            let end = ((k + 1) * MS).min(e);
+            ms[k as usize] += end - s;
+            s = end;
+        }
+    }
+    let mut prefix = vec![0u64; ms.len() + 1];
+    for (k, b) in ms.iter().enumerate() {
+        prefix[k + 1] = prefix[k] + b;
+    }
+    prefix
+}
+
+/// (lowest, highest) share of client `i` over every `len`-long slice of [a, b) that
+/// starts on a 10 ms grid.
+fn slice_shares(sim: &Sim, i: usize, len: Micros, a: Micros, b: Micros) -> (f64, f64) {
+    let prefix = busy_prefix(sim, i, b);
+    let (len_ms, mut lo, mut hi) = ((len / MS) as usize, f64::MAX, f64::MIN);
+    let mut k = (a / MS) as usize;
+    while k + len_ms <= (b / MS) as usize {
+        let x = (prefix[k + len_ms] - prefix[k]) as f64 / len as f64;
+        (lo, hi) = (lo.min(x), hi.max(x));
+        k += 10;
+    }
+    (lo, hi)
+}
+
+/// The longest time in [a, b) between two GPU segments of client `i` (a client that
+/// always has work, alone on the GPU, is waiting for the token all that time).
+fn longest_gap(sim: &Sim, i: usize, a: Micros, b: Micros) -> Micros {
+    let segs = &sim.clients[i].segments;
+    segs.windows(2)
+        .filter(|w| w[0].1 >= a && w[1].0 <= b)
+        .map(|w| w[1].0.saturating_sub(w[0].1))
+        .max()
+        .unwrap_or(b - a)
+}
+
+/// A (0.5, 0.5) client alone, busy from `arrive` on, with pacing window `pace_us`.
+fn half_alone(pattern: Pattern, arrive: Micros, pace_us: Micros) -> Sim {
+    let pattern = if arrive > 0 {
+        pattern.idle_during(0, arrive)
+    } else {
+        pattern
+    };
+    let params = Params {
+        pace_us,
+        ..Params::default()
+    };
+    let mut sim = Sim::new(params, vec![(spec("a", 500, 500), pattern)]);
+    sim.run(60 * S);
+    sim
+}
+
+/// The pacing checks of a (0.5, 0.5) client alone: over every pacing-window slice from
+/// the end of its first window on, its share is 0.5 less its duty-cycle loss, give or
+/// take `tol`; it never waits much longer than the off part of one pacing window.
+#[track_caller]
+fn assert_paced(sim: &Sim, arrive: Micros, pace: Micros, tol: f64) {
+    let expected = held(sim, 0, 0.5);
+    let (lo, hi) = slice_shares(sim, 0, pace, arrive + 10 * S, 60 * S);
+    let gap = longest_gap(sim, 0, arrive + 10 * S, 60 * S);
+    eprintln!(
+        "paced alone (arrives {} s, pace {} ms): per-{} ms share {lo:.4}..{hi:.4} (expected {expected:.4}), longest wait {} ms, over 60 s {:.4}",
+        arrive / S,
+        pace / MS,
+        pace / MS,
+        gap as f64 / MS as f64,
+        sim.share(0, arrive, 60 * S)
+    );
+    assert!(
+        lo >= expected - tol && hi <= expected + tol,
+        "per-{} ms share {lo:.4}..{hi:.4}, expected {expected:.4} ± {tol}",
+        pace / MS
+    );
+    // Off for at most (1 - limit) of a pacing window, plus a grant's latency and one
+    // grace period (a hold the scheduler waited on).
+    assert!(
+        gap <= pace / 2 + 2 * Params::default().grace_us,
+        "waited {} ms in one stretch",
+        gap / MS
+    );
+    assert_within_limits(sim);
+}
+
+const PACE: Micros = 1000 * MS;
+
+#[test]
+fn paced_alone_long_from_the_start() {
+    assert_paced(&half_alone(Pattern::long(), 0, PACE), 0, PACE, 0.025);
+}
+
+#[test]
+fn paced_alone_tiny_from_the_start() {
+    assert_paced(&half_alone(Pattern::tiny(), 0, PACE), 0, PACE, 0.01);
+}
+
+#[test]
+fn paced_alone_long_arriving_late() {
+    // Arriving when gem-schd has been up a while (an empty window): without pacing it
+    // would run 5 s at full speed, then wait 5 s.
+    assert_paced(
+        &half_alone(Pattern::long(), 12 * S, PACE),
+        12 * S,
+        PACE,
+        0.025,
+    );
+}
+
+#[test]
+fn paced_alone_tiny_arriving_late() {
+    assert_paced(
+        &half_alone(Pattern::tiny(), 12 * S, PACE),
+        12 * S,
+        PACE,
+        0.01,
+    );
+}
+
+#[test]
+fn without_pacing_a_late_capped_client_runs_in_blocks() {
+    // The same checks fail with pacing off (the test above can fail): seconds at full
+    // speed, then seconds of waiting.
+    for p in [Pattern::long(), Pattern::tiny()] {
+        let sim = half_alone(p, 12 * S, 0);
+        let (lo, hi) = slice_shares(&sim, 0, PACE, 22 * S, 60 * S);
+        let gap = longest_gap(&sim, 0, 22 * S, 60 * S);
+        eprintln!(
+            "unpaced alone: per-1 s share {lo:.4}..{hi:.4}, longest wait {} ms",
+            gap / MS
+        );
+        assert!(lo < 0.1 && hi > 0.9 && gap > 3 * S, "{lo} {hi} {gap}");
+        assert_within_limits(&sim);
+    }
+}
+
+#[test]
+fn paced_capped_beside_elastic_keeps_the_shares() {
+    // (0.3, 0.5) + (0.2, 1.0), both busy: split by least usage, a at its limit. The
+    // shares with pacing are those without it, ± 2 points.
+    for (pa, pb) in [
+        (Pattern::long(), Pattern::tiny()),
+        (Pattern::tiny(), Pattern::long()),
+        (Pattern::medium(), Pattern::medium()),
+    ] {
+        let clients = vec![(spec("a", 300, 500), pa), (spec("b", 200, 1000), pb)];
+        let off = run_with(
+            Params {
+                pace_us: 0,
+                ..Params::default()
+            },
+            clients.clone(),
+        );
+        let sim = run(clients);
+        for i in 0..2 {
+            let (before, after) = (off.share(i, 0, 60 * S), sim.share(i, 0, 60 * S));
+            eprintln!(
+                "  {}: unpaced {before:.4} paced {after:.4}",
+                sim.clients[i].spec.id
+            );
+            assert!((after - before).abs() <= 0.02, "{before:.4} -> {after:.4}");
+        }
+        assert_share(&sim, 0, held(&sim, 0, 0.5));
+        assert_share(&sim, 1, held(&sim, 1, 0.5));
+        assert_within_limits(&sim);
+        let (lo, hi) = slice_shares(&sim, 0, PACE, 10 * S, 60 * S);
+        eprintln!("  a per 1 s: {lo:.4}..{hi:.4}");
+        assert!(hi <= 0.5 + 0.025, "a used {hi:.4} of a pacing window");
+    }
+}
+
+/// How the pacing window trades waits against everything else:
+/// `cargo test -p gem-schd --release --test sim pace_table -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn pace_table() {
+    for pace in [0, 100, 250, 500, 1000, 2000] {
+        let p = Params {
+            pace_us: pace * MS,
+            ..Params::default()
+        };
+        let mut line = format!("pace {pace:>4} ms:");
+        for (name, pat) in [("long", Pattern::long()), ("tiny", Pattern::tiny())] {
+            let sim = half_alone(pat, 12 * S, pace * MS);
+            let (lo, hi) = slice_shares(&sim, 0, S, 22 * S, 60 * S);
+            let (lo1, hi1) = slice_shares(&sim, 0, 100 * MS, 22 * S, 60 * S);
+            line += &format!(
+                " | alone {name}: per 1 s {lo:.3}..{hi:.3}, per 100 ms {lo1:.2}..{hi1:.2}, longest wait {:>4} ms, grants/s {:>3.0}",
+                longest_gap(&sim, 0, 22 * S, 60 * S) / MS,
+                sim.core.grants() as f64 / 48.0
+            );
+        }
+        println!("{line}");
+        let mut line = String::from("               ");
+        for (name, clients) in [
+            (
+                "(0.3,0.3) medium + (0.7,0.7) tiny",
+                vec![
+                    (spec("a", 300, 300), Pattern::medium()),
+                    (spec("b", 700, 700), Pattern::tiny()),
+                ],
+            ),
+            (
+                "(0.3,0.5) long + (0.2,1.0) tiny",
+                vec![
+                    (spec("a", 300, 500), Pattern::long()),
+                    (spec("b", 200, 1000), Pattern::tiny()),
+                ],
+            ),
+            (
+                "(0.5,0.5) long + (0.1,1.0) tiny",
+                vec![
+                    (spec("a", 500, 500), Pattern::long()),
+                    (spec("b", 100, 1000), Pattern::tiny()),
+                ],
+            ),
+        ] {
+            let sim = run_with(p, clients);
+            line += &format!(
+                " | {name}: {:.3} / {:.3}, busy {:.3}, grants/s {:.0}",
+                sim.share(0, 0, 60 * S),
+                sim.share(1, 0, 60 * S),
+                total(&sim),
+                sim.core.grants() as f64 / 60.0
+            );
+        }
+        println!("{line}");
+    }
+}
+
 /// Not a test of correctness but of how sharing granularity moves with the quota:
 /// `cargo test -p gem-schd --test sim -- --ignored --nocapture quota_table`.
 #[test]
@@ -672,6 +914,7 @@ fn quota_table() {
             base_quota_us: base * MS,
             min_quota_us: min * MS,
             grace_us: 50 * MS,
+            ..Params::default()
         };
         let mut sim = Sim::new(
             params,
