@@ -538,7 +538,7 @@ impl Core {
         };
         let p = match self.pace_budget(c) {
             None => now,
-            Some(budget) => self.pace_ready_at(key, now, budget, self.pace_need(c, budget))?,
+            Some(budget) => self.pace_ready_at(key, now, budget, self.pace_need(budget))?,
         };
         Some(w.max(p))
     }
@@ -559,16 +559,12 @@ impl Core {
         Some(((u128::from(lim) * u128::from(pace) / 1000) as u64).max(1))
     }
 
-    /// The pacing headroom a paced client waits for: the grant it would usually get
-    /// (its quota estimate, clamped), but never more than the whole allowance.
-    fn pace_need(&self, c: &ClientState, budget: Micros) -> Micros {
-        let p = &self.params;
-        let cap = (u128::from(c.spec.limit_milli) * u128::from(p.window_us) / 1000) as u64;
-        c.quota_us
-            .max(p.min_quota_us)
-            .min(cap.max(1))
-            .min(budget)
-            .max(1)
+    /// The pacing headroom a paced client waits for: the min quota (or the whole
+    /// allowance, if smaller). Waiting for a grant of the usual size instead would
+    /// leave up to one grant of every pacing window unused (only whole grants fit),
+    /// which cost a 0.3 client with 33 ms bursts 2-3 points of its share.
+    fn pace_need(&self, budget: Micros) -> Micros {
+        self.params.min_quota_us.min(budget).max(1)
     }
 
     /// The client's own history from `from` on, clipped to it, oldest first.
@@ -850,12 +846,12 @@ impl Core {
                 continue; // at its limit: waits
             }
             let headroom = ((allowed_milli - usage * 1000).div_ceil(1000)) as u64;
-            // Pacing: wait until a grant of the usual size fits the allowance.
+            // Pacing: wait until at least a min-quota grant fits the allowance.
             let pace_room = match self.pace_budget(c) {
                 None => Micros::MAX,
                 Some(budget) => {
                     let room = self.pace_headroom(key, now, budget);
-                    if room < self.pace_need(c, budget) {
+                    if room < self.pace_need(budget) {
                         continue;
                     }
                     room
