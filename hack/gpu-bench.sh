@@ -3,7 +3,11 @@
 # coverage, on one NVIDIA GPU with PyTorch. Prints one JSON table; raw results, a log and a
 # plot of the shares over time go to the output folder.
 #
-#   hack/gpu-bench.sh [--artifacts DIR] [--out DIR]
+#   hack/gpu-bench.sh [--artifacts DIR] [--out DIR] [--pacing | --overhead]
+#
+# --pacing runs hack/gpu/pacing.py instead: per-second shares of a capped tenant alone with
+# gem-schd's --pace-ms on and off, elasticity and accuracy 0.3/0.7 (docs/gpu-benchmarks.md).
+# --overhead runs hack/gpu/overhead.py: the small-kernel overhead over many A/B pairs.
 #
 # DIR (default .device-carry/gemhook) holds libgemhook.so.1 and gem-schd; when missing they are built
 # here (`make hook-release`, which needs cargo). Results are described in docs/gpu-benchmarks.md.
@@ -12,11 +16,15 @@ cd "$(dirname "$0")/.."
 
 art=.device-carry/gemhook
 out=${OUT:-gpu-bench-out}
+pacing=0
+overhead=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --artifacts) art=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    --pacing) pacing=1; shift ;;
+    --overhead) overhead=1; shift ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -29,4 +37,10 @@ mkdir -p "$out"
 
 nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$out/gpu.txt"
+if [ "$overhead" = 1 ]; then
+  exec timeout "${BENCH_TIMEOUT:-560}" python3 hack/gpu/overhead.py "$art" "$out"
+fi
+if [ "$pacing" = 1 ]; then
+  exec timeout "${BENCH_TIMEOUT:-560}" python3 hack/gpu/pacing.py "$art" "$out"
+fi
 timeout "${BENCH_TIMEOUT:-560}" python3 hack/gpu/bench.py --hook "$art/libgemhook.so.1" --schd "$art/gem-schd" --out "$out"
