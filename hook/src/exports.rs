@@ -14,37 +14,45 @@ use crate::real;
 use crate::real::real_dlsym;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
+/// Every driver function the hook exports and wraps, once: `$m!(names...)` receives the list,
+/// so the slots of the real functions and the lookup table of wrappers cannot drift apart.
+macro_rules! intercepted {
+    ($($m:tt)+) => {
+        $($m)+! {
+            cuLaunchKernel,
+            cuLaunchKernel_ptsz,
+            cuLaunchKernelEx,
+            cuLaunchKernelEx_ptsz,
+            cuLaunchCooperativeKernel,
+            cuLaunchCooperativeKernel_ptsz,
+            cuGraphLaunch,
+            cuGraphLaunch_ptsz,
+            cuMemAlloc_v2,
+            cuMemAllocPitch_v2,
+            cuMemAllocManaged,
+            cuMemAllocAsync,
+            cuMemAllocAsync_ptsz,
+            cuMemAllocFromPoolAsync,
+            cuMemAllocFromPoolAsync_ptsz,
+            cuMemCreate,
+            cuArrayCreate_v2,
+            cuArray3DCreate_v2,
+            cuMemFree_v2,
+            cuMemFreeAsync,
+            cuMemFreeAsync_ptsz,
+            cuMemRelease,
+            cuArrayDestroy,
+            cuMemGetInfo_v2,
+            cuDeviceTotalMem_v2,
+            cuGetProcAddress,
+            cuGetProcAddress_v2,
+        }
+    };
+}
+
 #[allow(non_upper_case_globals)]
 mod r {
-    crate::slots!(
-        cuLaunchKernel,
-        cuLaunchKernel_ptsz,
-        cuLaunchKernelEx,
-        cuLaunchKernelEx_ptsz,
-        cuLaunchCooperativeKernel,
-        cuLaunchCooperativeKernel_ptsz,
-        cuGraphLaunch,
-        cuGraphLaunch_ptsz,
-        cuMemAlloc_v2,
-        cuMemAllocPitch_v2,
-        cuMemAllocManaged,
-        cuMemAllocAsync,
-        cuMemAllocAsync_ptsz,
-        cuMemAllocFromPoolAsync,
-        cuMemAllocFromPoolAsync_ptsz,
-        cuMemCreate,
-        cuArrayCreate_v2,
-        cuArray3DCreate_v2,
-        cuMemFree_v2,
-        cuMemFreeAsync,
-        cuMemFreeAsync_ptsz,
-        cuMemRelease,
-        cuArrayDestroy,
-        cuMemGetInfo_v2,
-        cuDeviceTotalMem_v2,
-        cuGetProcAddress,
-        cuGetProcAddress_v2,
-    );
+    intercepted!(crate::slots);
 }
 
 type Cu = CUresult;
@@ -451,35 +459,7 @@ pub fn wrapper(name: &str) -> Option<*mut c_void> {
             }
         };
     }
-    table!(
-        cuGetProcAddress,
-        cuGetProcAddress_v2,
-        cuLaunchKernel,
-        cuLaunchKernel_ptsz,
-        cuLaunchKernelEx,
-        cuLaunchKernelEx_ptsz,
-        cuLaunchCooperativeKernel,
-        cuLaunchCooperativeKernel_ptsz,
-        cuGraphLaunch,
-        cuGraphLaunch_ptsz,
-        cuMemAlloc_v2,
-        cuMemAllocPitch_v2,
-        cuMemAllocManaged,
-        cuMemAllocAsync,
-        cuMemAllocAsync_ptsz,
-        cuMemAllocFromPoolAsync,
-        cuMemAllocFromPoolAsync_ptsz,
-        cuMemCreate,
-        cuArrayCreate_v2,
-        cuArray3DCreate_v2,
-        cuMemFree_v2,
-        cuMemFreeAsync,
-        cuMemFreeAsync_ptsz,
-        cuMemRelease,
-        cuArrayDestroy,
-        cuMemGetInfo_v2,
-        cuDeviceTotalMem_v2,
-    )
+    intercepted!(table)
 }
 
 /// Replaces the driver's answer to a `cuGetProcAddress` request by the hook's wrapper of the
