@@ -23,7 +23,7 @@ use crate::{debug, info, real};
 use gem_proto::{Client, socket_path};
 use std::collections::HashMap;
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -35,6 +35,7 @@ const BYPASS_NS: u64 = 5_000_000_000;
 mod r {
     crate::slots!(
         cuCtxGetDevice,
+        cuDeviceGetCount,
         cuCtxGetCurrent,
         cuCtxSetCurrent,
         cuCtxSynchronize,
@@ -46,6 +47,7 @@ mod r {
 }
 
 type FnGetDevice = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
+type FnGetCount = unsafe extern "C" fn(*mut c_int) -> CUresult;
 type FnGetCtx = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
 type FnSetCtx = unsafe extern "C" fn(CUcontext) -> CUresult;
 type FnSync = unsafe extern "C" fn() -> CUresult;
@@ -124,9 +126,27 @@ pub fn guard<R>(fallback: R, f: impl FnOnce() -> R) -> R {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(fallback)
 }
 
+/// How many devices the process sees (0: not asked yet). A process that sees one device (a
+/// pod with one GPU) needs no `cuCtxGetDevice` call per launch to know which device it
+/// launches on, which keeps the launch fast path free of driver calls.
+static DEVICE_COUNT: AtomicI32 = AtomicI32::new(0);
+
 /// The device of the calling thread's current context.
 #[inline]
 pub fn current_device() -> Option<usize> {
+    match DEVICE_COUNT.load(Ordering::Relaxed) {
+        1 => return Some(0),
+        0 => {
+            let mut n: c_int = 0;
+            if real!(r::cuDeviceGetCount, FnGetCount, &mut n) == CUDA_SUCCESS && n > 0 {
+                DEVICE_COUNT.store(n, Ordering::Relaxed);
+                if n == 1 {
+                    return Some(0);
+                }
+            }
+        }
+        _ => {}
+    }
     let mut d: CUdevice = -1;
     let rc = real!(r::cuCtxGetDevice, FnGetDevice, &mut d);
     if rc == CUDA_SUCCESS {
