@@ -280,14 +280,35 @@ fn parse_whole(s: &str) -> Option<u64> {
     s.parse().ok()
 }
 
-fn share_error(label: &str, value: &str, e: MilliParseError, not_number: Rule) -> LabelError {
+/// The label error for a share that did not parse; `not_number` and `above_one` say what
+/// the label expects.
+fn share_error(
+    label: &str,
+    value: &str,
+    e: MilliParseError,
+    not_number: Rule,
+    above_one: Rule,
+) -> LabelError {
     let rule = match e {
         MilliParseError::NotANumber => not_number,
         MilliParseError::Negative => Rule::NotNegative,
         MilliParseError::TooPrecise => Rule::TooPrecise,
-        MilliParseError::AboveOne => Rule::LimitAboveOne,
+        MilliParseError::AboveOne => above_one,
     };
     invalid(label, value, rule)
+}
+
+/// `gpu_limit` of a fractional request.
+fn parse_limit(limit_s: &str) -> Result<Milli, LabelError> {
+    Milli::parse(limit_s).map_err(|e| {
+        share_error(
+            GPU_LIMIT,
+            limit_s,
+            e,
+            Rule::LimitNotANumber,
+            Rule::LimitAboveOne,
+        )
+    })
 }
 
 fn tag(labels: &BTreeMap<String, String>, key: &str) -> Result<Option<String>, LabelError> {
@@ -340,24 +361,22 @@ impl GpuDemand {
 
         let share = match get(GPU_REQUEST) {
             None => {
-                let limit = Milli::parse(limit_s)
-                    .map_err(|e| share_error(GPU_LIMIT, limit_s, e, Rule::LimitNotANumber))?;
+                let limit = parse_limit(limit_s)?;
                 fraction(limit_s, Milli::ZERO, limit, labels)?
             }
             Some(req_s) => {
                 let req = parse_decimal_milli(req_s).map_err(|e| {
-                    let rule = match e {
-                        MilliParseError::NotANumber => Rule::RequestNotANumber,
-                        MilliParseError::Negative => Rule::NotNegative,
-                        MilliParseError::TooPrecise => Rule::TooPrecise,
-                        MilliParseError::AboveOne => Rule::TooManyWholeGpus,
-                    };
-                    invalid(GPU_REQUEST, req_s, rule)
+                    share_error(
+                        GPU_REQUEST,
+                        req_s,
+                        e,
+                        Rule::RequestNotANumber,
+                        Rule::TooManyWholeGpus,
+                    )
                 })?;
                 if req <= 1000 {
                     let request = Milli::new(req as u16).unwrap_or(Milli::ONE);
-                    let limit = Milli::parse(limit_s)
-                        .map_err(|e| share_error(GPU_LIMIT, limit_s, e, Rule::LimitNotANumber))?;
+                    let limit = parse_limit(limit_s)?;
                     if request > limit {
                         return Err(invalid(
                             GPU_REQUEST,
