@@ -732,14 +732,7 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
     if a.is_null() || d.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    let bytes = array_bytes(unsafe { &*d });
-    let Some(dev) = current_dev() else {
-        return CUDA_ERROR_INVALID_CONTEXT;
-    };
-    match alloc_on(dev, bytes) {
-        Ok(p) => unsafe { put(a, p as CUarray) },
-        Err(e) => e,
-    }
+    unsafe { create_array(a, array_bytes(&*d)) }
 }
 
 #[unsafe(no_mangle)]
@@ -750,7 +743,11 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     if a.is_null() || d.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    let bytes = array3d_bytes(unsafe { &*d });
+    unsafe { create_array(a, array3d_bytes(&*d)) }
+}
+
+/// Allocates an array of `bytes` on the current device and stores its handle in `*a`.
+unsafe fn create_array(a: *mut CUarray, bytes: u64) -> CUresult {
     let Some(dev) = current_dev() else {
         return CUDA_ERROR_INVALID_CONTEXT;
     };
