@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the local control plane (kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, etcd, kwok) from Go modules, with no Docker and no
+# kube-scheduler, kubectl, etcd, kwok) and the real node's kubelet and kube-proxy from Go modules, with no Docker and no
 # release downloads. Binaries are cached outside the repository, keyed by the
 # pinned versions; a warm call checks a stamp and returns in well under a second.
 #
@@ -40,7 +40,7 @@ KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}"
 ROOT="$CACHE/$KEY"
 BIN="$ROOT/bin"
 STAMP="$BIN/.stamp"
-BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok)
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy etcd kwok)
 
 log() { echo "build-k8s: $*" >&2; }
 
@@ -122,6 +122,8 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )
 EOF
   rm -f "$dir/go.sum"
@@ -134,12 +136,14 @@ EOF
     ld+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
     ld+=" -X $p.gitTreeState=clean -X $p.buildDate=$modtime"
   done
-  log "go build kube-apiserver kube-controller-manager kube-scheduler kubectl (-p $PAR)"
+  log "go build kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy (-p $PAR)"
   (cd "$dir" && "$GO" build -p "$PAR" -trimpath -ldflags "$ld" -o "$BIN/" \
       k8s.io/kubernetes/cmd/kube-apiserver \
       k8s.io/kubernetes/cmd/kube-controller-manager \
       k8s.io/kubernetes/cmd/kube-scheduler \
-      k8s.io/kubernetes/cmd/kubectl)
+      k8s.io/kubernetes/cmd/kubectl \
+      k8s.io/kubernetes/cmd/kubelet \
+      k8s.io/kubernetes/cmd/kube-proxy)
 }
 
 # ---------------------------------------------------------------------- etcd
