@@ -17,14 +17,17 @@
 #[path = "abi.rs"]
 pub mod abi;
 mod engine;
+mod memory;
+mod nvml;
 
 use abi::*;
 use engine::{Device, Event, Job};
+use memory::*;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 const DEFAULT_UUID: &str = "GPU-00000000-0000-4000-8000-000000000001";
 const DEFAULT_MEM: u64 = 16 << 30;
@@ -40,43 +43,95 @@ struct Stream {
     last: AtomicU64,
 }
 
-struct Driver {
-    devices: Vec<Arc<Device>>,
+pub(crate) struct Driver {
+    pub(crate) devices: Vec<Arc<Device>>,
     primary: Vec<usize>, // Box<Ctx> addresses, leaked on purpose (primary contexts live forever)
-    allocations: Mutex<HashMap<u64, (usize, u64)>>,
-    next_addr: AtomicU64,
+    /// Retain count of each device's primary context (0: inactive).
+    primary_refs: Vec<AtomicU32>,
+    pub(crate) memory: memory::MemoryState,
     version: i32,
+    /// `FAKE_CUDA_NOOP_LAUNCH=1`: launches return at once and run nothing, so that a
+    /// benchmark of the hook's per-launch cost measures the hook, not the fake's queue.
+    noop_launch: bool,
 }
 
-fn driver() -> &'static Driver {
-    static DRIVER: OnceLock<Driver> = OnceLock::new();
-    DRIVER.get_or_init(|| {
-        let uuids = std::env::var("FAKE_CUDA_DEVICES").unwrap_or_else(|_| DEFAULT_UUID.into());
-        let mem = std::env::var("FAKE_CUDA_MEM_BYTES")
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(DEFAULT_MEM);
-        let devices: Vec<Arc<Device>> = uuids
-            .split(',')
-            .filter_map(|u| parse_uuid(u.trim()))
-            .enumerate()
-            .map(|(i, uuid)| Arc::new(Device::new(i, uuid, mem)))
-            .collect();
-        let primary = (0..devices.len())
-            .map(|dev| Box::into_raw(Box::new(Ctx { dev })) as usize)
-            .collect();
-        let version = std::env::var("FAKE_CUDA_DRIVER_VERSION")
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(13000);
-        Driver {
-            devices,
-            primary,
-            allocations: Mutex::new(HashMap::new()),
-            next_addr: AtomicU64::new(0x7f00_0000_0000),
-            version,
+/// The driver's state. A forked child gets a fresh one (see [`after_fork_in_child`]).
+static DRIVER: AtomicPtr<Driver> = AtomicPtr::new(std::ptr::null_mut());
+
+pub(crate) fn driver() -> &'static Driver {
+    let p = DRIVER.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: drivers are leaked, never freed.
+        return unsafe { &*p };
+    }
+    let fresh = Box::into_raw(Box::new(new_driver()));
+    match DRIVER.compare_exchange(
+        std::ptr::null_mut(),
+        fresh,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
+        Ok(_) => {
+            static ATFORK: std::sync::Once = std::sync::Once::new();
+            // SAFETY: registers a handler with no arguments that only resets a pointer.
+            ATFORK.call_once(|| unsafe {
+                libc::pthread_atfork(None, None, Some(after_fork_in_child));
+            });
+            // SAFETY: just stored, leaked.
+            unsafe { &*fresh }
         }
-    })
+        Err(other) => {
+            // Another thread won the race: drop ours, use theirs.
+            // SAFETY: `fresh` was never shared.
+            drop(unsafe { Box::from_raw(fresh) });
+            // SAFETY: leaked, never freed.
+            unsafe { &*other }
+        }
+    }
+}
+
+/// A forked child is a new process on the same (shared) simulated GPUs: the parent's queue
+/// workers do not exist in it, so it starts from a fresh driver (the old one is leaked).
+/// Unlike the real driver, the fake lets a child use CUDA after its parent did: the tests of
+/// the hook's fork handling need a child that talks to the GPU.
+extern "C" fn after_fork_in_child() {
+    DRIVER.store(std::ptr::null_mut(), Ordering::Release);
+}
+
+fn new_driver() -> Driver {
+    let uuids = std::env::var("FAKE_CUDA_DEVICES").unwrap_or_else(|_| DEFAULT_UUID.into());
+    let mem = std::env::var("FAKE_CUDA_MEM_BYTES")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(DEFAULT_MEM);
+    let devices: Vec<Arc<Device>> = uuids
+        .split(',')
+        .filter_map(|u| parse_uuid(u.trim()))
+        .enumerate()
+        .map(|(i, uuid)| Arc::new(Device::new(i, uuid, mem)))
+        .collect();
+    // Primary contexts keep their addresses across a fork (the child's threads may hold
+    // them as current): made once per process image and reused.
+    static PRIMARY: OnceLock<Vec<usize>> = OnceLock::new();
+    let primary = PRIMARY
+        .get_or_init(|| {
+            (0..devices.len())
+                .map(|dev| Box::into_raw(Box::new(Ctx { dev })) as usize)
+                .collect()
+        })
+        .clone();
+    let version = std::env::var("FAKE_CUDA_DRIVER_VERSION")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(13000);
+    Driver {
+        primary_refs: (0..devices.len()).map(|_| AtomicU32::new(0)).collect(),
+        devices,
+        primary,
+        memory: memory::MemoryState::new(),
+        version,
+        noop_launch: std::env::var("FAKE_CUDA_NOOP_LAUNCH").is_ok_and(|v| v == "1"),
+    }
 }
 
 thread_local! {
@@ -84,13 +139,18 @@ thread_local! {
     static CTX_STACK: std::cell::RefCell<Vec<*mut Ctx>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-fn device(dev: CUdevice) -> Option<&'static Arc<Device>> {
+pub(crate) fn device(dev: CUdevice) -> Option<&'static Arc<Device>> {
     usize::try_from(dev)
         .ok()
         .and_then(|d| driver().devices.get(d))
 }
 
-fn current_dev() -> Option<usize> {
+/// The calling thread's current context, as an address (0: none).
+pub(crate) fn current_ctx() -> usize {
+    CURRENT.with(|c| c.get()) as usize
+}
+
+pub(crate) fn current_dev() -> Option<usize> {
     let c = CURRENT.with(|c| c.get());
     if c.is_null() {
         None
@@ -122,7 +182,7 @@ fn enqueue(s: CUstream, job: Job) -> CUresult {
     CUDA_SUCCESS
 }
 
-unsafe fn put<T>(p: *mut T, v: T) -> CUresult {
+pub(crate) unsafe fn put<T>(p: *mut T, v: T) -> CUresult {
     if p.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -200,15 +260,58 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUde
     if device(dev).is_none() {
         return CUDA_ERROR_INVALID_DEVICE;
     }
+    driver().primary_refs[dev as usize].fetch_add(1, Ordering::AcqRel);
     unsafe { put(ctx, driver().primary[dev as usize] as CUcontext) }
 }
 
+/// Drops one retain of the primary context; the last one destroys it, with its memory.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
     if device(dev).is_none() {
         return CUDA_ERROR_INVALID_DEVICE;
     }
+    let d = dev as usize;
+    let before = driver().primary_refs[d]
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    match before {
+        Ok(1) => {
+            free_context(driver().primary[d]);
+            CUDA_SUCCESS
+        }
+        Ok(_) => CUDA_SUCCESS,
+        Err(_) => CUDA_ERROR_INVALID_CONTEXT,
+    }
+}
+
+/// Destroys every allocation of the primary context (it stays retained).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
+    if device(dev).is_none() {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    let d = &driver().devices[dev as usize];
+    d.wait_for(d.submitted());
+    free_context(driver().primary[dev as usize]);
     CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
+    dev: CUdevice,
+    flags: *mut c_uint,
+    active: *mut c_int,
+) -> CUresult {
+    if device(dev).is_none() {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    let on = driver().primary_refs[dev as usize].load(Ordering::Acquire) > 0;
+    unsafe {
+        let r = put(flags, 0);
+        if r != CUDA_SUCCESS {
+            return r;
+        }
+        put(active, c_int::from(on))
+    }
 }
 
 #[unsafe(no_mangle)]
@@ -225,6 +328,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
     unsafe { put(ctx, c as CUcontext) }
 }
 
+/// Destroys a context made by `cuCtxCreate_v2`, freeing the memory it owns.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
     if ctx.is_null() || driver().primary.contains(&(ctx as usize)) {
@@ -235,6 +339,7 @@ pub extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
             cur.set(std::ptr::null_mut());
         }
     });
+    free_context(ctx as usize);
     // Contexts are leaked rather than freed: another thread may still name it (a test double).
     CUDA_SUCCESS
 }
@@ -441,6 +546,9 @@ pub unsafe extern "C" fn cuEventElapsedTime(
 // ---------------------------------------------------------------- launches
 
 fn launch(s: CUstream, dur_us: u64) -> CUresult {
+    if driver().noop_launch {
+        return CUDA_SUCCESS;
+    }
     enqueue(s, Job::Kernel(dur_us))
 }
 
@@ -566,218 +674,6 @@ pub extern "C" fn fakeCudaBusyMicros(dev: CUdevice) -> u64 {
     device(dev).map(|d| d.busy_us()).unwrap_or(0)
 }
 
-// ---------------------------------------------------------------- memory
-
-fn alloc_on(dev: usize, bytes: u64) -> Result<CUdeviceptr, CUresult> {
-    let d = &driver().devices[dev];
-    if !d.reserve(bytes) {
-        return Err(CUDA_ERROR_OUT_OF_MEMORY);
-    }
-    // Addresses are 2 MiB aligned and never reused, like a fresh virtual range.
-    let span = bytes.max(1).div_ceil(2 << 20) * (2 << 20);
-    let addr = driver().next_addr.fetch_add(span, Ordering::Relaxed);
-    if let Ok(mut m) = driver().allocations.lock() {
-        m.insert(addr, (dev, bytes));
-    }
-    Ok(addr)
-}
-
-fn free_addr(addr: u64) -> CUresult {
-    if addr == 0 {
-        return CUDA_SUCCESS;
-    }
-    let entry = driver()
-        .allocations
-        .lock()
-        .ok()
-        .and_then(|mut m| m.remove(&addr));
-    match entry {
-        Some((dev, bytes)) => {
-            driver().devices[dev].unreserve(bytes);
-            CUDA_SUCCESS
-        }
-        None => CUDA_ERROR_INVALID_VALUE,
-    }
-}
-
-unsafe fn alloc_current(out: *mut CUdeviceptr, bytes: usize) -> CUresult {
-    if out.is_null() || bytes == 0 {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    let Some(dev) = current_dev() else {
-        return CUDA_ERROR_INVALID_CONTEXT;
-    };
-    match alloc_on(dev, bytes as u64) {
-        Ok(p) => unsafe { put(out, p) },
-        Err(e) => e,
-    }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAlloc_v2(p: *mut CUdeviceptr, bytes: usize) -> CUresult {
-    unsafe { alloc_current(p, bytes) }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocPitch_v2(
-    p: *mut CUdeviceptr,
-    pitch: *mut usize,
-    width: usize,
-    height: usize,
-    _elem: c_uint,
-) -> CUresult {
-    if pitch.is_null() {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    let pt = fake_pitch(width);
-    let r = unsafe { alloc_current(p, pt.saturating_mul(height)) };
-    if r == CUDA_SUCCESS {
-        unsafe { pitch.write(pt) };
-    }
-    r
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocManaged(
-    p: *mut CUdeviceptr,
-    bytes: usize,
-    _flags: c_uint,
-) -> CUresult {
-    unsafe { alloc_current(p, bytes) }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync(
-    p: *mut CUdeviceptr,
-    bytes: usize,
-    _s: CUstream,
-) -> CUresult {
-    unsafe { alloc_current(p, bytes) }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
-    p: *mut CUdeviceptr,
-    bytes: usize,
-    s: CUstream,
-) -> CUresult {
-    unsafe { cuMemAllocAsync(p, bytes, s) }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
-    p: *mut CUdeviceptr,
-    bytes: usize,
-    _pool: CUmemoryPool,
-    _s: CUstream,
-) -> CUresult {
-    unsafe { alloc_current(p, bytes) }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
-    p: *mut CUdeviceptr,
-    bytes: usize,
-    pool: CUmemoryPool,
-    s: CUstream,
-) -> CUresult {
-    unsafe { cuMemAllocFromPoolAsync(p, bytes, pool, s) }
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemFree_v2(p: CUdeviceptr) -> CUresult {
-    free_addr(p)
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemFreeAsync(p: CUdeviceptr, _s: CUstream) -> CUresult {
-    free_addr(p)
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemFreeAsync_ptsz(p: CUdeviceptr, s: CUstream) -> CUresult {
-    cuMemFreeAsync(p, s)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemCreate(
-    h: *mut CUmemGenericAllocationHandle,
-    bytes: usize,
-    prop: *const CUmemAllocationProp,
-    _flags: u64,
-) -> CUresult {
-    if h.is_null() || prop.is_null() || bytes == 0 {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    let id = unsafe { (*prop).location_id };
-    if device(id).is_none() {
-        return CUDA_ERROR_INVALID_DEVICE;
-    }
-    match alloc_on(id as usize, bytes as u64) {
-        Ok(a) => unsafe { put(h, a) },
-        Err(e) => e,
-    }
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemRelease(h: CUmemGenericAllocationHandle) -> CUresult {
-    free_addr(h)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuArrayCreate_v2(
-    a: *mut CUarray,
-    d: *const CudaArrayDescriptor,
-) -> CUresult {
-    if a.is_null() || d.is_null() {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    unsafe { create_array(a, array_bytes(&*d)) }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuArray3DCreate_v2(
-    a: *mut CUarray,
-    d: *const CudaArray3dDescriptor,
-) -> CUresult {
-    if a.is_null() || d.is_null() {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    unsafe { create_array(a, array3d_bytes(&*d)) }
-}
-
-/// Allocates an array of `bytes` on the current device and stores its handle in `*a`.
-unsafe fn create_array(a: *mut CUarray, bytes: u64) -> CUresult {
-    let Some(dev) = current_dev() else {
-        return CUDA_ERROR_INVALID_CONTEXT;
-    };
-    match alloc_on(dev, bytes) {
-        Ok(p) => unsafe { put(a, p as CUarray) },
-        Err(e) => e,
-    }
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuArrayDestroy(a: CUarray) -> CUresult {
-    free_addr(a as u64)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
-    let Some(dev) = current_dev() else {
-        return CUDA_ERROR_INVALID_CONTEXT;
-    };
-    let d = &driver().devices[dev];
-    let (used, tot) = (d.mem_used(), d.mem_total);
-    unsafe {
-        let r = put(free, tot.saturating_sub(used) as usize);
-        if r != CUDA_SUCCESS {
-            return r;
-        }
-        put(total, tot as usize)
-    }
-}
-
 // ---------------------------------------------------------------- errors
 
 #[unsafe(no_mangle)]
@@ -826,9 +722,27 @@ fn table() -> &'static HashMap<&'static str, usize> {
             cuMemAllocFromPoolAsync_ptsz, cuMemFree_v2, cuMemFreeAsync, cuMemFreeAsync_ptsz,
             cuMemCreate, cuMemRelease, cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy,
             cuMemGetInfo_v2, cuGetErrorString, cuGetErrorName, cuGetProcAddress,
-            cuGetProcAddress_v2, fakeCudaBusyMicros,
+            cuGetProcAddress_v2, fakeCudaBusyMicros, fakeCudaMemUsed, cuDevicePrimaryCtxReset_v2,
+            cuDevicePrimaryCtxGetState, cuMemAddressReserve, cuMemAddressFree, cuMemMap,
+            cuMemUnmap,
         )
     })
+}
+
+/// The fake's own entry point of an exported name, looked up in its table: how a benchmark
+/// reaches the driver function the hook wraps without going through the hook.
+///
+/// # Safety
+/// `name` must be null or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fakeCudaRawProc(name: *const c_char) -> *mut c_void {
+    if name.is_null() {
+        return std::ptr::null_mut();
+    }
+    let n = unsafe { CStr::from_ptr(name) }.to_str().unwrap_or("");
+    table()
+        .get(n)
+        .map_or(std::ptr::null_mut(), |f| *f as *mut c_void)
 }
 
 /// Resolves a base name the way the driver does: the `_v2`/`_ptsz` variant that the caller's

@@ -175,6 +175,8 @@ pub struct Core {
     next_key: Key,
     next_wait: u64,
     grants: u64,
+    /// No grant before this time (see [`Core::hold_grants_until`]).
+    quiet_until: Micros,
 }
 
 impl Core {
@@ -192,9 +194,17 @@ impl Core {
             next_key: 0,
             next_wait: 0,
             grants: 0,
+            quiet_until: 0,
         };
         let _ = c.set_config(now, specs);
         c
+    }
+
+    /// Grants nothing before `t`. A daemon that (re)starts cannot know whether a holder of
+    /// its predecessor is still launching on its old quota; the quiet period lets such a
+    /// holder notice the hang-up and stop, so two holders never run at once.
+    pub fn hold_grants_until(&mut self, t: Micros) {
+        self.quiet_until = t;
     }
 
     pub fn params(&self) -> &Params {
@@ -521,6 +531,7 @@ impl Core {
             .filter(|(_, c)| !c.waiting.is_empty())
             .filter_map(|(k, _)| self.ready_at(*k, now))
             .min()
+            .map(|t| t.max(self.quiet_until))
     }
 
     // ---- internals ----
@@ -828,7 +839,7 @@ impl Core {
     /// Grant the token if it is free and someone eligible waits.
     fn dispatch(&mut self, now: Micros, out: &mut Vec<Action>) {
         self.expire(now);
-        if self.holder.is_some() {
+        if self.holder.is_some() || now < self.quiet_until {
             return;
         }
         self.prune(now);
@@ -1325,6 +1336,18 @@ mod tests {
                 ..
             }]
         ));
+    }
+
+    #[test]
+    fn nothing_is_granted_during_the_quiet_period() {
+        let mut c = two();
+        c.hold_grants_until(t(200));
+        let acts = c.token_request(t(10), 1, 0, 0);
+        assert!(grant(&acts).is_none(), "granted during the quiet period");
+        assert_eq!(c.next_wakeup(t(10)), Some(t(200)));
+        assert!(grant(&c.tick(t(199))).is_none());
+        let acts = c.tick(t(200));
+        assert_eq!(grant(&acts).map(|g| g.0), Some("a"));
     }
 
     #[test]
