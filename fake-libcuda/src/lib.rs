@@ -729,20 +729,37 @@ fn table() -> &'static HashMap<&'static str, usize> {
     })
 }
 
-/// The fake's own entry point of an exported name, looked up in its table: how a benchmark
-/// reaches the driver function the hook wraps without going through the hook.
+/// The fake's own `cuLaunchKernel`, reachable without going through the hook: how the
+/// per-launch benchmark compares the hook's wrapper with the bare driver function in one
+/// process. (Not the exported function's address: inside a shared library that resolves
+/// through the GOT, where the preloaded hook interposes.) Other names: null.
 ///
 /// # Safety
 /// `name` must be null or a NUL-terminated string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fakeCudaRawProc(name: *const c_char) -> *mut c_void {
-    if name.is_null() {
+    if name.is_null() || unsafe { CStr::from_ptr(name) } != c"cuLaunchKernel" {
         return std::ptr::null_mut();
     }
-    let n = unsafe { CStr::from_ptr(name) }.to_str().unwrap_or("");
-    table()
-        .get(n)
-        .map_or(std::ptr::null_mut(), |f| *f as *mut c_void)
+    raw_launch_kernel as *const () as *mut c_void
+}
+
+/// A local (not exported, so not interposable) copy of `cuLaunchKernel`.
+extern "C" fn raw_launch_kernel(
+    _f: CUfunction,
+    _gx: c_uint,
+    _gy: c_uint,
+    _gz: c_uint,
+    _bx: c_uint,
+    _by: c_uint,
+    _bz: c_uint,
+    _shmem: c_uint,
+    s: CUstream,
+    params: *mut *mut c_void,
+    _extra: *mut *mut c_void,
+) -> CUresult {
+    // SAFETY: the fake's kernel convention (see `kernel_duration_us`).
+    launch(s, unsafe { kernel_duration_us(params) })
 }
 
 /// Resolves a base name the way the driver does: the `_v2`/`_ptsz` variant that the caller's
