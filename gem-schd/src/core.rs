@@ -115,6 +115,8 @@ pub struct MemDecision {
 }
 
 type Key = u32;
+/// The key of history entries whose client's usage was forgotten (no client has it).
+const FORGOTTEN: Key = Key::MAX;
 
 #[derive(Debug)]
 struct ClientState {
@@ -465,10 +467,16 @@ impl Core {
             }
         }
         for spec in specs {
-            match self.ids.get(&spec.id) {
+            match self.ids.get(&spec.id).copied() {
                 Some(k) => {
-                    if let Some(c) = self.clients.get_mut(k) {
+                    let mut changed = false;
+                    if let Some(c) = self.clients.get_mut(&k) {
+                        changed = (c.spec.request_milli, c.spec.limit_milli)
+                            != (spec.request_milli, spec.limit_milli);
                         c.spec = spec.clone();
+                    }
+                    if changed {
+                        self.forget_usage(k);
                     }
                 }
                 None => {
@@ -493,6 +501,33 @@ impl Core {
         }
         self.dispatch(now, &mut out);
         out
+    }
+
+    /// A client's share changed: its past usage was measured against the old share, so it
+    /// starts a new account (its running hold, if any, stays charged). Judged against its new
+    /// limit, a client that shrinks from 0.7 to 0.3 would otherwise wait seconds at zero
+    /// until its window forgot the old usage. Its old entries stay in the history (they still
+    /// keep later holds from overlapping), re-keyed to no client.
+    fn forget_usage(&mut self, key: Key) {
+        let hold = self
+            .holder
+            .as_ref()
+            .filter(|h| h.client == key)
+            .map(|h| h.seq);
+        let mut kept = 0;
+        for (i, e) in self.history.iter_mut().enumerate() {
+            if e.client != key {
+                continue;
+            }
+            if Some(self.first_seq + i as u64) == hold {
+                kept += e.end - e.start;
+            } else {
+                e.client = FORGOTTEN;
+            }
+        }
+        if let Some(c) = self.clients.get_mut(&key) {
+            c.usage_sum = kept;
+        }
     }
 
     /// Timer: the driver calls this at (or after) [`Core::next_wakeup`].

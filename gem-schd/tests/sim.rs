@@ -638,9 +638,22 @@ fn reload_swaps_limits_and_keeps_clients() {
         .push(vec![spec("a", 700, 700), spec("b", 300, 300)]);
     sim.push(30 * S, Ev::Reconfig(0));
     sim.run(60 * S);
-    // The window needs 10 s to forget the old split.
+    // A client whose share changes starts a new account: the new split holds in every
+    // second from 1 s after the reload, and nobody waits at zero (the window used to need
+    // 10 s to forget the old split; the client shrunk to 0.3 got nothing for seconds).
     let (a1, b1) = (sim.share(0, 0, 30 * S), sim.share(1, 0, 30 * S));
-    let (a2, b2) = (sim.share(0, 40 * S, 60 * S), sim.share(1, 40 * S, 60 * S));
+    let (a2, b2) = (sim.share(0, 31 * S, 60 * S), sim.share(1, 31 * S, 60 * S));
+    for (i, share) in [(0, 0.7), (1, 0.3)] {
+        let (lo, hi) = slice_shares(&sim, i, S, 31 * S, 60 * S);
+        let want = held(&sim, i, share);
+        eprintln!("after the reload, client {i}: per-1 s {lo:.3}..{hi:.3}, expected {want:.3}");
+        assert!(
+            lo >= want - 0.03 && hi <= want + 0.03,
+            "client {i}: per-1 s {lo:.3}..{hi:.3}, expected {want:.3} ± 0.03"
+        );
+        let gap = longest_gap(&sim, i, 30 * S, 32 * S);
+        assert!(gap <= 200 * MS, "client {i} waited {} ms after the reload", gap / MS);
+    }
     let close = |x: f64, y: f64| (x - y).abs() <= 0.02;
     assert!(
         close(a1, held(&sim, 0, 0.3)) && close(b1, held(&sim, 1, 0.7)),
