@@ -115,6 +115,8 @@ pub struct MemDecision {
 }
 
 type Key = u32;
+/// Default of [`Core::set_max_wait`].
+pub const DEFAULT_MAX_WAIT_US: Micros = 50_000;
 /// The key of history entries whose client's usage was forgotten (no client has it).
 const FORGOTTEN: Key = Key::MAX;
 
@@ -129,6 +131,8 @@ struct ClientState {
     waiting: Vec<ConnId>,
     /// Order of the first waiting request, for FIFO tie-breaks.
     waiting_since: u64,
+    /// When the client started waiting (for the starvation bound).
+    waiting_at: Micros,
     /// Sequence number of the client's latest history entry.
     last_entry: Option<u64>,
     /// Open connections (Hello done).
@@ -179,6 +183,8 @@ pub struct Core {
     grants: u64,
     /// No grant before this time (see [`Core::hold_grants_until`]).
     quiet_until: Micros,
+    /// See [`Core::set_max_wait`].
+    max_wait_us: Micros,
 }
 
 impl Core {
@@ -197,6 +203,7 @@ impl Core {
             next_wait: 0,
             grants: 0,
             quiet_until: 0,
+            max_wait_us: DEFAULT_MAX_WAIT_US,
         };
         let _ = c.set_config(now, specs);
         c
@@ -207,6 +214,16 @@ impl Core {
     /// holder notice the hang-up and stop, so two holders never run at once.
     pub fn hold_grants_until(&mut self, t: Micros) {
         self.quiet_until = t;
+    }
+
+    /// Starvation bound: an eligible client (under its limit and pacing allowance) that has
+    /// waited this long goes before the usage ranking (the longest waiting first). Without
+    /// it, two clients ranked by usage over the 10 s window settle into blocks: the one that
+    /// just held stays ahead of the other until their usages cross, which on an H100 kept a
+    /// batch-1 inference tenant waiting 0.5 s at a time beside a training tenant (both 0.5).
+    /// 0 = off (rank by usage only, Gemini's behaviour).
+    pub fn set_max_wait(&mut self, us: Micros) {
+        self.max_wait_us = us;
     }
 
     pub fn params(&self) -> &Params {
@@ -331,7 +348,7 @@ impl Core {
             self.report_late(now, key, |e| e.quota_end.saturating_add(overuse_us));
         }
         if queue {
-            self.enqueue(key, conn);
+            self.enqueue(now, key, conn);
         }
         self.dispatch(now, &mut out);
         out
@@ -491,6 +508,7 @@ impl Core {
                             usage_sum: 0,
                             waiting: Vec::new(),
                             waiting_since: 0,
+                            waiting_at: 0,
                             last_entry: None,
                             conns: 0,
                             mem_used: 0,
@@ -859,13 +877,14 @@ impl Core {
         }
     }
 
-    fn enqueue(&mut self, key: Key, conn: ConnId) {
+    fn enqueue(&mut self, now: Micros, key: Key, conn: ConnId) {
         if let Some(cs) = self.conns.get_mut(&conn) {
             cs.waiting = true;
         }
         let c = self.clients.get_mut(&key).expect("conn client exists");
         if c.waiting.is_empty() {
             c.waiting_since = self.next_wait;
+            c.waiting_at = now;
             self.next_wait += 1;
         }
         c.waiting.push(conn);
@@ -882,6 +901,10 @@ impl Core {
         let window = u128::from(self.params.window_us);
         // (key, rank, headroom under the limit, headroom under the pacing allowance)
         let mut best: Option<(Key, Rank, u64, u64)> = None;
+        // The eligible clients waiting longest past the starvation bound, below their request
+        // and above it: one above its request never goes before one below (a guarantee
+        // comes before spare time).
+        let mut starved: [Option<(Key, Micros, u64, u64)>; 2] = [None, None];
         for (&key, c) in &self.clients {
             if c.waiting.is_empty() {
                 continue;
@@ -921,8 +944,26 @@ impl Core {
             if best.as_ref().is_none_or(|(_, r, _, _)| rank.before(r)) {
                 best = Some((key, rank, headroom, pace_room));
             }
+            let class = usize::from(matches!(rank, Rank::Above { .. }));
+            let waited = now.saturating_sub(c.waiting_at);
+            if self.max_wait_us > 0
+                && waited >= self.max_wait_us
+                && starved[class]
+                    .as_ref()
+                    .is_none_or(|(_, at, _, _)| c.waiting_at < *at)
+            {
+                starved[class] = Some((key, c.waiting_at, headroom, pace_room));
+            }
         }
-        let Some((key, _, headroom, pace_room)) = best else {
+        let best_above = best
+            .as_ref()
+            .is_some_and(|(_, r, _, _)| matches!(r, Rank::Above { .. }));
+        let starved = starved[0].or(if best_above { starved[1] } else { None });
+        let pick = match starved {
+            Some((key, _, headroom, pace_room)) => Some((key, headroom, pace_room)),
+            None => best.map(|(key, _, headroom, pace_room)| (key, headroom, pace_room)),
+        };
+        let Some((key, headroom, pace_room)) = pick else {
             return;
         };
         let p = self.params;
@@ -1371,6 +1412,45 @@ mod tests {
                 ..
             }]
         ));
+    }
+
+    /// b used 300 ms just before; a and b then both always want the token, a re-asking every
+    /// 10 ms. Ranked by usage alone, a (below b) would keep the token until their usages
+    /// cross, 300 ms; with the starvation bound b waits at most the bound plus one hold.
+    fn longest_wait_of_b(max_wait: Micros) -> Micros {
+        let mut c = two();
+        c.set_max_wait(max_wait);
+        let acts = c.token_request(t(0), 3, 0, 0);
+        assert_eq!(grant(&acts).map(|g| g.0), Some("b"));
+        let _ = c.release(t(300), 3, 300 * MS);
+        let _ = c.token_request(t(300), 1, 0, 0);
+        let _ = c.token_request(t(300), 3, 0, 0);
+        let (mut b_since, mut longest, mut now) = (t(300), 0, t(300));
+        let mut holder = c.holder().map(str::to_owned);
+        while now < t(1300) {
+            now += 10 * MS;
+            let conn = if holder.as_deref() == Some("a") { 1 } else { 3 };
+            let _ = c.token_request(now, conn, 0, 10 * MS);
+            holder = c.holder().map(str::to_owned);
+            match (holder.as_deref(), conn) {
+                (Some("b"), 1) => longest = longest.max(now - b_since), // b's turn came
+                (Some("a"), 3) => b_since = now,                        // b lost the token
+                _ => {}
+            }
+        }
+        longest
+    }
+
+    #[test]
+    fn a_waiting_client_is_served_within_the_starvation_bound() {
+        let off = longest_wait_of_b(0);
+        let on = longest_wait_of_b(50 * MS);
+        assert!(
+            off >= 250 * MS,
+            "without the bound b waited only {} ms",
+            off / MS
+        );
+        assert!(on <= 60 * MS, "b waited {} ms with a 50 ms bound", on / MS);
     }
 
     #[test]

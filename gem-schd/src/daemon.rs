@@ -45,6 +45,8 @@ pub struct Settings {
     pub max_conns: usize,
     /// No grant for this long after start (see `Core::hold_grants_until`).
     pub quiet: Duration,
+    /// Starvation bound (see `Core::set_max_wait`).
+    pub max_wait: Duration,
 }
 
 enum Cmd {
@@ -94,6 +96,7 @@ pub async fn run(
     let (tx, mut rx) = mpsc::channel(INBOX);
     let mut core = Core::new(settings.params, &specs, 0);
     core.hold_grants_until(settings.quiet.as_micros() as Micros);
+    core.set_max_wait(settings.max_wait.as_micros() as Micros);
     let mut actor = Actor {
         core,
         settings,

@@ -54,6 +54,10 @@ struct Args {
     /// daemon notices the hang-up and stops launching meanwhile (two holders never run).
     #[arg(long, default_value_t = 200)]
     quiet_ms: u64,
+    /// Starvation bound, ms: an eligible client that has waited this long goes before the
+    /// usage ranking (never one above its request before one below). 0 = off (Gemini).
+    #[arg(long, default_value_t = 50)]
+    max_wait_ms: u64,
     /// Poll the config's mtime this often as well as watching it, ms.
     #[arg(long, default_value_t = 1000)]
     poll_ms: u64,
@@ -101,6 +105,7 @@ fn main() -> Result<()> {
         socket_mode: args.socket_mode,
         max_conns: args.max_conns.max(1),
         quiet: Duration::from_millis(args.quiet_ms),
+        max_wait: Duration::from_millis(args.max_wait_ms),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

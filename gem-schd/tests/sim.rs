@@ -652,7 +652,11 @@ fn reload_swaps_limits_and_keeps_clients() {
             "client {i}: per-1 s {lo:.3}..{hi:.3}, expected {want:.3} ± 0.03"
         );
         let gap = longest_gap(&sim, i, 30 * S, 32 * S);
-        assert!(gap <= 200 * MS, "client {i} waited {} ms after the reload", gap / MS);
+        assert!(
+            gap <= 200 * MS,
+            "client {i} waited {} ms after the reload",
+            gap / MS
+        );
     }
     let close = |x: f64, y: f64| (x - y).abs() <= 0.02;
     assert!(

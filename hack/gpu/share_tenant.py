@@ -7,7 +7,8 @@ for --seconds, print one JSON line. Modes:
           Every matmul is bracketed by CUDA events, and a 1-element kernel is launched just
           before its start event: that launch is where libgemhook may hold the thread for the
           token, so no wait for the token falls between the events. The events give the GPU
-          busy time exactly (whatever the clocks); "busy" = [[end of burst (s), busy ms]].
+          busy time exactly (whatever the clocks), and placed in time: each is read relative to
+          a reference event recorded at the start; "busy" = [[start s, end s]] per kernel.
   train50 torchvision ResNet-50 training steps, batch 64 (one fixed batch).
   infer18 torchvision ResNet-18 inference, batch 1, one sync per request; latencies in ms.
 """
@@ -47,16 +48,34 @@ class Burst:
         self.ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                    for _ in range(self.per)]
         self.busy = []
+        self.ref = torch.cuda.Event(enable_timing=True)
+        self.waits_inside = 0
+        self.start()
+
+    def start(self):
+        """Marks the run's start on the GPU's clock (the stream is idle: it completes now)."""
+        self.busy.clear()
+        self.ref.record()
+        self.ref.synchronize()
 
     def step(self, t0):
+        waited = []
         for s, e in self.ev:
             self.probe.add_(1)  # the gate: a token wait happens here, before the start event
             s.record()
+            t = time.perf_counter()
             torch.matmul(self.a, self.b, out=self.c)
+            # The deadline (on a coarse clock) may also pass between the probe and this
+            # launch: then the wait fell between the events. The queue was drained before
+            # the wait, so the kernel ran right before its end event.
+            waited.append(time.perf_counter() - t > 0.0005)
             e.record()
         torch.cuda.synchronize()
-        ms = sum(s.elapsed_time(e) for s, e in self.ev)
-        self.busy.append([round(time.time() - t0, 4), round(ms, 4)])
+        for (s, e), w in zip(self.ev, waited):
+            end = self.ref.elapsed_time(e) / 1000
+            start = end - self.kernel_ms / 1000 if w else self.ref.elapsed_time(s) / 1000
+            self.busy.append([round(start, 6), round(end, 6)])
+        self.waits_inside += sum(waited)
         return self.per
 
 
@@ -104,14 +123,14 @@ def main():
     w = {"burst": lambda: Burst(a.burst_ms), "train50": Train50, "infer18": Infer18}[a.mode]()
     for _ in range(3):
         w.step(time.time())
-    if hasattr(w, "busy"):
-        w.busy.clear()
     if hasattr(w, "lat"):
         w.lat.clear()
     emit({"ready": True})
     start = float(json.loads(sys.stdin.readline())["start_at"])
     while time.time() < start:
         time.sleep(0.0005)
+    if hasattr(w, "start"):
+        w.start()
     end = start + a.seconds
     ops, series = 0, []
     while True:
@@ -123,7 +142,7 @@ def main():
     out = {"label": a.label, "mode": a.mode, "ops": ops, "wall_s": time.time() - start,
            "rate": ops / (time.time() - start), "series": series}
     if hasattr(w, "busy"):
-        out.update(busy=w.busy, kernel_ms=w.kernel_ms, per_burst=w.per)
+        out.update(busy=w.busy, kernel_ms=w.kernel_ms, per_burst=w.per, waits_inside=w.waits_inside)
     if hasattr(w, "lat"):
         out["lat_ms"] = w.lat
     emit(out)
