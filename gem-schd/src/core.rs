@@ -217,7 +217,8 @@ impl Core {
     }
 
     /// Starvation bound: an eligible client (under its limit and pacing allowance) that has
-    /// waited this long goes before the usage ranking (the longest waiting first). Without
+    /// waited this long (at a share of 0.5; scaled by (1 − share)/share otherwise) goes
+    /// before the usage ranking (the longest waiting first). Without
     /// it, two clients ranked by usage over the 10 s window settle into blocks: the one that
     /// just held stays ahead of the other until their usages cross, which on an H100 kept a
     /// batch-1 inference tenant waiting 0.5 s at a time beside a training tenant (both 0.5).
@@ -946,8 +947,19 @@ impl Core {
             }
             let class = usize::from(matches!(rank, Rank::Above { .. }));
             let waited = now.saturating_sub(c.waiting_at);
+            // Scaled by the client's share (its request, or its limit for spare time): at
+            // share s, proportional turns make it wait (1 − s)/s of the others' hold, so the
+            // bound is the same fraction of `max_wait` (50 ms at 0.5, 117 ms at 0.3, 21 ms at
+            // 0.7) and does not shift shares toward an even split.
+            let share = u64::from(if class == 0 {
+                c.spec.request_milli
+            } else {
+                c.spec.limit_milli
+            })
+            .clamp(1, 1000);
+            let bound = self.max_wait_us.saturating_mul(1000 - share) / share;
             if self.max_wait_us > 0
-                && waited >= self.max_wait_us
+                && waited >= bound
                 && starved[class]
                     .as_ref()
                     .is_none_or(|(_, at, _, _)| c.waiting_at < *at)

@@ -54,8 +54,9 @@ struct Args {
     /// daemon notices the hang-up and stops launching meanwhile (two holders never run).
     #[arg(long, default_value_t = 200)]
     quiet_ms: u64,
-    /// Starvation bound, ms: an eligible client that has waited this long goes before the
-    /// usage ranking (never one above its request before one below). 0 = off (Gemini).
+    /// Starvation bound, ms, for a client with a 0.5 share (scaled by (1 − share)/share):
+    /// an eligible client that has waited that long goes before the usage ranking (never
+    /// one above its request before one below). 0 = off (Gemini).
     #[arg(long, default_value_t = 50)]
     max_wait_ms: u64,
     /// Poll the config's mtime this often as well as watching it, ms.

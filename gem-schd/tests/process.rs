@@ -42,7 +42,15 @@ impl Schd {
     }
     fn connect(&self, client: &str) -> Client {
         wait_for(|| self.sock(client).exists(), "socket to appear");
-        Client::connect(self.sock(client), std::process::id(), GPU).unwrap()
+        // The socket file appears at bind(), a moment before listen(): retry a refusal.
+        Client::connect_with_retry(
+            self.sock(client),
+            std::process::id(),
+            GPU,
+            Duration::from_secs(5),
+            Duration::from_millis(10),
+        )
+        .unwrap()
     }
     fn term(&mut self) {
         // SAFETY: kill(2) on our own child's pid.
