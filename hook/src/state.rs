@@ -181,7 +181,8 @@ extern "C" fn child_after_fork() {
     }
     let fresh: &'static State = Box::leak(Box::new(State::new()));
     STATE.store(fresh as *const State as *mut State, Ordering::Release);
-    crate::debug!("forked: this child starts with a fresh hook state");
+    // No logging here: it reads the environment, whose lock another thread of the parent
+    // may have held at the fork.
 }
 
 // ------------------------------------------------------------------------------ contexts
