@@ -15,9 +15,11 @@ TEST_PREREQS += hook-prereqs
 hook-test: hook-prereqs
 	$(CARGO) test --locked -p gemhook
 
-# Release artifacts for the GPU benchmark (hack/gpu-bench.sh), in a git-ignored folder.
+# Release artifacts for the GPU benchmarks (hack/gpu-bench.sh, hack/gpu/issue14-quick.sh,
+# hack/gpu/share.py), in a git-ignored folder; the fake driver and its workload are for the
+# per-launch cost benchmark over the fake (hack/gpu/issue14-quick.sh).
 hook-release:
-	$(CARGO) build --locked --release -p gemhook -p gem-schd
+	$(CARGO) build --locked --release -p gemhook -p gem-schd -p fake-libcuda
 	mkdir -p .device-carry/gemhook
 	cp target/release/libgemhook.so .device-carry/gemhook/libgemhook.so.1
-	cp target/release/gem-schd .device-carry/gemhook/gem-schd
+	cp target/release/gem-schd target/release/libfake_cuda.so target/release/cuda-workload .device-carry/gemhook/

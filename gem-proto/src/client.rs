@@ -61,6 +61,12 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// True when a read timed out (see [`Client::set_read_timeout`]): gem-schd did not answer
+    /// in time. The connection stays usable: a partial frame read so far is kept.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, ClientError::Io(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut))
+    }
+
     /// True when reconnecting may help (gem-schd went away or is restarting).
     pub fn is_disconnect(&self) -> bool {
         match self {
@@ -83,7 +89,20 @@ pub struct Client {
 impl Client {
     /// Connect to `path` and say Hello.
     pub fn connect(path: impl AsRef<Path>, pid: u32, gpu_uuid: &str) -> Result<Self, ClientError> {
+        Self::connect_timeout(path, pid, gpu_uuid, None)
+    }
+
+    /// [`Client::connect`] with a read timeout set before the Hello (a gem-schd that accepts
+    /// but never answers cannot block the caller longer than `read_timeout`); the timeout
+    /// stays set on the connection.
+    pub fn connect_timeout(
+        path: impl AsRef<Path>,
+        pid: u32,
+        gpu_uuid: &str,
+        read_timeout: Option<Duration>,
+    ) -> Result<Self, ClientError> {
         let stream = UnixStream::connect(path)?;
+        stream.set_read_timeout(read_timeout)?;
         let mut c = Client {
             stream,
             buf: Vec::with_capacity(64),
@@ -152,12 +171,33 @@ impl Client {
         self.stream.set_read_timeout(t)
     }
 
+    /// The connection's file descriptor (to poll it for a hang-up; a forked child closes
+    /// its inherited copy). It stays owned by the client.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.stream.as_raw_fd()
+    }
+
     /// Ask for the token and block until it is granted; returns the quota in µs.
     pub fn request_token(&mut self, overuse_us: u64, burst_us: u64) -> Result<u64, ClientError> {
+        self.send_token_request(overuse_us, burst_us)?;
+        self.wait_grant()
+    }
+
+    /// Send a TokenRequest without waiting for the Grant (see [`Client::wait_grant`]).
+    pub fn send_token_request(
+        &mut self,
+        overuse_us: u64,
+        burst_us: u64,
+    ) -> Result<(), ClientError> {
         self.send(&Request::TokenRequest {
             overuse_us,
             burst_us,
-        })?;
+        })
+    }
+
+    /// Wait for the Grant of the TokenRequest sent before. After a timeout
+    /// ([`ClientError::is_timeout`]) it may be called again to go on waiting.
+    pub fn wait_grant(&mut self) -> Result<u64, ClientError> {
         match self.recv()? {
             Reply::Grant { quota_us } => Ok(quota_us),
             other => Err(unexpected(other)),

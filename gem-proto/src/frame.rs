@@ -27,6 +27,9 @@ pub mod code {
     pub const PROTOCOL_MISUSE: u16 = 4;
     /// gem-schd is shutting down; reconnect later.
     pub const SHUTTING_DOWN: u16 = 5;
+    /// The client already has as many connections as gem-schd allows one client
+    /// (`--max-conns`); this one is closed.
+    pub const TOO_MANY_CONNECTIONS: u16 = 6;
 }
 
 /// Frame kinds, client -> server.

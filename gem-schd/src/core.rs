@@ -115,6 +115,10 @@ pub struct MemDecision {
 }
 
 type Key = u32;
+/// Default of [`Core::set_max_wait`].
+pub const DEFAULT_MAX_WAIT_US: Micros = 50_000;
+/// The key of history entries whose client's usage was forgotten (no client has it).
+const FORGOTTEN: Key = Key::MAX;
 
 #[derive(Debug)]
 struct ClientState {
@@ -127,6 +131,8 @@ struct ClientState {
     waiting: Vec<ConnId>,
     /// Order of the first waiting request, for FIFO tie-breaks.
     waiting_since: u64,
+    /// When the client started waiting (for the starvation bound).
+    waiting_at: Micros,
     /// Sequence number of the client's latest history entry.
     last_entry: Option<u64>,
     /// Open connections (Hello done).
@@ -175,6 +181,10 @@ pub struct Core {
     next_key: Key,
     next_wait: u64,
     grants: u64,
+    /// No grant before this time (see [`Core::hold_grants_until`]).
+    quiet_until: Micros,
+    /// See [`Core::set_max_wait`].
+    max_wait_us: Micros,
 }
 
 impl Core {
@@ -192,9 +202,29 @@ impl Core {
             next_key: 0,
             next_wait: 0,
             grants: 0,
+            quiet_until: 0,
+            max_wait_us: DEFAULT_MAX_WAIT_US,
         };
         let _ = c.set_config(now, specs);
         c
+    }
+
+    /// Grants nothing before `t`. A daemon that (re)starts cannot know whether a holder of
+    /// its predecessor is still launching on its old quota; the quiet period lets such a
+    /// holder notice the hang-up and stop, so two holders never run at once.
+    pub fn hold_grants_until(&mut self, t: Micros) {
+        self.quiet_until = t;
+    }
+
+    /// Starvation bound: an eligible client (under its limit and pacing allowance) that has
+    /// waited this long (at a share of 0.5; scaled by (1 − share)/share otherwise) goes
+    /// before the usage ranking (the longest waiting first). Without
+    /// it, two clients ranked by usage over the 10 s window settle into blocks: the one that
+    /// just held stays ahead of the other until their usages cross, which on an H100 kept a
+    /// batch-1 inference tenant waiting 0.5 s at a time beside a training tenant (both 0.5).
+    /// 0 = off (rank by usage only, Gemini's behaviour).
+    pub fn set_max_wait(&mut self, us: Micros) {
+        self.max_wait_us = us;
     }
 
     pub fn params(&self) -> &Params {
@@ -319,7 +349,7 @@ impl Core {
             self.report_late(now, key, |e| e.quota_end.saturating_add(overuse_us));
         }
         if queue {
-            self.enqueue(key, conn);
+            self.enqueue(now, key, conn);
         }
         self.dispatch(now, &mut out);
         out
@@ -455,10 +485,16 @@ impl Core {
             }
         }
         for spec in specs {
-            match self.ids.get(&spec.id) {
+            match self.ids.get(&spec.id).copied() {
                 Some(k) => {
-                    if let Some(c) = self.clients.get_mut(k) {
+                    let mut changed = false;
+                    if let Some(c) = self.clients.get_mut(&k) {
+                        changed = (c.spec.request_milli, c.spec.limit_milli)
+                            != (spec.request_milli, spec.limit_milli);
                         c.spec = spec.clone();
+                    }
+                    if changed {
+                        self.forget_usage(k);
                     }
                 }
                 None => {
@@ -473,6 +509,7 @@ impl Core {
                             usage_sum: 0,
                             waiting: Vec::new(),
                             waiting_since: 0,
+                            waiting_at: 0,
                             last_entry: None,
                             conns: 0,
                             mem_used: 0,
@@ -483,6 +520,33 @@ impl Core {
         }
         self.dispatch(now, &mut out);
         out
+    }
+
+    /// A client's share changed: its past usage was measured against the old share, so it
+    /// starts a new account (its running hold, if any, stays charged). Judged against its new
+    /// limit, a client that shrinks from 0.7 to 0.3 would otherwise wait seconds at zero
+    /// until its window forgot the old usage. Its old entries stay in the history (they still
+    /// keep later holds from overlapping), re-keyed to no client.
+    fn forget_usage(&mut self, key: Key) {
+        let hold = self
+            .holder
+            .as_ref()
+            .filter(|h| h.client == key)
+            .map(|h| h.seq);
+        let mut kept = 0;
+        for (i, e) in self.history.iter_mut().enumerate() {
+            if e.client != key {
+                continue;
+            }
+            if Some(self.first_seq + i as u64) == hold {
+                kept += e.end - e.start;
+            } else {
+                e.client = FORGOTTEN;
+            }
+        }
+        if let Some(c) = self.clients.get_mut(&key) {
+            c.usage_sum = kept;
+        }
     }
 
     /// Timer: the driver calls this at (or after) [`Core::next_wakeup`].
@@ -521,6 +585,7 @@ impl Core {
             .filter(|(_, c)| !c.waiting.is_empty())
             .filter_map(|(k, _)| self.ready_at(*k, now))
             .min()
+            .map(|t| t.max(self.quiet_until))
     }
 
     // ---- internals ----
@@ -813,13 +878,14 @@ impl Core {
         }
     }
 
-    fn enqueue(&mut self, key: Key, conn: ConnId) {
+    fn enqueue(&mut self, now: Micros, key: Key, conn: ConnId) {
         if let Some(cs) = self.conns.get_mut(&conn) {
             cs.waiting = true;
         }
         let c = self.clients.get_mut(&key).expect("conn client exists");
         if c.waiting.is_empty() {
             c.waiting_since = self.next_wait;
+            c.waiting_at = now;
             self.next_wait += 1;
         }
         c.waiting.push(conn);
@@ -828,7 +894,7 @@ impl Core {
     /// Grant the token if it is free and someone eligible waits.
     fn dispatch(&mut self, now: Micros, out: &mut Vec<Action>) {
         self.expire(now);
-        if self.holder.is_some() {
+        if self.holder.is_some() || now < self.quiet_until {
             return;
         }
         self.prune(now);
@@ -836,6 +902,10 @@ impl Core {
         let window = u128::from(self.params.window_us);
         // (key, rank, headroom under the limit, headroom under the pacing allowance)
         let mut best: Option<(Key, Rank, u64, u64)> = None;
+        // The eligible clients waiting longest past the starvation bound, below their request
+        // and above it: one above its request never goes before one below (a guarantee
+        // comes before spare time).
+        let mut starved: [Option<(Key, Micros, u64, u64)>; 2] = [None, None];
         for (&key, c) in &self.clients {
             if c.waiting.is_empty() {
                 continue;
@@ -875,8 +945,37 @@ impl Core {
             if best.as_ref().is_none_or(|(_, r, _, _)| rank.before(r)) {
                 best = Some((key, rank, headroom, pace_room));
             }
+            let class = usize::from(matches!(rank, Rank::Above { .. }));
+            let waited = now.saturating_sub(c.waiting_at);
+            // Scaled by the client's share (its request, or its limit for spare time): at
+            // share s, proportional turns make it wait (1 − s)/s of the others' hold, so the
+            // bound is the same fraction of `max_wait` (50 ms at 0.5, 117 ms at 0.3, 21 ms at
+            // 0.7) and does not shift shares toward an even split.
+            let share = u64::from(if class == 0 {
+                c.spec.request_milli
+            } else {
+                c.spec.limit_milli
+            })
+            .clamp(1, 1000);
+            let bound = self.max_wait_us.saturating_mul(1000 - share) / share;
+            if self.max_wait_us > 0
+                && waited >= bound
+                && starved[class]
+                    .as_ref()
+                    .is_none_or(|(_, at, _, _)| c.waiting_at < *at)
+            {
+                starved[class] = Some((key, c.waiting_at, headroom, pace_room));
+            }
         }
-        let Some((key, _, headroom, pace_room)) = best else {
+        let best_above = best
+            .as_ref()
+            .is_some_and(|(_, r, _, _)| matches!(r, Rank::Above { .. }));
+        let starved = starved[0].or(if best_above { starved[1] } else { None });
+        let pick = match starved {
+            Some((key, _, headroom, pace_room)) => Some((key, headroom, pace_room)),
+            None => best.map(|(key, _, headroom, pace_room)| (key, headroom, pace_room)),
+        };
+        let Some((key, headroom, pace_room)) = pick else {
             return;
         };
         let p = self.params;
@@ -1325,6 +1424,57 @@ mod tests {
                 ..
             }]
         ));
+    }
+
+    /// b used 300 ms just before; a and b then both always want the token, a re-asking every
+    /// 10 ms. Ranked by usage alone, a (below b) would keep the token until their usages
+    /// cross, 300 ms; with the starvation bound b waits at most the bound plus one hold.
+    fn longest_wait_of_b(max_wait: Micros) -> Micros {
+        let mut c = two();
+        c.set_max_wait(max_wait);
+        let acts = c.token_request(t(0), 3, 0, 0);
+        assert_eq!(grant(&acts).map(|g| g.0), Some("b"));
+        let _ = c.release(t(300), 3, 300 * MS);
+        let _ = c.token_request(t(300), 1, 0, 0);
+        let _ = c.token_request(t(300), 3, 0, 0);
+        let (mut b_since, mut longest, mut now) = (t(300), 0, t(300));
+        let mut holder = c.holder().map(str::to_owned);
+        while now < t(1300) {
+            now += 10 * MS;
+            let conn = if holder.as_deref() == Some("a") { 1 } else { 3 };
+            let _ = c.token_request(now, conn, 0, 10 * MS);
+            holder = c.holder().map(str::to_owned);
+            match (holder.as_deref(), conn) {
+                (Some("b"), 1) => longest = longest.max(now - b_since), // b's turn came
+                (Some("a"), 3) => b_since = now,                        // b lost the token
+                _ => {}
+            }
+        }
+        longest
+    }
+
+    #[test]
+    fn a_waiting_client_is_served_within_the_starvation_bound() {
+        let off = longest_wait_of_b(0);
+        let on = longest_wait_of_b(50 * MS);
+        assert!(
+            off >= 250 * MS,
+            "without the bound b waited only {} ms",
+            off / MS
+        );
+        assert!(on <= 60 * MS, "b waited {} ms with a 50 ms bound", on / MS);
+    }
+
+    #[test]
+    fn nothing_is_granted_during_the_quiet_period() {
+        let mut c = two();
+        c.hold_grants_until(t(200));
+        let acts = c.token_request(t(10), 1, 0, 0);
+        assert!(grant(&acts).is_none(), "granted during the quiet period");
+        assert_eq!(c.next_wakeup(t(10)), Some(t(200)));
+        assert!(grant(&c.tick(t(199))).is_none());
+        let acts = c.tick(t(200));
+        assert_eq!(grant(&acts).map(|g| g.0), Some("a"));
     }
 
     #[test]

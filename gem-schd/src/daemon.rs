@@ -2,6 +2,12 @@
 //! socket, one task per connection, and a config watcher. Everything runs on a
 //! current-thread runtime: the work is tiny message passing, and one thread keeps the
 //! request→grant path free of cross-thread wake-ups.
+//!
+//! Bounds, so that one pod cannot exhaust the daemon: at most `max_conns` connections per
+//! client (more get Error{6} and are closed); a connection with [`MAX_IN_FLIGHT`] requests
+//! awaiting replies is not read further until it reads them (back-pressure onto that client
+//! only), and one whose unread replies exceed [`MAX_QUEUED_REPLIES`] is closed; the actor's
+//! inbox is bounded too.
 
 use std::collections::HashMap;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
@@ -18,6 +24,13 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+/// Requests awaiting a reply on one connection before gem-schd stops reading it.
+pub const MAX_IN_FLIGHT: usize = 32;
+/// Replies queued for one connection before it is closed (its client does not read).
+pub const MAX_QUEUED_REPLIES: usize = 64;
+/// Commands queued for the actor (all connections together).
+const INBOX: usize = 4096;
+
 /// Everything the daemon needs to start.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -28,13 +41,19 @@ pub struct Settings {
     pub poll: Duration,
     pub dir_mode: u32,
     pub socket_mode: u32,
+    /// Connections one client may have open.
+    pub max_conns: usize,
+    /// No grant for this long after start (see `Core::hold_grants_until`).
+    pub quiet: Duration,
+    /// Starvation bound (see `Core::set_max_wait`).
+    pub max_wait: Duration,
 }
 
 enum Cmd {
     Open {
         conn: ConnId,
         client: String,
-        out: mpsc::UnboundedSender<Reply>,
+        out: mpsc::Sender<Reply>,
     },
     Frame {
         conn: ConnId,
@@ -48,7 +67,7 @@ enum Cmd {
 
 struct Conn {
     client: String,
-    out: mpsc::UnboundedSender<Reply>,
+    out: mpsc::Sender<Reply>,
     hello: bool,
 }
 
@@ -63,7 +82,7 @@ struct Actor {
     epoch: Instant,
     conns: HashMap<ConnId, Conn>,
     listeners: HashMap<String, Listener>,
-    tx: mpsc::UnboundedSender<Cmd>,
+    tx: mpsc::Sender<Cmd>,
     next_conn: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
@@ -72,11 +91,14 @@ pub async fn run(
     settings: Settings,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
-    let (_, specs) = config::load(&settings.config).context("initial resource config")?;
+    let (text, specs) = config::load(&settings.config).context("initial resource config")?;
     let epoch = Instant::now();
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = mpsc::channel(INBOX);
+    let mut core = Core::new(settings.params, &specs, 0);
+    core.hold_grants_until(settings.quiet.as_micros() as Micros);
+    core.set_max_wait(settings.max_wait.as_micros() as Micros);
     let mut actor = Actor {
-        core: Core::new(settings.params, &specs, 0),
+        core,
         settings,
         epoch,
         conns: HashMap::new(),
@@ -91,7 +113,9 @@ pub async fn run(
         config = %actor.settings.config.display(),
         "gem-schd serving"
     );
-    let watcher = spawn_watcher(&actor.settings, tx.clone())?;
+    // The watcher compares with the text loaded above and looks once as soon as it watches:
+    // an edit made between the load and the watch is not lost.
+    let watcher = spawn_watcher(&actor.settings, tx.clone(), text)?;
     tokio::pin!(shutdown);
     loop {
         let wake = actor.core.next_wakeup(actor.now());
@@ -135,10 +159,20 @@ impl Actor {
         self.epoch.elapsed().as_micros() as Micros
     }
 
-    fn send(&self, conn: ConnId, reply: Reply) {
-        if let Some(c) = self.conns.get(&conn) {
+    fn send(&mut self, conn: ConnId, reply: Reply) {
+        let Some(c) = self.conns.get(&conn) else {
+            return;
+        };
+        match c.out.try_send(reply) {
             // A closed receiver means the connection is going away; nothing to do.
-            let _ = c.out.send(reply);
+            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                // Its client does not read its replies: close it (dropping the sender ends
+                // the connection task, which reports Closed and the core cleans up).
+                if let Some(c) = self.conns.remove(&conn) {
+                    warn!(conn, client = %c.client, "replies pile up unread; closing the connection");
+                }
+            }
         }
     }
 
@@ -168,6 +202,13 @@ impl Actor {
         let now = self.now();
         match cmd {
             Cmd::Open { conn, client, out } => {
+                let open = self.conns.values().filter(|c| c.client == client).count();
+                if open >= self.settings.max_conns {
+                    warn!(%client, open, "too many connections for one client; refusing one");
+                    let msg = format!("client {client} already has {open} connections");
+                    let _ = out.try_send(Reply::error(code::TOO_MANY_CONNECTIONS, msg));
+                    return; // dropping `out` closes the connection after the error
+                }
                 self.conns.insert(
                     conn,
                     Conn {
@@ -199,7 +240,8 @@ impl Actor {
         let Some(c) = self.conns.get(&conn) else {
             return;
         };
-        if c.hello {
+        let said = c.hello;
+        if said {
             self.send(conn, Reply::error(code::PROTOCOL_MISUSE, "second Hello"));
             return;
         }
@@ -350,7 +392,7 @@ fn remove_socket(path: &Path) {
 async fn accept_loop(
     listener: UnixListener,
     client: String,
-    tx: mpsc::UnboundedSender<Cmd>,
+    tx: mpsc::Sender<Cmd>,
     next: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) {
     loop {
@@ -367,15 +409,21 @@ async fn accept_loop(
     }
 }
 
+/// Whether gem-schd answers this request (and so it counts as in flight).
+fn wants_reply(r: &Request) -> bool {
+    !matches!(r, Request::Release { .. } | Request::MemFree { .. })
+}
+
 /// One connection: decode frames to the actor, write its replies back.
-async fn serve(stream: UnixStream, conn: ConnId, client: String, tx: mpsc::UnboundedSender<Cmd>) {
-    let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Reply>();
+async fn serve(stream: UnixStream, conn: ConnId, client: String, tx: mpsc::Sender<Cmd>) {
+    let (out_tx, mut out_rx) = mpsc::channel::<Reply>(MAX_QUEUED_REPLIES);
     if tx
         .send(Cmd::Open {
             conn,
             client,
             out: out_tx,
         })
+        .await
         .is_err()
     {
         return;
@@ -384,32 +432,39 @@ async fn serve(stream: UnixStream, conn: ConnId, client: String, tx: mpsc::Unbou
     let mut buf: Vec<u8> = Vec::with_capacity(256);
     let mut chunk = [0u8; 1024];
     let mut wbuf = Vec::with_capacity(64);
+    let mut in_flight = 0usize;
     'outer: loop {
-        tokio::select! {
-            n = rd.read(&mut chunk) => {
-                let n = match n {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
-                buf.extend_from_slice(&chunk[..n]);
-                loop {
-                    match Request::decode(&buf) {
-                        Ok(Some((req, used))) => {
-                            buf.drain(..used);
-                            if tx.send(Cmd::Frame { conn, req }).is_err() {
-                                break 'outer;
-                            }
-                        }
-                        Ok(None) => break,
-                        Err(e) => {
-                            bad_frame(&mut wr, e).await;
-                            break 'outer;
-                        }
+        // Forward what is buffered, as far as the in-flight bound allows (the rest waits in
+        // `buf`, which so holds at most one read beyond a frame).
+        while in_flight < MAX_IN_FLIGHT {
+            match Request::decode(&buf) {
+                Ok(Some((req, used))) => {
+                    buf.drain(..used);
+                    if wants_reply(&req) {
+                        in_flight += 1;
                     }
+                    if tx.send(Cmd::Frame { conn, req }).await.is_err() {
+                        break 'outer;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    bad_frame(&mut wr, e).await;
+                    break 'outer;
+                }
+            }
+        }
+        tokio::select! {
+            // Not read further while too many of its requests await replies.
+            n = rd.read(&mut chunk), if in_flight < MAX_IN_FLIGHT => {
+                match n {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
                 }
             }
             r = out_rx.recv() => {
                 let Some(r) = r else { break };
+                in_flight = in_flight.saturating_sub(1);
                 wbuf.clear();
                 // Replies are built from bounded fields; Reply::error cuts messages.
                 if r.encode_into(&mut wbuf).is_err() || wr.write_all(&wbuf).await.is_err() {
@@ -418,7 +473,7 @@ async fn serve(stream: UnixStream, conn: ConnId, client: String, tx: mpsc::Unbou
             }
         }
     }
-    let _ = tx.send(Cmd::Closed { conn });
+    let _ = tx.send(Cmd::Closed { conn }).await;
 }
 
 async fn bad_frame(wr: &mut tokio::net::unix::OwnedWriteHalf, e: FrameError) {
@@ -431,7 +486,7 @@ async fn bad_frame(wr: &mut tokio::net::unix::OwnedWriteHalf, e: FrameError) {
 /// Watch the config file (inotify on its directory, so a rename into place is seen,
 /// plus a polling fallback) and send every new, valid version to the actor. A
 /// malformed file is logged with the line at fault and the last good one stays.
-fn spawn_watcher(settings: &Settings, tx: mpsc::UnboundedSender<Cmd>) -> Result<WatchGuard> {
+fn spawn_watcher(settings: &Settings, tx: mpsc::Sender<Cmd>, loaded: String) -> Result<WatchGuard> {
     use notify::Watcher;
     let path = settings.config.clone();
     let dir = path
@@ -456,9 +511,11 @@ fn spawn_watcher(settings: &Settings, tx: mpsc::UnboundedSender<Cmd>) -> Result<
     if let Err(e) = watcher.watch(&dir, notify::RecursiveMode::NonRecursive) {
         warn!(dir = %dir.display(), error = %e, "cannot watch config dir; polling only");
     }
+    // Look once now that the watch is in place: the file may have changed since it was loaded.
+    let _ = kick_tx.send(());
     let poll = settings.poll;
     let task = tokio::spawn(async move {
-        let mut last_text = std::fs::read_to_string(&path).ok();
+        let mut last_text = Some(loaded);
         let mut last_bad: Option<String> = None;
         let mut last_meta = stamp(&path);
         let mut tick = tokio::time::interval(poll);
@@ -487,7 +544,7 @@ fn spawn_watcher(settings: &Settings, tx: mpsc::UnboundedSender<Cmd>) -> Result<
                 Ok(specs) => {
                     last_text = Some(text);
                     last_bad = None;
-                    if tx.send(Cmd::Config(specs)).is_err() {
+                    if tx.send(Cmd::Config(specs)).await.is_err() {
                         break;
                     }
                 }

@@ -47,6 +47,18 @@ struct Args {
     /// window; 0 = off (the limit holds over the window only, as in Gemini).
     #[arg(long, default_value_t = 1000)]
     pace_ms: u64,
+    /// Connections one client (pod) may have open at once; more are refused (Error 6).
+    #[arg(long, default_value_t = 256)]
+    max_conns: usize,
+    /// Grant nothing for this long after start, ms: after a restart, a holder of the old
+    /// daemon notices the hang-up and stops launching meanwhile (two holders never run).
+    #[arg(long, default_value_t = 200)]
+    quiet_ms: u64,
+    /// Starvation bound, ms, for a client with a 0.5 share (scaled by (1 − share)/share):
+    /// an eligible client that has waited that long goes before the usage ranking (never
+    /// one above its request before one below). 0 = off (Gemini).
+    #[arg(long, default_value_t = 50)]
+    max_wait_ms: u64,
     /// Poll the config's mtime this often as well as watching it, ms.
     #[arg(long, default_value_t = 1000)]
     poll_ms: u64,
@@ -92,6 +104,9 @@ fn main() -> Result<()> {
         poll: Duration::from_millis(args.poll_ms.max(10)),
         dir_mode: args.dir_mode,
         socket_mode: args.socket_mode,
+        max_conns: args.max_conns.max(1),
+        quiet: Duration::from_millis(args.quiet_ms),
+        max_wait: Duration::from_millis(args.max_wait_ms),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

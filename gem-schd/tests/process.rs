@@ -42,7 +42,15 @@ impl Schd {
     }
     fn connect(&self, client: &str) -> Client {
         wait_for(|| self.sock(client).exists(), "socket to appear");
-        Client::connect(self.sock(client), std::process::id(), GPU).unwrap()
+        // The socket file appears at bind(), a moment before listen(): retry a refusal.
+        Client::connect_with_retry(
+            self.sock(client),
+            std::process::id(),
+            GPU,
+            Duration::from_secs(5),
+            Duration::from_millis(10),
+        )
+        .unwrap()
     }
     fn term(&mut self) {
         // SAFETY: kill(2) on our own child's pid.
@@ -412,4 +420,82 @@ fn gem_share_runs_schd_and_a_command_wired_to_its_socket() {
     unsafe { libc::kill(schd.id() as i32, libc::SIGTERM) };
     assert!(schd.wait().unwrap().success());
     assert!(!sock_a.exists());
+}
+
+#[test]
+fn a_client_gets_at_most_max_conns_connections() {
+    let s = Schd::start("2\na 0.5 1.0 1000\nb 0.5 1.0 1000\n", &["--max-conns", "3"]);
+    let mut held: Vec<Client> = (0..3).map(|_| s.connect("a")).collect();
+    match Client::connect(s.sock("a"), 1, GPU) {
+        Err(ClientError::Server { code: c, .. }) => assert_eq!(c, code::TOO_MANY_CONNECTIONS),
+        other => panic!("a fourth connection was not refused: {other:?}"),
+    }
+    // Another client is not affected, and a closed connection frees a place.
+    let _b = s.connect("b");
+    held.pop();
+    wait_for(
+        || Client::connect(s.sock("a"), 1, GPU).is_ok(),
+        "a place after a close",
+    );
+    for c in held.iter_mut() {
+        assert!(c.mem_query().is_ok(), "the first connections still work");
+    }
+}
+
+#[test]
+fn a_flooding_connection_stalls_only_itself() {
+    use std::os::unix::net::UnixStream;
+    let s = Schd::start("2\na 0.5 1.0 1000\nb 0.5 1.0 1000\n", &[]);
+    let _ = s.connect("a"); // the socket exists
+    let mut flood = UnixStream::connect(s.sock("a")).unwrap();
+    let hello = Request::Hello {
+        pid: 1,
+        gpu_uuid: GPU.into(),
+    }
+    .encode()
+    .unwrap();
+    flood.write_all(&hello).unwrap();
+    assert!(matches!(read_reply(&mut flood), Reply::HelloOk { .. }));
+    // 20 000 queries without reading a reply: gem-schd reads 32, then waits for this
+    // connection to read (the writer blocks when the socket fills: write from a thread).
+    let q = Request::MemQuery.encode().unwrap();
+    let n = 20_000;
+    let mut w = flood.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        for _ in 0..n {
+            if w.write_all(&q).is_err() {
+                return false;
+            }
+        }
+        true
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    // Others are served at once meanwhile.
+    let mut other = s.connect("b");
+    let t0 = Instant::now();
+    assert!(other.mem_query().is_ok());
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    // The flooding connection gets every reply, in order, once it reads.
+    flood
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let (mut buf, mut got) = (Vec::new(), 0);
+    let mut chunk = [0u8; 4096];
+    while got < n {
+        while let Some((r, used)) = Reply::decode(&buf).unwrap() {
+            buf.drain(..used);
+            assert!(matches!(r, Reply::MemInfo { .. }), "reply {got}: {r:?}");
+            got += 1;
+        }
+        if got == n {
+            break;
+        }
+        let k = std::io::Read::read(&mut flood, &mut chunk).unwrap();
+        assert!(k > 0, "closed after {got} replies");
+        buf.extend_from_slice(&chunk[..k]);
+    }
+    assert!(
+        writer.join().unwrap(),
+        "the writer could not send everything"
+    );
 }

@@ -25,6 +25,22 @@ pub struct Settings {
     pub on_unreachable: Unreachable,
     /// A holder that launched nothing for this long gives the token back.
     pub idle_release_us: u64,
+    /// How long any reply of gem-schd is awaited (`KUBESHARE_HOOK_TIMEOUT_MS`).
+    pub io_timeout_ms: u64,
+}
+
+pub const DEFAULT_IO_TIMEOUT_MS: u64 = 5000;
+
+pub fn parse_timeout_ms(v: Option<&str>) -> Result<u64, String> {
+    match v.map(str::trim) {
+        None | Some("") => Ok(DEFAULT_IO_TIMEOUT_MS),
+        Some(s) => match s.parse::<u64>() {
+            Ok(ms) if (10..=600_000).contains(&ms) => Ok(ms),
+            _ => Err(format!(
+                "KUBESHARE_HOOK_TIMEOUT_MS={s:?} is not a whole number of ms in 10..=600000; using {DEFAULT_IO_TIMEOUT_MS}"
+            )),
+        },
+    }
 }
 
 pub const DEFAULT_IDLE_RELEASE_US: u64 = 10_000;
@@ -66,6 +82,11 @@ pub fn settings() -> &'static Settings {
                 crate::info!("{e}");
                 DEFAULT_IDLE_RELEASE_US
             });
+        let io_timeout_ms = parse_timeout_ms(get("KUBESHARE_HOOK_TIMEOUT_MS").as_deref())
+            .unwrap_or_else(|e| {
+                crate::info!("{e}");
+                DEFAULT_IO_TIMEOUT_MS
+            });
         let socket_dir = get(gem_proto::SOCKET_DIR_ENV)
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| gem_proto::DEFAULT_SOCKET_DIR.to_string())
@@ -74,6 +95,7 @@ pub fn settings() -> &'static Settings {
             socket_dir,
             on_unreachable,
             idle_release_us,
+            io_timeout_ms,
         }
     })
 }
@@ -126,6 +148,15 @@ mod tests {
         assert_eq!(parse_unreachable(Some("run")), Ok(Unreachable::Run));
         assert_eq!(parse_unreachable(Some(" wait ")), Ok(Unreachable::Wait));
         assert!(parse_unreachable(Some("yolo")).is_err());
+    }
+
+    #[test]
+    fn timeout_ms() {
+        assert_eq!(parse_timeout_ms(None), Ok(DEFAULT_IO_TIMEOUT_MS));
+        assert_eq!(parse_timeout_ms(Some("250")), Ok(250));
+        assert!(parse_timeout_ms(Some("0")).is_err());
+        assert!(parse_timeout_ms(Some("1.5")).is_err());
+        assert!(parse_timeout_ms(Some("18446744073709551616")).is_err());
     }
 
     #[test]

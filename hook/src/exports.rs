@@ -6,13 +6,17 @@
 
 use crate::config::active;
 use crate::cuda::*;
-use crate::device::{
-    Kind, adjust, counted_alloc, counted_free, current_device, device_index, gate, guard, mem_query,
+use crate::device::{current_ctx, current_device, device_index, gate, guard};
+use crate::memory::{
+    adjust, counted_alloc, counted_free, credit_context, mapped, mem_query, release_handle,
+    unmapped,
 };
 use crate::procaddr;
 use crate::real;
 use crate::real::real_dlsym;
+use crate::state::{Kind, forget_context, note_context, state};
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::sync::atomic::Ordering;
 
 /// Every driver function the hook exports and wraps, once: `$m!(names...)` receives the list,
 /// so the slots of the real functions and the lookup table of wrappers cannot drift apart.
@@ -44,6 +48,14 @@ macro_rules! intercepted {
             cuArrayDestroy,
             cuMemGetInfo_v2,
             cuDeviceTotalMem_v2,
+            cuMemMap,
+            cuMemUnmap,
+            cuCtxDestroy_v2,
+            cuCtxSetCurrent,
+            cuCtxPushCurrent_v2,
+            cuDevicePrimaryCtxRetain,
+            cuDevicePrimaryCtxRelease_v2,
+            cuDevicePrimaryCtxReset_v2,
             cuGetProcAddress,
             cuGetProcAddress_v2,
         }
@@ -53,6 +65,7 @@ macro_rules! intercepted {
 #[allow(non_upper_case_globals)]
 mod r {
     intercepted!(crate::slots);
+    crate::slots!(cuDevicePrimaryCtxGetState);
 }
 
 type Cu = CUresult;
@@ -103,6 +116,13 @@ type FnRelease = unsafe extern "C" fn(CUmemGenericAllocationHandle) -> Cu;
 type FnArrayDestroy = unsafe extern "C" fn(CUarray) -> Cu;
 type FnMemInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> Cu;
 type FnTotalMem = unsafe extern "C" fn(*mut usize, CUdevice) -> Cu;
+type FnMap =
+    unsafe extern "C" fn(CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, u64) -> Cu;
+type FnUnmap = unsafe extern "C" fn(CUdeviceptr, usize) -> Cu;
+type FnCtx = unsafe extern "C" fn(CUcontext) -> Cu;
+type FnRetain = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> Cu;
+type FnDev = unsafe extern "C" fn(CUdevice) -> Cu;
+type FnPrimaryState = unsafe extern "C" fn(CUdevice, *mut c_uint, *mut c_int) -> Cu;
 type FnGpa = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> Cu;
 type FnGpa2 = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> Cu;
 
@@ -219,13 +239,18 @@ pub unsafe extern "C" fn cuGraphLaunch_ptsz(g: CUgraphExec, stream: CUstream) ->
 
 // ------------------------------------------------------------------------------ allocations
 
+/// The context that owns an allocation made now (only asked when the hook is active).
+fn owner() -> usize {
+    if active() { current_ctx() } else { 0 }
+}
+
 unsafe fn out_ptr(p: *mut CUdeviceptr) -> u64 {
     if p.is_null() { 0 } else { unsafe { *p } }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(p: *mut CUdeviceptr, bytes: usize) -> CUresult {
-    counted_alloc(current_device(), bytes as u64, Kind::Ptr, || {
+    counted_alloc(current_device(), bytes as u64, Kind::Ptr, owner(), || {
         let rc = real!(r::cuMemAlloc_v2, FnAlloc, p, bytes);
         (rc, unsafe { out_ptr(p) })
     })
@@ -237,7 +262,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     bytes: usize,
     flags: c_uint,
 ) -> CUresult {
-    counted_alloc(current_device(), bytes as u64, Kind::Ptr, || {
+    counted_alloc(current_device(), bytes as u64, Kind::Ptr, owner(), || {
         let rc = real!(r::cuMemAllocManaged, FnManaged, p, bytes, flags);
         (rc, unsafe { out_ptr(p) })
     })
@@ -251,7 +276,8 @@ macro_rules! async_wrapper {
             bytes: usize,
             stream: CUstream,
         ) -> CUresult {
-            counted_alloc(current_device(), bytes as u64, Kind::Ptr, || {
+            // Stream-ordered memory belongs to the device's pool, not to a context.
+            counted_alloc(current_device(), bytes as u64, Kind::Ptr, 0, || {
                 let rc = real!(r::$slot, FnAsync, p, bytes, stream);
                 (rc, unsafe { out_ptr(p) })
             })
@@ -270,7 +296,8 @@ macro_rules! pool_wrapper {
             pool: CUmemoryPool,
             stream: CUstream,
         ) -> CUresult {
-            counted_alloc(current_device(), bytes as u64, Kind::Ptr, || {
+            // Stream-ordered memory belongs to the device's pool, not to a context.
+            counted_alloc(current_device(), bytes as u64, Kind::Ptr, 0, || {
                 let rc = real!(r::$slot, FnPool, p, bytes, pool, stream);
                 (rc, unsafe { out_ptr(p) })
             })
@@ -305,7 +332,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     // The pitch is the driver's choice: reserve an estimate, then settle on the real size.
     let estimate = pitch_estimate(width, height);
     let mut made = None;
-    let rc = counted_alloc(Some(dev), estimate, Kind::Ptr, || {
+    let rc = counted_alloc(Some(dev), estimate, Kind::Ptr, owner(), || {
         let rc = call();
         if rc == CUDA_SUCCESS && !pitch.is_null() {
             made = Some(unsafe { (out_ptr(p), *pitch) });
@@ -314,7 +341,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     });
     if let Some((ptr, pt)) = made {
         let actual = (pt as u64).saturating_mul(height as u64);
-        if !guard(true, || adjust(Kind::Ptr, ptr, dev, estimate, actual)) {
+        if !guard(true, || adjust(ptr, dev, estimate, actual)) {
             let _ = unsafe { cuMemFree_v2(ptr) };
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
@@ -340,7 +367,7 @@ pub unsafe extern "C" fn cuMemCreate(
             None
         }
     };
-    counted_alloc(dev, bytes as u64, Kind::Handle, || {
+    counted_alloc(dev, bytes as u64, Kind::Handle, 0, || {
         let rc = real!(r::cuMemCreate, FnCreate, h, bytes, prop, flags);
         (rc, if h.is_null() { 0 } else { unsafe { *h } })
     })
@@ -357,7 +384,7 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
         let d = unsafe { &*d };
         array_bytes(d.width, d.height, 1, d.format, d.num_channels)
     };
-    counted_alloc(current_device(), bytes, Kind::Array, || {
+    counted_alloc(current_device(), bytes, Kind::Array, owner(), || {
         let rc = real!(r::cuArrayCreate_v2, FnArray, a, d);
         (rc, if a.is_null() { 0 } else { unsafe { *a as u64 } })
     })
@@ -374,7 +401,7 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
         let d = unsafe { &*d };
         array_bytes(d.width, d.height, d.depth, d.format, d.num_channels)
     };
-    counted_alloc(current_device(), bytes, Kind::Array, || {
+    counted_alloc(current_device(), bytes, Kind::Array, owner(), || {
         let rc = real!(r::cuArray3DCreate_v2, FnArray3d, a, d);
         (rc, if a.is_null() { 0 } else { unsafe { *a as u64 } })
     })
@@ -403,7 +430,122 @@ pub unsafe extern "C" fn cuMemFreeAsync_ptsz(p: CUdeviceptr, stream: CUstream) -
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemRelease(h: CUmemGenericAllocationHandle) -> CUresult {
-    counted_free(Kind::Handle, h, || real!(r::cuMemRelease, FnRelease, h))
+    release_handle(h, || real!(r::cuMemRelease, FnRelease, h))
+}
+
+// ------------------------------------------------------------------------------ VMM mappings
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemMap(
+    va: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    h: CUmemGenericAllocationHandle,
+    flags: u64,
+) -> CUresult {
+    let rc = real!(r::cuMemMap, FnMap, va, size, offset, h, flags);
+    if rc == CUDA_SUCCESS {
+        guard((), || mapped(va, size as u64, h));
+    }
+    rc
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemUnmap(va: CUdeviceptr, size: usize) -> CUresult {
+    let rc = real!(r::cuMemUnmap, FnUnmap, va, size);
+    if rc == CUDA_SUCCESS {
+        guard((), || unmapped(va, size as u64));
+    }
+    rc
+}
+
+// ------------------------------------------------------------------------------ contexts
+
+/// Destroying a context frees the memory it owns.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
+    let rc = real!(r::cuCtxDestroy_v2, FnCtx, ctx);
+    if rc == CUDA_SUCCESS && active() {
+        guard((), || {
+            forget_context(ctx as usize);
+            credit_context(ctx as usize)
+        });
+    }
+    rc
+}
+
+/// Contexts made current are drained at hand-overs.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
+    let rc = real!(r::cuCtxSetCurrent, FnCtx, ctx);
+    if rc == CUDA_SUCCESS && active() {
+        note_context(ctx);
+    }
+    rc
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
+    let rc = real!(r::cuCtxPushCurrent_v2, FnCtx, ctx);
+    if rc == CUDA_SUCCESS && active() {
+        note_context(ctx);
+    }
+    rc
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+    let rc = real!(r::cuDevicePrimaryCtxRetain, FnRetain, ctx, dev);
+    if rc == CUDA_SUCCESS
+        && active()
+        && !ctx.is_null()
+        && let Some(d) = device_index(dev)
+    {
+        let c = unsafe { *ctx };
+        state().primary[d].store(c as usize, Ordering::Release);
+        note_context(c);
+    }
+    rc
+}
+
+/// The primary context of `dev` as last retained (0: never seen).
+fn primary_of(dev: CUdevice) -> usize {
+    device_index(dev).map_or(0, |d| state().primary[d].load(Ordering::Acquire))
+}
+
+/// The last release destroys the primary context, and its memory with it.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+    let rc = real!(r::cuDevicePrimaryCtxRelease_v2, FnDev, dev);
+    if rc == CUDA_SUCCESS && active() {
+        let (mut flags, mut on): (c_uint, c_int) = (0, 1);
+        let st = real!(
+            r::cuDevicePrimaryCtxGetState,
+            FnPrimaryState,
+            dev,
+            &mut flags,
+            &mut on
+        );
+        if st == CUDA_SUCCESS && on == 0 {
+            let c = primary_of(dev);
+            guard((), || {
+                forget_context(c);
+                credit_context(c)
+            });
+        }
+    }
+    rc
+}
+
+/// A reset frees every allocation of the primary context.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
+    let rc = real!(r::cuDevicePrimaryCtxReset_v2, FnDev, dev);
+    if rc == CUDA_SUCCESS && active() {
+        let c = primary_of(dev);
+        guard((), || credit_context(c));
+    }
+    rc
 }
 
 #[unsafe(no_mangle)]
@@ -532,11 +674,12 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         return std::ptr::null_mut();
     };
     let p = unsafe { real_fn(handle, symbol) };
-    // Cheap test first: names not starting with "cu" never touch any hook state.
-    if p.is_null()
-        || symbol.is_null()
-        || unsafe { *symbol != b'c' as c_char || *symbol.add(1) != b'u' as c_char }
-    {
+    // Cheap test first: names not starting with "cu" or "nv" never touch any hook state.
+    if p.is_null() || symbol.is_null() {
+        return p;
+    }
+    let (a, b) = unsafe { (*symbol as u8, *symbol.add(1) as u8) };
+    if !matches!((a, b), (b'c', b'u') | (b'n', b'v')) {
         return p;
     }
     if !active() {
@@ -545,6 +688,9 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
     let Ok(name) = unsafe { CStr::from_ptr(symbol) }.to_str() else {
         return p;
     };
+    if a == b'n' {
+        return crate::nvml::wrapper(name).unwrap_or(p);
+    }
     wrapper(name).unwrap_or(p)
 }
 

@@ -1,6 +1,7 @@
 //! libgemhook.so.1: loaded with LD_PRELOAD into a KubeShare pod's processes, it makes the pod's
 //! GPU share real. Kernel launches are gated on gem-schd's token, device memory is capped at the
-//! pod's budget, and the memory queries report that budget. See `docs/hook.md`.
+//! pod's budget, and the memory queries (CUDA's and NVML's) report that budget. See
+//! `docs/hook.md`.
 //!
 //! Outside a KubeShare pod (no socket directory) it is inert: every call passes through.
 
@@ -13,5 +14,8 @@ pub mod cuda;
 pub mod device;
 pub mod exports;
 pub mod log;
+pub mod memory;
+pub mod nvml;
 pub mod procaddr;
 pub mod real;
+pub mod state;

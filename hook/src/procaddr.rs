@@ -35,6 +35,14 @@ pub const WRAPPED: &[&str] = &[
     "cuArrayDestroy",
     "cuMemGetInfo_v2",
     "cuDeviceTotalMem_v2",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuCtxDestroy_v2",
+    "cuCtxSetCurrent",
+    "cuCtxPushCurrent_v2",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuDevicePrimaryCtxReset_v2",
 ];
 
 /// The exported variant that `cuGetProcAddress(base, version, flags)` returns, if the hook wraps
@@ -71,6 +79,15 @@ pub fn variant(base: &str, version: i32, flags: u64) -> Option<&'static str> {
         "cuDeviceTotalMem" => v2("cuDeviceTotalMem_v2"),
         "cuArrayCreate" => v2("cuArrayCreate_v2"),
         "cuArray3DCreate" => v2("cuArray3DCreate_v2"),
+        // `_v2` of these came with CUDA 4.0 (context stack) and 11.0 (primary contexts).
+        "cuCtxDestroy" => (version >= 4000).then_some("cuCtxDestroy_v2"),
+        "cuCtxPushCurrent" => (version >= 4000).then_some("cuCtxPushCurrent_v2"),
+        "cuDevicePrimaryCtxRelease" => (version >= 11000).then_some("cuDevicePrimaryCtxRelease_v2"),
+        "cuDevicePrimaryCtxReset" => (version >= 11000).then_some("cuDevicePrimaryCtxReset_v2"),
+        "cuCtxSetCurrent" => Some("cuCtxSetCurrent"),
+        "cuDevicePrimaryCtxRetain" => Some("cuDevicePrimaryCtxRetain"),
+        "cuMemMap" => Some("cuMemMap"),
+        "cuMemUnmap" => Some("cuMemUnmap"),
         "cuMemAllocManaged" => Some("cuMemAllocManaged"),
         "cuMemCreate" => Some("cuMemCreate"),
         "cuMemRelease" => Some("cuMemRelease"),
@@ -117,6 +134,13 @@ mod tests {
         );
         assert_eq!(variant("cuMemcpyHtoD", 12000, 0), None);
         assert_eq!(variant("cuMemAlloc_v2", 12000, 0), Some("cuMemAlloc_v2"));
+        assert_eq!(
+            variant("cuDevicePrimaryCtxRelease", 12000, 0),
+            Some("cuDevicePrimaryCtxRelease_v2")
+        );
+        assert_eq!(variant("cuDevicePrimaryCtxRelease", 10020, 0), None);
+        assert_eq!(variant("cuCtxDestroy", 13000, 2), Some("cuCtxDestroy_v2"));
+        assert_eq!(variant("cuMemMap", 13000, 2), Some("cuMemMap"));
     }
 
     proptest! {

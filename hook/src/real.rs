@@ -13,6 +13,7 @@ type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 
 static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 static LIBCUDA: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static LIBNVML: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
 /// glibc's `dlsym`, found with `dlvsym` (not hooked). glibc 2.34 moved it into libc with a new
 /// version; older glibc only has GLIBC_2.2.5.
@@ -37,40 +38,60 @@ pub fn real_dlsym() -> Option<DlsymFn> {
 
 /// The driver library's handle (the one the program loaded, matched by soname).
 pub fn libcuda() -> *mut c_void {
-    let h = LIBCUDA.load(Ordering::Acquire);
+    open_lib(&LIBCUDA, c"libcuda.so.1")
+}
+
+/// NVML's handle (`libnvidia-ml.so.1`), for the memory queries the hook answers.
+pub fn libnvml() -> *mut c_void {
+    open_lib(&LIBNVML, c"libnvidia-ml.so.1")
+}
+
+fn open_lib(cache: &AtomicPtr<c_void>, soname: &CStr) -> *mut c_void {
+    let h = cache.load(Ordering::Acquire);
     if !h.is_null() {
         return h;
     }
     // SAFETY: dlopen with a constant name; RTLD_NOLOAD first to reuse what the program loaded.
     let h = unsafe {
-        let h = libc::dlopen(
-            c"libcuda.so.1".as_ptr(),
-            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
-        );
+        let h = libc::dlopen(soname.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
         if h.is_null() {
-            libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_LAZY)
+            libc::dlopen(soname.as_ptr(), libc::RTLD_LAZY)
         } else {
             h
         }
     };
     if !h.is_null() {
-        LIBCUDA.store(h, Ordering::Release);
+        cache.store(h, Ordering::Release);
     }
     h
+}
+
+/// Which library a [`Slot`] names a function of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lib {
+    Cuda,
+    Nvml,
 }
 
 /// A real driver function, looked up by its exported name on first use.
 pub struct Slot {
     /// NUL-terminated (see [`slots!`]).
     name: &'static str,
+    lib: Lib,
     ptr: AtomicPtr<c_void>,
 }
 
 impl Slot {
     /// `name` must end with a NUL byte; [`slots!`] makes such names.
     pub const fn new(name: &'static str) -> Self {
+        Self::of(Lib::Cuda, name)
+    }
+
+    /// A slot of a function of `lib`.
+    pub const fn of(lib: Lib, name: &'static str) -> Self {
         Slot {
             name,
+            lib,
             ptr: AtomicPtr::new(std::ptr::null_mut()),
         }
     }
@@ -87,7 +108,11 @@ impl Slot {
 
     #[cold]
     fn resolve(&self) -> *mut c_void {
-        let (Some(dl), h) = (real_dlsym(), libcuda()) else {
+        let lib = match self.lib {
+            Lib::Cuda => libcuda(),
+            Lib::Nvml => libnvml(),
+        };
+        let (Some(dl), h) = (real_dlsym(), lib) else {
             return std::ptr::null_mut();
         };
         if h.is_null() {
@@ -130,5 +155,13 @@ macro_rules! real {
 macro_rules! slots {
     ($($n:ident),* $(,)?) => {
         $(pub static $n: $crate::real::Slot = $crate::real::Slot::new(concat!(stringify!($n), "\0"));)*
+    };
+}
+
+/// Declares one NVML [`Slot`] static per function, named after it.
+#[macro_export]
+macro_rules! nvml_slots {
+    ($($n:ident),* $(,)?) => {
+        $(pub static $n: $crate::real::Slot = $crate::real::Slot::of($crate::real::Lib::Nvml, concat!(stringify!($n), "\0"));)*
     };
 }

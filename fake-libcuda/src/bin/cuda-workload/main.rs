@@ -3,8 +3,9 @@
 //! runs kernels of a given duration (fake-libcuda convention) or allocations, and prints JSON
 //! lines on stdout.
 
-#[path = "../abi.rs"]
+#[path = "../../abi.rs"]
 mod abi;
+mod scenarios;
 
 use abi::*;
 use anyhow::{Context, Result, bail};
@@ -93,13 +94,48 @@ enum Cmd {
     },
     /// Print `cuMemGetInfo_v2` and `cuDeviceTotalMem_v2`.
     Meminfo,
+    /// Virtual memory: create a handle of `--bytes`, map it, release it while mapped, try a
+    /// second one, unmap; memory info after each step.
+    Vmm {
+        #[arg(long)]
+        bytes: u64,
+    },
+    /// Allocate `--bytes` in a context, then end that context (`--how`); memory info after.
+    CtxEnd {
+        #[arg(long)]
+        bytes: u64,
+        #[arg(long, value_enum)]
+        how: scenarios::CtxEnd,
+    },
+    /// Hold `--bytes`, keep a launching thread and a memory-querying thread busy, and fork
+    /// `--children` children one after another; each allocates `--bytes`, launches kernels and
+    /// exits. Prints each child's outcome and the parent's afterwards.
+    Fork {
+        #[arg(long)]
+        bytes: u64,
+        #[arg(long, default_value_t = 3)]
+        children: u32,
+        #[arg(long, default_value_t = 2000)]
+        kernel_us: u64,
+    },
+    /// NVML memory info of device `--device` (without initialising CUDA, like nvidia-smi).
+    Nvml,
+    /// Per-launch cost of `cuLaunchKernel` through the lookup path (the hook's wrapper when
+    /// preloaded) and of the fake's own function, interleaved, `--rounds` × `--launches`.
+    /// Run with FAKE_CUDA_NOOP_LAUNCH=1 so that the fake's launch costs next to nothing.
+    LaunchBench {
+        #[arg(long, default_value_t = 200)]
+        rounds: u32,
+        #[arg(long, default_value_t = 20000)]
+        launches: u32,
+    },
 }
 
 type FnInit = unsafe extern "C" fn(c_uint) -> CUresult;
 type FnRetain = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult;
 type FnSetCur = unsafe extern "C" fn(CUcontext) -> CUresult;
 type FnSync = unsafe extern "C" fn() -> CUresult;
-type FnLaunch = unsafe extern "C" fn(
+pub(crate) type FnLaunch = unsafe extern "C" fn(
     CUfunction,
     c_uint,
     c_uint,
@@ -223,7 +259,11 @@ unsafe extern "C" {
     fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult;
 }
 
-struct Api {
+pub(crate) struct Api {
+    lookup: Lookup,
+    handle: *mut c_void,
+    gpa: Option<FnGpa2>,
+    flags: u64,
     init: FnInit,
     retain: FnRetain,
     set_current: FnSetCur,
@@ -249,11 +289,36 @@ struct Api {
     busy: Option<FnBusy>,
 }
 
+impl Api {
+    /// Any entry point, through the same lookup path as the rest (`symbol`: the dynamic
+    /// linker's global scope, where a preloaded library comes first).
+    ///
+    /// # Safety
+    /// `T` must be the function type of the named entry point.
+    pub(crate) unsafe fn get<T: Copy>(&self, name: &str) -> Result<T> {
+        let c = CString::new(name)?;
+        let p = match (self.lookup, self.gpa) {
+            // SAFETY: dlsym with a valid name.
+            (Lookup::Symbol, _) => unsafe { libc::dlsym(libc::RTLD_DEFAULT, c.as_ptr()) },
+            (Lookup::Proc, Some(gpa)) => {
+                let mut p = std::ptr::null_mut();
+                let mut st = 0;
+                // SAFETY: cuGetProcAddress with valid out-pointers.
+                unsafe { gpa(c.as_ptr(), &mut p, 13000, self.flags, &mut st) };
+                p
+            }
+            // SAFETY: dlsym on the library handle.
+            _ => unsafe { libc::dlsym(self.handle, c.as_ptr()) },
+        };
+        unsafe { cast(p, name) }
+    }
+}
+
 /// Looks a function pointer up and casts it to the right type.
 ///
 /// # Safety
 /// `T` must be the function type of the named entry point.
-unsafe fn cast<T: Copy>(p: *mut c_void, name: &str) -> Result<T> {
+pub(crate) unsafe fn cast<T: Copy>(p: *mut c_void, name: &str) -> Result<T> {
     if p.is_null() {
         bail!("{name} not found");
     }
@@ -282,6 +347,10 @@ fn load(lookup: Lookup, ptsz: bool) -> Result<Api> {
     let busy = unsafe { cast::<FnBusy>(dl("fakeCudaBusyMicros"), "fakeCudaBusyMicros").ok() };
     match lookup {
         Lookup::Symbol => Ok(Api {
+            lookup,
+            handle: h,
+            gpa: None,
+            flags: 0,
             init: cuInit,
             retain: cuDevicePrimaryCtxRetain,
             set_current: cuCtxSetCurrent,
@@ -308,6 +377,10 @@ fn load(lookup: Lookup, ptsz: bool) -> Result<Api> {
         }),
         Lookup::Dlsym => unsafe {
             Ok(Api {
+                lookup,
+                handle: h,
+                gpa: None,
+                flags: 0,
                 init: cast(dl("cuInit"), "cuInit")?,
                 retain: cast(dl("cuDevicePrimaryCtxRetain"), "cuDevicePrimaryCtxRetain")?,
                 set_current: cast(dl("cuCtxSetCurrent"), "cuCtxSetCurrent")?,
@@ -356,6 +429,10 @@ fn load(lookup: Lookup, ptsz: bool) -> Result<Api> {
                 p
             };
             Ok(Api {
+                lookup,
+                handle: h,
+                gpa: Some(gpa),
+                flags,
                 init: cast(get("cuInit"), "cuInit")?,
                 retain: cast(get("cuDevicePrimaryCtxRetain"), "cuDevicePrimaryCtxRetain")?,
                 set_current: cast(get("cuCtxSetCurrent"), "cuCtxSetCurrent")?,
@@ -387,20 +464,20 @@ fn load(lookup: Lookup, ptsz: bool) -> Result<Api> {
     }
 }
 
-fn check(r: CUresult, what: &str) -> Result<()> {
+pub(crate) fn check(r: CUresult, what: &str) -> Result<()> {
     if r != CUDA_SUCCESS {
         bail!("{what} failed: CUresult {r}");
     }
     Ok(())
 }
 
-fn emit(v: serde_json::Value) {
+pub(crate) fn emit(v: serde_json::Value) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{v}");
     let _ = out.flush();
 }
 
-fn mem_info(api: &Api, dev: i32) -> serde_json::Value {
+pub(crate) fn mem_info(api: &Api, dev: i32) -> serde_json::Value {
     let (mut free, mut total, mut dev_total) = (0usize, 0usize, 0usize);
     // SAFETY: out-pointers to locals.
     let (r1, r2) = unsafe {
@@ -414,6 +491,9 @@ fn mem_info(api: &Api, dev: i32) -> serde_json::Value {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    if let Cmd::Nvml = cli.cmd {
+        return scenarios::nvml(cli.device);
+    }
     let api = load(cli.lookup, cli.ptsz)?;
     let dev = cli.device;
     // SAFETY: driver calls with valid arguments.
@@ -450,6 +530,17 @@ fn main() -> Result<()> {
         Cmd::Meminfo => {
             emit(mem_info(&api, dev));
             Ok(())
+        }
+        Cmd::Vmm { bytes } => scenarios::vmm(&api, dev, bytes),
+        Cmd::CtxEnd { bytes, how } => scenarios::ctx_end(&api, dev, bytes, how),
+        Cmd::Fork {
+            bytes,
+            children,
+            kernel_us,
+        } => scenarios::fork(&api, dev, bytes, children, kernel_us),
+        Cmd::Nvml => unreachable!("handled before CUDA is initialised"),
+        Cmd::LaunchBench { rounds, launches } => {
+            scenarios::launch_bench(&api, rounds, launches.max(1))
         }
     }
 }

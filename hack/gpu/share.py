@@ -1,0 +1,350 @@
+"""Shares measured as GPU time (issue 14's table), run by `hack/gpu-bench.sh --share`.
+
+Starts gem-schd per scenario (bench.py's Bench) and runs share_tenant.py tenants with
+libgemhook preloaded. A burst tenant's GPU busy time comes from CUDA events around each of its
+kernels (share_tenant.py says how token waits are kept out of them); throughput is reported
+beside it. Prints one JSON table; raw tenant results go to OUT/share-raw.json.
+
+    python3 hack/gpu/share.py ARTIFACT_DIR OUT [scenario ...]
+"""
+
+import calendar
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench import Bench, log  # noqa: E402
+
+GIB = 1 << 30
+ALL = ["alone", "three", "train_infer", "train_infer_nopace", "reload", "multiproc", "kill"]
+
+
+class ShareBench(Bench):
+    extra = []  # more gem-schd arguments, for a variant of a scenario
+    debug = False  # gem-schd and hook debug logs (every grant, with its wait) into bench.log
+
+    @contextlib.contextmanager
+    def schd(self, clients):
+        """gem-schd with `clients` = [(id, request, limit, mem_bytes)] and `extra` arguments."""
+        self.write_config(clients)
+        cfg = os.path.join(self.root, "rc.txt")
+        tmpl = os.path.join(self.root, "pods", "{client}", "{gpu}.sock")
+        p = subprocess.Popen([self.schd_bin, "--gpu", self.uuid, "--config", cfg, "--socket-template", tmpl]
+                             + self.extra, stdout=self.logs, stderr=self.logs,
+                             env=dict(os.environ, RUST_LOG="gem_schd=debug" if self.debug else "info"))
+        try:
+            for c in clients:
+                sock = self.sock_dir(c[0]) + f"/{self.uuid}.sock"
+                t0 = time.time()
+                while not os.path.exists(sock):
+                    if time.time() - t0 > 10 or p.poll() is not None:
+                        raise RuntimeError(f"gem-schd did not create {sock}")
+                    time.sleep(0.02)
+            yield
+        finally:
+            p.terminate()
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    def spawn(self, args, client=None, env=None):
+        e = dict(os.environ, PYTHONUNBUFFERED="1")
+        if client is not None:
+            e.update(LD_PRELOAD=self.hook, KUBESHARE_SOCKET_DIR=self.sock_dir(client),
+                     KUBESHARE_HOOK_LOG="debug" if self.debug else "info")
+        e.update(env or {})
+        return subprocess.Popen([sys.executable, os.path.join(HERE, "share_tenant.py")] + args, env=e,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.logs, text=True)
+
+    def write_config(self, clients):
+        cfg = os.path.join(self.root, "rc.txt")
+        tmp = cfg + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{len(clients)}\n")
+            for c in clients:
+                f.write("%s %s %s %d\n" % c)
+        os.rename(tmp, cfg)
+
+    def run(self, tenants, seconds, at=(), timeout=150):
+        """tenants: [(label, [tenant args], client or None)]; `at`: [(s after start, fn)]."""
+        procs = [(lbl, self.spawn(args + ["--seconds", str(seconds), "--label", lbl], client))
+                 for lbl, args, client in tenants]
+
+        def expired(*_):
+            raise TimeoutError(f"tenants {[t[0] for t in tenants]} ran past {timeout} s")
+        signal.signal(signal.SIGALRM, expired)
+        signal.alarm(timeout)
+        try:
+            for lbl, p in procs:
+                if not p.stdout.readline():
+                    raise RuntimeError(f"{lbl} exited before warm-up (rc {p.wait()})")
+            start_at = time.time() + 0.5
+            for _, p in procs:
+                p.stdin.write(json.dumps({"start_at": start_at}) + "\n")
+                p.stdin.flush()
+            timers = [threading.Timer(start_at + t - time.time(), fn) for t, fn in at]
+            for t in timers:
+                t.start()
+            res = {}
+            for lbl, p in procs:
+                line = p.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"{lbl} failed (rc {p.wait()})")
+                res[lbl] = json.loads(line)
+            return res
+        finally:
+            signal.alarm(0)
+            for _, p in procs:
+                if p.poll() is None:
+                    p.kill()
+
+
+def windows(busy, t0, t1, width):
+    """GPU busy fraction per window of `width` s in [t0, t1), from the kernels' [start, end]
+    (s from the tenant's start, on the GPU's clock)."""
+    n = int(round((t1 - t0) / width))
+    acc = [0.0] * n
+    for a, b in busy:
+        if b <= t0 or a >= t1:
+            continue
+        for i in range(max(0, int((a - t0) // width)), min(n, int((b - t0) // width) + 1)):
+            lo, hi = t0 + i * width, t0 + (i + 1) * width
+            acc[i] += max(0.0, min(b, hi) - max(a, lo))
+    return [round(x / width, 4) for x in acc]
+
+
+def sliding_max(busy, t0, t1, width=1.0, step=0.1):
+    """The largest busy fraction over any window of `width` s starting on a `step` grid."""
+    fine = windows(busy, t0, t1, step)
+    k = int(round(width / step))
+    return round(max(sum(fine[i:i + k]) / k for i in range(len(fine) - k + 1)), 4)
+
+
+def union(*lists):
+    """Merged intervals: the GPU time of several processes of one client (when both run in
+    one hold, the GPU time-slices between their contexts and each one's events span the
+    other's kernels too, so their sums would count it twice)."""
+    out = []
+    for a, b in sorted(x for l in lists for x in l):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def total_busy(busy, t0, t1):
+    """Fraction of [t0, t1) the kernels kept the GPU busy."""
+    return windows(busy, t0, t1, t1 - t0)[0]
+
+
+def burst(ms):
+    return ["--mode", "burst", "--burst-ms", str(ms)]
+
+
+def alone(b, raw):
+    out = {}
+    for ms in (5, 16, 50):
+        nat = b.run([("native", burst(ms), None)], 6)["native"]
+        raw[f"native_{ms}"] = nat
+        for lim in (0.3, 0.5):
+            with b.schd([("a", lim, lim, 8 * GIB)]):
+                r = b.run([("a", burst(ms), "a")], 12)["a"]
+            raw[f"alone_{lim}_{ms}"] = r
+            w = windows(r["busy"], 2, 12, 1.0)
+            sm = sliding_max(r["busy"], 2, 12)
+            out[f"limit {lim}, {ms} ms bursts"] = {
+                "busy_per_1s_max": max(w), "busy_per_1s_min": min(w), "busy_mean": round(sum(w) / len(w), 4),
+                "busy_any_1s_max": sm, "over_limit_pp_max": round(100 * (sm - lim), 2),
+                "throughput_of_native": round(r["rate"] / nat["rate"], 4),
+                "kernel_ms": round(r["kernel_ms"], 3), "per_burst": r["per_burst"]}
+    return out
+
+
+def three(b, raw):
+    cl = [("a", 0.2, 0.2, 8 * GIB), ("b", 0.3, 0.3, 8 * GIB), ("c", 0.5, 0.5, 8 * GIB)]
+    with b.schd(cl):
+        r = b.run([(c[0], burst(16), c[0]) for c in cl], 15)
+    raw["three"] = r
+    return {c[0]: {"target": c[1], "busy": round(total_busy(r[c[0]]["busy"], 3, 15), 4),
+                   "busy_any_1s_max": sliding_max(r[c[0]]["busy"], 3, 15),
+                   "busy_per_1s": windows(r[c[0]]["busy"], 3, 15, 1.0),
+                   "throughput_kernels_per_s": round(r[c[0]]["rate"], 1)} for c in cl}
+
+
+def pct(v, q):
+    v = sorted(v)
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
+def stall(series):
+    ts = [0.0] + [p[0] for p in series]
+    return round(max(b - a for a, b in zip(ts, ts[1:])), 4)
+
+
+NATIVE = {}
+
+
+def train_infer_nopace(b, raw):
+    """train_infer with gem-schd's pacing off: is pacing what stalls the tenants?"""
+    b.extra = ["--pace-ms", "0"]
+    try:
+        return train_infer(b, raw)
+    finally:
+        b.extra = []
+
+
+def train_infer_debug(b, raw):
+    """train_infer with every grant logged (gem-schd and hook) into bench.log."""
+    b.debug = True
+    try:
+        return train_infer(b, raw)
+    finally:
+        b.debug = False
+
+
+def train_infer(b, raw):
+    if not NATIVE:
+        NATIVE["train"] = b.run([("train", ["--mode", "train50"], None)], 8)["train"]
+        NATIVE["infer"] = b.run([("infer", ["--mode", "infer18"], None)], 8)["infer"]
+    nat, nati = NATIVE["train"], NATIVE["infer"]
+    with b.schd([("t", 0.5, 0.5, 40 * GIB), ("i", 0.5, 0.5, 8 * GIB)]):
+        r = b.run([("train", ["--mode", "train50"], "t"), ("infer", ["--mode", "infer18"], "i")], 20)
+    raw.update(train_native=nat, infer_native=nati, train_infer=r)
+    li, ln = r["infer"]["lat_ms"], nati["lat_ms"]
+    return {"train_of_native": round(r["train"]["rate"] / nat["rate"], 4),
+            "infer_of_native": round(r["infer"]["rate"] / nati["rate"], 4),
+            "infer_ms": {"p50": pct(li, .5), "p99": pct(li, .99), "max": max(li)},
+            "infer_native_ms": {"p50": pct(ln, .5), "p99": pct(ln, .99), "max": max(ln)},
+            "train_longest_stall_s": stall(r["train"]["series"]),
+            "train_native_step_s": round(1 / nat["rate"], 4)}
+
+
+def reload(b, raw):
+    with b.schd([("a", 0.3, 0.3, 8 * GIB), ("b", 0.7, 0.7, 8 * GIB)]):
+        swap = lambda: b.write_config([("a", 0.7, 0.7, 8 * GIB), ("b", 0.3, 0.3, 8 * GIB)])  # noqa: E731
+        r = b.run([("a", burst(16), "a"), ("b", burst(16), "b")], 20, at=[(8.0, swap)])
+    raw["reload"] = r
+    wa = windows(r["a"]["busy"], 0, 20, 0.1)
+    wb = windows(r["b"]["busy"], 0, 20, 0.1)
+    # Longest run of 100 ms bins at zero after the reload, per tenant.
+    def zero_run(w):
+        best = cur = 0
+        for x in w[80:]:
+            cur = cur + 1 if x < 0.01 else 0
+            best = max(best, cur)
+        return best * 100
+    # First second-long window (sliding by 100 ms) after the reload where a's part of the GPU
+    # time the two got is within 3 pp of 0.7 (absolute busy time is below the shares by the
+    # tenants' own CPU time inside their holds).
+    settle = None
+    for i in range(80, len(wa) - 10):
+        sa, sb = sum(wa[i:i + 10]), sum(wb[i:i + 10])
+        if sa + sb > 0 and abs(sa / (sa + sb) - 0.7) <= 0.03:
+            settle = round((i - 80) / 10, 1)
+            break
+    return {"before_a_b": [round(sum(wa[30:80]) / 50, 4), round(sum(wb[30:80]) / 50, 4)],
+            "first_1s_after_a_b": [round(sum(wa[80:90]) / 10, 4), round(sum(wb[80:90]) / 10, 4)],
+            "after_a_b_last_8s": [round(sum(wa[120:200]) / 80, 4), round(sum(wb[120:200]) / 80, 4)],
+            "new_split_within_3pp_after_s": settle,
+            "longest_zero_after_reload_ms": {"a": zero_run(wa), "b": zero_run(wb)}}
+
+
+def multiproc(b, raw):
+    with b.schd([("a", 0.4, 0.4, 16 * GIB), ("b", 0.6, 0.6, 16 * GIB)]):
+        r = b.run([("a1", burst(16), "a"), ("a2", burst(16), "a"), ("b", burst(16), "b")], 15)
+    raw["multiproc"] = r
+    a = round(total_busy(union(r["a1"]["busy"], r["a2"]["busy"]), 3, 15), 4)
+    b_ = round(total_busy(r["b"]["busy"], 3, 15), 4)
+    return {"a_union": a, "b": b_, "a_of_delivered": round(a / (a + b_), 4),
+            "a_throughput_kernels_per_s": round(r["a1"]["rate"] + r["a2"]["rate"], 1),
+            "b_throughput_kernels_per_s": round(r["b"]["rate"], 1)}
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def grants(logfile):
+    out = []
+    with open(logfile) as f:
+        for line in f:
+            line = ANSI.sub("", line)
+            m = re.match(r"(\S+)Z\s+DEBUG .*grant client=(\S+)", line)
+            if m:
+                t = calendar.timegm(time.strptime(m.group(1)[:19], "%Y-%m-%dT%H:%M:%S"))
+                out.append((t + float("0" + m.group(1)[19:]), m.group(2)))
+    return out
+
+
+def kill(b, raw, loop_bin):
+    """kill -9 of the holder: time from the kill to the next grant (to the other client)."""
+    cfg = os.path.join(b.root, "rc-kill.txt")
+    with open(cfg, "w") as f:
+        f.write("2\na 0.5 1.0 1000000000\nb 0.5 1.0 1000000000\n")
+    logf = os.path.join(b.root, "schd-kill.log")
+    tmpl = os.path.join(b.root, "pods", "{client}", "{gpu}.sock")
+    schd = subprocess.Popen([b.schd_bin, "--gpu", b.uuid, "--config", cfg, "--socket-template", tmpl],
+                            stderr=open(logf, "w"), env=dict(os.environ, RUST_LOG="gem_schd=debug"))
+    env = lambda c: dict(os.environ, LD_PRELOAD=b.hook, KUBESHARE_SOCKET_DIR=b.sock_dir(c))  # noqa: E731
+    res = []
+    try:
+        time.sleep(0.5)
+        other = subprocess.Popen([loop_bin, "2000000000"], env=env("b"), stdout=subprocess.DEVNULL)
+        for _ in range(6):
+            a = subprocess.Popen([loop_bin, "2000000000"], env=env("a"), stdout=subprocess.DEVNULL)
+            time.sleep(1.5)
+            for _ in range(400):
+                g = grants(logf)
+                if g and g[-1][1] == "a":
+                    break
+                time.sleep(0.003)
+            t_kill = time.time()
+            a.send_signal(signal.SIGKILL)
+            a.wait()
+            time.sleep(0.5)
+            after = [t for t, c in grants(logf) if t > t_kill and c == "b"]
+            holder_was_a = bool(g) and g[-1][1] == "a"
+            res.append({"holder_was_a": holder_was_a,
+                        "token_back_ms": round((after[0] - t_kill) * 1000, 2) if after else None})
+        other.kill()
+    finally:
+        schd.kill()
+    raw["kill"] = res
+    ok = [r["token_back_ms"] for r in res if r["holder_was_a"] and r["token_back_ms"] is not None]
+    return {"runs": res, "max_token_back_ms_when_a_held": max(ok) if ok else None}
+
+
+def main():
+    art, out = sys.argv[1], sys.argv[2]
+    which = sys.argv[3:] or ALL
+    os.makedirs(out, exist_ok=True)
+    b = ShareBench(os.path.join(art, "libgemhook.so.1"), os.path.join(art, "gem-schd"), out)
+    table, raw = {}, {}
+    for name in which:
+        t0 = time.time()
+        try:
+            if name == "kill":
+                table[name] = kill(b, raw, os.path.join(art, "launch_bench"))
+            else:
+                table[name] = globals()[name](b, raw)
+        except Exception as e:  # one failed scenario must not lose the others
+            table[name] = {"error": repr(e)}
+        log(name, f"{time.time() - t0:.0f} s", json.dumps(table[name]))
+        with open(os.path.join(out, "share-raw.json"), "w") as f:
+            json.dump(raw, f)
+        with open(os.path.join(out, "share.json"), "w") as f:
+            json.dump(table, f, indent=1)
+    print(json.dumps(table))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""A tenant of hack/gpu/share.py that measures the GPU time it gets, not only its throughput.
+
+Protocol as tenant.py: warm up, print {"ready": true}, wait for {"start_at": t} on stdin, run
+for --seconds, print one JSON line. Modes:
+
+  burst   bursts of bf16 4096^3 matmuls lasting --burst-ms of GPU time, a sync after each.
+          Every matmul is bracketed by CUDA events, and a 1-element kernel is launched just
+          before its start event: that launch is where libgemhook may hold the thread for the
+          token, so no wait for the token falls between the events. The events give the GPU
+          busy time exactly (whatever the clocks), and placed in time: each is read relative to
+          a reference event recorded at the start; "busy" = [[start s, end s]] per kernel.
+  train50 torchvision ResNet-50 training steps, batch 64 (one fixed batch).
+  infer18 torchvision ResNet-18 inference, batch 1, one sync per request; latencies in ms.
+"""
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+
+def emit(d):
+    sys.stdout.write(json.dumps(d) + "\n")
+    sys.stdout.flush()
+
+
+class Burst:
+    def __init__(self, burst_ms):
+        n = 4096
+        self.a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        self.b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        self.c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+        self.probe = torch.zeros(1, device="cuda")
+        # Calibrate the matmul's GPU time (before any sharing starts).
+        for _ in range(20):
+            torch.matmul(self.a, self.b, out=self.c)
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        s.record()
+        for _ in range(50):
+            torch.matmul(self.a, self.b, out=self.c)
+        e.record()
+        e.synchronize()
+        self.kernel_ms = s.elapsed_time(e) / 50
+        self.per = max(1, round(burst_ms / self.kernel_ms))
+        self.ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                   for _ in range(self.per)]
+        self.busy = []
+        self.ref = torch.cuda.Event(enable_timing=True)
+        self.waits_inside = 0
+        self.start()
+
+    def start(self):
+        """Marks the run's start on the GPU's clock (the stream is idle: it completes now)."""
+        self.busy.clear()
+        self.ref.record()
+        self.ref.synchronize()
+
+    def step(self, t0):
+        waited = []
+        for s, e in self.ev:
+            self.probe.add_(1)  # the gate: a token wait happens here, before the start event
+            s.record()
+            t = time.perf_counter()
+            torch.matmul(self.a, self.b, out=self.c)
+            # The deadline (on a coarse clock) may also pass between the probe and this
+            # launch: then the wait fell between the events. The queue was drained before
+            # the wait, so the kernel ran right before its end event.
+            waited.append(time.perf_counter() - t > 0.0005)
+            e.record()
+        torch.cuda.synchronize()
+        for (s, e), w in zip(self.ev, waited):
+            end = self.ref.elapsed_time(e) / 1000
+            start = end - self.kernel_ms / 1000 if w else self.ref.elapsed_time(s) / 1000
+            self.busy.append([round(start, 6), round(end, 6)])
+        self.waits_inside += sum(waited)
+        return self.per
+
+
+class Train50:
+    def __init__(self):
+        import torchvision
+        self.m = torchvision.models.resnet50().cuda()
+        self.opt = torch.optim.SGD(self.m.parameters(), lr=0.01)
+        self.x = torch.randn(64, 3, 224, 224, device="cuda")
+        self.y = torch.randint(0, 1000, (64,), device="cuda")
+        self.loss = torch.nn.CrossEntropyLoss()
+
+    def step(self, t0):
+        self.opt.zero_grad(set_to_none=True)
+        self.loss(self.m(self.x), self.y).backward()
+        self.opt.step()
+        torch.cuda.synchronize()
+        return 1
+
+
+class Infer18:
+    def __init__(self):
+        import torchvision
+        self.m = torchvision.models.resnet18().cuda().eval()
+        self.x = torch.randn(1, 3, 224, 224, device="cuda")
+        self.lat = []
+
+    def step(self, t0):
+        t = time.perf_counter()
+        with torch.no_grad():
+            self.m(self.x)
+        torch.cuda.synchronize()
+        self.lat.append(round((time.perf_counter() - t) * 1000, 3))
+        return 1
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--mode", required=True, choices=["burst", "train50", "infer18"])
+    p.add_argument("--burst-ms", type=float, default=16)
+    p.add_argument("--seconds", type=float, default=10)
+    p.add_argument("--label", default="")
+    a = p.parse_args()
+    torch.cuda.init()
+    w = {"burst": lambda: Burst(a.burst_ms), "train50": Train50, "infer18": Infer18}[a.mode]()
+    for _ in range(3):
+        w.step(time.time())
+    if hasattr(w, "lat"):
+        w.lat.clear()
+    emit({"ready": True})
+    start = float(json.loads(sys.stdin.readline())["start_at"])
+    while time.time() < start:
+        time.sleep(0.0005)
+    if hasattr(w, "start"):
+        w.start()
+    end = start + a.seconds
+    ops, series = 0, []
+    while True:
+        ops += w.step(start)
+        now = time.time()
+        series.append([round(now - start, 4), ops])
+        if now >= end:
+            break
+    out = {"label": a.label, "mode": a.mode, "ops": ops, "wall_s": time.time() - start,
+           "rate": ops / (time.time() - start), "series": series}
+    if hasattr(w, "busy"):
+        out.update(busy=w.busy, kernel_ms=w.kernel_ms, per_burst=w.per, waits_inside=w.waits_inside)
+    if hasattr(w, "lat"):
+        out["lat_ms"] = w.lat
+    emit(out)
+
+
+if __name__ == "__main__":
+    main()

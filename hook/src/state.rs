@@ -1,0 +1,229 @@
+//! The hook's per-process state, in one place so that a fork can replace it.
+//!
+//! A forked child (a DataLoader worker, a `subprocess` started by fork) inherits the parent's
+//! memory: its token state, its sockets to gem-schd, its allocation records, and any mutex
+//! another thread of the parent held at the fork, locked forever in the child. So the child
+//! must not touch any of it. All of it hangs off one pointer; the `pthread_atfork` child
+//! handler closes the child's copies of the inherited sockets (the parent's connections stay
+//! open: closing a descriptor in one process does not close the other's) and points the
+//! child at a fresh state. The child then connects on its first CUDA call as another process
+//! of the same client (same socket directory, so same token and memory budget). The old state
+//! is leaked in the child, never dropped (dropping would touch locks and sockets).
+//!
+//! The launch fast path pays one extra pointer load for this.
+
+use crate::cuda::CUcontext;
+use gem_proto::Client;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+pub const MAX_DEVICES: usize = 64;
+/// Contexts the hook drains at a hand-over (a process rarely has more than one per device).
+pub const MAX_CONTEXTS: usize = 32;
+
+pub struct Token {
+    pub client: Option<Client>,
+    /// Precise time of the grant, and the quota granted (µs).
+    pub grant_ns: u64,
+    pub quota_us: u64,
+    /// Length of the last burst that ended by going idle, reported with the next request.
+    pub idle_burst_us: u64,
+}
+
+pub struct MemConn {
+    pub client: Option<Client>,
+    /// Until then (precise ns) the device runs without memory accounting (`run` policy).
+    pub bypass_until_ns: u64,
+}
+
+/// One GPU as seen from this process.
+pub struct Gpu {
+    /// Coarse-clock time until which launches pass without any check (0: no token).
+    pub deadline: AtomicU64,
+    pub last_launch: AtomicU64,
+    /// Coarse time at which the idle thread saw this process's queued work finished (with no
+    /// launch since it looked): the GPU has been idle for this process since then.
+    pub drained_at: AtomicU64,
+    pub holding: AtomicBool,
+    /// Bytes this process has counted against the pod on this device.
+    pub outstanding: AtomicU64,
+    /// The pod's memory cap as gem-schd last said (0: not known yet).
+    pub cap: AtomicU64,
+    /// Descriptors of the token and memory connections (-1: none): the idle thread polls
+    /// the token one for a hang-up; a forked child closes its copies.
+    pub token_fd: AtomicI32,
+    pub mem_fd: AtomicI32,
+    pub token: Mutex<Token>,
+    pub mem: Mutex<MemConn>,
+    pub uuid: OnceLock<Option<String>>,
+}
+
+impl Gpu {
+    const fn new() -> Self {
+        Gpu {
+            deadline: AtomicU64::new(0),
+            last_launch: AtomicU64::new(0),
+            drained_at: AtomicU64::new(0),
+            holding: AtomicBool::new(false),
+            outstanding: AtomicU64::new(0),
+            cap: AtomicU64::new(0),
+            token_fd: AtomicI32::new(-1),
+            mem_fd: AtomicI32::new(-1),
+            token: Mutex::new(Token {
+                client: None,
+                grant_ns: 0,
+                quota_us: 0,
+                idle_burst_us: 0,
+            }),
+            mem: Mutex::new(MemConn {
+                client: None,
+                bypass_until_ns: 0,
+            }),
+            uuid: OnceLock::new(),
+        }
+    }
+}
+
+/// What kind of object an allocation record is keyed by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    Ptr,
+    Handle,
+    Array,
+}
+
+/// What one live allocation counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    pub dev: usize,
+    pub bytes: u64,
+    /// The context that owns it (freed with it), 0 for memory no context owns (stream-ordered
+    /// pools, `cuMemCreate` handles).
+    pub ctx: usize,
+    /// Handles only: live `cuMemMap` mappings, and whether `cuMemRelease` was called (the
+    /// driver frees a released handle's memory when its last mapping goes).
+    pub maps: u32,
+    pub released: bool,
+}
+
+pub struct State {
+    pub gpus: [Gpu; MAX_DEVICES],
+    /// One past the highest device index that has held a token (the idle thread scans that far).
+    pub devices_seen: AtomicUsize,
+    pub idle_thread: AtomicBool,
+    /// Live allocations: (kind, pointer or handle) → record.
+    pub records: Mutex<BTreeMap<(Kind, u64), Record>>,
+    /// Mapped virtual address → (handle, size).
+    pub maps: Mutex<BTreeMap<u64, (u64, u64)>>,
+    /// Contexts seen made current or retained (0: free slot).
+    pub contexts: [AtomicUsize; MAX_CONTEXTS],
+    /// Each device's primary context, as `cuDevicePrimaryCtxRetain` returned it.
+    pub primary: [AtomicUsize; MAX_DEVICES],
+}
+
+impl State {
+    const fn new() -> Self {
+        State {
+            gpus: [const { Gpu::new() }; MAX_DEVICES],
+            devices_seen: AtomicUsize::new(0),
+            idle_thread: AtomicBool::new(false),
+            records: Mutex::new(BTreeMap::new()),
+            maps: Mutex::new(BTreeMap::new()),
+            contexts: [const { AtomicUsize::new(0) }; MAX_CONTEXTS],
+            primary: [const { AtomicUsize::new(0) }; MAX_DEVICES],
+        }
+    }
+}
+
+static INITIAL: State = State::new();
+static STATE: AtomicPtr<State> = AtomicPtr::new(&INITIAL as *const State as *mut State);
+
+/// The state of this process.
+#[inline]
+pub fn state() -> &'static State {
+    // SAFETY: STATE always points to INITIAL or to a leaked, never freed State.
+    unsafe { &*STATE.load(Ordering::Acquire) }
+}
+
+#[inline]
+pub fn gpu(dev: usize) -> &'static Gpu {
+    &state().gpus[dev]
+}
+
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Registers the fork handler (once; called before the first connection to gem-schd, which
+/// is the first state a child must not inherit).
+pub fn watch_forks() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: a handler without arguments, valid for the life of the process.
+    ONCE.call_once(|| unsafe {
+        libc::pthread_atfork(None, None, Some(child_after_fork));
+    });
+}
+
+/// In the child, right after fork, single-threaded: close the inherited connections and start
+/// from a fresh state. Touches no lock of the old state.
+extern "C" fn child_after_fork() {
+    let old = state();
+    for g in &old.gpus {
+        for fd in [&g.token_fd, &g.mem_fd] {
+            let f = fd.swap(-1, Ordering::AcqRel);
+            if f >= 0 {
+                // SAFETY: the child's own copy of a descriptor the old state's (leaked, never
+                // dropped) Client owns; nothing in the child uses it again.
+                unsafe { libc::close(f) };
+            }
+        }
+    }
+    let fresh: &'static State = Box::leak(Box::new(State::new()));
+    STATE.store(fresh as *const State as *mut State, Ordering::Release);
+    // No logging here: it reads the environment, whose lock another thread of the parent
+    // may have held at the fork.
+}
+
+// ------------------------------------------------------------------------------ contexts
+
+/// Remembers a context this process uses (made current, retained), for the drains.
+pub fn note_context(ctx: CUcontext) {
+    let c = ctx as usize;
+    if c == 0 {
+        return;
+    }
+    let s = state();
+    if s.contexts.iter().any(|x| x.load(Ordering::Relaxed) == c) {
+        return;
+    }
+    for slot in &s.contexts {
+        if slot
+            .compare_exchange(0, c, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            return;
+        }
+        if slot.load(Ordering::Relaxed) == c {
+            return;
+        }
+    }
+    crate::debug!("more than {MAX_CONTEXTS} contexts: context {c:#x} is not drained at hand-overs");
+}
+
+/// Forgets a destroyed context.
+pub fn forget_context(ctx: usize) {
+    for slot in &state().contexts {
+        let _ = slot.compare_exchange(ctx, 0, Ordering::AcqRel, Ordering::Relaxed);
+    }
+}
+
+/// The contexts known now.
+pub fn contexts() -> Vec<usize> {
+    state()
+        .contexts
+        .iter()
+        .map(|x| x.load(Ordering::Acquire))
+        .filter(|c| *c != 0)
+        .collect()
+}

@@ -1,0 +1,283 @@
+//! libgemhook under the adversary, without a GPU (fake libcuda, real gem-schd): memory that
+//! escapes the cap through virtual-memory mappings or ends of contexts, forked children, a hung
+//! gem-schd, a gem-schd killed during a hold, and NVML's memory queries.
+//!
+//! Needs `make hook-prereqs` (builds gemhook, fake-libcuda and gem-schd into target/debug).
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+#[test]
+fn a_released_handle_stays_counted_while_mapped() {
+    let _s = serial();
+    let env = Env::new();
+    env.write_config(&[("a", 1.0, 1.0, GIB)]);
+    let _schd = env.start_schd(&["a"]);
+    let bytes = (600 * MIB).to_string();
+    for lookup in LOOKUPS {
+        let out = env.run("a", lookup, &["vmm", "--bytes", &bytes]);
+        let step = |name: &str| -> &Value {
+            out.iter()
+                .find(|v| v["step"] == name)
+                .unwrap_or_else(|| panic!("{lookup}: no step {name} in {out:?}"))
+        };
+        let rel = step("released-while-mapped");
+        assert_eq!(rel["rc"], 0, "{lookup}");
+        // The driver keeps a mapped handle's memory: still counted.
+        assert_eq!(rel["mem"]["free"], GIB - 600 * MIB, "{lookup}");
+        // So a second 600 MiB does not fit under the 1 GiB cap (it escaped it before).
+        assert_eq!(step("second-create")["rc"], 2, "{lookup}");
+        // The last unmap frees it: credited.
+        assert_eq!(step("unmapped")["mem"]["free"], GIB, "{lookup}");
+        assert_eq!(step("third-create")["rc"], 0, "{lookup}");
+    }
+}
+
+#[test]
+fn ending_a_context_credits_the_memory_it_owned() {
+    let _s = serial();
+    let env = Env::new();
+    env.write_config(&[("a", 1.0, 1.0, GIB)]);
+    let _schd = env.start_schd(&["a"]);
+    let bytes = (600 * MIB).to_string();
+    for lookup in LOOKUPS {
+        for how in ["destroy", "reset", "release"] {
+            let what = format!("{lookup}/{how}");
+            let out = env.run("a", lookup, &["ctx-end", "--bytes", &bytes, "--how", how]);
+            assert_eq!(out[0]["step"], "allocated", "{what}");
+            assert_eq!(out[0]["mem"]["free"], GIB - 600 * MIB, "{what}");
+            assert_eq!(out[1]["rc"], 0, "{what}");
+            assert_eq!(
+                out[1]["mem"]["free"], GIB,
+                "{what}: the driver freed the context's memory; the pod must get it back"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_forked_child_is_another_process_of_the_client_and_the_parent_is_untouched() {
+    let _s = serial();
+    let env = Env::new();
+    // Limit 0.5: the parent's launching thread often waits for the token, holding the
+    // hook's token lock, when it forks; its memory thread is always mid-request.
+    env.write_config(&[("a", 0.5, 0.5, GIB)]);
+    let _schd = env.start_schd(&["a"]);
+    let bytes = (600 * MIB).to_string();
+    for lookup in ["symbol", "proc"] {
+        let out = env.run(
+            "a",
+            lookup,
+            &[
+                "fork",
+                "--bytes",
+                &bytes,
+                "--children",
+                "4",
+                "--kernel-us",
+                "2000",
+            ],
+        );
+        let parent = out
+            .iter()
+            .find(|v| v["parent"] == true)
+            .expect("parent line");
+        let children: Vec<&Value> = out.iter().filter(|v| v.get("child").is_some()).collect();
+        assert_eq!(
+            parent["children"].as_array().map(|c| c.len()),
+            Some(4),
+            "{lookup}: {out:?}"
+        );
+        for c in parent["children"].as_array().unwrap() {
+            assert_eq!(c["exited"], true, "{lookup}: a child hung or failed: {c}");
+        }
+        assert_eq!(children.len(), 4, "{lookup}: {out:?}");
+        for c in &children {
+            // The child counts against the same pod (the parent holds 600 MiB of 1 GiB)...
+            assert_eq!(c["alloc_rc"], 2, "{lookup}: {c}");
+            assert_eq!(c["small_alloc_rc"], 0, "{lookup}: {c}");
+            assert_eq!(c["mem"]["total"], GIB, "{lookup}: {c}");
+            // ...and gets the token as its own process.
+            assert_eq!(c["launch_rc"], 0, "{lookup}: {c}");
+            assert_eq!(c["sync_rc"], 0, "{lookup}: {c}");
+        }
+        // The parent's connections were not disturbed: it launched on after the forks, and
+        // its free was credited on its own connection.
+        assert!(
+            parent["launched_after_forks"].as_u64().unwrap() > 0,
+            "{lookup}: {parent}"
+        );
+        assert_eq!(parent["free_rc"], 0, "{lookup}");
+        assert_eq!(parent["mem"]["free"], GIB, "{lookup}: {parent}");
+    }
+}
+
+#[test]
+fn nvml_shows_the_pods_cap_and_use() {
+    let _s = serial();
+    let env = Env::new();
+    env.write_config(&[("a", 0.5, 1.0, 4 * GIB)]);
+    let _schd = env.start_schd(&["a"]);
+    let mut holder = Proc(
+        env.workload(
+            "a",
+            "symbol",
+            &[
+                "alloc",
+                "--bytes",
+                &(300 * MIB).to_string(),
+                "--hold-ms",
+                "3000",
+            ],
+        )
+        .spawn()
+        .unwrap(),
+    );
+    assert_eq!(holder.next_line()["codes"], json!([0]));
+    let out = env.run("a", "symbol", &["nvml"]);
+    for v in ["v1", "v2"] {
+        let m = &out[0][v];
+        assert_eq!(m["rc"], 0, "{v}");
+        assert_eq!(m["total"], 4 * GIB, "{v}: {m}");
+        assert_eq!(m["used"], 300 * MIB, "{v}: {m}");
+        assert_eq!(m["free"], 4 * GIB - 300 * MIB, "{v}: {m}");
+    }
+    // Outside a pod NVML answers as the device does.
+    let out = env
+        .workload("a", "symbol", &["nvml"])
+        .env("KUBESHARE_SOCKET_DIR", env.path().join("no-such-dir"))
+        .output()
+        .unwrap();
+    assert_eq!(parse_lines(&out.stdout)[0]["v1"]["total"], 16 * GIB);
+}
+
+fn signal(p: &Proc, sig: i32) {
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(p.0.id() as i32, sig) };
+}
+
+#[test]
+fn a_hung_gem_schd_never_blocks_memory_calls_and_launches_follow_the_policy() {
+    let _s = serial();
+    let env = Env::new();
+    env.write_config(&[("a", 1.0, 1.0, GIB)]);
+    let schd = env.start_schd(&["a"]);
+    signal(&schd, libc::SIGSTOP);
+    let bytes = (100 * MIB).to_string();
+    // Fail closed (`wait`): the allocation is refused after the timeout, not blocked.
+    let t0 = Instant::now();
+    let out = env
+        .workload("a", "proc", &["alloc", "--bytes", &bytes])
+        .env("KUBESHARE_HOOK_TIMEOUT_MS", "300")
+        .output()
+        .unwrap();
+    let took = t0.elapsed();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(parse_lines(&out.stdout)[0]["codes"], json!([2]));
+    assert!(took < Duration::from_secs(5), "blocked {took:?}");
+    // Fail open (`run`): allocations and launches pass unaccounted.
+    let out = env
+        .workload("a", "proc", &["alloc", "--bytes", &bytes])
+        .env("KUBESHARE_HOOK_TIMEOUT_MS", "300")
+        .env("KUBESHARE_ON_UNREACHABLE", "run")
+        .output()
+        .unwrap();
+    assert_eq!(parse_lines(&out.stdout)[0]["codes"], json!([0]));
+    let out = env
+        .workload(
+            "a",
+            "dlsym",
+            &["launch", "--kernel-us", "1000", "--count", "5"],
+        )
+        .env("KUBESHARE_HOOK_TIMEOUT_MS", "300")
+        .env("KUBESHARE_ON_UNREACHABLE", "run")
+        .output()
+        .unwrap();
+    assert_eq!(parse_lines(&out.stdout)[0]["kernels"], 5);
+    // Under `wait`, launches wait for the hung daemon, and go on once it answers again.
+    let mut waiting = Proc(
+        env.workload(
+            "a",
+            "dlsym",
+            &["launch", "--kernel-us", "1000", "--count", "5"],
+        )
+        .env("KUBESHARE_HOOK_TIMEOUT_MS", "300")
+        .spawn()
+        .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(
+        waiting.running(),
+        "launched while gem-schd was hung under `wait`"
+    );
+    signal(&schd, libc::SIGCONT);
+    let out = waiting.finish(Duration::from_secs(20));
+    assert_eq!(out[0]["kernels"], 5);
+    let out = env.run("a", "proc", &["alloc", "--bytes", &bytes]);
+    assert_eq!(out[0]["codes"], json!([0]), "accounting works again");
+}
+
+/// Longest stretch, in ms, during which a launch run's GPU time did not grow, from its samples
+/// (a launch blocked at the gate takes no samples: the gap counts).
+fn longest_stall_ms(v: &Value) -> f64 {
+    let s = v["samples"].as_array().unwrap();
+    let pt = |x: &Value| (x[0].as_f64().unwrap(), x[1].as_f64().unwrap() / 1000.0);
+    s.windows(2)
+        .map(|w| {
+            let ((t0, b0), (t1, b1)) = (pt(&w[0]), pt(&w[1]));
+            (t1 - t0) - (b1 - b0)
+        })
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn a_holder_stops_launching_when_its_gem_schd_dies() {
+    let _s = serial();
+    let env = Env::new();
+    env.write_config(&[("a", 1.0, 1.0, GIB)]);
+    // Holds of 2 s: without noticing the hang-up, the holder would launch on through the
+    // death and the restart (a busy client's grants are otherwise short).
+    let args = [
+        "--base-quota-ms",
+        "2000",
+        "--min-quota-ms",
+        "2000",
+        "--quiet-ms",
+        "200",
+    ];
+    let schd = env.start_schd_with(&["a"], &args);
+    let a = Proc(
+        env.workload(
+            "a",
+            "proc",
+            &[
+                "launch",
+                "--kernel-us",
+                "2000",
+                "--batch",
+                "5",
+                "--seconds",
+                "2.5",
+                "--sample-ms",
+                "10",
+            ],
+        )
+        .spawn()
+        .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(900));
+    drop(schd); // SIGKILL
+    std::thread::sleep(Duration::from_millis(500));
+    let _schd = env.start_schd_with(&["a"], &args);
+    let out = a.finish(Duration::from_secs(20));
+    let stall = longest_stall_ms(&out[0]);
+    // Gone for 500 ms, then the 200 ms quiet period: the holder must have stopped for most of
+    // that (it stops within a poll tick plus its queued 10 ms batch).
+    assert!(
+        stall >= 550.0,
+        "the holder kept launching without a live gem-schd (longest stall {stall:.0} ms)"
+    );
+}
