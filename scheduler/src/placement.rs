@@ -11,7 +11,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 
-use kubeshare_api::{Allocation, GpuDemand, GpuInfo, GpuShare, GroupSpec, Milli, NodeInventory};
+use kubeshare_api::{Allocation, GpuDemand, GpuInfo, GpuShare, Granted, Milli, NodeInventory};
+
+#[path = "placement_books.rs"]
+mod books;
+pub use books::RecordProblem;
 
 /// What the watch (or a filter request) tells us about one pod.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,8 +28,14 @@ pub struct PodInfo {
     pub terminal: bool,
     /// `Ok(None)`: the pod asks for no GPU. `Err`: labels that break a rule.
     pub demand: Result<Option<GpuDemand>, String>,
-    /// The allocation annotations (`Err` when malformed).
+    /// The allocation record (`Err` when malformed).
     pub allocation: Result<Option<Allocation>, String>,
+    /// `metadata.resourceVersion` as a number (`None` when absent or not numeric):
+    /// an event older than what is held is ignored.
+    pub resource_version: Option<u64>,
+    /// A KubeShare pod (our scheduler name or `sharedgpu/gpu_*` labels): only its
+    /// record is booked.
+    pub kubeshare: bool,
 }
 
 /// A coscheduling group: namespace and name.
@@ -54,6 +64,16 @@ impl Default for Config {
             reservation_timeout_ms: 30_000,
         }
     }
+}
+
+/// What bind's decision half answers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BindStep {
+    /// Booked as assumed: write this record with the Binding.
+    Go(Box<BindDecision>),
+    /// A member of a group whose quorum has not reached bind yet: wait at the
+    /// gate ([`Cluster::poll_gate`]) until the group is released or the wait ends.
+    Wait,
 }
 
 /// What a filter call decided, for the wire reply and the metrics.
@@ -102,6 +122,11 @@ pub struct BindDecision {
     pub allocation: Option<Allocation>,
     /// Human summary for the pod's event.
     pub summary: String,
+    /// The pod's `resourceVersion` and demand the decision was made from: the
+    /// Binding carries the first as a precondition; on a conflict, a pod whose
+    /// labels differ from the second is not bound.
+    pub rv: Option<u64>,
+    pub demand: Option<GpuDemand>,
 }
 
 /// The allocation of one GPU, for the metrics.
@@ -119,9 +144,14 @@ pub struct GpuUsage {
 
 #[derive(Debug, Clone, PartialEq)]
 enum Kind {
+    /// From the pod's record, as the watch (or a GET) shows it.
     Observed,
-    Assumed,
-    Reserved { deadline: u64 },
+    /// Booked by our bind at `since`; `settled` once the bind's API calls are over
+    /// (then it is checked against the API after a deadline if still not observed).
+    Assumed { since: u64, settled: bool },
+    /// Held for a group member until `deadline`; `at_gate` while its bind waits
+    /// for the group's quorum.
+    Reserved { deadline: u64, at_gate: bool },
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -140,20 +170,31 @@ struct Booking {
     milli: u32,
     mem: u64,
     model: String,
+    granted: Granted,
     tags: Tags,
     group: Option<GroupKey>,
     kind: Kind,
 }
 
 impl Booking {
+    /// Same place and share (the kind aside).
+    fn same_grant(&self, o: &Booking) -> bool {
+        (
+            &self.node,
+            &self.gpus,
+            self.milli,
+            self.mem,
+            &self.model,
+            self.granted,
+        ) == (&o.node, &o.gpus, o.milli, o.mem, &o.model, o.granted)
+    }
     fn on(&self, node: &str, uuid: &str) -> bool {
         self.node == node && self.gpus.iter().any(|u| u == uuid)
     }
     fn deadline(&self) -> Option<u64> {
         match self.kind {
-            Kind::Observed => None,
-            Kind::Assumed => None,
-            Kind::Reserved { deadline } => Some(deadline),
+            Kind::Observed | Kind::Assumed { .. } => None,
+            Kind::Reserved { deadline, .. } => Some(deadline),
         }
     }
 }
@@ -165,6 +206,11 @@ struct PodEntry {
     node_name: Option<String>,
     demand: Result<Option<GpuDemand>, String>,
     group: Option<GroupKey>,
+    /// The newest `resourceVersion` seen.
+    rv: Option<u64>,
+    /// The scheduler has asked us to filter it: it passed kube-scheduler's own
+    /// checks somewhere. A group is admitted only on members that did.
+    filtered: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -206,6 +252,13 @@ pub struct Cluster {
     /// The last filter's raw scores, reused by the prioritize call that
     /// follows it when nothing changed in between.
     scores: Option<ScoreCache>,
+    /// Record problems not yet reported.
+    problems: Vec<RecordProblem>,
+    /// Unbound members of groups whose places were freed, not yet woken.
+    wake: Vec<(String, String)>,
+    /// Pods deleted or finished (bounded, oldest forgotten first).
+    gone: HashSet<String>,
+    gone_order: std::collections::VecDeque<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -236,6 +289,8 @@ struct Req<'a> {
     own: Option<&'a Booking>,
     /// Its tags as the books key them (namespace-scoped where they are).
     tags: Tags,
+    /// (node, GPU) → share that pending pods of another affinity tag need there.
+    protect: HashMap<(String, String), u32>,
 }
 
 /// Why one GPU does not fit; the most promising failure is shown.
@@ -358,8 +413,28 @@ impl Cluster {
                     .map(|s| s.iter().cloned().collect())
                     .unwrap_or_default();
                 for uid in uids {
-                    if let Some(b) = self.bookings.get(&uid).cloned() {
-                        self.account(&uid, &b, true);
+                    if let Some(b) = self.bookings.get(&uid).cloned()
+                        && let Err(e) = self.account(&b, true)
+                    {
+                        // Booked while the node was unknown, and cannot be added now.
+                        self.bookings.remove(&uid);
+                        if let Some(s) = self.by_node.get_mut(name) {
+                            s.remove(&uid);
+                        }
+                        if let Some(d) = b.deadline() {
+                            self.timed.remove(&(d, uid.clone()));
+                        }
+                        let (namespace, pname) = self
+                            .pods
+                            .get(&uid)
+                            .map(|e| (e.namespace.clone(), e.name.clone()))
+                            .unwrap_or_default();
+                        self.problems.push(RecordProblem {
+                            uid,
+                            namespace,
+                            name: pname,
+                            message: e,
+                        });
                     }
                 }
             }
@@ -412,326 +487,12 @@ impl Cluster {
         }
     }
 
-    // ------------------------------------------------------------ pods
-
-    /// A Pod was added or changed (or listed).
-    pub fn apply_pod(&mut self, p: &PodInfo) {
-        if p.terminal {
-            self.delete_pod(&p.uid);
-            return;
-        }
-        let has_alloc = matches!(p.allocation, Ok(Some(_)));
-        let relevant = !matches!(p.demand, Ok(None)) || has_alloc;
-        if !relevant {
-            if self.pods.contains_key(&p.uid) || self.bookings.contains_key(&p.uid) {
-                self.delete_pod(&p.uid);
-            }
-            return;
-        }
-        self.note_pod(p);
-        match &p.allocation {
-            Ok(Some(a)) => {
-                let demand = p.demand.as_ref().ok().and_then(|d| d.as_ref());
-                let b = Booking {
-                    node: a.node.clone(),
-                    gpus: a.gpu_uuids.clone(),
-                    // Unknown demand: assume the worst, the whole GPU.
-                    milli: demand.map_or(1000, |d| u32::from(d.request_per_gpu().get())),
-                    mem: a.gpu_mem,
-                    model: a.gpu_model.clone(),
-                    tags: tags_of(&p.namespace, demand),
-                    group: demand.and_then(|d| group_key(&p.namespace, d)),
-                    kind: Kind::Observed,
-                };
-                if self.bookings.get(&p.uid) != Some(&b) {
-                    self.remove_booking(&p.uid);
-                    self.add_booking(&p.uid, b);
-                }
-            }
-            // A watch event older than our own bind does not undo it.
-            _ => {
-                if matches!(
-                    self.bookings.get(&p.uid).map(|b| &b.kind),
-                    Some(Kind::Observed)
-                ) {
-                    self.remove_booking(&p.uid);
-                }
-            }
-        }
-    }
-
-    /// Records a pod (for group counts and bind) without touching its booking.
-    pub fn note_pod(&mut self, p: &PodInfo) {
-        let demand_group = p
-            .demand
-            .as_ref()
-            .ok()
-            .and_then(|d| d.as_ref())
-            .and_then(|d| group_key(&p.namespace, d));
-        if let Some(old) = self.pods.get(&p.uid)
-            && old.group != demand_group
-            && let Some(g) = old.group.clone()
-        {
-            self.leave_group(&g, &old.name.clone());
-        }
-        if let Some(g) = &demand_group {
-            self.groups
-                .entry(g.clone())
-                .or_default()
-                .insert(p.name.clone(), p.uid.clone());
-        }
-        self.pods.insert(
-            p.uid.clone(),
-            PodEntry {
-                namespace: p.namespace.clone(),
-                name: p.name.clone(),
-                node_name: p.node_name.clone(),
-                demand: p.demand.clone(),
-                group: demand_group,
-            },
-        );
-    }
-
-    pub fn knows_pod(&self, uid: &str) -> bool {
-        self.pods.contains_key(uid)
-    }
-
-    fn leave_group(&mut self, g: &GroupKey, name: &str) {
-        if let Some(m) = self.groups.get_mut(g) {
-            m.remove(name);
-            if m.is_empty() {
-                self.groups.remove(g);
-            }
-        }
-    }
-
-    pub fn delete_pod(&mut self, uid: &str) {
-        self.remove_booking(uid);
-        if let Some(e) = self.pods.remove(uid)
-            && let Some(g) = e.group
-        {
-            self.leave_group(&g, &e.name);
-        }
-    }
-
-    /// Keeps only these pods (after a relist). Reservations stay: they expire
-    /// on their own if the pod is really gone.
-    pub fn retain_pods(&mut self, keep: &HashSet<String>) {
-        let gone: Vec<String> = self
-            .pods
-            .keys()
-            .chain(self.bookings.keys())
-            .filter(|u| !keep.contains(*u))
-            .filter(|u| {
-                !matches!(
-                    self.bookings.get(*u).map(|b| &b.kind),
-                    Some(Kind::Reserved { .. })
-                )
-            })
-            .cloned()
-            .collect();
-        for u in gone {
-            self.delete_pod(&u);
-        }
-    }
-
-    // ------------------------------------------------------------ books
-
-    fn add_booking(&mut self, uid: &str, b: Booking) {
-        if let Some(d) = b.deadline() {
-            self.timed.insert((d, uid.to_string()));
-        }
-        self.by_node
-            .entry(b.node.clone())
-            .or_default()
-            .insert(uid.to_string());
-        self.account(uid, &b, true);
-        self.bookings.insert(uid.to_string(), b);
-    }
-
-    fn remove_booking(&mut self, uid: &str) -> Option<Booking> {
-        let b = self.bookings.remove(uid)?;
-        if let Some(d) = b.deadline() {
-            self.timed.remove(&(d, uid.to_string()));
-        }
-        if let Some(s) = self.by_node.get_mut(&b.node) {
-            s.remove(uid);
-            if s.is_empty() {
-                self.by_node.remove(&b.node);
-            }
-        }
-        self.account(uid, &b, false);
-        Some(b)
-    }
-
-    /// Adds or subtracts a booking's share on the GPUs of its node (if known).
-    fn account(&mut self, _uid: &str, b: &Booking, add: bool) {
-        self.version += 1;
-        let Some(node) = self.nodes.get_mut(&b.node) else {
-            return;
-        };
-        for uuid in &b.gpus {
-            let Some(&i) = node.by_uuid.get(uuid) else {
-                continue;
-            };
-            let g = &mut node.gpus[i];
-            if add {
-                g.used += b.milli;
-                g.mem_used += b.mem;
-                g.holders += 1;
-            } else {
-                g.used = g.used.saturating_sub(b.milli);
-                g.mem_used = g.mem_used.saturating_sub(b.mem);
-                g.holders = g.holders.saturating_sub(1);
-            }
-            bump(&mut g.affinity, &b.tags.affinity, add);
-            bump(&mut g.anti, &b.tags.anti, add);
-            bump(&mut g.exclusion, &b.tags.exclusion, add);
-            if let Some(t) = &b.tags.affinity {
-                let locs = self.affinity.entry(t.clone()).or_default();
-                let k = (b.node.clone(), uuid.clone());
-                if add {
-                    *locs.entry(k).or_default() += 1;
-                } else if let Some(c) = locs.get_mut(&k) {
-                    *c = c.saturating_sub(1);
-                    if *c == 0 {
-                        locs.remove(&k);
-                    }
-                }
-                if locs.is_empty() {
-                    self.affinity.remove(t);
-                }
-            }
-        }
-    }
-
-    /// Drops reservations whose time is up.
-    pub fn expire(&mut self, now_ms: u64) {
-        while let Some((d, uid)) = self.timed.first().cloned() {
-            if d > now_ms {
-                break;
-            }
-            self.remove_booking(&uid);
-        }
-    }
-
-    // ------------------------------------------------------------ groups
-
-    /// (members, bound, reserved) of a group.
-    fn group_counts(&self, g: &GroupKey) -> (u32, u32, u32) {
-        let Some(m) = self.groups.get(g) else {
-            return (0, 0, 0);
-        };
-        let (mut bound, mut reserved) = (0, 0);
-        for uid in m.values() {
-            match self.bookings.get(uid).map(|b| &b.kind) {
-                Some(Kind::Observed | Kind::Assumed) => bound += 1,
-                Some(Kind::Reserved { .. }) => reserved += 1,
-                None => {}
-            }
-        }
-        (m.len() as u32, bound, reserved)
-    }
-
-    fn group_nodes(&self, g: &Option<GroupKey>, except: &str) -> HashSet<String> {
-        let Some(m) = g.as_ref().and_then(|g| self.groups.get(g)) else {
-            return HashSet::new();
-        };
-        m.values()
-            .filter(|u| u.as_str() != except)
-            .filter_map(|u| self.bookings.get(u))
-            .map(|b| b.node.clone())
-            .collect()
-    }
-
-    fn req<'a>(&'a self, uid: &'a str, ns: &'a str, demand: &'a GpuDemand) -> Req<'a> {
-        let group = group_key(ns, demand);
-        let group_nodes = self.group_nodes(&group, uid);
-        Req {
-            ns,
-            demand,
-            group,
-            group_nodes,
-            own: self.bookings.get(uid),
-            tags: tags_of(ns, Some(demand)),
-        }
-    }
-
-    /// Coscheduling gate for an unadmitted group. `Ok(Some(node))`: this pod is
-    /// reserved on `node`; `Ok(None)`: admitted, place it normally; `Err`: wait.
-    fn admit_group(
-        &mut self,
-        pod: &PodInfo,
-        spec: &GroupSpec,
-        key: &GroupKey,
-        names: &[String],
-        now_ms: u64,
-    ) -> Result<Option<String>, String> {
-        let min = spec.min_members();
-        let (members, bound, reserved) = self.group_counts(key);
-        if bound + reserved >= min {
-            return Ok(None);
-        }
-        if members < min {
-            return Err(format!(
-                "group {key}: {members} of {min} required members exist"
-            ));
-        }
-        // Plan every unplaced member at once, in name order, holding what each takes.
-        let todo: Vec<String> = self
-            .groups
-            .get(key)
-            .map(|m| {
-                m.values()
-                    .filter(|u| !self.bookings.contains_key(*u))
-                    .cloned()
-                    .collect()
-            })
-            .unwrap_or_default();
-        let deadline = now_ms + self.cfg.reservation_timeout_ms;
-        let mut planned: Vec<String> = Vec::new();
-        for uid in todo {
-            let Some(e) = self.pods.get(&uid) else {
-                continue;
-            };
-            if e.node_name.is_some() {
-                continue;
-            }
-            let Ok(Some(d)) = e.demand.clone() else {
-                continue;
-            };
-            let ns = e.namespace.clone();
-            // The nodes the scheduler found feasible for this member stand in for
-            // everyone's: a group's pods share one template (selectors, tolerations),
-            // and a member planned onto a node it cannot go to would hold it in vain.
-            let req = self.req(&uid, &ns, &d);
-            let best = names
-                .iter()
-                .filter_map(|n| self.evaluate(&req, n).ok().map(|c| (n, c)))
-                .max_by(|(na, a), (nb, b)| a.raw.cmp(&b.raw).then(nb.cmp(na)));
-            if let Some((node, c)) = best {
-                let b = self.booking_for(&req, node, &c, Kind::Reserved { deadline });
-                self.add_booking(&uid, b);
-                planned.push(uid);
-            }
-        }
-        let placed = bound + reserved + planned.len() as u32;
-        if placed < min {
-            for u in &planned {
-                self.remove_booking(u);
-            }
-            return Err(format!(
-                "group {key}: {placed} of {min} required members can be placed at once"
-            ));
-        }
-        Ok(self.bookings.get(&pod.uid).map(|b| b.node.clone()))
-    }
-
     // ------------------------------------------------------------ decisions
 
     /// The extender's filter: which of `names` can take the pod.
     pub fn filter(&mut self, pod: &PodInfo, names: &[String], now_ms: u64) -> FilterOutcome {
-        self.expire(now_ms);
+        let w = self.expire(now_ms);
+        self.wake.extend(w);
         let mut out = FilterOutcome::default();
         let demand = match &pod.demand {
             Ok(None) => {
@@ -747,6 +508,9 @@ impl Cluster {
             Ok(Some(d)) => d.clone(),
         };
         self.note_pod(pod);
+        if let Some(e) = self.pods.get_mut(&pod.uid) {
+            e.filtered = true;
+        }
         // A member of an admitted group goes where its reservation is.
         if let Some(reserved) = self.reserved_node(&pod.uid) {
             return self.hold_to(names, &reserved, &demand);
@@ -850,67 +614,298 @@ impl Cluster {
     }
 
     /// The extender's bind, decision half: re-checks the pod on `node` and books
-    /// the GPUs it gets as assumed. The caller writes the annotations and the
-    /// Binding, and calls [`Cluster::rollback`] if either fails.
-    pub fn bind(&mut self, uid: &str, node: &str, now_ms: u64) -> Result<BindDecision, String> {
-        self.expire(now_ms);
+    /// the GPUs it gets as assumed. The caller writes the record with the Binding,
+    /// then calls [`Cluster::settle`] (done, or outcome unknown) or
+    /// [`Cluster::rollback`] (it surely failed).
+    ///
+    /// A member of a group whose quorum has not reached bind waits at the gate
+    /// ([`BindStep::Wait`]): no member is bound before ⌈threshold × headcount⌉
+    /// members are placed and at bind; then they are released together.
+    pub fn bind(&mut self, uid: &str, node: &str, now_ms: u64) -> Result<BindStep, String> {
+        let w = self.expire(now_ms);
+        self.wake.extend(w);
         let Some(e) = self.pods.get(uid).cloned() else {
             return Err(format!("pod {uid} is not known to the extender yet"));
         };
         let demand = match &e.demand {
             Ok(None) => {
-                return Ok(BindDecision {
+                return Ok(BindStep::Go(Box::new(BindDecision {
                     allocation: None,
                     summary: "no GPU requested".into(),
-                });
+                    rv: e.rv,
+                    demand: None,
+                })));
             }
             Err(err) => return Err(format!("invalid sharedgpu labels: {err}")),
             Ok(Some(d)) => d.clone(),
         };
-        if let Some(b) = self.bookings.get(uid).cloned()
-            && let Kind::Reserved { .. } = b.kind
+        match self
+            .bookings
+            .get(uid)
+            .map(|b| (b.kind.clone(), b.node.clone()))
         {
-            if b.node != node {
+            Some((Kind::Observed, n)) => {
+                return Err(format!("pod is already bound to {n}"));
+            }
+            Some((Kind::Assumed { .. }, n)) => {
                 return Err(format!(
-                    "group member's place is reserved on {}, not {node}",
-                    b.node
+                    "pod was bound to {n} by an earlier bind whose outcome is being checked"
                 ));
             }
-            self.remove_booking(uid);
-            let b = Booking {
-                kind: Kind::Assumed,
-                ..b
-            };
-            let decision = self.decision(node, &b, &demand);
-            self.add_booking(uid, b);
-            return Ok(decision);
+            Some((Kind::Reserved { deadline, .. }, n)) => {
+                if n != node {
+                    return Err(format!(
+                        "group member's place is reserved on {n}, not {node}"
+                    ));
+                }
+                if !self.grant_matches(uid) {
+                    self.remove_booking(uid);
+                    return Err("the pod's labels changed since its place was planned".into());
+                }
+                let key = group_key(&e.namespace, &demand);
+                let min = demand.group.as_ref().map_or(0, |g| g.min_members());
+                let (_, bound, _, gate) =
+                    key.as_ref().map_or((0, 0, 0, 0), |k| self.group_counts(k));
+                if bound >= min {
+                    // The group is running: this member binds like any pod.
+                    return Ok(BindStep::Go(Box::new(self.assume_reserved(uid, now_ms))));
+                }
+                if let Some(b) = self.bookings.get_mut(uid) {
+                    b.kind = Kind::Reserved {
+                        deadline,
+                        at_gate: true,
+                    };
+                }
+                if bound + gate + 1 < min {
+                    return Ok(BindStep::Wait);
+                }
+                // Quorum at bind: release every member waiting at the gate, and
+                // wake the members still queued (they now bind like any pod).
+                if let Some(k) = key {
+                    let members: Vec<String> = self
+                        .groups
+                        .get(&k)
+                        .map(|m| m.values().cloned().collect())
+                        .unwrap_or_default();
+                    for u in members {
+                        match self.bookings.get(&u).map(|b| &b.kind) {
+                            Some(Kind::Reserved { at_gate: true, .. }) => {
+                                self.assume_reserved(&u, now_ms);
+                            }
+                            Some(_) => {}
+                            None => {
+                                if let Some(e) = self.pods.get(&u)
+                                    && e.node_name.is_none()
+                                {
+                                    self.wake.push((e.namespace.clone(), e.name.clone()));
+                                }
+                            }
+                        }
+                    }
+                }
+                return self
+                    .poll_gate(uid, node)?
+                    .map(|d| BindStep::Go(Box::new(d)))
+                    .ok_or_else(|| "group released without this member".to_string());
+            }
+            None => {}
         }
         if let (Some(spec), Some(key)) = (&demand.group, group_key(&e.namespace, &demand)) {
             let min = spec.min_members();
-            let (members, bound, reserved) = self.group_counts(&key);
-            if bound + reserved < min {
+            let (members, bound, _, _) = self.group_counts(&key);
+            if bound < min {
                 return Err(format!(
-                    "group {key}: not admitted yet ({members} members exist, {bound} bound, {min} required)"
+                    "group {key}: not started yet ({members} members exist, {bound} bound, {min} required)"
                 ));
             }
         }
         let req = self.req(uid, &e.namespace, &demand);
         let choice = self.evaluate(&req, node).map_err(|(m, _)| m)?;
-        let b = self.booking_for(&req, node, &choice, Kind::Assumed);
-        let decision = self.decision(node, &b, &demand);
-        self.remove_booking(uid);
-        self.add_booking(uid, b);
-        Ok(decision)
+        let b = self.booking_for(
+            &req,
+            node,
+            &choice,
+            Kind::Assumed {
+                since: now_ms,
+                settled: false,
+            },
+        );
+        let decision = self.decision(uid, node, &b);
+        self.add_booking(uid, b)?;
+        Ok(BindStep::Go(Box::new(decision)))
     }
 
-    /// Undoes a bind whose annotations or Binding failed.
+    /// A reserved member's place becomes an assumed booking (same GPUs).
+    fn assume_reserved(&mut self, uid: &str, now_ms: u64) -> BindDecision {
+        let Some(b) = self.remove_booking(uid) else {
+            return BindDecision {
+                allocation: None,
+                summary: String::new(),
+                rv: None,
+                demand: None,
+            };
+        };
+        let b = Booking {
+            kind: Kind::Assumed {
+                since: now_ms,
+                settled: false,
+            },
+            ..b
+        };
+        let d = self.decision(uid, &b.node.clone(), &b);
+        // Removing then adding the same booking cannot overflow.
+        let _ = self.add_booking(uid, b);
+        d
+    }
+
+    /// For a member waiting at the gate: `Ok(Some(decision))` once its group is
+    /// released, `Ok(None)` while it waits, `Err` when its place was freed.
+    pub fn poll_gate(&self, uid: &str, node: &str) -> Result<Option<BindDecision>, String> {
+        if !self.grant_matches(uid) {
+            return Err("the pod's labels changed since its place was planned".into());
+        }
+        match self.bookings.get(uid) {
+            Some(b) if b.node == node && matches!(b.kind, Kind::Assumed { settled: false, .. }) => {
+                Ok(Some(self.decision(uid, node, b)))
+            }
+            Some(b) if matches!(b.kind, Kind::Reserved { at_gate: true, .. }) => Ok(None),
+            _ => Err("the group's places were freed before enough members reached bind".into()),
+        }
+    }
+
+    /// Whether the pod's booking grants what its labels (as held) ask for.
+    fn grant_matches(&self, uid: &str) -> bool {
+        let (Some(b), Some(e)) = (self.bookings.get(uid), self.pods.get(uid)) else {
+            return false;
+        };
+        match &e.demand {
+            Ok(Some(d)) => {
+                let g = match d.share {
+                    GpuShare::Whole { .. } => Granted::Whole,
+                    GpuShare::Fraction { request, limit, .. } => {
+                        Granted::Fraction { request, limit }
+                    }
+                };
+                g == b.granted && usize::from(d.gpu_count()) == b.gpus.len()
+            }
+            _ => false,
+        }
+    }
+
+    /// A member stops waiting at the gate (its bind call gave up). Its place stays
+    /// reserved until the group's deadline.
+    pub fn leave_gate(&mut self, uid: &str) -> String {
+        let mut msg = "waiting for the group's members at bind".to_string();
+        if let Some(b) = self.bookings.get_mut(uid)
+            && let Kind::Reserved { deadline, .. } = b.kind
+        {
+            b.kind = Kind::Reserved {
+                deadline,
+                at_gate: false,
+            };
+            if let Some(k) = b.group.clone() {
+                let (_, bound, _, gate) = self.group_counts(&k);
+                msg = format!(
+                    "group {k}: {} members at bind or bound, waiting for more",
+                    bound + gate + 1
+                );
+            }
+        }
+        msg
+    }
+
+    /// The group of a pod, if it has one.
+    pub fn group_of(&self, uid: &str) -> Option<GroupKey> {
+        self.pods.get(uid).and_then(|e| e.group.clone())
+    }
+
+    /// The bind's API calls are over (done, or their outcome is unknown): from now
+    /// on an assumed booking not yet observed is due for a check against the API.
+    pub fn settle(&mut self, uid: &str, now_ms: u64) {
+        if let Some(b) = self.bookings.get_mut(uid)
+            && let Kind::Assumed { .. } = b.kind
+        {
+            b.kind = Kind::Assumed {
+                since: now_ms,
+                settled: true,
+            };
+        }
+    }
+
+    /// Undoes a bind whose Binding surely failed.
     pub fn rollback(&mut self, uid: &str) {
-        if matches!(self.bookings.get(uid).map(|b| &b.kind), Some(Kind::Assumed)) {
+        if matches!(
+            self.bookings.get(uid).map(|b| &b.kind),
+            Some(Kind::Assumed { .. })
+        ) {
             self.remove_booking(uid);
         }
     }
 
-    fn decision(&self, node: &str, b: &Booking, d: &GpuDemand) -> BindDecision {
+    /// The node a pod is bound to by us (assumed or observed), if any.
+    pub fn bound_node(&self, uid: &str) -> Option<String> {
+        self.bookings
+            .get(uid)
+            .filter(|b| matches!(b.kind, Kind::Observed | Kind::Assumed { .. }))
+            .map(|b| b.node.clone())
+    }
+
+    /// Settled assumed bookings not observed within `after_ms`: (uid, namespace,
+    /// name) to check with a GET. Each is re-armed, so it is asked about once per period.
+    pub fn due_checks(&mut self, now_ms: u64, after_ms: u64) -> Vec<(String, String, String)> {
+        let mut due = Vec::new();
+        for (uid, b) in self.bookings.iter_mut() {
+            if let Kind::Assumed {
+                since,
+                settled: true,
+            } = b.kind
+                && since.saturating_add(after_ms) <= now_ms
+            {
+                b.kind = Kind::Assumed {
+                    since: now_ms,
+                    settled: true,
+                };
+                let (ns, name) = self
+                    .pods
+                    .get(uid)
+                    .map(|e| (e.namespace.clone(), e.name.clone()))
+                    .unwrap_or_default();
+                due.push((uid.clone(), ns, name));
+            }
+        }
+        due.sort();
+        due
+    }
+
+    /// The API's answer about a pod with an assumed booking: `None` when it is gone
+    /// (or another pod has its name). A settled assumed booking of a pod that the
+    /// API shows unbound is dropped: its Binding did not happen.
+    pub fn confirm(&mut self, uid: &str, fresh: Option<&PodInfo>) {
+        match fresh {
+            None => self.delete_pod(uid),
+            Some(p) => {
+                self.apply_pod(p);
+                if p.node_name.is_none()
+                    && matches!(
+                        self.bookings.get(uid).map(|b| &b.kind),
+                        Some(Kind::Assumed { settled: true, .. })
+                    )
+                {
+                    self.remove_booking(uid);
+                }
+            }
+        }
+    }
+
+    /// Group members to wake (their group's places were freed), since the last call.
+    pub fn take_wake(&mut self) -> Vec<(String, String)> {
+        let mut w = std::mem::take(&mut self.wake);
+        w.sort();
+        w.dedup();
+        w
+    }
+
+    fn decision(&self, uid: &str, node: &str, b: &Booking) -> BindDecision {
         let idx: Vec<String> = self
             .nodes
             .get(node)
@@ -921,18 +916,26 @@ impl Cluster {
                     .collect()
             })
             .unwrap_or_default();
-        let share = match d.share {
-            GpuShare::Whole { gpus } => format!("{gpus} whole GPUs"),
-            GpuShare::Fraction { request, limit, .. } => {
+        let share = match b.granted {
+            Granted::Whole => format!("{} whole GPUs", b.gpus.len()),
+            Granted::Fraction { request, limit } => {
                 format!("request {request}, limit {limit}")
             }
         };
+        let (rv, demand) = self
+            .pods
+            .get(uid)
+            .map(|e| (e.rv, e.demand.clone().ok().flatten()))
+            .unwrap_or_default();
         BindDecision {
+            rv,
+            demand,
             allocation: Some(Allocation {
                 node: node.to_string(),
                 gpu_uuids: b.gpus.clone(),
                 gpu_mem: b.mem,
                 gpu_model: b.model.clone(),
+                granted: b.granted,
             }),
             summary: format!(
                 "{node}/gpu {} ({}): {share}, {} memory per GPU",
@@ -954,6 +957,10 @@ impl Cluster {
                 .collect(),
             milli: u32::from(req.demand.request_per_gpu().get()),
             mem: c.mem,
+            granted: match req.demand.share {
+                GpuShare::Whole { .. } => Granted::Whole,
+                GpuShare::Fraction { request, limit, .. } => Granted::Fraction { request, limit },
+            },
             model: c
                 .gpus
                 .first()
@@ -1088,7 +1095,20 @@ impl Cluster {
             None
         };
         let n_gpus = node.gpus.len() as u64;
-        let spread = d.priority > 0;
+        // The first pod of an affinity tag takes the GPU with the most headroom,
+        // so that the tag's later pods find room next to it.
+        let spread = d.priority > 0 || (d.affinity.is_some() && tag_gpus.is_none());
+        // Taking this GPU would eat the room pending pods of another tag need.
+        let protected = |i: usize, used: u32| -> bool {
+            req.protect
+                .get(&(node_name.to_string(), node.gpus[i].info.uuid.clone()))
+                .is_some_and(|&need| {
+                    1000u32
+                        .saturating_sub(used)
+                        .saturating_sub(u32::from(d.request_per_gpu().get()))
+                        < need
+                })
+        };
         match d.share {
             GpuShare::Fraction { request, count, .. } => {
                 let r = u32::from(request.get());
@@ -1128,6 +1148,16 @@ impl Cluster {
                             n
                         }
                     };
+                    if need == 0 {
+                        // A 0-byte cap makes every allocation of the pod fail.
+                        note(GpuFail {
+                            rank: (2, free),
+                            why: Why::Text(format!(
+                                "{node_name}/gpu {idx}: the memory cap would be 0 bytes (gpu_request 0 and no gpu_mem): set sharedgpu/gpu_mem"
+                            )),
+                        });
+                        continue;
+                    }
                     let mem_free = g.info.memory.saturating_sub(mem_used);
                     if mem_free < need {
                         note(GpuFail {
@@ -1172,7 +1202,9 @@ impl Cluster {
                     return Err((msg, false));
                 }
                 fits.sort_by(|a, b| {
-                    let tag = in_tag(b.0).cmp(&in_tag(a.0));
+                    let tag = in_tag(b.0)
+                        .cmp(&in_tag(a.0))
+                        .then(protected(a.0, a.1).cmp(&protected(b.0, b.1)));
                     let load = if spread {
                         a.1.cmp(&b.1).then(a.2.cmp(&b.2).reverse())
                     } else {
@@ -1281,7 +1313,7 @@ impl Cluster {
         for b in self.bookings.values() {
             match b.kind {
                 Kind::Observed => c.0 += 1,
-                Kind::Assumed => c.1 += 1,
+                Kind::Assumed { .. } => c.1 += 1,
                 Kind::Reserved { .. } => c.2 += 1,
             }
         }
@@ -1298,7 +1330,7 @@ impl Cluster {
     /// Checks the books: they equal a recount from the bookings, and no GPU is
     /// over its share or memory. For tests and debugging.
     pub fn check_invariants(&self) -> Result<(), String> {
-        let mut fresh: HashMap<(String, String), (u32, u64, u32)> = HashMap::new();
+        let mut fresh: HashMap<(String, String), (u64, u128, u64)> = HashMap::new();
         for b in self.bookings.values() {
             let Some(node) = self.nodes.get(&b.node) else {
                 continue;
@@ -1306,8 +1338,8 @@ impl Cluster {
             for u in &b.gpus {
                 if node.by_uuid.contains_key(u) {
                     let e = fresh.entry((b.node.clone(), u.clone())).or_default();
-                    e.0 += b.milli;
-                    e.1 += b.mem;
+                    e.0 += u64::from(b.milli);
+                    e.1 += u128::from(b.mem);
                     e.2 += 1;
                 }
             }
@@ -1318,7 +1350,12 @@ impl Cluster {
                     .get(&(n.clone(), g.info.uuid.clone()))
                     .copied()
                     .unwrap_or_default();
-                if (g.used, g.mem_used, g.holders) != want {
+                let have = (
+                    u64::from(g.used),
+                    u128::from(g.mem_used),
+                    u64::from(g.holders),
+                );
+                if have != want {
                     return Err(format!(
                         "{n}/gpu {}: books {:?} != recount {want:?}",
                         g.info.index,
