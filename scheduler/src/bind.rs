@@ -22,7 +22,7 @@ use kube::api::PostParams;
 use kubeshare_api::Allocation;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::convert::pod_info_of;
 use crate::placement::{BindDecision, BindStep};
@@ -208,6 +208,7 @@ async fn wait_at_gate(
     deadline: Instant,
 ) -> Result<BindDecision, String> {
     let until = (Instant::now() + s.timing.gang_wait).min(deadline - BINDING_BUDGET);
+    info!(pod = %a.pod_name, ns = %a.pod_namespace, node = %a.node, "group member waits at bind for its group's quorum");
     loop {
         let notified = s.gate.notified();
         tokio::pin!(notified);

@@ -730,3 +730,105 @@ async fn a_group_that_fits_starts_all_members_within_seconds() -> Result<()> {
     assert_eq!(rig.check_no_overcommit(40 * GIB).await?, 3);
     rig.cleanup().await
 }
+
+/// A SIGKILL while a group binds: the members' Bindings are posted together once the
+/// quorum is at bind (about 100 ms here), so a kill can land between them. The next
+/// extender completes the group: a member of a group with bound members passes the
+/// gate as soon as bound + waiting reach the quorum. Either way the group ends whole.
+#[tokio::test]
+async fn killing_the_extender_while_a_group_binds_ends_with_the_whole_group() -> Result<()> {
+    let _g = serial().await;
+    let mut rig = Rig::new("gang-kill").await?;
+    rig.node("n", 2, "A", 40).await?;
+    let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("extender-logs/gang-kill.log");
+    let before = std::fs::read_to_string(&log).unwrap_or_default().len();
+    let labels = member_labels("3", "1.0");
+    let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    for i in 0..3 {
+        rig.create(&format!("g{i}"), &labels).await?;
+    }
+    // Kill it (SIGKILL) as soon as a member waits at bind for the others.
+    wait_until("a member waiting at bind", WAIT, || {
+        let log = log.clone();
+        async move {
+            let text = std::fs::read_to_string(&log).map_err(|e| e.to_string())?;
+            Ok::<_, String>(
+                text[before.min(text.len())..]
+                    .contains("waits at bind")
+                    .then_some(()),
+            )
+        }
+    })
+    .await?;
+    if let Some(e) = rig.ext.as_mut() {
+        e.kill();
+    }
+    let bound = 3 - rig.unbound_names().await?.len();
+    eprintln!("{bound} of 3 members bound when the extender was killed");
+    // A new extender: the group ends whole.
+    rig.ext = Some(ExtenderProc::start(rig.cluster, "gang-kill").await?);
+    wait_until("3 members bound", WAIT, || {
+        let rig = &rig;
+        async move {
+            let n = rig.unbound_names().await.map_err(|e| e.to_string())?.len();
+            if n == 0 {
+                Ok(Some(()))
+            } else {
+                Err(format!("{n} unbound"))
+            }
+        }
+    })
+    .await?;
+    assert_eq!(rig.check_no_overcommit(40 * GIB).await?, 3);
+    rig.cleanup().await
+}
+
+/// The other side of the kill above, made deterministic: two of three members were
+/// bound (with their records) when the extender died; the next one binds the third.
+#[tokio::test]
+async fn a_restarted_extender_completes_a_partly_bound_group() -> Result<()> {
+    let _g = serial().await;
+    let mut rig = Rig::new("gang-partial").await?;
+    let node = rig.node("n", 2, "A", 40).await?;
+    // No extender while the group is created and half bound.
+    if let Some(e) = rig.ext.as_mut() {
+        e.kill();
+    }
+    let labels = member_labels("3", "1.0");
+    let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    for i in 0..3 {
+        rig.create(&format!("g{i}"), &labels).await?;
+    }
+    // g0 and g1 bound as the dead extender's Bindings left them: record and node.
+    let ext_client = rig.cluster.client(Identity::Extender).await?;
+    let pods: Api<Pod> = Api::namespaced(ext_client, rig.ns.name());
+    for (i, name) in ["g0", "g1"].iter().enumerate() {
+        let record = Allocation {
+            node: node.clone(),
+            gpu_uuids: vec![uuid(&node, 0)],
+            gpu_mem: 20 * GIB,
+            gpu_model: "A".into(),
+            granted: kubeshare_api::Granted::Fraction {
+                request: kubeshare_api::Milli::new(500).context("milli")?,
+                limit: kubeshare_api::Milli::ONE,
+            },
+        };
+        let uid = rig.pods().get(name).await?.metadata.uid.context("uid")?;
+        let b = json!({"apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": name, "uid": uid, "annotations": record.to_annotations()},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}});
+        pods.create_subresource::<serde_json::Value, serde_json::Value>(
+            "binding",
+            name,
+            &PostParams::default(),
+            &b,
+        )
+        .await
+        .with_context(|| format!("binding {name} ({i})"))?;
+    }
+    rig.ext = Some(ExtenderProc::start(rig.cluster, "gang-partial").await?);
+    let g2 = rig.bound("g2").await?;
+    assert_ne!(g2.gpu_uuids, vec![uuid(&node, 0)], "GPU 0 is full");
+    assert_eq!(rig.check_no_overcommit(40 * GIB).await?, 3);
+    rig.cleanup().await
+}
