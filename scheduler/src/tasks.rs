@@ -244,3 +244,71 @@ async fn wake_member(s: &Shared, client: Client, ns: &str, name: &str, now: u64)
         warn!(pod = %name, %ns, error = %e, "could not wake a group member");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU32;
+
+    use super::*;
+    use crate::placement::Config;
+    use crate::server::Extender;
+
+    /// A task that panics is restarted; meanwhile the extender is not ready.
+    #[tokio::test]
+    async fn a_panicking_task_is_restarted_and_not_ready_meanwhile() {
+        let ext = Extender::offline(Config::default());
+        let s = ext.shared.clone();
+        s.mark_synced();
+        assert!(s.synced());
+        let runs = Arc::new(AtomicU32::new(0));
+        let r = runs.clone();
+        let h = supervise("timer", s.clone(), move |_| {
+            let r = r.clone();
+            async move {
+                if r.fetch_add(1, Ordering::SeqCst) == 0 {
+                    panic!("boom");
+                }
+                std::future::pending::<()>().await;
+            }
+            .boxed()
+        });
+        // Not ready while it is down...
+        let t0 = Instant::now();
+        while s.synced() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "never went not-ready"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // ...and ready again once it runs again.
+        while !s.synced() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "never came back");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        let m = s.metrics.render(&[], (0, 0, 0), true);
+        assert!(
+            m.contains("kubeshare_extender_task_restarts_total{task=\"timer\"} 1"),
+            "{m}"
+        );
+        h.abort();
+    }
+
+    /// A restarted pod watch is not ready until it has listed again.
+    #[tokio::test]
+    async fn a_restarted_watch_is_not_ready_until_it_lists() {
+        let ext = Extender::offline(Config::default());
+        let s = ext.shared.clone();
+        s.mark_synced();
+        let h = supervise("pods", s.clone(), |_| async {}.boxed());
+        let t0 = Instant::now();
+        while s.pods_synced.load(Ordering::Acquire) {
+            assert!(t0.elapsed() < Duration::from_secs(5));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(!s.synced(), "no list yet: still not ready");
+        h.abort();
+    }
+}
