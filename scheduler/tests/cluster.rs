@@ -832,3 +832,39 @@ async fn a_restarted_extender_completes_a_partly_bound_group() -> Result<()> {
     assert_eq!(rig.check_no_overcommit(40 * GIB).await?, 3);
     rig.cleanup().await
 }
+
+/// A small version of issue 13's backlog: pods created while the extender is down,
+/// then released at once (the scheduler's retries, bind calls racing, watch lag).
+#[tokio::test]
+async fn a_backlog_released_at_once_never_overcommits() -> Result<()> {
+    let _g = serial().await;
+    let mut rig = Rig::new("backlog").await?;
+    // 3 nodes × 2 GPUs × 4 quarters = 24 places for 40 pods.
+    for n in ["x", "y", "z"] {
+        rig.node(n, 2, "A", 40).await?;
+    }
+    if let Some(e) = rig.ext.as_mut() {
+        e.kill();
+    }
+    let quarter = [("gpu_request", "0.25"), ("gpu_limit", "0.25")];
+    for i in 0..40 {
+        rig.create(&format!("b{i:02}"), &quarter).await?;
+    }
+    rig.ext = Some(ExtenderProc::start(rig.cluster, "backlog").await?);
+    wait_until("24 pods bound", WAIT, || {
+        let rig = &rig;
+        async move {
+            let n = rig.unbound_names().await.map_err(|e| e.to_string())?.len();
+            if n <= 16 {
+                Ok(Some(()))
+            } else {
+                Err(format!("{n} unbound"))
+            }
+        }
+    })
+    .await?;
+    // The scheduler keeps retrying the rest: none of them may fit.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(rig.check_no_overcommit(40 * GIB).await?, 24);
+    rig.cleanup().await
+}
