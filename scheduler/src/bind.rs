@@ -133,7 +133,7 @@ pub(crate) async fn bind(s: &Arc<Shared>, a: &ExtenderBindingArgs) -> Result<Str
                             // A panic may have struck after the Binding: keep the
                             // booking; the timer checks it against the API.
                             let now = s2.now_ms();
-                            s2.lock().settle(&a2.pod_uid, now);
+                            s2.lock().settle(&a2.pod_uid, now, false);
                             Err(format!("bind task failed: {e}"))
                         }
                     };
@@ -188,9 +188,9 @@ async fn run_bind(s: &Shared, a: &ExtenderBindingArgs) -> Result<String, String>
     let r = post_binding(s, &pods, a, &decision, deadline).await;
     let now = s.now_ms();
     match &r {
-        Ok(_) => s.lock().settle(&a.pod_uid, now),
+        Ok(_) => s.lock().settle(&a.pod_uid, now, true),
         Err(BindError::Refused(_)) => s.lock().rollback(&a.pod_uid),
-        Err(BindError::Unknown(_)) => s.lock().settle(&a.pod_uid, now),
+        Err(BindError::Unknown(_)) => s.lock().settle(&a.pod_uid, now, false),
     }
     r.map(|()| decision.summary).map_err(|e| match e {
         BindError::Refused(m) => m,

@@ -147,8 +147,13 @@ enum Kind {
     /// From the pod's record, as the watch (or a GET) shows it.
     Observed,
     /// Booked by our bind at `since`; `settled` once the bind's API calls are over
-    /// (then it is checked against the API after a deadline if still not observed).
-    Assumed { since: u64, settled: bool },
+    /// (then it is checked against the API after a deadline if still not observed);
+    /// `bound` when the Binding was answered OK (not when its outcome is unknown).
+    Assumed {
+        since: u64,
+        settled: bool,
+        bound: bool,
+    },
     /// Held for a group member until `deadline`; `at_gate` while its bind waits
     /// for the group's quorum.
     Reserved { deadline: u64, at_gate: bool },
@@ -728,6 +733,7 @@ impl Cluster {
             Kind::Assumed {
                 since: now_ms,
                 settled: false,
+                bound: false,
             },
         );
         let decision = self.decision(uid, node, &b);
@@ -749,6 +755,7 @@ impl Cluster {
             kind: Kind::Assumed {
                 since: now_ms,
                 settled: false,
+                bound: false,
             },
             ..b
         };
@@ -819,15 +826,17 @@ impl Cluster {
         self.pods.get(uid).and_then(|e| e.group.clone())
     }
 
-    /// The bind's API calls are over (done, or their outcome is unknown): from now
-    /// on an assumed booking not yet observed is due for a check against the API.
-    pub fn settle(&mut self, uid: &str, now_ms: u64) {
+    /// The bind's API calls are over: `bound` when the Binding was answered OK,
+    /// not when its outcome is unknown. From now on an assumed booking not yet
+    /// observed is due for a check against the API.
+    pub fn settle(&mut self, uid: &str, now_ms: u64, bound: bool) {
         if let Some(b) = self.bookings.get_mut(uid)
             && let Kind::Assumed { .. } = b.kind
         {
             b.kind = Kind::Assumed {
                 since: now_ms,
                 settled: true,
+                bound,
             };
         }
     }
@@ -842,11 +851,13 @@ impl Cluster {
         }
     }
 
-    /// The node a pod is bound to by us (assumed or observed), if any.
+    /// The node a pod is known to be bound to: its record was observed, or our
+    /// Binding was answered OK. (Not while a Binding's outcome is unknown: a retried
+    /// bind must not be told "bound" for a pod that may not be.)
     pub fn bound_node(&self, uid: &str) -> Option<String> {
         self.bookings
             .get(uid)
-            .filter(|b| matches!(b.kind, Kind::Observed | Kind::Assumed { .. }))
+            .filter(|b| matches!(b.kind, Kind::Observed | Kind::Assumed { bound: true, .. }))
             .map(|b| b.node.clone())
     }
 
@@ -858,12 +869,14 @@ impl Cluster {
             if let Kind::Assumed {
                 since,
                 settled: true,
+                bound,
             } = b.kind
                 && since.saturating_add(after_ms) <= now_ms
             {
                 b.kind = Kind::Assumed {
                     since: now_ms,
                     settled: true,
+                    bound,
                 };
                 let (ns, name) = self
                     .pods

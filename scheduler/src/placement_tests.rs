@@ -478,7 +478,7 @@ fn assumed_binds_survive_stale_watch_events_until_the_pod_is_gone() {
     let p = frac("p", "0.6");
     c.filter(&p, &c.node_names(), 0);
     go(c.bind("p", "a", 0).unwrap());
-    c.settle("p", 0);
+    c.settle("p", 0, true);
     // The watch delivers the pod as it was before our Binding.
     c.apply_pod(&p);
     assert_eq!(c.usage()[0].used_milli, 600);
@@ -494,6 +494,32 @@ fn assumed_binds_survive_stale_watch_events_until_the_pod_is_gone() {
     assert!(c.due_checks(11, 5).is_empty(), "asked once per period");
     c.confirm("p", None);
     assert_eq!(c.usage()[0].used_milli, 0);
+    c.check_invariants().unwrap();
+}
+
+/// Seen in a backlog run: a retried bind was told "already bound" for a pod whose
+/// first Binding had no answer before the deadline and had not landed; kube-scheduler
+/// then believed it bound, and it never was. Only a Binding answered OK (or the
+/// observed record) makes a pod count as bound.
+#[test]
+fn a_binding_with_an_unknown_outcome_does_not_count_as_bound() {
+    let mut c = cluster(&[("a", inv(1, 1, "A", 40, &[]))]);
+    for (uid, ok) in [("p", false), ("q", true)] {
+        let p = frac(uid, "0.25");
+        c.filter(&p, &c.node_names(), 0);
+        go(c.bind(uid, "a", 0).unwrap());
+        assert_eq!(c.bound_node(uid), None, "in flight");
+        c.settle(uid, 0, ok);
+    }
+    assert_eq!(c.bound_node("p"), None, "outcome unknown");
+    assert_eq!(c.bound_node("q"), Some("a".into()));
+    // Neither is booked twice.
+    assert!(c.bind("p", "a", 1).unwrap_err().contains("being checked"));
+    // The check finds p unbound: its place is freed; it can be bound again.
+    c.due_checks(u64::MAX / 2, 1);
+    c.confirm("p", Some(&frac("p", "0.25")));
+    assert_eq!(c.booked("p"), None);
+    go(c.bind("p", "a", 2).unwrap());
     c.check_invariants().unwrap();
 }
 
@@ -703,7 +729,7 @@ fn schedule_group(c: &mut Cluster, m: &mut [PodInfo], now: u64) -> Vec<Option<Al
         let a = d.allocation.unwrap();
         p.node_name = Some(node);
         p.allocation = Ok(Some(a.clone()));
-        c.settle(&p.uid, now);
+        c.settle(&p.uid, now, true);
         c.apply_pod(p);
         a
     };
@@ -1171,7 +1197,7 @@ impl World {
         }
         match outcome {
             1 => self.c.rollback(uid),
-            3 => self.c.settle(uid, self.now),
+            3 => self.c.settle(uid, self.now, false),
             _ => {
                 let mut q = cur.clone();
                 // The record is granted from the labels the pod has at this write.
@@ -1184,7 +1210,7 @@ impl World {
                 q.node_name = Some(node.to_string());
                 q.allocation = Ok(d.allocation.clone());
                 self.write(q);
-                self.c.settle(uid, self.now);
+                self.c.settle(uid, self.now, outcome == 0);
             }
         }
     }
