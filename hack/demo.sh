@@ -258,10 +258,37 @@ say "Workloads (examples/): fractional pods, a Deployment, a whole-GPU pod, a co
 k apply -f "$REPO/examples/00-namespace.yaml" >"$DEMO/logs/apply.log" 2>&1 \
   || { cat "$DEMO/logs/apply.log" >&2; die "creating namespace $NS failed"; }
 wait_for "the default ServiceAccount in $NS" 30 - k -n "$NS" get serviceaccount default
-if ! k apply -f "$REPO/examples/" >>"$DEMO/logs/apply.log" 2>&1; then
-  cat "$DEMO/logs/apply.log" >&2
-  die "kubectl apply -f examples/ failed"
-fi
+# One file at a time, each placed before the next: the placement is deterministic
+# for a given order of arrivals, so every run prints the same table (applied all
+# at once, the order in which the scheduler meets the pods varies from run to run).
+# bound_at_least N: N pods of the namespace are bound (wants-b200 never is).
+bound_at_least() {
+  k -n "$NS" get pods -o json | jq -e --argjson n "$1" '
+    [.items[] | select(.metadata.name != "wants-b200")] as $p
+    | ($p | length) >= $n and ([$p[] | select(.spec.nodeName == null)] | length) == 0' >/dev/null
+}
+placed=0
+for f in whole-gpu.yaml coscheduled-job.yaml tags.yaml fractional.yaml unplaceable.yaml; do
+  if ! k apply -f "$REPO/examples/$f" >>"$DEMO/logs/apply.log" 2>&1; then
+    cat "$DEMO/logs/apply.log" >&2
+    die "kubectl apply -f examples/$f failed"
+  fi
+  case "$f" in
+    whole-gpu.yaml) placed=$((placed + 1)) ;;
+    coscheduled-job.yaml) placed=$((placed + 3)) ;;
+    tags.yaml) placed=$((placed + 6)) ;;
+    fractional.yaml) placed=$((placed + 4)) ;;
+    *) continue ;;
+  esac
+  wait_for "the pods of examples/$f to be placed" "$SETTLE" extender bound_at_least "$placed"
+done
+# Any other workload file (added later) comes last.
+for f in "$REPO"/examples/*.yaml; do
+  case "$(basename "$f")" in
+    00-namespace.yaml | whole-gpu.yaml | coscheduled-job.yaml | tags.yaml | fractional.yaml | unplaceable.yaml) ;;
+    *) k apply -f "$f" >>"$DEMO/logs/apply.log" 2>&1 || { cat "$DEMO/logs/apply.log" >&2; die "kubectl apply -f $f failed"; } ;;
+  esac
+done
 sed 's/^/    /' "$DEMO/logs/apply.log" >&2
 
 STEP="waiting for the workloads to settle"

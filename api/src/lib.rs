@@ -13,7 +13,7 @@ mod milli;
 mod quantity;
 pub mod resource_config;
 
-pub use annotations::{Allocation, AllocationError};
+pub use annotations::{Allocation, AllocationError, Granted};
 pub use inventory::{GpuInfo, InventoryError, NodeInventory};
 pub use labels::{GpuDemand, GpuShare, GroupSpec, LabelError, is_kubeshare_pod};
 pub use milli::{Milli, MilliParseError};

@@ -53,7 +53,8 @@ impl GpuView {
     }
 
     pub fn mem_allocated(&self) -> u64 {
-        self.pods.iter().map(|p| p.mem).sum()
+        // Records are checked one by one, not their sum: never overflow.
+        self.pods.iter().fold(0u64, |m, p| m.saturating_add(p.mem))
     }
 }
 
@@ -209,17 +210,8 @@ pub fn build(nodes: &[Node], pods: &[Pod]) -> ClusterView {
             name: name.clone(),
             error,
         };
-        let demand = match GpuDemand::from_labels(labels) {
-            Ok(Some(d)) => d,
-            // Names our scheduler but asks for no GPU: nothing to show.
-            Ok(None) => continue,
-            Err(e) => {
-                if !is_finished(pod) {
-                    view.broken.push(broken(format!("labels: {e}")));
-                }
-                continue;
-            }
-        };
+        // A bound pod is shown from its allocation record alone (the granted share);
+        // the labels say what a pending pod asks for, and its tags.
         let alloc = match Allocation::from_annotations(annotations) {
             Ok(a) => a,
             Err(e) => {
@@ -229,8 +221,21 @@ pub fn build(nodes: &[Node], pods: &[Pod]) -> ClusterView {
                 continue;
             }
         };
-        let tags = tags_of(&demand);
+        let demand = match GpuDemand::from_labels(labels) {
+            Ok(d) => d,
+            Err(e) => {
+                if alloc.is_none() && !is_finished(pod) {
+                    view.broken.push(broken(format!("labels: {e}")));
+                }
+                None
+            }
+        };
+        let tags = demand.as_ref().map(tags_of).unwrap_or_default();
         let Some(alloc) = alloc else {
+            // Names our scheduler but asks for no GPU: nothing to show.
+            let Some(demand) = demand else {
+                continue;
+            };
             if !is_finished(pod) {
                 view.pending.push(PendingPod {
                     namespace,
@@ -259,10 +264,10 @@ pub fn build(nodes: &[Node], pods: &[Pod]) -> ClusterView {
                 namespace: namespace.clone(),
                 name: name.clone(),
                 phase: phase.clone(),
-                request: demand.request_per_gpu(),
-                limit: demand.limit_per_gpu(),
+                request: alloc.granted.request_per_gpu(),
+                limit: alloc.granted.limit_per_gpu(),
                 mem: alloc.gpu_mem,
-                whole: demand.is_whole(),
+                whole: alloc.granted.is_whole(),
                 gpu_uuid: uuid.clone(),
                 node: alloc.node.clone(),
                 tags: tags.clone(),

@@ -258,8 +258,10 @@ pub fn render(view: &ClusterView, opts: RenderOptions) -> String {
     }
 
     let requested: u32 = gpus.iter().map(|g| g.requested()).sum();
-    let mem: u64 = gpus.iter().map(|g| g.mem_allocated()).sum();
-    let mem_total: u64 = gpus.iter().map(|g| g.memory).sum();
+    let mem: u64 = gpus
+        .iter()
+        .fold(0u64, |m, g| m.saturating_add(g.mem_allocated()));
+    let mem_total: u64 = gpus.iter().fold(0u64, |m, g| m.saturating_add(g.memory));
     let placed: std::collections::BTreeSet<(&str, &str)> = gpus
         .iter()
         .flat_map(|g| &g.pods)

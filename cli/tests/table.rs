@@ -35,10 +35,31 @@ fn pod(
 ) -> Pod {
     let mut annotations = serde_json::Map::new();
     if let Some((node, uuids, mem)) = alloc {
-        annotations.insert("sharedgpu/node".into(), json!(node));
-        annotations.insert("sharedgpu/gpu_uuid".into(), json!(uuids.join(",")));
-        annotations.insert("sharedgpu/gpu_mem".into(), json!(mem.to_string()));
-        annotations.insert("sharedgpu/gpu_model".into(), json!("NVIDIA-H100-80GB-HBM3"));
+        // The record as the extender writes it: the granted share is what the
+        // labels asked for at bind.
+        let labels: std::collections::BTreeMap<String, String> =
+            serde_json::from_value(labels.clone()).unwrap_or_default();
+        let granted = match kubeshare_api::GpuDemand::from_labels(&labels) {
+            Ok(Some(d)) if d.is_whole() && uuids.len() >= 2 => kubeshare_api::Granted::Whole,
+            Ok(Some(d)) => kubeshare_api::Granted::Fraction {
+                request: d.request_per_gpu(),
+                limit: d.limit_per_gpu(),
+            },
+            _ => kubeshare_api::Granted::Fraction {
+                request: kubeshare_api::Milli::ONE,
+                limit: kubeshare_api::Milli::ONE,
+            },
+        };
+        let record = kubeshare_api::Allocation {
+            node: node.into(),
+            gpu_uuids: uuids.to_vec(),
+            gpu_mem: mem,
+            gpu_model: "NVIDIA-H100-80GB-HBM3".into(),
+            granted,
+        };
+        for (k, v) in record.to_annotations() {
+            annotations.insert(k, json!(v));
+        }
     }
     serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": ns, "labels": labels, "annotations": annotations},
@@ -79,7 +100,14 @@ fn bars_and_numbers() {
 #[test]
 fn gpus_with_their_pods_and_bars() {
     let nodes = vec![
-        node("node-b", 1, &[("NVIDIA-A100-SXM4-40GB", 40 * GI)]),
+        node(
+            "node-b",
+            1,
+            &[
+                ("NVIDIA-A100-SXM4-40GB", 40 * GI),
+                ("NVIDIA-A100-SXM4-40GB", 40 * GI),
+            ],
+        ),
         node(
             "node-a",
             0,
@@ -93,7 +121,7 @@ fn gpus_with_their_pods_and_bars() {
     ];
     let g00 = [uuid(0, 0)];
     let g01 = [uuid(0, 1)];
-    let whole = [uuid(1, 0)];
+    let whole = [uuid(1, 0), uuid(1, 1)];
     let mut affinity = frac("0.25", "0.5");
     affinity["sharedgpu/sched_affinity"] = json!("team-a");
     let pods = vec![
@@ -192,7 +220,7 @@ fn gpus_with_their_pods_and_bars() {
     assert_eq!(
         summary,
         vec![
-            "2 GPU nodes, 3 GPUs: 2.00 of 3 GPUs requested, 120.0Gi of 200.0Gi memory allocated; 4 pods placed, 0 pending"
+            "2 GPU nodes, 4 GPUs: 3.00 of 4 GPUs requested, 160.0Gi of 240.0Gi memory allocated; 4 pods placed, 0 pending"
         ]
     );
     assert!(

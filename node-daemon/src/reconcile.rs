@@ -8,7 +8,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use kubeshare_api::resource_config::is_valid_id;
-use kubeshare_api::{Allocation, GpuDemand, Milli, NodeInventory, ResourceConfig, ResourceEntry};
+use kubeshare_api::{
+    Allocation, GpuDemand, Granted, Milli, NodeInventory, ResourceConfig, ResourceEntry,
+    SCHEDULER_NAME,
+};
 
 /// What the daemon needs to know of a pod (taken from the API object by the caller).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -115,42 +118,32 @@ fn plan(node: &str, inventory: &NodeInventory, pod: &PodView) -> PodPlan {
             alloc.node
         ));
     }
+    if pod.scheduler_name.as_deref() != Some(SCHEDULER_NAME) {
+        // Only kubeshare-scheduler's Bindings write a record: this one is forged.
+        return PodPlan::Bad(format!(
+            "has an allocation record but was not scheduled by {SCHEDULER_NAME}: not configured"
+        ));
+    }
     if !is_valid_id(&pod.uid) {
         return PodPlan::Bad(format!("pod UID {:?} cannot be a client ID", pod.uid));
     }
-    let demand = match GpuDemand::from_labels(&pod.labels) {
-        Ok(Some(d)) => d,
-        Ok(None) => {
-            return PodPlan::Bad("has a GPU allocation but no sharedgpu/ labels".to_string());
-        }
-        Err(e) => return PodPlan::Bad(format!("bad labels: {e}")),
-    };
-    let mut seen = BTreeSet::new();
+    // The record alone says what the pod holds: its labels are not read (they may
+    // have been edited after the decision; the record is what was checked).
     for u in &alloc.gpu_uuids {
-        if !seen.insert(u.as_str()) {
-            return PodPlan::Bad(format!("GPU {u} is allocated twice"));
-        }
         if inventory.gpu(u).is_none() {
             return PodPlan::Bad(format!("GPU {u} is not a GPU of node {node}"));
         }
     }
-    if alloc.gpu_uuids.len() != usize::from(demand.gpu_count()) {
-        return PodPlan::Bad(format!(
-            "{} GPU(s) allocated but the labels ask for {}",
-            alloc.gpu_uuids.len(),
-            demand.gpu_count()
-        ));
-    }
-    if demand.is_whole() {
-        return PodPlan::Whole {
+    match alloc.granted {
+        Granted::Whole => PodPlan::Whole {
             gpus: alloc.gpu_uuids,
-        };
-    }
-    PodPlan::Shared {
-        gpus: alloc.gpu_uuids,
-        request: demand.request_per_gpu(),
-        limit: demand.limit_per_gpu(),
-        mem: alloc.gpu_mem,
+        },
+        Granted::Fraction { request, limit } => PodPlan::Shared {
+            gpus: alloc.gpu_uuids,
+            request,
+            limit,
+            mem: alloc.gpu_mem,
+        },
     }
 }
 
@@ -319,14 +312,32 @@ mod tests {
         }
     }
 
+    /// A pod with these labels and, for `gpus`, the record the extender would
+    /// write from them (granted = what the labels asked for at bind).
     fn pod(i: u32, labels: &[(&str, &str)], gpus: &[u32], mem: u64) -> PodView {
+        let labels: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| (format!("sharedgpu/{k}"), v.to_string()))
+            .collect();
         let mut annotations = BTreeMap::new();
         if !gpus.is_empty() {
+            let granted = match GpuDemand::from_labels(&labels) {
+                Ok(Some(d)) if d.is_whole() => Granted::Whole,
+                Ok(Some(d)) => Granted::Fraction {
+                    request: d.request_per_gpu(),
+                    limit: d.limit_per_gpu(),
+                },
+                _ => Granted::Fraction {
+                    request: Milli::new(500).unwrap(),
+                    limit: Milli::new(500).unwrap(),
+                },
+            };
             annotations = Allocation {
                 node: NODE.into(),
                 gpu_uuids: gpus.iter().map(|g| gpu_uuid(*g)).collect(),
                 gpu_mem: mem,
                 gpu_model: "NVIDIA-H100-80GB-HBM3".into(),
+                granted,
             }
             .to_annotations();
         }
@@ -337,10 +348,7 @@ mod tests {
             node_name: Some(NODE.into()),
             phase: Some("Running".into()),
             scheduler_name: Some("kubeshare-scheduler".into()),
-            labels: labels
-                .iter()
-                .map(|(k, v)| (format!("sharedgpu/{k}"), v.to_string()))
-                .collect(),
+            labels,
             annotations,
         }
     }
@@ -514,15 +522,24 @@ mod tests {
             );
             p
         };
-        let swapped = pod(5, &[("gpu_request", "0.9"), ("gpu_limit", "0.5")], &[0], 1);
+        let mut swapped = pod(5, &[("gpu_request", "0.9"), ("gpu_limit", "1.0")], &[0], 1);
+        swapped
+            .annotations
+            .insert("sharedgpu/granted_limit".into(), "0.5".into());
         let unallocated = pod(6, &[("gpu_request", "0.5"), ("gpu_limit", "0.5")], &[], 1);
-        let no_labels = pod(7, &[], &[0], 1);
-        let count_mismatch = pod(
+        // Review finding (forged annotation): a record on a pod that the default
+        // scheduler placed.
+        let mut forged = pod(7, &[], &[0], 1);
+        forged.scheduler_name = Some("default-scheduler".into());
+        let mut count_mismatch = pod(
             8,
             &[("gpu_request", "0.5"), ("gpu_limit", "0.5")],
             &[0, 1],
             1,
         );
+        count_mismatch
+            .annotations
+            .insert("sharedgpu/granted_request".into(), "3".into());
         let twice = {
             let mut p = pod(
                 9,
@@ -554,7 +571,7 @@ mod tests {
             foreign_gpu,
             swapped,
             unallocated,
-            no_labels,
+            forged,
             count_mismatch,
             twice,
             plain,
@@ -573,18 +590,14 @@ mod tests {
             "nd-test/p3 bad allocation: annotation sharedgpu/gpu_uuid=\"GPU-nope\": not a list of GPU UUIDs",
             "nd-test/p4 GPU GPU-99999999-aaaa-bbbb-cccc-dddddddddddd is not a GPU of node nd-node-a",
             "nd-test/p6 bound to nd-node-a without a GPU allocation (annotation sharedgpu/gpu_uuid missing): was it placed by kubeshare-scheduler?",
-            "nd-test/p7 has a GPU allocation but no sharedgpu/ labels",
-            "nd-test/p8 2 GPU(s) allocated but the labels ask for 1",
-            "nd-test/p9 GPU GPU-00000000-aaaa-bbbb-cccc-dddddddddddd is allocated twice",
+            "nd-test/p5 bad allocation: annotation sharedgpu/granted_limit=\"0.5\": below the granted request",
+            "nd-test/p7 has an allocation record but was not scheduled by kubeshare-scheduler: not configured",
+            "nd-test/p8 bad allocation: annotation sharedgpu/granted_request=\"3\": a whole-GPU grant must be the number of GPU UUIDs (2 or more)",
+            "nd-test/p9 bad allocation: annotation sharedgpu/gpu_uuid=\"GPU-00000000-aaaa-bbbb-cccc-dddddddddddd,GPU-00000000-aaaa-bbbb-cccc-dddddddddddd\": a GPU is listed twice",
         ];
         for e in expect {
             assert!(msgs.iter().any(|m| m == e), "missing {e:?} in {msgs:#?}");
         }
-        assert!(
-            msgs.iter()
-                .any(|m| m.starts_with("nd-test/p5 bad labels: ") && m.contains("gpu_request")),
-            "{msgs:#?}"
-        );
         // Only the good pod is configured.
         assert_eq!(d.pod_dirs, BTreeSet::from([good.uid.clone()]));
         assert_eq!(d.configs[&gpu_uuid(0)].render(), "0\n");

@@ -469,6 +469,10 @@ async fn node_daemons_on_kwok_nodes() -> anyhow::Result<()> {
                 gpu_uuids: gpus,
                 gpu_mem: mem,
                 gpu_model: model.into(),
+                granted: kubeshare_api::Granted::Fraction {
+                    request: kubeshare_api::Milli::new(200).unwrap_or(kubeshare_api::Milli::ZERO),
+                    limit: kubeshare_api::Milli::new(200).unwrap_or(kubeshare_api::Milli::ZERO),
+                },
             }
             .to_annotations()
         };

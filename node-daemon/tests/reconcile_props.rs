@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kubeshare_api::{Allocation, GpuInfo, NodeInventory, ResourceConfig};
+use kubeshare_api::{Allocation, GpuInfo, Granted, Milli, NodeInventory, ResourceConfig};
 use kubeshare_node_daemon::reconcile::{Action, Actual, PodView, desired, diff};
 use proptest::prelude::*;
 
@@ -66,13 +66,21 @@ fn view(p: &PodSpec) -> PodView {
         name: format!("p{}", p.uid),
         node_name: Some(NODE.into()),
         phase: Some(["Pending", "Running", "Succeeded", "Failed"][p.phase as usize].into()),
-        scheduler_name: None,
+        scheduler_name: Some("kubeshare-scheduler".into()),
         labels,
         annotations: Allocation {
             node: NODE.into(),
             gpu_uuids: p.gpus.iter().map(|g| gpu_uuid(*g)).collect(),
             gpu_mem: u64::from(p.uid) << 20,
             gpu_model: "M".into(),
+            granted: if p.whole && p.gpus.len() > 1 {
+                Granted::Whole
+            } else {
+                Granted::Fraction {
+                    request: Milli::new(request).unwrap_or(Milli::ZERO),
+                    limit: Milli::new(limit).unwrap_or(Milli::ONE),
+                }
+            },
         }
         .to_annotations(),
     }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kubeshare_api::inventory::INVENTORY_ANNOTATION;
-use kubeshare_api::{Allocation, GpuDemand, NodeInventory};
+use kubeshare_api::{Allocation, GpuDemand, NodeInventory, is_kubeshare_pod};
 use serde::Deserialize;
 
 use crate::placement::PodInfo;
@@ -40,8 +40,13 @@ pub struct WirePodStatus {
     pub phase: Option<String>,
 }
 
-/// Builds a [`PodInfo`] from a pod's metadata, node name and phase.
-pub fn pod_info(meta: &ObjectMeta, node_name: Option<&str>, phase: Option<&str>) -> PodInfo {
+/// Builds a [`PodInfo`] from a pod's metadata, scheduler name, node name and phase.
+pub fn pod_info(
+    meta: &ObjectMeta,
+    scheduler: Option<&str>,
+    node_name: Option<&str>,
+    phase: Option<&str>,
+) -> PodInfo {
     let empty = BTreeMap::new();
     let labels = meta.labels.as_ref().unwrap_or(&empty);
     let annotations = meta.annotations.as_ref().unwrap_or(&empty);
@@ -53,6 +58,11 @@ pub fn pod_info(meta: &ObjectMeta, node_name: Option<&str>, phase: Option<&str>)
         terminal: matches!(phase, Some("Succeeded" | "Failed")),
         demand: GpuDemand::from_labels(labels).map_err(|e| e.to_string()),
         allocation: Allocation::from_annotations(annotations).map_err(|e| e.to_string()),
+        resource_version: meta
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse().ok()),
+        kubeshare: is_kubeshare_pod(scheduler, labels),
     }
 }
 
@@ -60,6 +70,7 @@ impl WirePod {
     pub fn info(&self) -> PodInfo {
         pod_info(
             &self.metadata,
+            self.spec.as_ref().and_then(|s| s.scheduler_name.as_deref()),
             self.spec.as_ref().and_then(|s| s.node_name.as_deref()),
             self.status.as_ref().and_then(|s| s.phase.as_deref()),
         )
@@ -69,6 +80,7 @@ impl WirePod {
 pub fn pod_info_of(p: &Pod) -> PodInfo {
     pod_info(
         &p.metadata,
+        p.spec.as_ref().and_then(|s| s.scheduler_name.as_deref()),
         p.spec.as_ref().and_then(|s| s.node_name.as_deref()),
         p.status.as_ref().and_then(|s| s.phase.as_deref()),
     )
@@ -99,7 +111,10 @@ mod tests {
             "metadata": {"name": "p", "namespace": "ns", "uid": "u1",
                 "labels": {"sharedgpu/gpu_request": "0.5", "sharedgpu/gpu_limit": "1.0"},
                 "annotations": {"sharedgpu/gpu_uuid": "GPU-00000000-aaaa-bbbb-cccc-dddddddddddd",
-                    "sharedgpu/gpu_mem": "100", "sharedgpu/gpu_model": "M", "sharedgpu/node": "n1"}},
+                    "sharedgpu/gpu_mem": "100", "sharedgpu/gpu_model": "M", "sharedgpu/node": "n1",
+                    "sharedgpu/granted_request": "0.5", "sharedgpu/granted_limit": "1.0",
+                    "sharedgpu/record_version": "1"},
+                "resourceVersion": "42"},
             "spec": {"schedulerName": "kubeshare-scheduler", "nodeName": "n1",
                 "containers": [{"name": "c", "image": "x"}]},
             "status": {"phase": "Succeeded"}
@@ -112,6 +127,8 @@ mod tests {
         let d = i.demand.unwrap().unwrap();
         assert_eq!(d.request_per_gpu().get(), 500);
         assert_eq!(i.allocation.unwrap().unwrap().gpu_mem, 100);
+        assert_eq!(i.resource_version, Some(42));
+        assert!(i.kubeshare);
     }
 
     #[test]

@@ -9,13 +9,17 @@
 //! - [`convert`]: Kubernetes objects to what placement needs (pure).
 //! - [`wire`]: the upstream extender JSON shapes.
 //! - [`metrics`]: Prometheus text exposition.
-//! - [`server`]: the axum routes, bind's API calls, and the watches that feed the books.
+//! - [`server`]: the axum routes and the shared state.
+//! - `bind`: bind's task: the record and the node in one Binding, single flight.
+//! - [`tasks`]: the watches that feed the books and the timer, supervised.
 
+mod bind;
 pub mod convert;
 pub mod metrics;
 pub mod placement;
 pub mod server;
+pub mod tasks;
 pub mod wire;
 
-pub use placement::{Cluster, Config, PodInfo};
-pub use server::{Extender, ExtenderOptions, TlsFiles, serve};
+pub use placement::{BindStep, Cluster, Config, PodInfo};
+pub use server::{Extender, ExtenderOptions, Timing, TlsFiles, serve};

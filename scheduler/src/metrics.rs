@@ -27,7 +27,28 @@ struct Histogram {
 struct Inner {
     decisions: BTreeMap<(String, String), u64>,
     latency: BTreeMap<String, Histogram>,
+    /// Other counters: (metric name, label name, label value).
+    counters: BTreeMap<(&'static str, &'static str, String), u64>,
 }
+
+/// Counters besides the decisions: name, help, label.
+const COUNTERS: [(&str, &str, &str); 3] = [
+    (
+        "kubeshare_extender_record_problems_total",
+        "Allocation records refused or kept (unparseable, tampered, not addable), by kind.",
+        "kind",
+    ),
+    (
+        "kubeshare_extender_task_restarts_total",
+        "Background tasks (watches, timer) restarted after they ended or panicked.",
+        "task",
+    ),
+    (
+        "kubeshare_extender_api_calls_total",
+        "API calls of bind and the background checks, by outcome.",
+        "outcome",
+    ),
+];
 
 /// The extender's counters; cheap to update from every handler.
 #[derive(Debug, Default)]
@@ -61,6 +82,16 @@ impl Metrics {
         h.count += 1;
     }
 
+    /// Adds one to counter `name` (one of [`COUNTERS`]) with label value `value`.
+    pub fn count(&self, name: &'static str, value: &str) {
+        let Some((n, _, label)) = COUNTERS.iter().find(|c| c.0 == name) else {
+            return;
+        };
+        if let Ok(mut m) = self.inner.lock() {
+            *m.counters.entry((n, label, value.to_string())).or_default() += 1;
+        }
+    }
+
     /// The whole exposition.
     pub fn render(
         &self,
@@ -69,10 +100,18 @@ impl Metrics {
         synced: bool,
     ) -> String {
         let mut o = String::new();
-        let (decisions, latency) = match self.inner.lock() {
-            Ok(m) => (m.decisions.clone(), m.latency.clone()),
+        let (decisions, latency, counters) = match self.inner.lock() {
+            Ok(m) => (m.decisions.clone(), m.latency.clone(), m.counters.clone()),
             Err(_) => Default::default(),
         };
+        for (name, help, _) in COUNTERS {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
+            for ((n, label, v), c) in &counters {
+                if *n == name {
+                    let _ = writeln!(o, "{name}{{{label}=\"{}\"}} {c}", escape(v));
+                }
+            }
+        }
         o.push_str(
             "# HELP kubeshare_extender_decisions_total Extender answers by verb and outcome.\n",
         );
@@ -184,7 +223,9 @@ mod tests {
             mem_total: 9,
             holders: 1,
         };
+        m.count("kubeshare_extender_record_problems_total", "tampered");
         let t = m.render(&[g], (1, 2, 3), true);
+        assert!(t.contains("kubeshare_extender_record_problems_total{kind=\"tampered\"} 1"));
         assert!(
             t.contains("kubeshare_extender_decisions_total{verb=\"filter\",outcome=\"fits\"} 2")
         );

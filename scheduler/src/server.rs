@@ -1,18 +1,18 @@
-//! The extender's edges: the axum routes, bind's API calls (annotations, then
-//! the Binding, rolled back if it fails), pod events, and the watches that keep
-//! the books.
+//! The extender's HTTP edge: the axum routes, the shared state, pod events,
+//! `/readyz`, and serving (HTTP or HTTPS). Bind's API calls live in `bind.rs`, the
+//! watches and the timer in `tasks.rs`.
 //!
 //! The placement decision runs under one mutex, with no `.await` while it is
 //! held; API calls happen after the books are updated (bind books the GPUs as
 //! assumed first, so two concurrent binds can never take the same share).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use axum::Router;
@@ -22,20 +22,13 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::serve::ListenerExt;
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::WatchStreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
 use kube::runtime::events::{Event as KEvent, EventType, Recorder, Reporter};
-use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client};
-use kubeshare_api::Allocation;
-use kubeshare_api::annotations;
 use serde::Serialize;
+use tokio::sync::{Notify, Semaphore, watch};
 use tracing::{debug, info, warn};
 
-use crate::convert::{node_inventory, pod_info_of};
 use crate::metrics::Metrics;
 use crate::placement::{Cluster, Config, FilterKind};
 use crate::wire::{
@@ -56,19 +49,63 @@ pub struct ExtenderOptions {
     /// Serve HTTPS (scheduler config `enableHTTPS: true`) instead of HTTP.
     pub tls: Option<TlsFiles>,
     pub placement: Config,
+    pub timing: Timing,
     /// Reported as the events' reporting instance (e.g. the pod name).
     pub instance: Option<String>,
 }
 
+/// Deadlines of bind and of the background checks.
+#[derive(Debug, Clone)]
+pub struct Timing {
+    /// A bind call (gate wait and API retries included) answers within this: below
+    /// kube-scheduler's extender `httpTimeout` (10 s in `hack/cluster.sh` and
+    /// `manifests/kube-scheduler.yaml`), so the scheduler hears the outcome.
+    pub bind_timeout: Duration,
+    /// Longest wait of a group member's bind for the group's quorum (part of
+    /// `bind_timeout`; the rest is left for the Binding).
+    pub gang_wait: Duration,
+    /// An assumed booking not seen in the watch this long after its bind ended is
+    /// checked with a GET of the pod.
+    pub assume_check: Duration,
+    /// Most concurrent API calls (Bindings, GETs, wake-ups).
+    pub api_concurrency: usize,
+    /// Period of the timer (expiry of reservations, assumed-booking checks).
+    pub tick: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            bind_timeout: Duration::from_secs(8),
+            gang_wait: Duration::from_secs(5),
+            assume_check: Duration::from_secs(15),
+            api_concurrency: 16,
+            tick: Duration::from_millis(500),
+        }
+    }
+}
+
+/// The answer of a bind, shared by the calls that wait for it.
+pub(crate) type BindAnswer = Option<Result<String, String>>;
+
 /// Everything the handlers share.
 pub struct Shared {
     cluster: Mutex<Cluster>,
-    nodes_synced: AtomicBool,
-    pods_synced: AtomicBool,
+    pub(crate) nodes_synced: AtomicBool,
+    pub(crate) pods_synced: AtomicBool,
+    /// Background tasks that are not running (ended, restarting): not ready.
+    pub(crate) tasks_down: AtomicUsize,
     pub metrics: Metrics,
-    client: Option<Client>,
+    /// For API calls: no built-in retries (ours end before the bind deadline).
+    pub(crate) client: Option<Client>,
     recorder: Option<Recorder>,
     start: Instant,
+    pub(crate) timing: Timing,
+    /// Binds in flight, by pod UID: a retried bind waits for the running one.
+    pub(crate) inflight: Mutex<HashMap<String, watch::Receiver<BindAnswer>>>,
+    pub(crate) api_permits: Semaphore,
+    /// Woken when group members are released or freed.
+    pub(crate) gate: Notify,
 }
 
 /// Handle to the shared state, for the binary, the tests and the benchmark.
@@ -99,10 +136,10 @@ fn decode<T: serde::de::DeserializeOwned>(verb: &str, body: &[u8]) -> Result<T, 
         .map_err(|e| BadRequest(format!("{verb}: malformed request body: {e}")))
 }
 
-const NOT_SYNCED: &str = "kubeshare extender is starting: node and pod state not yet synced";
+pub(crate) const NOT_SYNCED: &str = "kubeshare extender is not ready: node and pod state not synced (starting, or a watch is restarting)";
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Cluster> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Cluster> {
         // A panic while holding the lock is a bug; the books are still usable.
         self.cluster.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -111,9 +148,12 @@ impl Shared {
         self.start.elapsed().as_millis() as u64
     }
 
-    /// Whether both watches have listed once; no answer is given before.
+    /// Whether both watches have listed (since their last restart) and every
+    /// background task runs; no answer is given before.
     pub fn synced(&self) -> bool {
-        self.nodes_synced.load(Ordering::Acquire) && self.pods_synced.load(Ordering::Acquire)
+        self.nodes_synced.load(Ordering::Acquire)
+            && self.pods_synced.load(Ordering::Acquire)
+            && self.tasks_down.load(Ordering::Acquire) == 0
     }
 
     /// Marks the state synced without watches (the benchmark and tests of the pure path).
@@ -169,78 +209,34 @@ impl Shared {
             .collect())
     }
 
-    /// The bind verb: decide, write the annotations, create the Binding.
-    pub async fn bind(&self, a: &ExtenderBindingArgs) -> Result<String, String> {
-        if !self.synced() {
-            return Err(NOT_SYNCED.into());
-        }
-        let client = self
-            .client
-            .clone()
-            .ok_or_else(|| "extender has no Kubernetes client".to_string())?;
-        let pods: Api<Pod> = Api::namespaced(client, &a.pod_namespace);
-        if !self.lock().knows_pod(&a.pod_uid) {
-            // The watch has not delivered it yet: read it.
-            let p = pods
-                .get(&a.pod_name)
-                .await
-                .map_err(|e| format!("reading pod {}/{}: {e}", a.pod_namespace, a.pod_name))?;
-            let info = pod_info_of(&p);
-            if info.uid != a.pod_uid {
-                return Err(format!(
-                    "pod {}/{} has uid {}, not {}",
-                    a.pod_namespace, a.pod_name, info.uid, a.pod_uid
-                ));
-            }
-            self.lock().note_pod(&info);
-        }
-        let now = self.now_ms();
-        let decision = self.lock().bind(&a.pod_uid, &a.node, now)?;
-        if let Some(alloc) = &decision.allocation
-            && let Err(e) = write_annotations(&pods, a, Some(alloc)).await
-        {
-            self.lock().rollback(&a.pod_uid);
-            return Err(format!("writing the allocation annotations: {e}"));
-        }
-        let binding = Binding {
-            metadata: ObjectMeta {
-                name: Some(a.pod_name.clone()),
-                namespace: Some(a.pod_namespace.clone()),
-                uid: Some(a.pod_uid.clone()),
-                ..ObjectMeta::default()
-            },
-            target: ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Node".into()),
-                name: Some(a.node.clone()),
-                ..ObjectReference::default()
-            },
-        };
-        let bound: Result<serde_json::Value, _> = pods
-            .create_subresource("binding", &a.pod_name, &PostParams::default(), &binding)
-            .await;
-        if let Err(e) = bound {
-            self.lock().rollback(&a.pod_uid);
-            if decision.allocation.is_some()
-                && let Err(e2) = write_annotations(&pods, a, None).await
-            {
-                warn!(pod = %a.pod_name, error = %e2, "could not remove the allocation annotations after a failed Binding");
-            }
-            return Err(format!("creating the Binding to {}: {e}", a.node));
-        }
-        Ok(decision.summary)
+    fn event(&self, a: &ExtenderBindingArgs, warning: bool, reason: &str, note: String) {
+        self.pod_event(
+            (&a.pod_namespace, &a.pod_name, &a.pod_uid),
+            warning,
+            reason,
+            "Bind",
+            note,
+        );
     }
 
-    fn event(&self, a: &ExtenderBindingArgs, warning: bool, reason: &str, note: String) {
+    /// Publishes an event on pod (namespace, name, uid), in the background.
+    pub(crate) fn pod_event(
+        &self,
+        (namespace, name, uid): (&str, &str, &str),
+        warning: bool,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
         let Some(rec) = self.recorder.clone() else {
             return;
         };
         let reference = ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Pod".into()),
-            name: Some(a.pod_name.clone()),
-            namespace: Some(a.pod_namespace.clone()),
-            uid: Some(a.pod_uid.clone()),
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            uid: Some(uid.to_string()),
             ..ObjectReference::default()
         };
         let ev = KEvent {
@@ -252,7 +248,7 @@ impl Shared {
             reason: reason.into(),
             // Events cap the note at 1 kB.
             note: Some(note.chars().take(1000).collect()),
-            action: "Bind".into(),
+            action: action.into(),
             secondary: None,
         };
         tokio::spawn(async move {
@@ -261,34 +257,6 @@ impl Shared {
             }
         });
     }
-}
-
-/// Writes (or with `None`, removes) the allocation annotations, guarded by the pod's uid.
-async fn write_annotations(
-    pods: &Api<Pod>,
-    a: &ExtenderBindingArgs,
-    alloc: Option<&Allocation>,
-) -> Result<(), kube::Error> {
-    let anns: serde_json::Map<String, serde_json::Value> = match alloc {
-        Some(al) => al
-            .to_annotations()
-            .into_iter()
-            .map(|(k, v)| (k, serde_json::Value::String(v)))
-            .collect(),
-        None => [
-            annotations::GPU_UUID,
-            annotations::GPU_MEM,
-            annotations::GPU_MODEL,
-            annotations::NODE,
-        ]
-        .into_iter()
-        .map(|k| (k.to_string(), serde_json::Value::Null))
-        .collect(),
-    };
-    let patch = serde_json::json!({"metadata": {"uid": a.pod_uid, "annotations": anns}});
-    pods.patch(&a.pod_name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map(|_| ())
 }
 
 async fn filter_h(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
@@ -334,7 +302,7 @@ async fn bind_h(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
             return e.into_response();
         }
     };
-    let res = s.bind(&args).await;
+    let res = crate::bind::bind(&s, &args).await;
     let out = match res {
         Ok(summary) => {
             info!(pod = %args.pod_name, ns = %args.pod_namespace, node = %args.node, %summary, "bound");
@@ -373,10 +341,15 @@ async fn metrics_h(State(s): State<Arc<Shared>>) -> Response {
 impl Extender {
     /// State without watches or API client: for the benchmark and HTTP tests.
     pub fn offline(placement: Config) -> Extender {
-        Extender::build(None, placement, None)
+        Extender::build(None, placement, Timing::default(), None)
     }
 
-    fn build(client: Option<Client>, placement: Config, instance: Option<String>) -> Extender {
+    fn build(
+        client: Option<Client>,
+        placement: Config,
+        timing: Timing,
+        instance: Option<String>,
+    ) -> Extender {
         let recorder = client.clone().map(|c| {
             Recorder::new(
                 c,
@@ -391,10 +364,15 @@ impl Extender {
                 cluster: Mutex::new(Cluster::new(placement)),
                 nodes_synced: AtomicBool::new(false),
                 pods_synced: AtomicBool::new(false),
+                tasks_down: AtomicUsize::new(0),
                 metrics: Metrics::default(),
                 client,
                 recorder,
                 start: Instant::now(),
+                api_permits: Semaphore::new(timing.api_concurrency.max(1)),
+                timing,
+                inflight: Mutex::new(HashMap::new()),
+                gate: Notify::new(),
             }),
         }
     }
@@ -411,18 +389,25 @@ impl Extender {
             .with_state(self.shared.clone())
     }
 
-    /// Watches nodes and pods, serves the extender until `shutdown` resolves.
+    /// Watches nodes and pods, runs the timer, serves the extender until
+    /// `shutdown` resolves. `config`'s built-in retries are turned off for the
+    /// API calls (bind's own retries end before its deadline).
     pub async fn run(
-        client: Client,
+        config: kube::Config,
         opts: ExtenderOptions,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        let ext = Extender::build(Some(client.clone()), opts.placement, opts.instance);
-        let nodes = tokio::spawn(watch_nodes(client.clone(), ext.shared.clone()));
-        let pods = tokio::spawn(watch_pods(client, ext.shared.clone()));
+        let watch_client =
+            Client::try_from(config.clone()).context("building the Kubernetes client")?;
+        let mut api_config = config;
+        api_config.default_retry = false;
+        let api_client = Client::try_from(api_config).context("building the Kubernetes client")?;
+        let ext = Extender::build(Some(api_client), opts.placement, opts.timing, opts.instance);
+        let tasks = crate::tasks::start(watch_client, ext.shared.clone());
         let served = serve(ext.router(), opts.listen, opts.tls, shutdown).await;
-        nodes.abort();
-        pods.abort();
+        for t in tasks {
+            t.abort();
+        }
         served
     }
 }
@@ -474,78 +459,6 @@ pub async fn serve(
                 .serve(router.into_make_service())
                 .await
                 .context("serving HTTPS")
-        }
-    }
-}
-
-async fn watch_nodes(client: Client, s: Arc<Shared>) {
-    let api: Api<Node> = Api::all(client);
-    let mut stream = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
-    let mut listed: HashSet<String> = HashSet::new();
-    while let Some(ev) = stream.next().await {
-        match ev {
-            Ok(Event::Init) => listed.clear(),
-            Ok(Event::InitApply(n)) | Ok(Event::Apply(n)) => {
-                let name = n.metadata.name.clone().unwrap_or_default();
-                let inv = node_inventory(&n);
-                if let Err(e) = &inv {
-                    warn!(node = %name, error = %e, "bad GPU inventory");
-                }
-                s.lock().apply_node(&name, inv);
-                listed.insert(name);
-            }
-            Ok(Event::Delete(n)) => {
-                let name = n.metadata.name.clone().unwrap_or_default();
-                s.lock().delete_node(&name);
-            }
-            Ok(Event::InitDone) => {
-                s.lock().retain_nodes(&listed);
-                if !s.nodes_synced.swap(true, Ordering::AcqRel) {
-                    info!(nodes = listed.len(), "nodes synced");
-                }
-            }
-            Err(e) => warn!(error = %e, "node watch error"),
-        }
-    }
-}
-
-async fn watch_pods(client: Client, s: Arc<Shared>) {
-    let api: Api<Pod> = Api::all(client);
-    let mut stream = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
-    let mut listed: HashSet<String> = HashSet::new();
-    while let Some(ev) = stream.next().await {
-        match ev {
-            Ok(Event::Init) => listed.clear(),
-            Ok(Event::InitApply(p)) | Ok(Event::Apply(p)) => {
-                let info = pod_info_of(&p);
-                if let Err(e) = &info.allocation {
-                    warn!(pod = %info.name, ns = %info.namespace, error = %e, "bad allocation annotations");
-                }
-                listed.insert(info.uid.clone());
-                s.lock().apply_pod(&info);
-            }
-            Ok(Event::Delete(p)) => {
-                let uid = p.metadata.uid.clone().unwrap_or_default();
-                s.lock().delete_pod(&uid);
-            }
-            Ok(Event::InitDone) => {
-                s.lock().retain_pods(&listed);
-                if !s.pods_synced.swap(true, Ordering::AcqRel) {
-                    let (o, a, r) = s.lock().booking_counts();
-                    info!(
-                        pods = listed.len(),
-                        observed = o,
-                        assumed = a,
-                        reserved = r,
-                        "pods synced; allocations rebuilt from annotations"
-                    );
-                }
-            }
-            Err(e) => warn!(error = %e, "pod watch error"),
         }
     }
 }

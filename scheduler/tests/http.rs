@@ -71,7 +71,7 @@ async fn filter_and_prioritize_speak_the_upstream_format() {
     let (st, body) = call(addr, "POST", "/filter", &args.to_string()).await;
     assert_eq!(st, 200);
     let v: Value = serde_json::from_str(&body).unwrap();
-    assert!(v["Error"].as_str().unwrap().contains("not yet synced"));
+    assert!(v["Error"].as_str().unwrap().contains("not synced"));
     let (st, _) = call(addr, "GET", "/readyz", "").await;
     assert_eq!(st, 503);
 

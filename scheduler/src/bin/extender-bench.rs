@@ -163,9 +163,13 @@ fn decide(
         .context("no scores")?;
     let uid = format!("uid-{i}");
     let now = s.now_ms();
-    let d = s
+    let d = match s
         .with_cluster(|c| c.bind(&uid, &best, now))
-        .map_err(|e| anyhow::anyhow!(e))?;
+        .map_err(|e| anyhow::anyhow!(e))?
+    {
+        kubeshare_scheduler::BindStep::Go(d) => *d,
+        kubeshare_scheduler::BindStep::Wait => anyhow::bail!("the bench has no groups"),
+    };
     let t3 = Instant::now();
     let mut info = pod.info();
     info.node_name = Some(best);

@@ -3,12 +3,12 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kubeshare_scheduler::{Config, Extender, ExtenderOptions, TlsFiles};
+use kubeshare_scheduler::{Config, Extender, ExtenderOptions, Timing, TlsFiles};
 use tracing::info;
 use tracing_subscriber::EnvFilter;
 
@@ -35,23 +35,35 @@ struct Args {
     /// Seconds capacity reserved for an admitted group's members is held for them.
     #[arg(long, default_value_t = 30)]
     group_reservation_timeout: u64,
+    /// Milliseconds a bind call may take, API retries and a group member's wait
+    /// included; keep it below kube-scheduler's extender httpTimeout (10 s).
+    #[arg(long, default_value_t = 8000)]
+    bind_timeout_ms: u64,
+    /// Milliseconds a group member's bind waits for the group's quorum to reach bind.
+    #[arg(long, default_value_t = 5000)]
+    gang_wait_ms: u64,
+    /// Seconds after which a bind not yet seen in the watch is checked with a GET.
+    #[arg(long, default_value_t = 15)]
+    assume_check: u64,
+    /// Most concurrent API calls (Bindings, checks).
+    #[arg(long, default_value_t = 16)]
+    api_concurrency: usize,
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
 }
 
-async fn client(path: Option<&PathBuf>) -> anyhow::Result<Client> {
+async fn config(path: Option<&PathBuf>) -> anyhow::Result<kube::Config> {
     match path {
-        None => Client::try_default()
+        None => kube::Config::infer()
             .await
             .context("no kubeconfig ($KUBECONFIG, ~/.kube/config) and not in a cluster"),
         Some(p) => {
             let kc =
                 Kubeconfig::read_from(p).with_context(|| format!("reading {}", p.display()))?;
-            let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
                 .await
-                .with_context(|| format!("loading {}", p.display()))?;
-            Client::try_from(cfg).context("building the Kubernetes client")
+                .with_context(|| format!("loading {}", p.display()))
         }
     }
 }
@@ -84,7 +96,12 @@ async fn main() -> anyhow::Result<()> {
     } else {
         tracing_subscriber::fmt().with_env_filter(filter).init();
     }
-    let client = client(args.kubeconfig.as_ref()).await?;
+    let config = config(args.kubeconfig.as_ref()).await?;
+    if args.gang_wait_ms + 2000 > args.bind_timeout_ms {
+        anyhow::bail!(
+            "--gang-wait-ms must leave at least 2000 ms of --bind-timeout-ms for the Binding"
+        );
+    }
     let opts = ExtenderOptions {
         listen: args.listen,
         tls: match (args.tls_cert, args.tls_key) {
@@ -94,7 +111,14 @@ async fn main() -> anyhow::Result<()> {
         placement: Config {
             reservation_timeout_ms: args.group_reservation_timeout.saturating_mul(1000),
         },
+        timing: Timing {
+            bind_timeout: Duration::from_millis(args.bind_timeout_ms),
+            gang_wait: Duration::from_millis(args.gang_wait_ms),
+            assume_check: Duration::from_secs(args.assume_check),
+            api_concurrency: args.api_concurrency,
+            ..Timing::default()
+        },
         instance: std::env::var("POD_NAME").ok(),
     };
-    Extender::run(client, opts, shutdown_signal()).await
+    Extender::run(config, opts, shutdown_signal()).await
 }

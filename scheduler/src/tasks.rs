@@ -1,0 +1,314 @@
+//! The extender's background tasks: the node and pod watches that keep the books,
+//! and the timer that expires group reservations, checks assumed bookings against
+//! the API, wakes group members whose places were freed, and reports record
+//! problems (events, metrics).
+//!
+//! Never blind: each task runs under a supervisor. If it ends or panics, the
+//! extender is not ready (`/readyz` 503, filter and bind refuse) until the task has
+//! been restarted and, for a watch, has listed again. A panic that left the books
+//! inconsistent ends the process instead (its restart rebuilds them from the API).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{error, info, warn};
+
+use crate::bind::{Call, call};
+use crate::convert::{node_inventory, pod_info_of};
+use crate::server::Shared;
+
+/// The annotation the extender bumps on a group member to make the scheduler
+/// retry it now (an update of an unschedulable pod puts it back in the queue).
+pub const WAKE_ANNOTATION: &str = "sharedgpu/wake";
+
+/// Starts every background task under its supervisor.
+pub(crate) fn start(client: Client, s: Arc<Shared>) -> Vec<JoinHandle<()>> {
+    let (c1, c2) = (client.clone(), client);
+    vec![
+        supervise("nodes", s.clone(), move |s| {
+            watch_nodes(c1.clone(), s).boxed()
+        }),
+        supervise("pods", s.clone(), move |s| {
+            watch_pods(c2.clone(), s).boxed()
+        }),
+        supervise("timer", s, |s| timer(s).boxed()),
+    ]
+}
+
+/// Runs `make(s)` until it ends; then marks the extender not ready, restarts it.
+fn supervise<F>(name: &'static str, s: Arc<Shared>, make: F) -> JoinHandle<()>
+where
+    F: Fn(Arc<Shared>) -> futures::future::BoxFuture<'static, ()> + Send + 'static,
+{
+    tokio::spawn(async move {
+        loop {
+            let r = tokio::spawn(make(s.clone())).await;
+            s.tasks_down.fetch_add(1, Ordering::AcqRel);
+            s.metrics
+                .count("kubeshare_extender_task_restarts_total", name);
+            match r {
+                Err(e) if e.is_panic() => {
+                    error!(task = name, "background task panicked; restarting it");
+                    if let Err(broken) = s.with_cluster(|c| c.check_invariants()) {
+                        error!(task = name, %broken, "the books are inconsistent after a panic: exiting so that a restart rebuilds them");
+                        std::process::exit(70);
+                    }
+                }
+                Err(_) => return, // aborted: shutting down
+                Ok(()) => warn!(task = name, "background task ended; restarting it"),
+            }
+            if name == "pods" {
+                s.pods_synced.store(false, Ordering::Release);
+            } else if name == "nodes" {
+                s.nodes_synced.store(false, Ordering::Release);
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            s.tasks_down.fetch_sub(1, Ordering::AcqRel);
+        }
+    })
+}
+
+async fn watch_nodes(client: Client, s: Arc<Shared>) {
+    let api: Api<Node> = Api::all(client);
+    let mut stream = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let mut listed: HashSet<String> = HashSet::new();
+    while let Some(ev) = stream.next().await {
+        match ev {
+            Ok(Event::Init) => listed.clear(),
+            Ok(Event::InitApply(n)) | Ok(Event::Apply(n)) => {
+                let name = n.metadata.name.clone().unwrap_or_default();
+                let inv = node_inventory(&n);
+                if let Err(e) = &inv {
+                    warn!(node = %name, error = %e, "bad GPU inventory");
+                }
+                s.with_cluster(|c| c.apply_node(&name, inv));
+                listed.insert(name);
+            }
+            Ok(Event::Delete(n)) => {
+                let name = n.metadata.name.clone().unwrap_or_default();
+                s.with_cluster(|c| c.delete_node(&name));
+            }
+            Ok(Event::InitDone) => {
+                s.with_cluster(|c| c.retain_nodes(&listed));
+                if !s.nodes_synced.swap(true, Ordering::AcqRel) {
+                    info!(nodes = listed.len(), "nodes synced");
+                }
+            }
+            Err(e) => warn!(error = %e, "node watch error"),
+        }
+    }
+}
+
+async fn watch_pods(client: Client, s: Arc<Shared>) {
+    let api: Api<Pod> = Api::all(client);
+    let mut stream = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let mut listed: HashSet<String> = HashSet::new();
+    while let Some(ev) = stream.next().await {
+        match ev {
+            Ok(Event::Init) => listed.clear(),
+            Ok(Event::InitApply(p)) | Ok(Event::Apply(p)) => {
+                let info = pod_info_of(&p);
+                listed.insert(info.uid.clone());
+                s.with_cluster(|c| c.apply_pod(&info));
+            }
+            Ok(Event::Delete(p)) => {
+                let uid = p.metadata.uid.clone().unwrap_or_default();
+                s.with_cluster(|c| c.delete_pod(&uid));
+            }
+            Ok(Event::InitDone) => {
+                s.with_cluster(|c| c.retain_pods(&listed));
+                if !s.pods_synced.swap(true, Ordering::AcqRel) {
+                    let (o, a, r) = s.with_cluster(|c| c.booking_counts());
+                    info!(
+                        pods = listed.len(),
+                        observed = o,
+                        assumed = a,
+                        reserved = r,
+                        "pods synced; allocations rebuilt from the records"
+                    );
+                }
+            }
+            Err(e) => warn!(error = %e, "pod watch error"),
+        }
+    }
+}
+
+/// Every tick: expire reservations (a group's go together), check assumed bookings
+/// that the watch has not confirmed, wake freed group members, report problems.
+async fn timer(s: Arc<Shared>) {
+    let mut tick = tokio::time::interval(s.timing.tick);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = s.now_ms();
+        let after = s.timing.assume_check.as_millis() as u64;
+        let (wake, due, problems) = s.with_cluster(|c| {
+            let mut wake = c.expire(now);
+            wake.extend(c.take_wake());
+            wake.sort();
+            wake.dedup();
+            (wake, c.due_checks(now, after), c.take_problems())
+        });
+        s.gate.notify_waiters();
+        for p in problems {
+            warn!(pod = %p.name, ns = %p.namespace, problem = %p.message, "allocation record problem");
+            s.metrics.count(
+                "kubeshare_extender_record_problems_total",
+                kind_of(&p.message),
+            );
+            s.pod_event(
+                (&p.namespace, &p.name, &p.uid),
+                true,
+                "GpuRecordProblem",
+                "Check",
+                p.message,
+            );
+        }
+        let Some(client) = s.client.clone() else {
+            continue;
+        };
+        for (uid, ns, name) in due {
+            let (s, client) = (s.clone(), client.clone());
+            tokio::spawn(async move { check_assumed(&s, client, &uid, &ns, &name).await });
+        }
+        for (ns, name) in wake {
+            let (s, client) = (s.clone(), client.clone());
+            tokio::spawn(async move { wake_member(&s, client, &ns, &name, now).await });
+        }
+    }
+}
+
+fn kind_of(message: &str) -> &'static str {
+    if message.contains("cannot be added") {
+        "not_addable"
+    } else if message.contains("changed after") || message.contains("removed from") {
+        "tampered"
+    } else if message.contains("not a KubeShare pod") || message.contains("not bound") {
+        "foreign"
+    } else if message.contains("names node") {
+        "wrong_node"
+    } else {
+        "unparseable"
+    }
+}
+
+/// Asks the API about a pod whose assumed booking the watch has not confirmed.
+async fn check_assumed(s: &Shared, client: Client, uid: &str, ns: &str, name: &str) {
+    let pods: Api<Pod> = Api::namespaced(client, ns);
+    let deadline = Instant::now() + s.timing.bind_timeout;
+    match call(s, deadline, "checking an assumed booking", || {
+        pods.get(name)
+    })
+    .await
+    {
+        Call::Ok(p) => {
+            let info = pod_info_of(&p);
+            let fresh = (info.uid == uid).then_some(&info);
+            s.with_cluster(|c| c.confirm(uid, fresh));
+        }
+        Call::Refused(404, _) => s.with_cluster(|c| c.confirm(uid, None)),
+        // Unknown: kept; asked again next period.
+        Call::Refused(_, e) | Call::Unknown(e) => {
+            warn!(pod = %name, %ns, error = %e, "could not check an assumed booking")
+        }
+    }
+}
+
+/// Makes the scheduler retry a group member now rather than after its backoff.
+async fn wake_member(s: &Shared, client: Client, ns: &str, name: &str, now: u64) {
+    let pods: Api<Pod> = Api::namespaced(client, ns);
+    let patch =
+        serde_json::json!({"metadata": {"annotations": {WAKE_ANNOTATION: now.to_string()}}});
+    let deadline = Instant::now() + s.timing.bind_timeout;
+    let pp = PatchParams::default();
+    let merge = Patch::Merge(&patch);
+    let r = call(s, deadline, "waking a group member", || {
+        pods.patch(name, &pp, &merge)
+    })
+    .await;
+    if let Call::Refused(_, e) | Call::Unknown(e) = r {
+        warn!(pod = %name, %ns, error = %e, "could not wake a group member");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU32;
+
+    use super::*;
+    use crate::placement::Config;
+    use crate::server::Extender;
+
+    /// A task that panics is restarted; meanwhile the extender is not ready.
+    #[tokio::test]
+    async fn a_panicking_task_is_restarted_and_not_ready_meanwhile() {
+        let ext = Extender::offline(Config::default());
+        let s = ext.shared.clone();
+        s.mark_synced();
+        assert!(s.synced());
+        let runs = Arc::new(AtomicU32::new(0));
+        let r = runs.clone();
+        let h = supervise("timer", s.clone(), move |_| {
+            let r = r.clone();
+            async move {
+                if r.fetch_add(1, Ordering::SeqCst) == 0 {
+                    panic!("boom");
+                }
+                std::future::pending::<()>().await;
+            }
+            .boxed()
+        });
+        // Not ready while it is down...
+        let t0 = Instant::now();
+        while s.synced() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "never went not-ready"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // ...and ready again once it runs again.
+        while !s.synced() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "never came back");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        let m = s.metrics.render(&[], (0, 0, 0), true);
+        assert!(
+            m.contains("kubeshare_extender_task_restarts_total{task=\"timer\"} 1"),
+            "{m}"
+        );
+        h.abort();
+    }
+
+    /// A restarted pod watch is not ready until it has listed again.
+    #[tokio::test]
+    async fn a_restarted_watch_is_not_ready_until_it_lists() {
+        let ext = Extender::offline(Config::default());
+        let s = ext.shared.clone();
+        s.mark_synced();
+        let h = supervise("pods", s.clone(), |_| async {}.boxed());
+        let t0 = Instant::now();
+        while s.pods_synced.load(Ordering::Acquire) {
+            assert!(t0.elapsed() < Duration::from_secs(5));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(!s.synced(), "no list yet: still not ready");
+        h.abort();
+    }
+}
