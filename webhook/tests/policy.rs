@@ -8,7 +8,8 @@
 //! bound with a selector that matches only this test's objects, so other tests sharing
 //! the cluster never meet them. "A user with `patch pods`" is the rig's `webhook`
 //! identity (kubeshare:webhook, no rights of its own) given a Role that allows
-//! get/create/patch/update on pods and pods/status and create on pods/binding here.
+//! get/create/patch/update on pods and pods/status and create on pods/binding and
+//! bindings here.
 
 use std::time::Duration;
 
@@ -136,7 +137,7 @@ async fn only_the_extender_writes_the_record_and_labels_never_change() -> Result
         "rules": [
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "create", "patch", "update"]},
             {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["get", "patch", "update"]},
-            {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
+            {"apiGroups": [""], "resources": ["pods/binding", "bindings"], "verbs": ["create"]},
         ]
     }))?;
     Api::<Role>::namespaced(admin.clone(), ns.name())
@@ -315,6 +316,26 @@ async fn only_the_extender_writes_the_record_and_labels_never_change() -> Result
         message.contains(&format!(
             "{RECORD} bind with them (sharedgpu/gpu_uuid=GPU-stolen)"
         )),
+        "{message}"
+    );
+    // The older namespaced bindings endpoint copies annotations the same way.
+    let legacy: Api<k8s_openapi::api::core::v1::Binding> =
+        Api::namespaced(mallory.clone(), ns.name());
+    let (code, message) = api_error(
+        legacy
+            .create(
+                &pp,
+                &serde_json::from_value(binding(
+                    "p1",
+                    json!({"sharedgpu/gpu_uuid": "GPU-stolen"}),
+                    json!({}),
+                ))?,
+            )
+            .await,
+    )?;
+    assert_eq!(code, 403, "{message}");
+    assert!(
+        message.contains("bind with them (sharedgpu/gpu_uuid=GPU-stolen)"),
         "{message}"
     );
     assert_eq!(
