@@ -329,7 +329,15 @@ async fn the_real_apiserver_calls_the_webhook() -> Result<()> {
     let pv = serde_json::to_value(&plain)?;
     assert_eq!(pv["spec"]["schedulerName"], "default-scheduler");
     assert_eq!(pv["spec"]["containers"][0]["env"], json!([void]), "{pv}");
-    assert!(pv["spec"].get("tolerations").is_none(), "{pv}");
+    // (The apiserver's DefaultTolerationSeconds adds NoExecute tolerations; ours is not.)
+    assert!(
+        !pv["spec"]["tolerations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|t| t["key"] == "kubeshare.io/gpu"),
+        "{pv}"
+    );
     let monitor = pods
         .create(
             &pp,
