@@ -721,3 +721,46 @@ fn malformed_bodies_are_errors_not_panics() {
         "CREATE request without an object"
     );
 }
+
+#[test]
+fn which_tolerations_reach_a_gpu_node() {
+    use k8s_openapi::api::core::v1::PodSpec;
+    use kubeshare_webhook::guard::tolerates_gpu_taint;
+    let spec = |t: Value| -> PodSpec {
+        serde_json::from_value(json!({"containers": [], "tolerations": t})).unwrap()
+    };
+    for (t, want) in [
+        (json!([{"operator": "Exists"}]), true),
+        (
+            json!([{"operator": "Exists", "effect": "NoSchedule"}]),
+            true,
+        ),
+        (
+            json!([{"key": "kubeshare.io/gpu", "operator": "Exists"}]),
+            true,
+        ),
+        (
+            json!([{"key": "kubeshare.io/gpu", "operator": "Equal", "value": "shared", "effect": "NoSchedule"}]),
+            true,
+        ),
+        (
+            json!([{"key": "kubeshare.io/gpu", "operator": "Equal", "value": "other"}]),
+            false,
+        ),
+        (
+            json!([{"operator": "Exists", "effect": "NoExecute"}]),
+            false,
+        ),
+        (
+            json!([{"key": "nvidia.com/gpu", "operator": "Exists"}]),
+            false,
+        ),
+        (
+            json!([{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}]),
+            false,
+        ),
+        (json!([]), false),
+    ] {
+        assert_eq!(tolerates_gpu_taint(&spec(t.clone())), want, "{t}");
+    }
+}

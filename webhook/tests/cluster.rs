@@ -375,6 +375,28 @@ async fn the_real_apiserver_calls_the_webhook() -> Result<()> {
             .is_none()
     );
 
+    // 5b. KubeShare's own namespace is never sent to the webhook (its node daemon sees
+    //     every GPU), even when it carries this test's label.
+    label_namespace(&client, "kubeshare-system", json!({TEST_LABEL: token})).await?;
+    let own: Api<Pod> = Api::namespaced(client.clone(), "kubeshare-system");
+    let own_pod = own
+        .create(
+            &dry,
+            &pod(
+                "daemon-",
+                json!({"app": "node-daemon"}),
+                json!({"containers": [{"name": "c", "image": "x", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}),
+            )?,
+        )
+        .await;
+    label_namespace(&client, "kubeshare-system", json!({TEST_LABEL: null})).await?;
+    let own_pod = serde_json::to_value(own_pod?)?;
+    assert_eq!(
+        own_pod["spec"]["containers"][0]["env"],
+        json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]),
+        "{own_pod}"
+    );
+
     // 6. A memory cap that would be 0, or a device-plugin GPU beside the labels, is
     //    refused by the real apiserver's call, with the label and the rule.
     let (code, message) = api_error(
