@@ -11,6 +11,11 @@ use std::fmt;
 use crate::milli::{Milli, MilliParseError, parse_decimal_milli};
 use crate::quantity::{QuantityError, parse_bytes};
 
+/// How a share must be written; appended to the "not a number" rules, because the
+/// forms people try (`.5`, `+0.5`, `1.`, ` 0.5`) look like numbers but are not valid
+/// label values.
+const SHARE_FORM: &str = "written with digits on both sides of any decimal point and no sign or spaces, such as 0.5 (not .5, +0.5, 1. or ' 0.5', which are not valid label values either)";
+
 pub const GPU_REQUEST: &str = "sharedgpu/gpu_request";
 pub const GPU_LIMIT: &str = "sharedgpu/gpu_limit";
 pub const GPU_MEM: &str = "sharedgpu/gpu_mem";
@@ -120,6 +125,11 @@ pub enum Rule {
     CountWithWhole,
     Memory(QuantityError),
     MemoryZero,
+    /// Admission only: no `gpu_mem` and a request of 0, so the default cap,
+    /// ⌊request × memory⌋, would be 0 bytes.
+    MemoryWouldBeZero,
+    /// Not a Kubernetes label value; the string says how to write it instead.
+    NotLabelValue(&'static str),
     ModelName,
     PriorityRange,
     HeadcountRange,
@@ -138,7 +148,7 @@ impl fmt::Display for Rule {
         match self {
             Rule::RequestNotANumber => write!(
                 f,
-                "must be a decimal between 0.0 and 1.0, or a whole number of GPUs such as 2"
+                "must be a decimal between 0.0 and 1.0, or a whole number of GPUs such as 2, {SHARE_FORM}"
             ),
             Rule::RequestFractionAboveOne => write!(
                 f,
@@ -155,7 +165,9 @@ impl fmt::Display for Rule {
                     "at most {MAX_WHOLE_GPUS} whole GPUs may be requested by one pod"
                 )
             }
-            Rule::LimitNotANumber => write!(f, "must be a decimal between 0.0 and 1.0"),
+            Rule::LimitNotANumber => {
+                write!(f, "must be a decimal between 0.0 and 1.0, {SHARE_FORM}")
+            }
             Rule::LimitAboveOne => write!(
                 f,
                 "must be at most 1.0 for a fractional request; for whole GPUs set gpu_request and gpu_limit to the same integer"
@@ -179,6 +191,14 @@ impl fmt::Display for Rule {
             Rule::MemoryZero => write!(
                 f,
                 "must be greater than 0 (leave it out to get the request's share of the GPU's memory)"
+            ),
+            Rule::MemoryWouldBeZero => write!(
+                f,
+                "with a gpu_request of 0 and no {GPU_MEM}, the pod's GPU memory cap would be 0 bytes (the default cap is gpu_request × the GPU's memory), so every GPU allocation it makes would fail; set {GPU_MEM} (such as 4Gi) or a gpu_request above 0"
+            ),
+            Rule::NotLabelValue(hint) => write!(
+                f,
+                "is not a valid Kubernetes label value (at most 63 letters, digits, '-', '_' or '.', beginning and ending with a letter or digit), so the apiserver would refuse it; {hint}"
             ),
             Rule::ModelName => write!(
                 f,
@@ -272,8 +292,8 @@ fn is_label_value(v: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
+/// A plain decimal integer: digits only (no sign, no spaces).
 fn parse_whole(s: &str) -> Option<u64> {
-    let s = s.trim();
     if s.is_empty() || s.len() > 12 || !s.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -413,6 +433,15 @@ impl GpuDemand {
 
         let mem = match get(GPU_MEM) {
             None => None,
+            Some(s) if !s.is_empty() && !is_label_value(s) => {
+                return Err(invalid(
+                    GPU_MEM,
+                    s,
+                    Rule::NotLabelValue(
+                        "write a quantity without sign or spaces and with digits on both sides of any decimal point, such as 0.5Gi or 512Mi",
+                    ),
+                ));
+            }
             Some(s) => match parse_bytes(s) {
                 Ok(0) => return Err(invalid(GPU_MEM, s, Rule::MemoryZero)),
                 Ok(b) => Some(b),
@@ -446,6 +475,30 @@ impl GpuDemand {
             anti_affinity: tag(labels, SCHED_ANTI_AFFINITY)?,
             exclusion: tag(labels, SCHED_EXCLUSION)?,
         }))
+    }
+
+    /// [`GpuDemand::from_labels`] plus the rules that only admission enforces (a pod
+    /// already admitted, or created where admission is off, is still parsed as before):
+    /// a fractional pod whose default memory cap would be 0 bytes (gpu_request 0 and no
+    /// gpu_mem) is refused rather than started with a cap on which every allocation
+    /// fails.
+    pub fn from_labels_at_admission(
+        labels: &BTreeMap<String, String>,
+    ) -> Result<Option<GpuDemand>, LabelError> {
+        let demand = GpuDemand::from_labels(labels)?;
+        if let Some(d) = &demand
+            && d.mem.is_none()
+            && d.request_per_gpu() == Milli::ZERO
+        {
+            // Name the label that set the request to 0: gpu_request when written,
+            // else gpu_limit (the request defaults to 0 beside it).
+            let (label, value) = match labels.get(GPU_REQUEST) {
+                Some(v) => (GPU_REQUEST, v.as_str()),
+                None => (GPU_LIMIT, labels.get(GPU_LIMIT).map_or("", String::as_str)),
+            };
+            return Err(invalid(label, value, Rule::MemoryWouldBeZero));
+        }
+        Ok(demand)
     }
 
     /// The labels that parse back to this demand (canonical spelling).

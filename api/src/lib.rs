@@ -17,7 +17,7 @@ pub use annotations::{Allocation, AllocationError, Granted};
 pub use inventory::{GpuInfo, InventoryError, NodeInventory};
 pub use labels::{GpuDemand, GpuShare, GroupSpec, LabelError, is_kubeshare_pod};
 pub use milli::{Milli, MilliParseError};
-pub use quantity::{QuantityError, parse_bytes};
+pub use quantity::{ACCEPTED_FORMS, QuantityError, parse_bytes};
 pub use resource_config::{ResourceConfig, ResourceConfigError, ResourceEntry};
 
 /// The scheduler name that KubeShare pods run under.
@@ -25,3 +25,10 @@ pub const SCHEDULER_NAME: &str = "kubeshare-scheduler";
 
 /// The prefix of every KubeShare label and annotation.
 pub const PREFIX: &str = "sharedgpu/";
+
+/// The taint the node daemon puts on a GPU node it serves
+/// (`kubeshare.io/gpu=shared:NoSchedule`): only pods that tolerate it are scheduled
+/// there, and the webhook adds the toleration to KubeShare pods only.
+pub const GPU_TAINT_KEY: &str = "kubeshare.io/gpu";
+pub const GPU_TAINT_VALUE: &str = "shared";
+pub const GPU_TAINT_EFFECT: &str = "NoSchedule";

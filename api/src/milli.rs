@@ -63,10 +63,14 @@ impl fmt::Display for Milli {
     }
 }
 
-/// Parses an unsigned decimal (`2`, `0.5`, `.25`, `1.000`) into thousandths, exactly.
+/// Parses an unsigned decimal (`2`, `0.5`, `1.000`) into thousandths, exactly.
 /// Larger-than-one values are returned as is (callers decide what they mean).
+///
+/// Strict: digits on both sides of any decimal point, no sign, no spaces. `.5`, `1.`,
+/// `+0.5` and ` 0.5` are refused: they are not valid Kubernetes label values, so the
+/// apiserver would refuse them anyway, and a parser that accepted them would let the
+/// labels and the record disagree on what a value means.
 pub(crate) fn parse_decimal_milli(s: &str) -> Result<u64, MilliParseError> {
-    let s = s.trim();
     if let Some(rest) = s.strip_prefix('-') {
         return if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
             Err(MilliParseError::NotANumber)
@@ -74,18 +78,15 @@ pub(crate) fn parse_decimal_milli(s: &str) -> Result<u64, MilliParseError> {
             Err(MilliParseError::Negative)
         };
     }
-    let s = s.strip_prefix('+').unwrap_or(s);
     let (int, frac) = match s.split_once('.') {
-        Some((i, f)) => (i, f),
-        None => (s, ""),
+        Some((i, f)) => (i, Some(f)),
+        None => (s, None),
     };
-    let digits_only = |p: &str| p.bytes().all(|b| b.is_ascii_digit());
-    if (int.is_empty() && frac.is_empty()) || !digits_only(int) || !digits_only(frac) {
+    let digits_only = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+    if !digits_only(int) || frac.is_some_and(|f| !digits_only(f)) {
         return Err(MilliParseError::NotANumber);
     }
-    if s.ends_with('.') && frac.is_empty() && int.is_empty() {
-        return Err(MilliParseError::NotANumber);
-    }
+    let frac = frac.unwrap_or("");
     let significant_frac = frac.trim_end_matches('0');
     if significant_frac.len() > 3 {
         return Err(MilliParseError::TooPrecise);
@@ -117,7 +118,6 @@ mod tests {
     fn parses_and_prints() {
         for (s, v, shown) in [
             ("0.5", 500, "0.5"),
-            (".25", 250, "0.25"),
             ("1", 1000, "1.0"),
             ("1.000", 1000, "1.0"),
             ("0.125", 125, "0.125"),
@@ -136,7 +136,8 @@ mod tests {
         assert_eq!(Milli::parse("-0.5"), Err(MilliParseError::Negative));
         assert_eq!(Milli::parse("0.1234"), Err(MilliParseError::TooPrecise));
         for bad in [
-            "", ".", "abc", "1e-1", "0x1", "NaN", "inf", "1..2", " ", "--1", "0.5.5",
+            "", ".", "abc", "1e-1", "0x1", "NaN", "inf", "1..2", " ", "--1", "0.5.5", ".5", "1.",
+            "+0.5", " 0.5", "0.5 ", "-", "1 000",
         ] {
             assert_eq!(
                 Milli::parse(bad),

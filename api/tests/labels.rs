@@ -181,7 +181,10 @@ const KNOWN: &str = "unknown KubeShare label (a typo?); known labels are gpu_req
 const NEED_LIMIT: &str = "sharedgpu/gpu_limit is required as well (the most of a GPU the pod may use; use the same value as gpu_request for a fixed share)";
 const GROUP_WHY: &str =
     "(coscheduling needs group_name, group_headcount and group_threshold together)";
-const REQ_NAN: &str = "must be a decimal between 0.0 and 1.0, or a whole number of GPUs such as 2";
+const SHARE_FORM: &str = "written with digits on both sides of any decimal point and no sign or spaces, such as 0.5 (not .5, +0.5, 1. or ' 0.5', which are not valid label values either)";
+const REQ_NAN: &str = "must be a decimal between 0.0 and 1.0, or a whole number of GPUs such as 2, written with digits on both sides of any decimal point and no sign or spaces, such as 0.5 (not .5, +0.5, 1. or ' 0.5', which are not valid label values either)";
+const FORMS: &str = "accepted: a whole number of bytes written as a Kubernetes quantity: digits with an optional decimal point, then nothing (bytes), a binary suffix Ki, Mi, Gi, Ti, Pi or Ei (powers of 1024), a decimal suffix k, M, G, T, P or E (powers of 1000), or an exponent e<N>; for example 1073741824, 8Gi, 1.5Gi, 500M, 1e9, 1Ei";
+const NOT_LABEL: &str = "is not a valid Kubernetes label value (at most 63 letters, digits, '-', '_' or '.', beginning and ending with a letter or digit), so the apiserver would refuse it";
 const FRAC: &str =
     "a fractional request must be at most 1.0; whole GPUs are written as an integer such as 2";
 const LIM_ABOVE: &str = "must be at most 1.0 for a fractional request; for whole GPUs set gpu_request and gpu_limit to the same integer";
@@ -218,7 +221,20 @@ fn malformed_label_sets_are_denied_with_exact_messages() {
         (vec![("gpu_request", "0"), ("gpu_limit", "0.0")], "sharedgpu/gpu_limit=0.0: must be greater than 0".into()),
         (vec![("gpu_limit", "1.5")], format!("sharedgpu/gpu_limit=1.5: {LIM_ABOVE}")),
         (vec![("gpu_request", "0.5"), ("gpu_limit", "2")], format!("sharedgpu/gpu_limit=2: {LIM_ABOVE}")),
-        (vec![("gpu_limit", "lots")], "sharedgpu/gpu_limit=lots: must be a decimal between 0.0 and 1.0".into()),
+        (vec![("gpu_limit", "lots")], format!("sharedgpu/gpu_limit=lots: must be a decimal between 0.0 and 1.0, {SHARE_FORM}")),
+        // Values the apiserver would refuse as label values are refused first, naming the label.
+        (vec![("gpu_request", " 0.5"), ("gpu_limit", "1.0")], format!("sharedgpu/gpu_request= 0.5: {REQ_NAN}")),
+        (vec![("gpu_request", ".5"), ("gpu_limit", "1.0")], format!("sharedgpu/gpu_request=.5: {REQ_NAN}")),
+        (vec![("gpu_request", "+0.5"), ("gpu_limit", "1.0")], format!("sharedgpu/gpu_request=+0.5: {REQ_NAN}")),
+        (vec![("gpu_request", "1."), ("gpu_limit", "1.0")], format!("sharedgpu/gpu_request=1.: {REQ_NAN}")),
+        (vec![("gpu_limit", " 0.5")], format!("sharedgpu/gpu_limit= 0.5: must be a decimal between 0.0 and 1.0, {SHARE_FORM}")),
+        (vec![("gpu_limit", ".5")], format!("sharedgpu/gpu_limit=.5: must be a decimal between 0.0 and 1.0, {SHARE_FORM}")),
+        (vec![("gpu_limit", "+0.5")], format!("sharedgpu/gpu_limit=+0.5: must be a decimal between 0.0 and 1.0, {SHARE_FORM}")),
+        (vec![("gpu_limit", "1.")], format!("sharedgpu/gpu_limit=1.: must be a decimal between 0.0 and 1.0, {SHARE_FORM}")),
+        (vec![("gpu_limit", "0.5"), ("gpu_count", " 2")], "sharedgpu/gpu_count= 2: must be a whole number from 1 to 16".into()),
+        (vec![("gpu_limit", "0.5"), ("gpu_count", "+2")], "sharedgpu/gpu_count=+2: must be a whole number from 1 to 16".into()),
+        (vec![("gpu_limit", "0.5"), ("priority", " 5")], format!("sharedgpu/priority= 5: {PRIO}")),
+        (vec![("gpu_limit", "0.5"), ("group_name", "g"), ("group_headcount", "3"), ("group_threshold", ".5")], format!("sharedgpu/group_threshold=.5: {THRESH}")),
         (vec![("gpu_limit", "-1")], "sharedgpu/gpu_limit=-1: must not be negative".into()),
         (vec![("gpu_limit", "0.00001")], format!("sharedgpu/gpu_limit=0.00001: {PRECISE}")),
         (vec![("gpu_request", "2"), ("gpu_limit", "1.0")], "sharedgpu/gpu_limit=1.0: must equal sharedgpu/gpu_request=2: whole GPUs are not time-shared, so their limit is their request".into()),
@@ -229,11 +245,19 @@ fn malformed_label_sets_are_denied_with_exact_messages() {
         (vec![("gpu_limit", "0.5"), ("gpu_count", "1.5")], "sharedgpu/gpu_count=1.5: must be a whole number from 1 to 16".into()),
         (vec![("gpu_request", "2"), ("gpu_limit", "2"), ("gpu_count", "2")], "sharedgpu/gpu_count=2: only applies to a fractional gpu_request (at most 1.0); for whole GPUs set gpu_request to the number of GPUs".into()),
         // gpu_mem
-        (vec![("gpu_limit", "0.5"), ("gpu_mem", "8GB")], "sharedgpu/gpu_mem=8GB: unknown unit suffix \"GB\"; use Ki, Mi, Gi, Ti, k, M, G or T".into()),
+        (vec![("gpu_limit", "0.5"), ("gpu_mem", "8GB")], format!("sharedgpu/gpu_mem=8GB: unknown suffix \"GB\"; {FORMS}")),
+        (vec![("gpu_limit", "0.5"), ("gpu_mem", "lots")], format!("sharedgpu/gpu_mem=lots: not a Kubernetes quantity; {FORMS}")),
+        (vec![("gpu_limit", "0.5"), ("gpu_mem", "")], format!("sharedgpu/gpu_mem=: not a Kubernetes quantity; {FORMS}")),
+        (vec![("gpu_limit", "0.5"), ("gpu_mem", ".5Gi")], format!("sharedgpu/gpu_mem=.5Gi: {NOT_LABEL}; write a quantity without sign or spaces and with digits on both sides of any decimal point, such as 0.5Gi or 512Mi")),
+        (vec![("gpu_limit", "0.5"), ("gpu_mem", "+1Gi")], format!("sharedgpu/gpu_mem=+1Gi: {NOT_LABEL}; write a quantity without sign or spaces and with digits on both sides of any decimal point, such as 0.5Gi or 512Mi")),
+        (vec![("gpu_limit", "0.5"), ("gpu_mem", " 1Gi")], format!("sharedgpu/gpu_mem= 1Gi: {NOT_LABEL}; write a quantity without sign or spaces and with digits on both sides of any decimal point, such as 0.5Gi or 512Mi")),
+        (vec![("gpu_limit", "0.5"), ("gpu_mem", "16Ei")], "sharedgpu/gpu_mem=16Ei: is too large: at most 18446744073709551615 bytes (16Ei minus one byte)".into()),
+        (vec![("gpu_limit", "0.5"), ("gpu_mem", "18446744073709551616")], "sharedgpu/gpu_mem=18446744073709551616: is too large: at most 18446744073709551615 bytes (16Ei minus one byte)".into()),
         (vec![("gpu_limit", "0.5"), ("gpu_mem", "0")], "sharedgpu/gpu_mem=0: must be greater than 0 (leave it out to get the request's share of the GPU's memory)".into()),
-        (vec![("gpu_limit", "0.5"), ("gpu_mem", "-5")], "sharedgpu/gpu_mem=-5: not a byte count or a Kubernetes quantity such as 8Gi or 500Mi".into()),
-        (vec![("gpu_limit", "0.5"), ("gpu_mem", "0.5")], "sharedgpu/gpu_mem=0.5: must be a whole number of bytes".into()),
-        (vec![("gpu_limit", "0.5"), ("gpu_mem", "99999999999Pi")], "sharedgpu/gpu_mem=99999999999Pi: too large".into()),
+        (vec![("gpu_limit", "0.5"), ("gpu_mem", "-5")], format!("sharedgpu/gpu_mem=-5: {NOT_LABEL}; write a quantity without sign or spaces and with digits on both sides of any decimal point, such as 0.5Gi or 512Mi")),
+        (vec![("gpu_limit", "0.5"), ("gpu_mem", "0.5")], format!("sharedgpu/gpu_mem=0.5: is not a whole number of bytes; {FORMS}")),
+        (vec![("gpu_limit", "0.5"), ("gpu_mem", "1e-3")], format!("sharedgpu/gpu_mem=1e-3: is not a whole number of bytes; {FORMS}")),
+        (vec![("gpu_limit", "0.5"), ("gpu_mem", "99999999999Pi")], "sharedgpu/gpu_mem=99999999999Pi: is too large: at most 18446744073709551615 bytes (16Ei minus one byte)".into()),
         // gpu_model
         (vec![("gpu_limit", "0.5"), ("gpu_model", "NVIDIA H100")], format!("sharedgpu/gpu_model=NVIDIA H100: {MODEL}")),
         (vec![("gpu_limit", "0.5"), ("gpu_model", "")], format!("sharedgpu/gpu_model=: {MODEL}")),
@@ -271,4 +295,75 @@ fn malformed_label_sets_are_denied_with_exact_messages() {
             Ok(d) => panic!("labels {pairs:?} were accepted as {d:?}; wanted: {want}"),
         }
     }
+}
+
+#[test]
+fn every_kubernetes_quantity_is_accepted_for_gpu_mem() {
+    for (v, bytes) in [
+        ("1Ei", 1u64 << 60),
+        ("15Ei", 15 << 60),
+        ("1e9", 1_000_000_000),
+        ("1E9", 1_000_000_000),
+        ("1E", 1_000_000_000_000_000_000),
+        ("1.5Gi", 3 << 29),
+        ("500M", 500_000_000),
+        ("8Gi", 8 << 30),
+        ("512Mi", 512 << 20),
+        ("4k", 4000),
+        ("1Pi", 1 << 50),
+        ("2P", 2_000_000_000_000_000),
+        ("1T", 1_000_000_000_000),
+        ("1Ti", 1 << 40),
+        ("1000m", 1),
+        ("18446744073709551615", u64::MAX),
+        ("1073741824", 1 << 30),
+    ] {
+        let d = parse(&[("gpu_request", "0.5"), ("gpu_limit", "0.5"), ("gpu_mem", v)]);
+        assert_eq!(d.mem, Some(bytes), "{v}");
+    }
+}
+
+#[test]
+fn admission_refuses_a_zero_memory_cap() {
+    const ZERO: &str = "with a gpu_request of 0 and no sharedgpu/gpu_mem, the pod's GPU memory cap would be 0 bytes (the default cap is gpu_request × the GPU's memory), so every GPU allocation it makes would fail; set sharedgpu/gpu_mem (such as 4Gi) or a gpu_request above 0";
+    let at = |pairs: &[(&str, &str)]| GpuDemand::from_labels_at_admission(&labels(pairs));
+    assert_eq!(
+        at(&[("gpu_limit", "0.5")]).unwrap_err().to_string(),
+        format!("sharedgpu/gpu_limit=0.5: {ZERO}")
+    );
+    assert_eq!(
+        at(&[("gpu_request", "0"), ("gpu_limit", "1.0")])
+            .unwrap_err()
+            .to_string(),
+        format!("sharedgpu/gpu_request=0: {ZERO}")
+    );
+    assert_eq!(
+        at(&[
+            ("gpu_request", "0.000"),
+            ("gpu_limit", "0.5"),
+            ("gpu_count", "2")
+        ])
+        .unwrap_err()
+        .to_string(),
+        format!("sharedgpu/gpu_request=0.000: {ZERO}")
+    );
+    // With gpu_mem, or any non-zero request, or whole GPUs, the pod is admitted.
+    assert!(
+        at(&[("gpu_limit", "0.5"), ("gpu_mem", "4Gi")])
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        at(&[("gpu_request", "0.001"), ("gpu_limit", "0.5")])
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        at(&[("gpu_request", "2"), ("gpu_limit", "2")])
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(at(&[]), Ok(None));
+    // Outside admission the labels still parse (pods admitted before this rule).
+    assert_eq!(parse(&[("gpu_limit", "0.5")]).mem_on(80 << 30), 0);
 }

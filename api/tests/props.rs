@@ -133,4 +133,41 @@ proptest! {
     fn config_lines_never_panic(lines in proptest::collection::vec("[ -~]{0,40}", 0..6)) {
         let _ = ResourceConfig::parse(&lines.join("\n"));
     }
+
+    #[test]
+    fn every_u64_reads_back(v in any::<u64>()) {
+        prop_assert_eq!(parse_bytes(&v.to_string()), Ok(v));
+    }
+
+    #[test]
+    fn quantities_match_exact_arithmetic(
+        n in 0u64..1_000_000,
+        frac in proptest::option::of(0u32..1000),
+        suffix in 0usize..14,
+    ) {
+        // (suffix, multiplier as numerator, as a power of ten exponent or of two)
+        const S: [(&str, u32, bool); 14] = [
+            ("", 0, false), ("k", 3, false), ("M", 6, false), ("G", 9, false),
+            ("T", 12, false), ("P", 15, false), ("E", 18, false),
+            ("Ki", 10, true), ("Mi", 20, true), ("Gi", 30, true), ("Ti", 40, true),
+            ("Pi", 50, true), ("Ei", 60, true), ("e9", 9, false),
+        ];
+        let (sfx, k, binary) = S[suffix];
+        // value = (n + f/1000) * mult, exactly, in u128.
+        let (num, den): (u128, u128) = match frac {
+            None => (u128::from(n), 1),
+            Some(f) => (u128::from(n) * 1000 + u128::from(f), 1000),
+        };
+        let mult: u128 = if binary { 1u128 << k } else { 10u128.pow(k) };
+        let text = match frac {
+            None => format!("{n}{sfx}"),
+            Some(f) => format!("{n}.{f:03}{sfx}"),
+        };
+        let want = if !(num * mult).is_multiple_of(den) {
+            Err(kubeshare_api::QuantityError::Fractional)
+        } else {
+            u64::try_from(num * mult / den).map_err(|_| kubeshare_api::QuantityError::Overflow)
+        };
+        prop_assert_eq!(parse_bytes(&text), want, "{}", text);
+    }
 }

@@ -112,7 +112,10 @@ fn manifests_pass_a_server_side_dry_run_apply() {
         "deployment.apps/kubeshare-webhook",
         "service/kubeshare-webhook",
         "mutatingwebhookconfiguration.admissionregistration.k8s.io/kubeshare-webhook",
-        "validatingwebhookconfiguration.admissionregistration.k8s.io/kubeshare-webhook",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/kubeshare-record",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/kubeshare-record",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/kubeshare-namespace-opt-out",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/kubeshare-namespace-opt-out",
     ] {
         assert!(
             out.lines()

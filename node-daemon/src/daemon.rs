@@ -41,6 +41,9 @@ pub struct Config {
     pub gem_schd: Option<GemSchdCommand>,
     pub listen: SocketAddr,
     pub resync: Duration,
+    /// Put the GPU-node taint `kubeshare.io/gpu=shared:NoSchedule` on the Node while it
+    /// has GPUs (`--taint-node`, on by default). Off: the daemon leaves taints alone.
+    pub taint: bool,
 }
 
 /// State shared with the HTTP server.
@@ -232,8 +235,11 @@ impl Daemon {
                 return;
             }
         };
-        let labels = node.metadata.labels.unwrap_or_default();
-        let annotations = node.metadata.annotations.unwrap_or_default();
+        let labels = node.metadata.labels.clone().unwrap_or_default();
+        let annotations = node.metadata.annotations.clone().unwrap_or_default();
+        if self.cfg.taint && !inventory.gpus.is_empty() {
+            self.taint(node.clone()).await;
+        }
         let Some(patch) = crate::node::inventory_patch(&labels, &annotations, inventory) else {
             return;
         };
@@ -255,6 +261,57 @@ impl Daemon {
                 tracing::warn!(node = %self.cfg.node, error = %e, "cannot patch my Node; will retry");
             }
         }
+    }
+
+    /// Puts the GPU-node taint on the Node. The patch is guarded by the Node's
+    /// resourceVersion; on a conflict the Node is read again (a few times, then the next
+    /// resync tries again).
+    async fn taint(&mut self, mut node: Node) {
+        for _ in 0..3 {
+            let rv = node.metadata.resource_version.clone().unwrap_or_default();
+            let taints = node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default();
+            let Some(patch) = crate::node::taint_patch(&rv, &taints) else {
+                return;
+            };
+            let patch: json_patch::Patch = match serde_json::from_value(patch) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::error!(error = %e, "taint patch does not serialize; not tainting");
+                    return;
+                }
+            };
+            match self
+                .nodes
+                .patch(
+                    &self.cfg.node,
+                    &PatchParams::default(),
+                    &Patch::<()>::Json(patch),
+                )
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(node = %self.cfg.node, taint = "kubeshare.io/gpu=shared:NoSchedule", "GPU-node taint set");
+                    return;
+                }
+                Err(e) => {
+                    tracing::info!(node = %self.cfg.node, error = %e, "taint patch refused (the Node changed?); reading it again");
+                }
+            }
+            match self.nodes.get(&self.cfg.node).await {
+                Ok(n) => node = n,
+                Err(e) => {
+                    self.shared.counters(|c| c.errors += 1);
+                    tracing::warn!(node = %self.cfg.node, error = %e, "cannot read my Node; will retry");
+                    return;
+                }
+            }
+        }
+        self.shared.counters(|c| c.errors += 1);
+        tracing::warn!(node = %self.cfg.node, "could not set the GPU-node taint; the next resync tries again");
     }
 
     fn reconcile(&mut self, inventory: &NodeInventory, pods: &[PodView]) {

@@ -63,6 +63,12 @@ struct Args {
     #[arg(long, value_name = "FILE")]
     kubeconfig: Option<PathBuf>,
 
+    /// Put the taint kubeshare.io/gpu=shared:NoSchedule on the Node while it has GPUs, so
+    /// that only KubeShare pods (which the webhook gives the toleration) are scheduled
+    /// there. `--taint-node=false` leaves the Node's taints alone (docs/webhook.md).
+    #[arg(long, env = "KUBESHARE_TAINT_NODE", default_value_t = true, action = clap::ArgAction::Set)]
+    taint_node: bool,
+
     /// Print the discovered inventory as JSON and exit (no API access).
     #[arg(long)]
     print_inventory: bool,
@@ -153,6 +159,7 @@ async fn main() -> anyhow::Result<()> {
         }),
         listen: args.listen,
         resync: Duration::from_secs(args.resync_secs.max(1)),
+        taint: args.taint_node,
     };
     let client = client(args.kubeconfig.as_ref()).await?;
     daemon::run(cfg, client, shutdown_signal()).await

@@ -1,14 +1,19 @@
 //! Publishing the GPU inventory on the daemon's Node: the annotation the extender
-//! reads, and the labels users and selectors see.
+//! reads, the labels users and selectors see, and the GPU-node taint
+//! `kubeshare.io/gpu=shared:NoSchedule` that keeps pods KubeShare gives no GPU off the
+//! node (the webhook adds the toleration to KubeShare pods only).
 //!
-//! The change is a JSON merge patch that names only our keys, so other labels and
-//! annotations on the Node are never touched; nothing is sent when the Node already
-//! says the right thing.
+//! The inventory change is a JSON merge patch that names only our keys, so other labels
+//! and annotations on the Node are never touched; nothing is sent when the Node already
+//! says the right thing. Taints are a list that a merge patch would replace whole, so
+//! the taint is added with a JSON Patch guarded by the Node's `resourceVersion`: a
+//! concurrent change to the taints makes it fail (and retry), never lose that change.
 
 use std::collections::BTreeMap;
 
-use kubeshare_api::NodeInventory;
+use k8s_openapi::api::core::v1::Taint;
 use kubeshare_api::inventory::{COUNT_LABEL, ENABLED_LABEL, INVENTORY_ANNOTATION, MODEL_LABEL};
+use kubeshare_api::{GPU_TAINT_EFFECT, GPU_TAINT_KEY, GPU_TAINT_VALUE, NodeInventory};
 use serde_json::{Map, Value, json};
 
 /// The labels this daemon owns on its Node.
@@ -53,10 +58,87 @@ pub fn inventory_patch(
     Some(json!({ "metadata": meta }))
 }
 
+/// The JSON Patch that puts `kubeshare.io/gpu=shared:NoSchedule` on a Node whose
+/// taints are `taints` at `resource_version`, or `None` when it is there already. A taint
+/// with our key and effect but another value is corrected (the webhook's toleration
+/// matches the value). Other taints are kept as they are.
+pub fn taint_patch(resource_version: &str, taints: &[Taint]) -> Option<Value> {
+    let want = json!({"key": GPU_TAINT_KEY, "value": GPU_TAINT_VALUE, "effect": GPU_TAINT_EFFECT});
+    let guard =
+        json!({"op": "test", "path": "/metadata/resourceVersion", "value": resource_version});
+    let ours = taints
+        .iter()
+        .position(|t| t.key == GPU_TAINT_KEY && t.effect == GPU_TAINT_EFFECT);
+    let op = match ours {
+        Some(i) if taints[i].value.as_deref() == Some(GPU_TAINT_VALUE) => return None,
+        Some(i) => {
+            json!({"op": "replace", "path": format!("/spec/taints/{i}/value"), "value": GPU_TAINT_VALUE})
+        }
+        None if taints.is_empty() => json!({"op": "add", "path": "/spec/taints", "value": [want]}),
+        None => json!({"op": "add", "path": "/spec/taints/-", "value": want}),
+    };
+    Some(json!([guard, op]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use kubeshare_api::GpuInfo;
+
+    fn taint(key: &str, value: Option<&str>, effect: &str) -> Taint {
+        Taint {
+            key: key.into(),
+            value: value.map(Into::into),
+            effect: effect.into(),
+            time_added: None,
+        }
+    }
+
+    /// Applies a taint patch the way the apiserver would (json-patch semantics).
+    fn apply(rv: &str, taints: &[Taint], patch: &Value) -> Result<Vec<Taint>, String> {
+        let mut node = json!({"metadata": {"resourceVersion": rv}, "spec": {}});
+        if !taints.is_empty() {
+            node["spec"]["taints"] = serde_json::to_value(taints).map_err(|e| e.to_string())?;
+        }
+        let p: json_patch::Patch =
+            serde_json::from_value(patch.clone()).map_err(|e| e.to_string())?;
+        json_patch::patch(&mut node, &p).map_err(|e| e.to_string())?;
+        serde_json::from_value(node["spec"]["taints"].clone()).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_gpu_taint_is_added_once_and_other_taints_are_kept() {
+        let ours = taint(GPU_TAINT_KEY, Some(GPU_TAINT_VALUE), GPU_TAINT_EFFECT);
+        // No taints yet.
+        let p = taint_patch("7", &[]).unwrap();
+        assert_eq!(apply("7", &[], &p).unwrap(), vec![ours.clone()]);
+        // Beside the GPU operator's taint, which stays.
+        let nvidia = taint("nvidia.com/gpu", None, "NoSchedule");
+        let p = taint_patch("8", std::slice::from_ref(&nvidia)).unwrap();
+        assert_eq!(
+            apply("8", std::slice::from_ref(&nvidia), &p).unwrap(),
+            vec![nvidia.clone(), ours.clone()]
+        );
+        // Already there: nothing to send.
+        assert_eq!(taint_patch("9", &[nvidia.clone(), ours.clone()]), None);
+        // Our key with the wrong value is corrected in place.
+        let wrong = taint(GPU_TAINT_KEY, Some("other"), GPU_TAINT_EFFECT);
+        let p = taint_patch("10", &[nvidia.clone(), wrong.clone()]).unwrap();
+        assert_eq!(
+            apply("10", &[nvidia.clone(), wrong], &p).unwrap(),
+            vec![nvidia.clone(), ours.clone()]
+        );
+        // Our key with another effect is someone else's taint: ours is added beside it.
+        let exec = taint(GPU_TAINT_KEY, None, "NoExecute");
+        let p = taint_patch("11", std::slice::from_ref(&exec)).unwrap();
+        assert_eq!(
+            apply("11", std::slice::from_ref(&exec), &p).unwrap(),
+            vec![exec, ours]
+        );
+        // The Node changed since it was read: the patch fails instead of clobbering.
+        let p = taint_patch("12", &[]).unwrap();
+        assert!(apply("13", std::slice::from_ref(&nvidia), &p).is_err());
+    }
 
     fn inv(models: &[&str]) -> NodeInventory {
         NodeInventory {

@@ -268,6 +268,8 @@ fn pod_json(
         "spec": {
             "nodeName": node,
             "schedulerName": "kubeshare-scheduler",
+            // What the webhook gives every KubeShare pod: the daemon taints its Node.
+            "tolerations": [{"key": "kubeshare.io/gpu", "operator": "Equal", "value": "shared", "effect": "NoSchedule"}],
             "terminationGracePeriodSeconds": 0,
             "containers": [{"name": "app", "image": "registry.invalid/app:1"}],
         },
@@ -436,6 +438,23 @@ async fn node_daemons_on_kwok_nodes() -> anyhow::Result<()> {
                     .as_ref()
                     .and_then(|a| a.get(INVENTORY_ANNOTATION))
                     == Some(&want)
+            })
+            .await?;
+        }
+        // The GPU-node taint is on both Nodes (the pods below tolerate it, as the
+        // webhook makes every KubeShare pod do; kube-scheduler checks it).
+        for name in [&node_a, &node_b] {
+            kubeshare_testkit::wait_for(&nodes, name, WAIT, |n: &Node| {
+                n.spec
+                    .as_ref()
+                    .and_then(|s| s.taints.as_ref())
+                    .is_some_and(|t| {
+                        t.iter().any(|t| {
+                            t.key == "kubeshare.io/gpu"
+                                && t.value.as_deref() == Some("shared")
+                                && t.effect == "NoSchedule"
+                        })
+                    })
             })
             .await?;
         }

@@ -3,10 +3,12 @@
 //! makes a KubeShare pod ready for its GPU.
 //!
 //! CREATE: bad labels are denied with the API crate's message; a KubeShare pod gets
-//! `schedulerName`, the GPU env, the hook and its volumes; any other pod is allowed
-//! untouched. UPDATE: `sharedgpu/*` labels may not change on a bound pod, and may not
-//! turn a pod into (or out of) a KubeShare pod. The patch is idempotent: admitting the
-//! patched pod again yields an empty patch.
+//! `schedulerName`, the GPU env, the hook and its volumes, and the toleration of the
+//! GPU-node taint; every other container gets `NVIDIA_VISIBLE_DEVICES=void` (see
+//! [`crate::guard`]). UPDATE of `pods/ephemeralcontainers`: a new debug container is
+//! handled like a container of its pod. UPDATE of the pod: `sharedgpu/*` labels may not
+//! change. The patch is idempotent: admitting the patched pod again yields an empty
+//! patch.
 
 use std::collections::BTreeMap;
 
@@ -17,6 +19,7 @@ use kubeshare_api::{GpuDemand, LabelError, PREFIX, SCHEDULER_NAME, is_kubeshare_
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::guard;
 use crate::inject::{self, HOOK_PATH};
 
 /// The scheduler the apiserver writes into a pod that names none. Admission runs after
@@ -120,23 +123,38 @@ impl Operation {
     }
 }
 
+/// The subresource whose UPDATE adds debug containers to a running pod.
+pub const EPHEMERAL_CONTAINERS: &str = "ephemeralcontainers";
+
 /// Decides on a Pod admission request. `object` and `old_object` are the raw JSON the
-/// apiserver sent.
-pub fn admit_pod(op: Operation, object: Option<&Value>, old_object: Option<&Value>) -> Verdict {
-    let result = match op {
-        Operation::Create => match object {
+/// apiserver sent; `subresource` is the request's `subResource` (empty or absent for
+/// the pod itself).
+pub fn admit_pod(
+    op: Operation,
+    subresource: Option<&str>,
+    object: Option<&Value>,
+    old_object: Option<&Value>,
+) -> Verdict {
+    let both = |what: &str| match (object, old_object) {
+        (Some(new), Some(old)) => {
+            parse_pod(new, "object").and_then(|n| parse_pod(old, "oldObject").map(|o| (n, o)))
+        }
+        _ => Err(Denial::bad_request(format!(
+            "{what} request without object and oldObject"
+        ))),
+    };
+    let result = match (op, subresource.unwrap_or_default()) {
+        (Operation::Create, "") => match object {
             Some(obj) => parse_pod(obj, "object").and_then(|p| admit_create(&p)),
             None => Err(Denial::bad_request("CREATE request without an object")),
         },
-        Operation::Update => match (object, old_object) {
-            (Some(new), Some(old)) => parse_pod(new, "object")
-                .and_then(|n| parse_pod(old, "oldObject").map(|o| (n, o)))
-                .and_then(|(n, o)| admit_update(&n, &o)),
-            _ => Err(Denial::bad_request(
-                "UPDATE request without object and oldObject",
-            )),
-        },
-        Operation::Delete | Operation::Connect => Ok(Verdict::allow()),
+        (Operation::Update, "") => both("UPDATE").and_then(|(n, o)| admit_update(&n, &o)),
+        (Operation::Update, EPHEMERAL_CONTAINERS) => {
+            both("UPDATE").and_then(|(n, o)| admit_ephemeral(&n, &o))
+        }
+        // Other subresources (status, binding, resize) cannot add a container or change
+        // its env; the record on pods/binding is guarded by the admission policy.
+        _ => Ok(Verdict::allow()),
     };
     result.unwrap_or_else(Verdict::Deny)
 }
@@ -153,14 +171,16 @@ fn admit_create(pod: &Pod) -> Result<Verdict, Denial> {
     let labels = labels_of(pod);
     // Every sharedgpu/ label is checked, also on pods that would not be ours (a lone
     // `sharedgpu/priority` is a forgotten gpu_limit, not a pod without a GPU).
-    let demand = GpuDemand::from_labels(&labels)?;
+    let demand = GpuDemand::from_labels_at_admission(&labels)?;
     let Some(spec) = pod.spec.as_ref() else {
         return Err(Denial::bad_request("the pod has no spec"));
     };
-    if !is_kubeshare_pod(spec.scheduler_name.as_deref(), &labels) {
-        return Ok(Verdict::allow());
-    }
     let mut plan = Plan::default();
+    if !is_kubeshare_pod(spec.scheduler_name.as_deref(), &labels) {
+        // Not ours: none of its containers may see a GPU KubeShare manages.
+        guard::plan_no_gpu(spec, &mut plan);
+        return Ok(plan.into_verdict());
+    }
     match spec.scheduler_name.as_deref() {
         Some(SCHEDULER_NAME) => {}
         None | Some("") | Some(DEFAULT_SCHEDULER) => {
@@ -177,10 +197,13 @@ fn admit_create(pod: &Pod) -> Result<Verdict, Denial> {
             "spec.nodeName={node}: a KubeShare pod must be placed by {SCHEDULER_NAME}, which picks its GPU; leave nodeName unset (use a nodeSelector or affinity instead)"
         )));
     }
-    // A pod on kubeshare-scheduler without GPU labels asks for no GPU: nothing to inject.
+    // A pod on kubeshare-scheduler without GPU labels asks for no GPU: it gets none.
     let Some(demand) = demand else {
+        guard::plan_no_gpu(spec, &mut plan);
         return Ok(plan.into_verdict());
     };
+    guard::refuse_device_plugin_gpus(spec)?;
+    guard::plan_toleration(spec, &mut plan);
     let hook = !demand.is_whole();
     if hook {
         plan_volumes(spec, &mut plan)?;
@@ -210,14 +233,14 @@ fn admit_create(pod: &Pod) -> Result<Verdict, Denial> {
 }
 
 /// Where a container sits in the pod, for patch paths and messages.
-struct ContainerAt {
-    field: &'static str,
-    index: usize,
-    label: String,
+pub(crate) struct ContainerAt {
+    pub(crate) field: &'static str,
+    pub(crate) index: usize,
+    pub(crate) label: String,
 }
 
 impl ContainerAt {
-    fn path<'a>(&'a self, rest: &[&'a str]) -> Vec<String> {
+    pub(crate) fn path<'a>(&'a self, rest: &[&'a str]) -> Vec<String> {
         let mut p = vec![
             "spec".to_string(),
             self.field.to_string(),
@@ -230,13 +253,13 @@ impl ContainerAt {
 
 /// The patch being built, plus warnings for the user.
 #[derive(Default)]
-struct Plan {
-    ops: Vec<PatchOperation>,
-    warnings: Vec<String>,
+pub(crate) struct Plan {
+    pub(crate) ops: Vec<PatchOperation>,
+    pub(crate) warnings: Vec<String>,
 }
 
 impl Plan {
-    fn add<S: AsRef<str>>(&mut self, path: &[S], value: Value) {
+    pub(crate) fn add<S: AsRef<str>>(&mut self, path: &[S], value: Value) {
         self.ops.push(PatchOperation::Add(AddOperation {
             path: PointerBuf::from_tokens(path.iter().map(|s| s.as_ref())),
             value,
@@ -244,7 +267,7 @@ impl Plan {
     }
 
     /// Appends `items` to the array at `path`, creating it when `exists` is false.
-    fn append<S: AsRef<str>>(&mut self, path: &[S], exists: bool, items: Vec<Value>) {
+    pub(crate) fn append<S: AsRef<str>>(&mut self, path: &[S], exists: bool, items: Vec<Value>) {
         if items.is_empty() {
             return;
         }
@@ -267,7 +290,7 @@ impl Plan {
     }
 }
 
-fn to_value<T: serde::Serialize>(t: &T) -> Value {
+pub(crate) fn to_value<T: serde::Serialize>(t: &T) -> Value {
     // Serializing k8s-openapi types to a Value cannot fail (string keys, no floats).
     serde_json::to_value(t).unwrap_or(Value::Null)
 }
@@ -330,7 +353,12 @@ impl EnvWant {
     }
 }
 
-fn plan_env(c: &Container, at: &ContainerAt, hook: bool, plan: &mut Plan) -> Result<(), Denial> {
+pub(crate) fn plan_env(
+    c: &Container,
+    at: &ContainerAt,
+    hook: bool,
+    plan: &mut Plan,
+) -> Result<(), Denial> {
     let env = c.env.as_deref().unwrap_or_default();
     let mut wants = vec![(
         inject::ENV_VISIBLE_DEVICES,
@@ -504,42 +532,75 @@ fn admit_update(new: &Pod, old: &Pod) -> Result<Verdict, Denial> {
     if n == o {
         return Ok(Verdict::allow());
     }
-    // The first label that differs, for the message.
-    let changed = n
-        .keys()
-        .chain(o.keys())
-        .find(|k| n.get(*k) != o.get(*k))
-        .copied()
-        .unwrap_or_default();
-    let describe = |m: &BTreeMap<&str, &str>| {
-        m.get(changed)
-            .map(|v| format!("{changed}={v}"))
-            .unwrap_or_else(|| format!("no {changed}"))
+    // Every label that differs, for the message.
+    let mut keys: Vec<&str> = n.keys().chain(o.keys()).copied().collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let describe = |m: &BTreeMap<&str, &str>, k: &str| {
+        m.get(k)
+            .map(|v| format!("{k}={v}"))
+            .unwrap_or_else(|| format!("no {k}"))
     };
-    let change = format!("{} -> {}", describe(&o), describe(&n));
-    let bound = old
+    let changes: Vec<String> = keys
+        .into_iter()
+        .filter(|k| n.get(k) != o.get(k))
+        .map(|k| format!("{} -> {}", describe(&o, k), describe(&n, k)))
+        .collect();
+    // The same rule as the ValidatingAdmissionPolicy kubeshare-record (which also holds
+    // while this webhook is down): the share was checked at admission, and it is what
+    // the extender books and the pod's env and hook were built for.
+    Err(Denial::forbidden(format!(
+        "{}: sharedgpu/* labels cannot change after the pod is created (the GPU share they ask for was checked and set up when it was created); delete and re-create the pod",
+        changes.join(", ")
+    )))
+}
+
+/// UPDATE of `pods/ephemeralcontainers`: the debug containers that are new get what a
+/// container of this pod gets. A whole-GPU pod's debug container sees the pod's GPUs;
+/// any other gets `NVIDIA_VISIBLE_DEVICES=void`: a fractional pod's hook needs the
+/// per-pod socket mount (`subPathExpr`), which ephemeral containers may not have, and a
+/// debug container without the hook would use the GPU unthrottled.
+fn admit_ephemeral(new: &Pod, old: &Pod) -> Result<Verdict, Denial> {
+    let Some(spec) = new.spec.as_ref() else {
+        return Err(Denial::bad_request("the pod has no spec"));
+    };
+    let existing: Vec<&str> = old
         .spec
         .as_ref()
-        .and_then(|s| s.node_name.as_deref())
-        .filter(|n| !n.is_empty());
-    if let Some(node) = bound {
-        return Err(Denial::forbidden(format!(
-            "{change}: sharedgpu/* labels cannot change once the pod is bound (node {node}): its GPU share is already booked; delete and re-create the pod"
-        )));
-    }
-    let new_demand = GpuDemand::from_labels(&new_labels)?;
-    let old_demand = GpuDemand::from_labels(&old_labels).ok().flatten();
-    let sched = |p: &Pod| p.spec.as_ref().and_then(|s| s.scheduler_name.clone());
-    let was_ours = is_kubeshare_pod(sched(old).as_deref(), &old_labels);
-    let is_ours = is_kubeshare_pod(sched(new).as_deref(), &new_labels);
-    if was_ours != is_ours
-        || old_demand.is_some() != new_demand.is_some()
-        || old_demand.as_ref().map(GpuDemand::is_whole)
-            != new_demand.as_ref().map(GpuDemand::is_whole)
+        .and_then(|s| s.ephemeral_containers.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    let labels = labels_of(new);
+    let whole = is_kubeshare_pod(spec.scheduler_name.as_deref(), &labels)
+        && GpuDemand::from_labels(&labels)
+            .ok()
+            .flatten()
+            .is_some_and(|d| d.is_whole());
+    let mut plan = Plan::default();
+    for (i, ec) in spec
+        .ephemeral_containers
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
     {
-        return Err(Denial::forbidden(format!(
-            "{change}: a pod's GPU env and hook are set when it is created, so an update cannot add or remove its GPU or switch between whole and fractional GPUs; delete and re-create the pod"
-        )));
+        if existing.contains(&ec.name.as_str()) {
+            // Already admitted (and immutable now).
+            continue;
+        }
+        let c = guard::as_container(ec);
+        let at = ContainerAt {
+            field: "ephemeralContainers",
+            index: i,
+            label: format!("ephemeral container {:?}", ec.name),
+        };
+        if whole {
+            plan_env(&c, &at, false, &mut plan)?;
+        } else {
+            guard::plan_void(&c, &at, &mut plan);
+        }
     }
-    Ok(Verdict::allow())
+    Ok(plan.into_verdict())
 }

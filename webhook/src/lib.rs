@@ -3,10 +3,12 @@
 //! [`admit`] decides (validation through the API crate, and the JSON Patch that gives a
 //! KubeShare pod its GPU env, hook and volumes), [`review`] speaks AdmissionReview v1,
 //! [`server`] serves it over rustls with certificate reload, and [`certs`] makes the
-//! CA and serving certificate. What is injected is listed in [`inject`].
+//! CA and serving certificate. What is injected is listed in [`inject`]; what keeps
+//! GPUs away from containers KubeShare gives none to is in [`guard`].
 
 pub mod admit;
 pub mod certs;
+pub mod guard;
 pub mod inject;
 pub mod review;
 pub mod server;

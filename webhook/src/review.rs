@@ -58,6 +58,9 @@ struct RequestIn {
     #[serde(default)]
     name: Option<String>,
     operation: String,
+    /// `ephemeralcontainers` for a debug container added to a running pod.
+    #[serde(default)]
+    sub_resource: Option<String>,
     #[serde(default)]
     object: Option<Value>,
     #[serde(default)]
@@ -131,7 +134,12 @@ pub fn answer(body: &[u8], mode: Mode) -> Result<Answer, ReviewError> {
         .ok_or_else(|| ReviewError::Operation(req.operation.clone()))?;
     let is_pod = req.kind.group.is_empty() && req.kind.kind == "Pod";
     let mut verdict = if is_pod {
-        admit_pod(op, req.object.as_ref(), req.old_object.as_ref())
+        admit_pod(
+            op,
+            req.sub_resource.as_deref(),
+            req.object.as_ref(),
+            req.old_object.as_ref(),
+        )
     } else {
         // Only Pods are registered; anything else is let through unchanged.
         Verdict::Allow {
@@ -204,7 +212,19 @@ pub fn request_body(
     object: Option<&Value>,
     old_object: Option<&Value>,
 ) -> Vec<u8> {
-    let v = serde_json::json!({
+    request_body_sub(uid, operation, None, namespace, object, old_object)
+}
+
+/// [`request_body`] for a subresource (`ephemeralcontainers`).
+pub fn request_body_sub(
+    uid: &str,
+    operation: &str,
+    sub_resource: Option<&str>,
+    namespace: &str,
+    object: Option<&Value>,
+    old_object: Option<&Value>,
+) -> Vec<u8> {
+    let mut v = serde_json::json!({
         "apiVersion": API_VERSION,
         "kind": KIND,
         "request": {
@@ -222,5 +242,9 @@ pub fn request_body(
             "dryRun": false,
         }
     });
+    if let Some(sub) = sub_resource {
+        v["request"]["subResource"] = Value::from(sub);
+        v["request"]["requestSubResource"] = Value::from(sub);
+    }
     serde_json::to_vec(&v).unwrap_or_default()
 }

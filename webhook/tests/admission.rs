@@ -3,7 +3,7 @@
 //! over its own output changes nothing; bad pods are denied with the exact message.
 
 use base64::Engine;
-use kubeshare_webhook::review::{Mode, ReviewError, answer, request_body};
+use kubeshare_webhook::review::{Mode, ReviewError, answer, request_body, request_body_sub};
 use serde_json::{Value, json};
 
 const HOOK: &str = "/kubeshare/lib/libgemhook.so.1";
@@ -96,6 +96,12 @@ fn lib_mount() -> Value {
 fn run_mount() -> Value {
     json!({"name": "kubeshare-run", "mountPath": "/kubeshare/run", "subPathExpr": "$(KUBESHARE_POD_UID)"})
 }
+fn toleration() -> Value {
+    json!({"key": "kubeshare.io/gpu", "operator": "Equal", "value": "shared", "effect": "NoSchedule"})
+}
+fn void_env() -> Value {
+    json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"})
+}
 fn lib_volume() -> Value {
     json!({"name": "kubeshare-lib", "hostPath": {"path": "/var/lib/kubeshare/lib", "type": "Directory"}})
 }
@@ -117,6 +123,7 @@ fn fractional_pod_with_generate_name_gets_everything() {
                "containers": [{"name": "main", "image": "cuda",
                    "env": [gpu_env(), uid_env(), sock_env(), preload_env(HOOK)],
                    "volumeMounts": [lib_mount(), run_mount()]}],
+               "tolerations": [toleration()],
                "volumes": [lib_volume(), run_volume()]}),
     );
     assert_eq!(got, want);
@@ -271,37 +278,191 @@ fn whole_gpu_pod_gets_gpu_env_but_no_hook() {
         labels,
         json!({"schedulerName": "kubeshare-scheduler",
                "initContainers": [{"name": "i", "image": "x", "env": [gpu_env()]}],
-               "containers": [{"name": "a", "image": "x", "env": [{"name": "LD_PRELOAD", "value": "/keep.so"}, gpu_env()]}]}),
+               "containers": [{"name": "a", "image": "x", "env": [{"name": "LD_PRELOAD", "value": "/keep.so"}, gpu_env()]}],
+               "tolerations": [toleration()]}),
     );
     assert_eq!(got, want);
 }
 
 #[test]
-fn non_kubeshare_pods_are_allowed_without_patch() {
+fn pods_kubeshare_gives_no_gpu_get_void_in_every_container() {
     for pod in [
         pod_with(
             json!({"app": "web"}),
-            json!({"containers": [{"name": "a", "image": "x"}]}),
+            json!({"initContainers": [{"name": "i", "image": "x"}],
+                   "containers": [{"name": "a", "image": "x", "env": [{"name": "A", "value": "1"}]}]}),
         ),
+        // Any other scheduler, and a pod on ours without GPU labels: no GPU either.
         json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
-               "spec": {"schedulerName": "my-scheduler", "containers": [{"name": "a", "image": "x"}]}}),
+               "spec": {"schedulerName": "my-scheduler",
+                        "initContainers": [{"name": "i", "image": "x"}],
+                        "containers": [{"name": "a", "image": "x", "env": [{"name": "A", "value": "1"}]}]}}),
+        pod_with(
+            json!({}),
+            json!({"schedulerName": "kubeshare-scheduler",
+                   "initContainers": [{"name": "i", "image": "x"}],
+                   "containers": [{"name": "a", "image": "x", "env": [{"name": "A", "value": "1"}]}]}),
+        ),
     ] {
-        let r = review("CREATE", &pod, None, Mode::Mutate);
-        assert_eq!(r["allowed"], true);
-        assert!(
-            r.get("patch").is_none() && r.get("patchType").is_none(),
-            "{r}"
+        let got = mutate_idempotent(&pod);
+        assert_eq!(got["spec"]["initContainers"][0]["env"], json!([void_env()]));
+        assert_eq!(
+            got["spec"]["containers"][0]["env"],
+            json!([{"name": "A", "value": "1"}, void_env()])
         );
+        // No toleration, no hook, nothing else.
+        assert!(got["spec"].get("tolerations").is_none());
+        assert!(got["spec"].get("volumes").is_none());
+        assert_eq!(got["metadata"], pod["metadata"]);
     }
-    // On our scheduler without GPU labels: nothing to inject.
+    // Whatever the pod itself says is replaced (with a warning), every occurrence.
     let pod = pod_with(
-        json!({}),
-        json!({"schedulerName": "kubeshare-scheduler", "containers": [{"name": "a", "image": "x"}]}),
+        json!({"app": "smi"}),
+        json!({"tolerations": [{"operator": "Exists"}],
+               "containers": [{"name": "a", "image": "x", "env": [
+                   {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+                   {"name": "B", "value": "2"},
+                   {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['x']"}}}]}]}),
+    );
+    let r = review("CREATE", &pod, None, Mode::Mutate);
+    assert_eq!(
+        r["warnings"],
+        json!([
+            "container \"a\": env NVIDIA_VISIBLE_DEVICES (\"all\") replaced by \"void\": this pod gets no GPU from KubeShare; give it sharedgpu/* labels to get one",
+            "container \"a\": env NVIDIA_VISIBLE_DEVICES (a valueFrom) replaced by \"void\": this pod gets no GPU from KubeShare; give it sharedgpu/* labels to get one"
+        ])
+    );
+    let got = mutate_idempotent(&pod);
+    assert_eq!(
+        got["spec"]["containers"][0]["env"],
+        json!([void_env(), {"name": "B", "value": "2"}, void_env()])
+    );
+    // A pod that gets its GPUs from the NVIDIA device plugin is left alone: the device
+    // plugin's own NVIDIA_VISIBLE_DEVICES must not be overridden.
+    let plugin = pod_with(
+        json!({"app": "legacy"}),
+        json!({"containers": [{"name": "a", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}),
+    );
+    let r = review("CREATE", &plugin, None, Mode::Mutate);
+    assert_eq!(r["allowed"], true);
+    assert!(r.get("patch").is_none(), "{r}");
+}
+
+#[test]
+fn a_kubeshare_pod_may_not_also_use_the_device_plugin() {
+    for (spec, want) in [
+        (
+            json!({"containers": [{"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}),
+            "container \"main\": resources.limits[nvidia.com/gpu]=1: a pod with sharedgpu/* labels gets its GPU from KubeShare, not from the NVIDIA device plugin (which would give it a second GPU that KubeShare does not count); remove nvidia.com/gpu from its requests and limits",
+        ),
+        (
+            json!({"initContainers": [{"name": "prep", "image": "x", "resources": {"requests": {"nvidia.com/gpu": "2"}}}],
+                   "containers": [{"name": "main", "image": "x"}]}),
+            "init container \"prep\": resources.requests[nvidia.com/gpu]=2: a pod with sharedgpu/* labels gets its GPU from KubeShare, not from the NVIDIA device plugin (which would give it a second GPU that KubeShare does not count); remove nvidia.com/gpu from its requests and limits",
+        ),
+        (
+            json!({"containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "x", "resources": {"limits": {"cpu": "1", "nvidia.com/mig-1g.10gb": "1"}}}]}),
+            "container \"b\": resources.limits[nvidia.com/mig-1g.10gb]=1: a pod with sharedgpu/* labels gets its GPU from KubeShare, not from the NVIDIA device plugin (which would give it a second GPU that KubeShare does not count); remove nvidia.com/mig-1g.10gb from its requests and limits",
+        ),
+    ] {
+        assert_eq!(denial(&pod_with(frac_labels(), spec.clone())), want);
+        let whole = json!({"sharedgpu/gpu_request": "2", "sharedgpu/gpu_limit": "2"});
+        assert_eq!(denial(&pod_with(whole, spec)), want);
+    }
+    // Other extended resources are fine.
+    let pod = pod_with(
+        frac_labels(),
+        json!({"containers": [{"name": "a", "image": "x", "resources": {"limits": {"example.com/fpga": "1"}}}]}),
+    );
+    mutate_idempotent(&pod);
+}
+
+#[test]
+fn the_toleration_is_added_once() {
+    let pod = pod_with(
+        frac_labels(),
+        json!({"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+               "containers": [{"name": "a", "image": "x"}]}),
+    );
+    let got = mutate_idempotent(&pod);
+    assert_eq!(
+        got["spec"]["tolerations"],
+        json!([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}, toleration()])
+    );
+}
+
+/// An UPDATE of pods/ephemeralcontainers adding `debug` to a running pod.
+fn debug_review(labels: Value, debug_env: Option<Value>) -> (Value, Value) {
+    let mut old = pod_with(
+        labels,
+        json!({"schedulerName": "kubeshare-scheduler", "nodeName": "n1",
+               "containers": [{"name": "a", "image": "x"}],
+               "ephemeralContainers": [{"name": "old", "image": "busybox"}]}),
+    );
+    old["metadata"]["name"] = json!("p");
+    let mut new = old.clone();
+    let mut debug = json!({"name": "debug", "image": "cuda", "targetContainerName": "a"});
+    if let Some(e) = debug_env {
+        debug["env"] = e;
+    }
+    new["spec"]["ephemeralContainers"]
+        .as_array_mut()
+        .unwrap()
+        .push(debug);
+    let body = request_body_sub(
+        "u2",
+        "UPDATE",
+        Some("ephemeralcontainers"),
+        "ns1",
+        Some(&new),
+        Some(&old),
+    );
+    let v: Value = serde_json::from_slice(&answer(&body, Mode::Mutate).unwrap().body).unwrap();
+    let r = v["response"].clone();
+    assert_eq!(r["allowed"], true, "{r}");
+    let mut out = new.clone();
+    if let Some(p) = r["patch"].as_str() {
+        let bytes = base64::engine::general_purpose::STANDARD.decode(p).unwrap();
+        let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
+        json_patch::patch(&mut out, &patch).unwrap();
+    }
+    (out, r)
+}
+
+#[test]
+fn debug_containers_are_handled_like_the_pods_containers() {
+    // A fractional pod's debug container gets no GPU: the hook's per-pod socket mount
+    // needs subPathExpr, which ephemeral containers may not use.
+    let (out, _) = debug_review(
+        frac_labels(),
+        Some(json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])),
+    );
+    assert_eq!(
+        out["spec"]["ephemeralContainers"][1]["env"],
+        json!([void_env()])
+    );
+    // The container that was already there is not touched (it is immutable).
+    assert!(out["spec"]["ephemeralContainers"][0].get("env").is_none());
+    // A whole-GPU pod's debug container sees the pod's GPUs, from the record.
+    let whole = json!({"sharedgpu/gpu_request": "2", "sharedgpu/gpu_limit": "2"});
+    let (out, _) = debug_review(whole, None);
+    assert_eq!(
+        out["spec"]["ephemeralContainers"][1]["env"],
+        json!([gpu_env()])
     );
     assert!(
-        review("CREATE", &pod, None, Mode::Mutate)
-            .get("patch")
+        out["spec"]["ephemeralContainers"][1]
+            .get("volumeMounts")
             .is_none()
+    );
+    // Any other pod's debug container gets void.
+    let (out, _) = debug_review(
+        json!({"app": "web"}),
+        Some(json!([{"name": "X", "value": "1"}])),
+    );
+    assert_eq!(
+        out["spec"]["ephemeralContainers"][1]["env"],
+        json!([{"name": "X", "value": "1"}, void_env()])
     );
 }
 
@@ -342,66 +503,40 @@ fn pod_update(old_labels: Value, new_labels: Value, node: Option<&str>) -> Value
     review("UPDATE", &new, Some(&old), Mode::Validate)
 }
 
+const NO_CHANGE: &str = "sharedgpu/* labels cannot change after the pod is created (the GPU share they ask for was checked and set up when it was created); delete and re-create the pod";
+
 #[test]
-fn updates_of_sharedgpu_labels() {
+fn sharedgpu_labels_never_change() {
     let half = json!({"sharedgpu/gpu_request": "0.5", "sharedgpu/gpu_limit": "1.0"});
-    let r = pod_update(
-        half.clone(),
-        json!({"sharedgpu/gpu_request": "0.7", "sharedgpu/gpu_limit": "1.0"}),
-        Some("node-1"),
-    );
-    assert_eq!(r["allowed"], false);
-    assert_eq!(r["status"]["code"], 403);
-    assert_eq!(
-        r["status"]["message"],
-        "sharedgpu/gpu_request=0.5 -> sharedgpu/gpu_request=0.7: sharedgpu/* labels cannot change once the pod is bound (node node-1): its GPU share is already booked; delete and re-create the pod"
-    );
-    // Removing one is a change too.
+    for node in [Some("node-1"), None] {
+        let r = pod_update(
+            half.clone(),
+            json!({"sharedgpu/gpu_request": "0.7", "sharedgpu/gpu_limit": "1.0"}),
+            node,
+        );
+        assert_eq!(r["allowed"], false);
+        assert_eq!(r["status"]["code"], 403);
+        assert_eq!(
+            r["status"]["message"],
+            format!("sharedgpu/gpu_request=0.5 -> sharedgpu/gpu_request=0.7: {NO_CHANGE}")
+        );
+    }
+    // Removing one, or several changes at once: all are named.
     let r = pod_update(
         json!({"sharedgpu/gpu_limit": "1.0", "sharedgpu/priority": "3"}),
-        json!({"sharedgpu/gpu_limit": "1.0"}),
+        json!({"sharedgpu/gpu_limit": "0.5"}),
         Some("n"),
     );
     assert_eq!(
         r["status"]["message"],
-        "sharedgpu/priority=3 -> no sharedgpu/priority: sharedgpu/* labels cannot change once the pod is bound (node n): its GPU share is already booked; delete and re-create the pod"
+        format!(
+            "sharedgpu/gpu_limit=1.0 -> sharedgpu/gpu_limit=0.5, sharedgpu/priority=3 -> no sharedgpu/priority: {NO_CHANGE}"
+        )
     );
-    // Other labels may change on a bound pod.
+    // Other labels may change.
     let mut other = half.clone();
     other["team"] = json!("b");
     assert_eq!(pod_update(half.clone(), other, Some("n"))["allowed"], true);
-    // Before bind, a valid change is fine; an invalid one is denied with the label rule.
-    assert_eq!(
-        pod_update(
-            half.clone(),
-            json!({"sharedgpu/gpu_request": "0.2", "sharedgpu/gpu_limit": "0.5"}),
-            None
-        )["allowed"],
-        true
-    );
-    let r = pod_update(
-        half.clone(),
-        json!({"sharedgpu/gpu_request": "1.5", "sharedgpu/gpu_limit": "1.0"}),
-        None,
-    );
-    assert_eq!(
-        r["status"]["message"],
-        "sharedgpu/gpu_request=1.5: a fractional request must be at most 1.0; whole GPUs are written as an integer such as 2"
-    );
-    // Switching to whole GPUs, or dropping the GPU, is not an update.
-    let r = pod_update(
-        half.clone(),
-        json!({"sharedgpu/gpu_request": "2", "sharedgpu/gpu_limit": "2"}),
-        None,
-    );
-    assert_eq!(r["allowed"], false);
-    assert!(
-        r["status"]["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("sharedgpu/gpu_limit=1.0 -> sharedgpu/gpu_limit=2: a pod's GPU env"),
-        "{r}"
-    );
     assert_eq!(pod_update(half, json!({}), None)["allowed"], false);
 }
 
@@ -415,13 +550,16 @@ fn gpu_labels_cannot_be_added_to_an_existing_pod() {
     assert_eq!(r["allowed"], false);
     assert_eq!(
         r["status"]["message"],
-        "no sharedgpu/gpu_limit -> sharedgpu/gpu_limit=0.5: a pod's GPU env and hook are set when it is created, so an update cannot add or remove its GPU or switch between whole and fractional GPUs; delete and re-create the pod"
+        format!("no sharedgpu/gpu_limit -> sharedgpu/gpu_limit=0.5: {NO_CHANGE}")
     );
 }
 
 const FRAC: &str =
     "a fractional request must be at most 1.0; whole GPUs are written as an integer such as 2";
-const REQ_NAN: &str = "must be a decimal between 0.0 and 1.0, or a whole number of GPUs such as 2";
+const SHARE_FORM: &str = "written with digits on both sides of any decimal point and no sign or spaces, such as 0.5 (not .5, +0.5, 1. or ' 0.5', which are not valid label values either)";
+const REQ_NAN: &str = "must be a decimal between 0.0 and 1.0, or a whole number of GPUs such as 2, written with digits on both sides of any decimal point and no sign or spaces, such as 0.5 (not .5, +0.5, 1. or ' 0.5', which are not valid label values either)";
+const FORMS: &str = "accepted: a whole number of bytes written as a Kubernetes quantity: digits with an optional decimal point, then nothing (bytes), a binary suffix Ki, Mi, Gi, Ti, Pi or Ei (powers of 1024), a decimal suffix k, M, G, T, P or E (powers of 1000), or an exponent e<N>; for example 1073741824, 8Gi, 1.5Gi, 500M, 1e9, 1Ei";
+const ZERO_MEM: &str = "with a gpu_request of 0 and no sharedgpu/gpu_mem, the pod's GPU memory cap would be 0 bytes (the default cap is gpu_request × the GPU's memory), so every GPU allocation it makes would fail; set sharedgpu/gpu_mem (such as 4Gi) or a gpu_request above 0";
 const NEED_LIMIT: &str = "sharedgpu/gpu_limit is required as well (the most of a GPU the pod may use; use the same value as gpu_request for a fixed share)";
 const LIM_ABOVE: &str = "must be at most 1.0 for a fractional request; for whole GPUs set gpu_request and gpu_limit to the same integer";
 const PRECISE: &str =
@@ -451,15 +589,21 @@ fn bad_label_sets_are_denied_with_the_exact_message() {
         (vec![("priority", "10")], format!("sharedgpu/priority=10: {NEED_LIMIT}")),
         (vec![("gpu_limit", "0")], "sharedgpu/gpu_limit=0: must be greater than 0".into()),
         (vec![("gpu_limit", "1.01")], format!("sharedgpu/gpu_limit=1.01: {LIM_ABOVE}")),
-        (vec![("gpu_limit", "full")], "sharedgpu/gpu_limit=full: must be a decimal between 0.0 and 1.0".into()),
+        (vec![("gpu_limit", "full")], format!("sharedgpu/gpu_limit=full: must be a decimal between 0.0 and 1.0, {SHARE_FORM}")),
+        (vec![("gpu_request", ".5"), ("gpu_limit", "1")], format!("sharedgpu/gpu_request=.5: {REQ_NAN}")),
+        (vec![("gpu_request", "0.5"), ("gpu_limit", "1.")], format!("sharedgpu/gpu_limit=1.: must be a decimal between 0.0 and 1.0, {SHARE_FORM}")),
+        (vec![("gpu_request", "+0.5"), ("gpu_limit", "1")], format!("sharedgpu/gpu_request=+0.5: {REQ_NAN}")),
+        (vec![("gpu_limit", "0.5")], format!("sharedgpu/gpu_limit=0.5: {ZERO_MEM}")),
+        (vec![("gpu_request", "0"), ("gpu_limit", "0.5")], format!("sharedgpu/gpu_request=0: {ZERO_MEM}")),
         (vec![("gpu_limit", "-0.5")], "sharedgpu/gpu_limit=-0.5: must not be negative".into()),
         (vec![("gpu_request", "4"), ("gpu_limit", "1")], "sharedgpu/gpu_limit=1: must equal sharedgpu/gpu_request=4: whole GPUs are not time-shared, so their limit is their request".into()),
         (vec![("gpu_limit", "0.5"), ("gpu_count", "0")], "sharedgpu/gpu_count=0: must be a whole number from 1 to 16".into()),
         (vec![("gpu_limit", "0.5"), ("gpu_count", "two")], "sharedgpu/gpu_count=two: must be a whole number from 1 to 16".into()),
         (vec![("gpu_request", "3"), ("gpu_limit", "3"), ("gpu_count", "2")], "sharedgpu/gpu_count=2: only applies to a fractional gpu_request (at most 1.0); for whole GPUs set gpu_request to the number of GPUs".into()),
-        (vec![("gpu_limit", "0.5"), ("gpu_mem", "4GB")], "sharedgpu/gpu_mem=4GB: unknown unit suffix \"GB\"; use Ki, Mi, Gi, Ti, k, M, G or T".into()),
+        (vec![("gpu_limit", "0.5"), ("gpu_mem", "4GB")], format!("sharedgpu/gpu_mem=4GB: unknown suffix \"GB\"; {FORMS}")),
+        (vec![("gpu_limit", "0.5"), ("gpu_mem", "17Ei")], "sharedgpu/gpu_mem=17Ei: is too large: at most 18446744073709551615 bytes (16Ei minus one byte)".into()),
         (vec![("gpu_limit", "0.5"), ("gpu_mem", "0Gi")], "sharedgpu/gpu_mem=0Gi: must be greater than 0 (leave it out to get the request's share of the GPU's memory)".into()),
-        (vec![("gpu_limit", "0.5"), ("gpu_mem", "lots")], "sharedgpu/gpu_mem=lots: not a byte count or a Kubernetes quantity such as 8Gi or 500Mi".into()),
+        (vec![("gpu_limit", "0.5"), ("gpu_mem", "lots")], format!("sharedgpu/gpu_mem=lots: not a Kubernetes quantity; {FORMS}")),
         (vec![("gpu_limit", "0.5"), ("gpu_model", "-H100")], "sharedgpu/gpu_model=-H100: must be a GPU model as NVML names it, spaces written as '-', such as NVIDIA-H100-80GB-HBM3".into()),
         (vec![("gpu_limit", "0.5"), ("priority", "1000")], format!("sharedgpu/priority=1000: {PRIO}")),
         (vec![("gpu_limit", "0.5"), ("priority", "low")], format!("sharedgpu/priority=low: {PRIO}")),
@@ -576,4 +720,47 @@ fn malformed_bodies_are_errors_not_panics() {
         v["response"]["status"]["message"],
         "CREATE request without an object"
     );
+}
+
+#[test]
+fn which_tolerations_reach_a_gpu_node() {
+    use k8s_openapi::api::core::v1::PodSpec;
+    use kubeshare_webhook::guard::tolerates_gpu_taint;
+    let spec = |t: Value| -> PodSpec {
+        serde_json::from_value(json!({"containers": [], "tolerations": t})).unwrap()
+    };
+    for (t, want) in [
+        (json!([{"operator": "Exists"}]), true),
+        (
+            json!([{"operator": "Exists", "effect": "NoSchedule"}]),
+            true,
+        ),
+        (
+            json!([{"key": "kubeshare.io/gpu", "operator": "Exists"}]),
+            true,
+        ),
+        (
+            json!([{"key": "kubeshare.io/gpu", "operator": "Equal", "value": "shared", "effect": "NoSchedule"}]),
+            true,
+        ),
+        (
+            json!([{"key": "kubeshare.io/gpu", "operator": "Equal", "value": "other"}]),
+            false,
+        ),
+        (
+            json!([{"operator": "Exists", "effect": "NoExecute"}]),
+            false,
+        ),
+        (
+            json!([{"key": "nvidia.com/gpu", "operator": "Exists"}]),
+            false,
+        ),
+        (
+            json!([{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}]),
+            false,
+        ),
+        (json!([]), false),
+    ] {
+        assert_eq!(tolerates_gpu_taint(&spec(t.clone())), want, "{t}");
+    }
 }

@@ -1,15 +1,13 @@
 //! The webhook against the real control plane (kubeshare-testkit): the real
 //! kube-apiserver calls it by URL over TLS with our `caBundle`, using the webhook
-//! configurations of `manifests/webhook.yaml` as written (rules, matchConditions,
+//! configuration of `manifests/webhook.yaml` as written (rules, matchConditions,
 //! failurePolicy), with only the clientConfig, the name and a namespaceSelector for
 //! this test's namespaces changed, so other tests' pods never reach it.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
-};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Api;
@@ -17,14 +15,14 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kubeshare_testkit::{Cluster, Identity, TestNamespace, wait_until};
 use kubeshare_webhook::certs::{self, CertRequest};
 use kubeshare_webhook::review::Mode;
-use kubeshare_webhook::server::{self, Outcome, ServeConfig};
+use kubeshare_webhook::server::{self, ServeConfig};
 use serde_json::{Value, json};
 
 const TEST_LABEL: &str = "kubeshare-webhook-test";
 const HOOK: &str = "/kubeshare/lib/libgemhook.so.1";
 const WAIT: Duration = Duration::from_secs(60);
 
-/// Deletes the webhook configurations when the test ends, also on panic.
+/// Deletes the webhook configuration when the test ends, also on panic.
 struct ConfigGuard {
     cluster: &'static Cluster,
     name: String,
@@ -32,10 +30,7 @@ struct ConfigGuard {
 
 impl Drop for ConfigGuard {
     fn drop(&mut self) {
-        for kind in [
-            "mutatingwebhookconfiguration",
-            "validatingwebhookconfiguration",
-        ] {
+        for kind in ["mutatingwebhookconfiguration"] {
             if let Ok(mut cmd) = self.cluster.kubectl() {
                 let _ = cmd
                     .args([
@@ -51,18 +46,16 @@ impl Drop for ConfigGuard {
     }
 }
 
-/// manifests/webhook.yaml's two configurations, pointed at `https://127.0.0.1:port`
-/// and limited to namespaces labelled `TEST_LABEL=token`.
-fn configurations(port: u16, ca_bundle: &str, token: &str) -> Result<(Value, Value)> {
+/// manifests/webhook.yaml's configuration, pointed at `https://127.0.0.1:port` and
+/// limited to namespaces labelled `TEST_LABEL=token`.
+fn configuration(port: u16, ca_bundle: &str, token: &str) -> Result<Value> {
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../manifests/webhook.yaml"
     ))?;
     let docs: Vec<Value> = serde_saphyr::from_multiple(&text)?;
-    let mut found = (None, None);
     for mut doc in docs {
-        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
-        if !kind.ends_with("WebhookConfiguration") {
+        if doc["kind"] != "MutatingWebhookConfiguration" {
             continue;
         }
         doc["metadata"]["name"] = json!(format!("kubeshare-webhook-test-{token}"));
@@ -77,16 +70,9 @@ fn configurations(port: u16, ca_bundle: &str, token: &str) -> Result<(Value, Val
             });
             wh["namespaceSelector"]["matchLabels"] = json!({TEST_LABEL: token});
         }
-        match kind.as_str() {
-            "MutatingWebhookConfiguration" => found.0 = Some(doc),
-            "ValidatingWebhookConfiguration" => found.1 = Some(doc),
-            _ => {}
-        }
+        return Ok(doc);
     }
-    match found {
-        (Some(m), Some(v)) => Ok((m, v)),
-        _ => bail!("manifests/webhook.yaml lacks a mutating or validating configuration"),
-    }
+    bail!("manifests/webhook.yaml lacks the MutatingWebhookConfiguration")
 }
 
 async fn label_namespace(client: &kube::Client, ns: &str, labels: Value) -> Result<()> {
@@ -202,7 +188,7 @@ async fn the_real_apiserver_calls_the_webhook() -> Result<()> {
     )
     .await?;
 
-    let (mutating, validating) = configurations(running.addr.port(), &files.ca_bundle(), &token)?;
+    let mutating = configuration(running.addr.port(), &files.ca_bundle(), &token)?;
     let _guard = ConfigGuard {
         cluster,
         name: mutating["metadata"]["name"]
@@ -215,10 +201,6 @@ async fn the_real_apiserver_calls_the_webhook() -> Result<()> {
         .create(&pp, &serde_json::from_value(mutating)?)
         .await
         .context("the apiserver refused the MutatingWebhookConfiguration")?;
-    Api::<ValidatingWebhookConfiguration>::all(client.clone())
-        .create(&pp, &serde_json::from_value(validating)?)
-        .await
-        .context("the apiserver refused the ValidatingWebhookConfiguration")?;
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
     let frac = json!({"app": "t", "sharedgpu/gpu_request": "0.5", "sharedgpu/gpu_limit": "1.0"});
@@ -305,7 +287,7 @@ async fn the_real_apiserver_calls_the_webhook() -> Result<()> {
         "spec": {
             "parallelism": 2, "completions": 2, "backoffLimit": 0,
             "template": {
-                "metadata": {"labels": {"sharedgpu/gpu_limit": "0.5"}},
+                "metadata": {"labels": {"sharedgpu/gpu_request": "0.25", "sharedgpu/gpu_limit": "0.5"}},
                 "spec": {"restartPolicy": "Never",
                          "nodeSelector": {TEST_LABEL: "no-such-node"},
                          "containers": [{"name": "main", "image": "x"}]}
@@ -330,7 +312,10 @@ async fn the_real_apiserver_calls_the_webhook() -> Result<()> {
         assert_injected(p);
     }
 
-    // 4. Pods that are not KubeShare pods are left alone.
+    // 4. Pods that are not KubeShare pods get no GPU: NVIDIA_VISIBLE_DEVICES=void in
+    //    every container, whatever the pod says, through either entry (one that
+    //    tolerates every taint goes to the strict one).
+    let void = json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"});
     let plain = pods
         .create(
             &pp,
@@ -343,7 +328,42 @@ async fn the_real_apiserver_calls_the_webhook() -> Result<()> {
         .await?;
     let pv = serde_json::to_value(&plain)?;
     assert_eq!(pv["spec"]["schedulerName"], "default-scheduler");
-    assert!(pv["spec"]["containers"][0].get("env").is_none(), "{pv}");
+    assert_eq!(pv["spec"]["containers"][0]["env"], json!([void]), "{pv}");
+    // (The apiserver's DefaultTolerationSeconds adds NoExecute tolerations; ours is not.)
+    assert!(
+        !pv["spec"]["tolerations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|t| t["key"] == "kubeshare.io/gpu"),
+        "{pv}"
+    );
+    let monitor = pods
+        .create(
+            &pp,
+            &pod(
+                "monitor-",
+                json!({"app": "dcgm"}),
+                json!({"tolerations": [{"operator": "Exists"}],
+                       "initContainers": [{"name": "i", "image": "x"}],
+                       "containers": [{"name": "c", "image": "x", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}),
+            )?,
+        )
+        .await?;
+    let mv = serde_json::to_value(&monitor)?;
+    assert_eq!(
+        mv["spec"]["initContainers"][0]["env"],
+        json!([void]),
+        "{mv}"
+    );
+    assert_eq!(mv["spec"]["containers"][0]["env"], json!([void]), "{mv}");
+    // A KubeShare pod tolerates the GPU-node taint.
+    assert!(
+        serde_json::to_value(&created)?["spec"]["tolerations"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"key": "kubeshare.io/gpu", "operator": "Equal", "value": "shared", "effect": "NoSchedule"}))
+    );
 
     // 5. A namespace labelled sharedgpu/webhook=disabled is not sent to the webhook.
     let out_pods: Api<Pod> = Api::namespaced(client.clone(), opted_out.name());
@@ -355,53 +375,187 @@ async fn the_real_apiserver_calls_the_webhook() -> Result<()> {
             .is_none()
     );
 
-    // 6. UPDATE: labels may change before bind, not after.
-    let name = created.metadata.name.clone().unwrap_or_default();
-    let relabel =
-        |v: &str| Patch::Merge(json!({"metadata": {"labels": {"sharedgpu/gpu_request": v}}}));
-    pods.patch(&name, &PatchParams::default(), &relabel("0.25"))
-        .await?;
-    assert_eq!(running.stats.get(Mode::Validate, Outcome::Allowed), 1);
-    let bad_update = pods
-        .patch(&name, &PatchParams::default(), &relabel("2.5"))
-        .await
-        .expect_err("an invalid label update must be refused");
-    let (_, message) = api_error(bad_update)?;
-    assert!(
-        message.contains("sharedgpu/gpu_request=2.5: a fractional request must be at most 1.0"),
-        "{message}"
+    // 5b. KubeShare's own namespace is never sent to the webhook (its node daemon sees
+    //     every GPU), even when it carries this test's label.
+    label_namespace(&client, "kubeshare-system", json!({TEST_LABEL: token})).await?;
+    let own: Api<Pod> = Api::namespaced(client.clone(), "kubeshare-system");
+    let own_pod = own
+        .create(
+            &dry,
+            &pod(
+                "daemon-",
+                json!({"app": "node-daemon"}),
+                json!({"containers": [{"name": "c", "image": "x", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}),
+            )?,
+        )
+        .await;
+    label_namespace(&client, "kubeshare-system", json!({TEST_LABEL: null})).await?;
+    let own_pod = serde_json::to_value(own_pod?)?;
+    assert_eq!(
+        own_pod["spec"]["containers"][0]["env"],
+        json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]),
+        "{own_pod}"
     );
-    pods.create_subresource::<Value, Value>(
-        "binding",
-        &name,
-        &pp,
-        &json!({
-            "apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": format!("{token}-ghost")}
-        }),
-    )
-    .await?;
+
+    // 6. A memory cap that would be 0, or a device-plugin GPU beside the labels, is
+    //    refused by the real apiserver's call, with the label and the rule.
     let (code, message) = api_error(
-        pods.patch(&name, &PatchParams::default(), &relabel("0.75"))
-            .await
-            .expect_err("a bound pod's sharedgpu labels must not change"),
+        pods.create(
+            &pp,
+            &pod(
+                "nomem-",
+                json!({"sharedgpu/gpu_limit": "0.5"}),
+                json!({"containers": [{"name": "c", "image": "x"}]}),
+            )?,
+        )
+        .await
+        .expect_err("a zero memory cap must be refused"),
     )?;
-    assert_eq!(code, 403, "{message}");
+    assert_eq!(code, 422, "{message}");
     assert!(
-        message.contains("sharedgpu/gpu_request=0.25 -> sharedgpu/gpu_request=0.75: sharedgpu/* labels cannot change once the pod is bound"),
+        message.contains("sharedgpu/gpu_limit=0.5: with a gpu_request of 0 and no sharedgpu/gpu_mem, the pod's GPU memory cap would be 0 bytes"),
         "{message}"
     );
-    // Other labels and annotations still may, and such updates do not even reach the
-    // webhook (the CEL matchCondition filters them).
-    let seen = running.stats.total(Mode::Validate);
-    assert_eq!(running.stats.get(Mode::Validate, Outcome::Denied), 2);
+    let (_, message) = api_error(
+        pods.create(
+            &pp,
+            &pod(
+                "plugin-",
+                frac.clone(),
+                json!({"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}),
+            )?,
+        )
+        .await
+        .expect_err("nvidia.com/gpu beside sharedgpu labels must be refused"),
+    )?;
+    assert!(
+        message.contains("container \"c\": resources.limits[nvidia.com/gpu]=1: a pod with sharedgpu/* labels gets its GPU from KubeShare"),
+        "{message}"
+    );
+    let (_, message) = api_error(
+        pods.create(
+            &pp,
+            &pod(
+                "dot-",
+                json!({"sharedgpu/gpu_request": ".5", "sharedgpu/gpu_limit": "1.0"}),
+                json!({"containers": [{"name": "c", "image": "x"}]}),
+            )?,
+        )
+        .await
+        .expect_err(".5 must be refused"),
+    )?;
+    assert!(
+        message.contains("sharedgpu/gpu_request=.5: must be a decimal between 0.0 and 1.0"),
+        "{message}"
+    );
+    let big = pods
+        .create(
+            &pp,
+            &pod(
+                "exa-",
+                json!({"sharedgpu/gpu_request": "0.5", "sharedgpu/gpu_limit": "1.0", "sharedgpu/gpu_mem": "1Ei"}),
+                json!({"containers": [{"name": "c", "image": "x"}]}),
+            )?,
+        )
+        .await?;
+    assert_injected(&big);
+
+    // 7. kubectl debug: pods/ephemeralcontainers UPDATE reaches the webhook; a debug
+    //    container of a fractional pod or of any other pod gets no GPU.
+    let name = created.metadata.name.clone().unwrap_or_default();
+    for (pod_name, what) in [
+        (name.clone(), "fractional"),
+        (plain.metadata.name.clone().unwrap_or_default(), "plain"),
+    ] {
+        let patched: Pod = pods
+            .patch_subresource(
+                "ephemeralcontainers",
+                &pod_name,
+                &PatchParams::default(),
+                &Patch::Strategic(json!({"spec": {"ephemeralContainers": [
+                    {"name": "debug", "image": "cuda", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}
+                ]}})),
+            )
+            .await
+            .with_context(|| format!("adding a debug container to the {what} pod"))?;
+        let v = serde_json::to_value(&patched)?;
+        assert_eq!(
+            v["spec"]["ephemeralContainers"][0]["env"],
+            json!([void]),
+            "{what}: {v}"
+        );
+    }
+
+    // 8. UPDATE: sharedgpu/* labels are not the webhook's business any more (the
+    //    admission policy guards them); no UPDATE of the pod itself reaches it.
+    let seen = running.stats.total(Mode::Mutate);
     pods.patch(
         &name,
         &PatchParams::default(),
         &Patch::Merge(json!({"metadata": {"labels": {"team": "a"}, "annotations": {"note": "x"}}})),
     )
     .await?;
-    assert_eq!(running.stats.total(Mode::Validate), seen);
+    assert_eq!(running.stats.total(Mode::Mutate), seen);
+
+    // 9. failurePolicy, with the webhook down: a plain pod is still created (the taint
+    //    keeps it off GPU nodes), while a KubeShare pod and a pod that tolerates every
+    //    taint are refused rather than admitted unmutated.
+    running.shutdown(Duration::from_secs(1)).await?;
+    let plain2 = pods
+        .create(
+            &pp,
+            &pod(
+                "down-plain-",
+                json!({"app": "web"}),
+                json!({"containers": [{"name": "c", "image": "x"}]}),
+            )?,
+        )
+        .await
+        .context("failurePolicy Ignore must admit a pod that cannot reach a GPU node")?;
+    assert!(
+        serde_json::to_value(&plain2)?["spec"]["containers"][0]
+            .get("env")
+            .is_none()
+    );
+    for (what, labels, spec) in [
+        (
+            "KubeShare pod",
+            frac.clone(),
+            json!({"containers": [{"name": "c", "image": "x"}]}),
+        ),
+        (
+            "pod tolerating every taint",
+            json!({"app": "dcgm"}),
+            json!({"tolerations": [{"operator": "Exists"}], "containers": [{"name": "c", "image": "x"}]}),
+        ),
+        (
+            "pod tolerating the GPU taint",
+            json!({"app": "x"}),
+            json!({"tolerations": [{"key": "kubeshare.io/gpu", "operator": "Exists"}], "containers": [{"name": "c", "image": "x"}]}),
+        ),
+    ] {
+        let err = pods
+            .create(&pp, &pod("down-", labels, spec)?)
+            .await
+            .expect_err(what);
+        let (code, message) = api_error(err)?;
+        assert!(
+            code >= 500 && message.contains("failed calling webhook"),
+            "{what}: {code} {message}"
+        );
+    }
+    // A node-critical pod (CNI, CSI) is never held up by the webhook.
+    pods.create(
+        &pp,
+        &pod(
+            "down-critical-",
+            json!({"app": "cni"}),
+            json!({"priorityClassName": "system-node-critical", "tolerations": [{"operator": "Exists"}],
+                   "containers": [{"name": "c", "image": "x"}]}),
+        )?,
+    )
+    .await
+    .context("a node-critical pod must be admitted while the webhook is down")?;
 
     // Clean up: pods bound to a node without a kubelet go at once with grace 0.
     let now = DeleteParams {
@@ -409,7 +563,6 @@ async fn the_real_apiserver_calls_the_webhook() -> Result<()> {
         ..Default::default()
     };
     pods.delete(&name, &now).await?;
-    running.shutdown(Duration::from_secs(1)).await?;
     ns.delete().await?;
     opted_out.delete().await?;
     Ok(())

@@ -76,7 +76,7 @@ fn pod_strategy() -> impl Strategy<Value = (Value, bool)> {
     (
         prop_oneof![
             Just((json!({"sharedgpu/gpu_request": "0.5", "sharedgpu/gpu_limit": "1.0"}), false)),
-            Just((json!({"sharedgpu/gpu_limit": "0.3", "sharedgpu/gpu_count": "2"}), false)),
+            Just((json!({"sharedgpu/gpu_limit": "0.3", "sharedgpu/gpu_count": "2", "sharedgpu/gpu_mem": "4Gi"}), false)),
             Just((json!({"sharedgpu/gpu_request": "4", "sharedgpu/gpu_limit": "4"}), true)),
         ],
         prop_oneof![Just(None), Just(Some("default-scheduler")), Just(Some("kubeshare-scheduler"))],
@@ -149,6 +149,8 @@ proptest! {
         prop_assert!(again.get("patch").is_none(), "second pass patched: {}", again);
 
         prop_assert_eq!(&out["spec"]["schedulerName"], &json!("kubeshare-scheduler"));
+        let tols = out["spec"]["tolerations"].as_array().cloned().unwrap_or_default();
+        prop_assert_eq!(tols.iter().filter(|t| t["key"] == "kubeshare.io/gpu").count(), 1);
         prop_assert_eq!(&out["metadata"], &pod["metadata"]);
         let vols = &out["spec"]["volumes"];
         let want_vols = usize::from(!whole);
@@ -198,6 +200,53 @@ proptest! {
                 let user_mounts = b["volumeMounts"].as_array().cloned().unwrap_or_default();
                 let n = user_mounts.len();
                 prop_assert_eq!(&a["volumeMounts"].as_array().unwrap()[..n], &user_mounts[..]);
+            }
+        }
+    }
+
+    #[test]
+    fn pods_without_a_gpu_get_void_in_every_container(
+        inits in proptest::collection::vec(container_shape(), 0..3),
+        mains in proptest::collection::vec(container_shape(), 1..4),
+        preset in proptest::option::of(prop_oneof![Just("all"), Just("void"), Just("0,1")]),
+    ) {
+        let mut spec = json!({
+            "containers": mains.iter().enumerate().map(|(i, s)| container(format!("c{i}"), s)).collect::<Vec<_>>(),
+        });
+        if !inits.is_empty() {
+            spec["initContainers"] = inits.iter().enumerate().map(|(i, s)| container(format!("i{i}"), s)).collect();
+        }
+        if let Some(v) = preset {
+            let c = &mut spec["containers"][0];
+            if c.get("env").is_none() {
+                c["env"] = json!([]);
+            }
+            c["env"].as_array_mut().unwrap().push(json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": v}));
+        }
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+                         "metadata": {"generateName": "p-", "labels": {"app": "x"}},
+                         "spec": spec});
+        let r = admit(&pod);
+        prop_assert_eq!(&r["allowed"], &json!(true), "{}", r);
+        let out = apply(&pod, &r);
+        let again = admit(&out);
+        prop_assert!(again.get("patch").is_none(), "second pass patched: {}", again);
+        prop_assert_eq!(&out["metadata"], &pod["metadata"]);
+        prop_assert!(out["spec"].get("tolerations").is_none());
+        for list in ["initContainers", "containers"] {
+            let before = pod["spec"][list].as_array().cloned().unwrap_or_default();
+            let after = out["spec"][list].as_array().cloned().unwrap_or_default();
+            prop_assert_eq!(before.len(), after.len());
+            for (b, a) in before.iter().zip(&after) {
+                let env = a["env"].as_array().cloned().unwrap_or_default();
+                let gpu: Vec<&Value> = env.iter().filter(|e| e["name"] == "NVIDIA_VISIBLE_DEVICES").collect();
+                prop_assert_eq!(gpu.len(), 1);
+                prop_assert_eq!(gpu[0], &json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}));
+                // Everything else the user wrote is kept, in order.
+                let user: Vec<&Value> = b["env"].as_array().map(|e| e.iter().filter(|x| x["name"] != "NVIDIA_VISIBLE_DEVICES").collect()).unwrap_or_default();
+                let kept: Vec<&Value> = env.iter().filter(|x| x["name"] != "NVIDIA_VISIBLE_DEVICES").collect();
+                prop_assert_eq!(kept, user);
+                prop_assert!(a.get("volumeMounts") == b.get("volumeMounts"));
             }
         }
     }

@@ -91,7 +91,7 @@ async fn start(dir: &Path) -> server::Running {
 
 fn pod() -> Value {
     json!({"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"generateName": "p-", "labels": {"sharedgpu/gpu_limit": "0.5"}},
+           "metadata": {"generateName": "p-", "labels": {"sharedgpu/gpu_limit": "0.5", "sharedgpu/gpu_mem": "1Gi"}},
            "spec": {"containers": [{"name": "a", "image": "x"}]}})
 }
 
