@@ -43,11 +43,17 @@ impl BookCheck {
     }
 }
 
-/// The share a bound pod holds on each of its GPUs (the request its labels ask for).
-fn request_milli(pod: &Pod, _alloc: &Allocation) -> Result<u32, String> {
+/// The share a bound pod holds on each of its GPUs: the request its record
+/// grants, which must also be what its labels ask for (labels never change).
+fn request_milli(pod: &Pod, alloc: &Allocation) -> Result<u32, String> {
+    let granted = alloc.granted.request_per_gpu();
     let labels = pod.metadata.labels.clone().unwrap_or_default();
     match GpuDemand::from_labels(&labels) {
-        Ok(Some(d)) => Ok(u32::from(d.request_per_gpu().get())),
+        Ok(Some(d)) if d.request_per_gpu() == granted => Ok(u32::from(granted.get())),
+        Ok(Some(d)) => Err(format!(
+            "record grants {granted} but the labels ask for {}",
+            d.request_per_gpu()
+        )),
         Ok(None) => Err("record but no sharedgpu labels".into()),
         Err(e) => Err(format!("labels do not parse: {e}")),
     }
@@ -111,6 +117,9 @@ mod tests {
             ann.insert("sharedgpu/node".into(), json!(rec_node));
             ann.insert("sharedgpu/gpu_mem".into(), json!("1000"));
             ann.insert("sharedgpu/gpu_model".into(), json!("M"));
+            ann.insert("sharedgpu/granted_request".into(), json!("0.25"));
+            ann.insert("sharedgpu/granted_limit".into(), json!("0.25"));
+            ann.insert("sharedgpu/record_version".into(), json!("1"));
         }
         serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": "ns", "annotations": ann,

@@ -278,8 +278,22 @@ async fn main() -> anyhow::Result<()> {
     let t = Instant::now();
     let mut killed_at = None;
     let mut last = (0, 0);
+    let mut list_errors = 0;
     loop {
-        let (bound, total) = count_bound(&pods).await?;
+        // The apiserver is under load by design: a failed list is retried, not fatal.
+        let (bound, total) = match count_bound(&pods).await {
+            Ok(c) => {
+                list_errors = 0;
+                c
+            }
+            Err(e) if list_errors < 20 => {
+                list_errors += 1;
+                eprintln!("backlog-bench: listing pods failed ({e}); retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            Err(e) => return Err(e.context("listing pods failed 20 times in a row")),
+        };
         if (bound, total) != last {
             eprintln!(
                 "backlog-bench: {:6.1} s  {bound}/{total} bound",
@@ -306,7 +320,13 @@ async fn main() -> anyhow::Result<()> {
     }
     let drain_s = t.elapsed().as_secs_f64();
 
-    let all = pods.list(&ListParams::default()).await?.items;
+    let all = match pods.list(&ListParams::default()).await {
+        Ok(l) => l.items,
+        Err(_) => {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            pods.list(&ListParams::default()).await?.items
+        }
+    };
     let check = check_books(&all);
     let over = check.overcommitted();
     let mut per_share: BTreeMap<u32, usize> = BTreeMap::new();
