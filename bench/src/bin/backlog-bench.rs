@@ -148,15 +148,29 @@ fn inventory(node: u32, gpus: u32) -> NodeInventory {
     }
 }
 
+/// Every pod of the bench, in pages (one list of thousands of pods is slow to
+/// serve on a loaded apiserver and is cut off by its request timeout).
+async fn list_all(pods: &Api<Pod>) -> anyhow::Result<Vec<Pod>> {
+    let mut all = Vec::new();
+    let mut lp = ListParams::default().limit(500);
+    loop {
+        let page = pods.list(&lp).await?;
+        all.extend(page.items);
+        match page.metadata.continue_ {
+            Some(c) if !c.is_empty() => lp = lp.continue_token(&c),
+            _ => return Ok(all),
+        }
+    }
+}
+
 /// Bound and total, from one list of the bench's pods.
 async fn count_bound(pods: &Api<Pod>) -> anyhow::Result<(usize, usize)> {
-    let l = pods.list(&ListParams::default()).await?;
-    let bound = l
-        .items
+    let items = list_all(pods).await?;
+    let bound = items
         .iter()
         .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
         .count();
-    Ok((bound, l.items.len()))
+    Ok((bound, items.len()))
 }
 
 /// Lines of the kubeshare-scheduler's log that report an extender call cut off by its httpTimeout.
@@ -320,11 +334,11 @@ async fn main() -> anyhow::Result<()> {
     }
     let drain_s = t.elapsed().as_secs_f64();
 
-    let all = match pods.list(&ListParams::default()).await {
-        Ok(l) => l.items,
+    let all = match list_all(&pods).await {
+        Ok(l) => l,
         Err(_) => {
             tokio::time::sleep(Duration::from_secs(2)).await;
-            pods.list(&ListParams::default()).await?.items
+            list_all(&pods).await?
         }
     };
     let check = check_books(&all);
