@@ -73,9 +73,9 @@ stage_one() {
       copy_elf "$root" "$TARGET/libfake_cuda.so" /usr/lib/x86_64-linux-gnu/libcuda.so.1
       # The hook the node daemon installs is loaded from a hostPath; its libraries are in the image.
       [[ -f "$TARGET/libgemhook.so" ]] && copy_elf "$root" "$TARGET/libgemhook.so" /usr/local/lib/kubeshare/libgemhook.so.1
-      install -D -m 0755 "$(command -v busybox)" "$root/bin/busybox"
+      copy_elf "$root" "$(command -v busybox)" /bin/busybox
       local app
-      for app in sh env cat ls sleep grep test echo wc head tail id; do ln -sf busybox "$root/bin/$app"; done ;;
+      for app in sh env cat ls sleep grep test echo wc head tail id tr true false date seq touch mkdir; do ln -sf busybox "$root/bin/$app"; done ;;
     kube-scheduler)
       local bin="${KUBESHARE_K8S_BIN:-}"
       [[ -n "$bin" ]] || bin="$("$HACK/build-k8s.sh" | tail -n 1)"
@@ -114,7 +114,7 @@ cmd_build() {
     umoci unpack --image "$layout:img" "$work/$name/bundle" >/dev/null
     cp -a "$work/$name/rootfs/." "$work/$name/bundle/rootfs/"
     umoci repack --no-history --image "$layout:img" "$work/$name/bundle"
-    local cfg=(--config.entrypoint "$entry" --config.user "$user" --config.cmd "")
+    local cfg=(--config.entrypoint "$entry" --config.user "$user" --clear=config.cmd)
     local e
     if [[ -n "$env" ]]; then IFS=',' read -ra envs <<<"$env"; for e in "${envs[@]}"; do cfg+=(--config.env "$e"); done; fi
     umoci config --no-history --image "$layout:img" "${cfg[@]}" --tag final

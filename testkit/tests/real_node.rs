@@ -18,8 +18,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kubeshare_testkit::{
-    Cluster, Identity, RealNode, TestNamespace, WORKLOAD_IMAGE, delete_pods_and_wait, pod_annotation,
-    pod_is_running, pod_logs, wait_for, wait_for_log, wait_until,
+    Cluster, Identity, RealNode, TestNamespace, WORKLOAD_IMAGE, delete_pods_and_wait,
+    pod_annotation, pod_is_running, pod_logs, wait_for, wait_for_log, wait_until,
 };
 use serde_json::{Value, json};
 
@@ -166,10 +166,20 @@ async fn fractional_pod_gets_its_gpu_the_hook_and_only_its_own_sockets() -> Resu
         "{log}"
     );
     let out = json_lines(&log);
-    assert_eq!(out.first().map(|v| v["kernels"].clone()), Some(json!(20)), "{log}");
+    assert_eq!(
+        out.first().map(|v| v["kernels"].clone()),
+        Some(json!(20)),
+        "{log}"
+    );
     // It sees its own socket, nothing of pod b's, and only lib/ and run/ above it.
-    assert_eq!(field(&log, "RUN").map(str::trim), Some(format!("{gpu}.sock").as_str()));
-    let up: Vec<&str> = field(&log, "UP").unwrap_or_default().split_whitespace().collect();
+    assert_eq!(
+        field(&log, "RUN").map(str::trim),
+        Some(format!("{gpu}.sock").as_str())
+    );
+    let up: Vec<&str> = field(&log, "UP")
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
     assert_eq!(up, ["lib", "run"], "{log}");
     // ... although b's directory is there on the node.
     let b_dir = r.node.pod_socket_dir(&uid(&b)?);
@@ -193,7 +203,10 @@ fn busy_fraction(v: &Value, skip_ms: u64) -> Result<f64> {
         .find(|(t, _)| *t >= skip_ms)
         .context("no sample after the start-up")?;
     let last = pt(s.last().context("no samples")?);
-    ensure!(last.0 > first.0 + 1000, "too short a run: {first:?} .. {last:?}");
+    ensure!(
+        last.0 > first.0 + 1000,
+        "too short a run: {first:?} .. {last:?}"
+    );
     Ok((last.1 - first.1) as f64 / ((last.0 - first.0) * 1000) as f64)
 }
 
@@ -276,8 +289,10 @@ async fn node_daemon_pod(client: &kube::Client) -> Result<Pod> {
 }
 
 fn config_has(node: &RealNode, gpu: &str, pod_uid: &str) -> bool {
-    node.resource_config(gpu)
-        .is_some_and(|c| c.lines().any(|l| l.split_whitespace().next() == Some(pod_uid)))
+    node.resource_config(gpu).is_some_and(|c| {
+        c.lines()
+            .any(|l| l.split_whitespace().next() == Some(pod_uid))
+    })
 }
 
 #[tokio::test]
@@ -297,7 +312,10 @@ async fn node_daemon_restart_keeps_running_pods_and_cleans_up_deleted_ones() -> 
     let gpu = gpu_of(&keep)?;
     let (keep_uid, gone_uid) = (uid(&keep)?, uid(&gone)?);
     wait_for_log(&r.pods, "keep", "main", "\"kernels\":100", WAIT).await?;
-    ensure!(config_has(&r.node, &gpu, &keep_uid), "keep is not in the config");
+    ensure!(
+        config_has(&r.node, &gpu, &keep_uid),
+        "keep is not in the config"
+    );
     let config_before = r.node.resource_config(&gpu).unwrap_or_default();
 
     // The node daemon's pod goes; the DaemonSet brings a new one.
@@ -307,10 +325,14 @@ async fn node_daemon_restart_keeps_running_pods_and_cleans_up_deleted_ones() -> 
     ds_pods.delete(&old_name, &DeleteParams::default()).await?;
     let new = wait_until("a new node daemon pod, ready", WAIT, || async {
         match node_daemon_pod(&r.client).await {
-            Ok(p) if p.metadata.name.as_deref() != Some(old_name.as_str()) && pod_is_running(&p) => {
-                let ready = p.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
-                    cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-                });
+            Ok(p)
+                if p.metadata.name.as_deref() != Some(old_name.as_str()) && pod_is_running(&p) =>
+            {
+                let ready = p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
                 Ok(ready.then_some(p))
             }
             Ok(_) => Ok(None),
@@ -318,28 +340,42 @@ async fn node_daemon_restart_keeps_running_pods_and_cleans_up_deleted_ones() -> 
         }
     })
     .await?;
-    eprintln!("node daemon pod {old_name} replaced by {:?}", new.metadata.name);
+    eprintln!(
+        "node daemon pod {old_name} replaced by {:?}",
+        new.metadata.name
+    );
 
     // The running pod kept its line and keeps running kernels through the new gem-schd.
-    assert_eq!(r.node.resource_config(&gpu).unwrap_or_default(), config_before);
+    assert_eq!(
+        r.node.resource_config(&gpu).unwrap_or_default(),
+        config_before
+    );
     let lines_now = json_lines(&pod_logs(&r.pods, "keep", "main").await?).len();
-    wait_until("keep to finish two more rounds after the restart", WAIT, || async {
-        match pod_logs(&r.pods, "keep", "main").await {
-            Ok(l) => Ok((json_lines(&l).len() >= lines_now + 2).then_some(())),
-            Err(e) => Err(e.to_string()),
-        }
-    })
+    wait_until(
+        "keep to finish two more rounds after the restart",
+        WAIT,
+        || async {
+            match pod_logs(&r.pods, "keep", "main").await {
+                Ok(l) => Ok((json_lines(&l).len() >= lines_now + 2).then_some(())),
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
     .await?;
     assert!(pod_is_running(&r.pods.get("keep").await?));
 
     // A deleted pod's line and socket directory go.
     r.pods.delete("gone", &DeleteParams::default()).await?;
     let gone_dir = r.node.pod_socket_dir(&gone_uid);
-    wait_until("gone's config line and socket directory to disappear", WAIT, || async {
-        Ok::<_, String>(
-            (!config_has(&r.node, &gpu, &gone_uid) && !gone_dir.exists()).then_some(()),
-        )
-    })
+    wait_until(
+        "gone's config line and socket directory to disappear",
+        WAIT,
+        || async {
+            Ok::<_, String>(
+                (!config_has(&r.node, &gpu, &gone_uid) && !gone_dir.exists()).then_some(()),
+            )
+        },
+    )
     .await?;
     assert!(config_has(&r.node, &gpu, &keep_uid));
     delete_pods_and_wait(&r.pods, "", WAIT).await?;
@@ -382,31 +418,47 @@ async fn group_job_runs_to_completion_and_bad_labels_are_refused() -> Result<()>
     let st = done.status.context("no job status")?;
     assert_eq!(st.succeeded, Some(3), "{st:?}");
     // Each worker ran on the GPU its record names, through the hook.
-    let workers = r.pods.list(&ListParams::default().labels("job-name=allreduce")).await?;
+    let workers = r
+        .pods
+        .list(&ListParams::default().labels("job-name=allreduce"))
+        .await?;
     assert_eq!(workers.items.len(), 3);
     for p in &workers.items {
         let name = p.metadata.name.clone().unwrap_or_default();
         let gpu = gpu_of(p)?;
         let log = pod_logs(&r.pods, &name, "main").await?;
-        assert!(log.contains(&format!("connection to gem-schd for {gpu}")), "{name}: {log}");
-        assert_eq!(json_lines(&log).first().map(|v| v["kernels"].clone()), Some(json!(50)));
+        assert!(
+            log.contains(&format!("connection to gem-schd for {gpu}")),
+            "{name}: {log}"
+        );
+        assert_eq!(
+            json_lines(&log).first().map(|v| v["kernels"].clone()),
+            Some(json!(50))
+        );
     }
 
     // request above limit: the webhook refuses the pod at creation.
     let bad = workload_pod(
         "greedy",
-        &[("sharedgpu/gpu_request", "0.8"), ("sharedgpu/gpu_limit", "0.5")],
+        &[
+            ("sharedgpu/gpu_request", "0.8"),
+            ("sharedgpu/gpu_limit", "0.5"),
+        ],
         "true",
     )?;
     match r.pods.create(&PostParams::default(), &bad).await {
         Err(kube::Error::Api(s)) => {
             assert!(s.code >= 400 && s.code < 500, "{s:?}");
-            assert!(s.message.contains("gpu_request") || s.message.contains("gpu_limit"), "{s:?}");
+            assert!(
+                s.message.contains("gpu_request") || s.message.contains("gpu_limit"),
+                "{s:?}"
+            );
         }
         Ok(_) => bail!("a pod with request 0.8 > limit 0.5 was admitted"),
         Err(e) => bail!("unexpected error: {e}"),
     }
-    jobs.delete("allreduce", &DeleteParams::background()).await?;
+    jobs.delete("allreduce", &DeleteParams::background())
+        .await?;
     delete_pods_and_wait(&r.pods, "", WAIT).await?;
     r.ns.delete().await?;
     Ok(())
@@ -472,23 +524,45 @@ async fn kubeshare_runs_on_the_node_as_the_manifests_deploy_it() -> Result<()> {
     for d in ["kubeshare-scheduler", "kubeshare-webhook"] {
         let dep = deps.get(d).await?;
         let spec = dep.spec.context("no spec")?;
-        running_images.extend(spec.template.spec.context("no pod spec")?.containers.into_iter().filter_map(|c| c.image));
+        running_images.extend(
+            spec.template
+                .spec
+                .context("no pod spec")?
+                .containers
+                .into_iter()
+                .filter_map(|c| c.image),
+        );
         let st = dep.status.context("no status")?;
         assert_eq!(st.ready_replicas, spec.replicas, "{d}");
     }
     let ds = dss.get("kubeshare-node-daemon").await?;
     running_images.extend(
-        ds.spec.context("no spec")?.template.spec.context("no pod spec")?.containers.into_iter().filter_map(|c| c.image),
+        ds.spec
+            .context("no spec")?
+            .template
+            .spec
+            .context("no pod spec")?
+            .containers
+            .into_iter()
+            .filter_map(|c| c.image),
     );
     running_images.sort();
     let mut want_sorted = want.clone();
     want_sorted.sort();
-    assert_eq!(running_images, want_sorted, "the rig runs the images manifests/ names");
+    assert_eq!(
+        running_images, want_sorted,
+        "the rig runs the images manifests/ names"
+    );
     // Every KubeShare pod runs on the real node.
     let pods: Api<Pod> = Api::namespaced(client.clone(), KUBESHARE_NS);
     for p in pods.list(&ListParams::default()).await?.items {
         let on = p.spec.as_ref().and_then(|s| s.node_name.clone());
-        assert_eq!(on.as_deref(), Some(node.name.as_str()), "{:?}", p.metadata.name);
+        assert_eq!(
+            on.as_deref(),
+            Some(node.name.as_str()),
+            "{:?}",
+            p.metadata.name
+        );
     }
     Ok(())
 }
@@ -498,7 +572,10 @@ fn kind_demo_and_the_node_rig_deploy_through_one_script() -> Result<()> {
     let hack = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack");
     for f in ["kind-demo.sh", "with-cluster.sh"] {
         let text = std::fs::read_to_string(hack.join(f))?;
-        assert!(text.contains("\"$HACK/deploy.sh\""), "{f} does not run hack/deploy.sh");
+        assert!(
+            text.contains("\"$HACK/deploy.sh\""),
+            "{f} does not run hack/deploy.sh"
+        );
         // Neither applies a KubeShare manifest of its own (deploy.sh does).
         for m in ["webhook.yaml", "kube-scheduler.yaml", "node-daemon.yaml"] {
             assert!(!text.contains(m), "{f} applies manifests/{m} itself");
