@@ -11,7 +11,7 @@
 #   --gpus N   simulated GPUs per node (default 4): the first node gets H100s, the others A100s
 # Env: KUBECTL (the kubectl command line, default `kubectl`),
 #      KUBESHARE_WEBHOOK_BIN (kubeshare-webhook binary that mints the certificate;
-#        default target/release/kubeshare-webhook, built if missing),
+#        default target/release or target/debug/kubeshare-webhook, built if missing),
 #      KUBESHARE_DEPLOY_TIMEOUT (seconds, default 300).
 set -euo pipefail
 
@@ -47,9 +47,15 @@ if k -n "$NS" get secret kubeshare-webhook-tls >/dev/null 2>&1 \
   # Keep the CA already registered, so a re-run does not break running pods' admission.
   CA_BUNDLE="$(k get mutatingwebhookconfiguration kubeshare-webhook -o jsonpath='{.webhooks[0].clientConfig.caBundle}')"
 else
-  WEBHOOK_BIN="${KUBESHARE_WEBHOOK_BIN:-$REPO/target/release/kubeshare-webhook}"
-  if [[ ! -x "$WEBHOOK_BIN" ]]; then
-    (cd "$REPO" && cargo build --release --locked -q -p kubeshare-webhook)
+  WEBHOOK_BIN="${KUBESHARE_WEBHOOK_BIN:-}"
+  if [[ -z "$WEBHOOK_BIN" ]]; then
+    for WEBHOOK_BIN in "$REPO/target/release/kubeshare-webhook" "$REPO/target/debug/kubeshare-webhook" ""; do
+      [[ -x "$WEBHOOK_BIN" ]] && break
+    done
+  fi
+  if [[ -z "$WEBHOOK_BIN" ]]; then
+    (cd "$REPO" && cargo build --locked -q -p kubeshare-webhook)
+    WEBHOOK_BIN="$REPO/target/debug/kubeshare-webhook"
   fi
   CA_BUNDLE="$("$WEBHOOK_BIN" certs --dns "kubeshare-webhook.$NS.svc" --out "$WORK" | tail -n 1)"
   [[ -n "$CA_BUNDLE" ]] || die "kubeshare-webhook certs printed no caBundle"

@@ -48,6 +48,8 @@ copy_elf() {
   local root="$1" file="$2" dest="$3" lib
   [[ -f "$file" ]] || die "missing $file (build it first; see hack/images.sh --help)"
   install -D -m 0755 "$file" "$root$dest"
+  # Debug info is most of a debug build's size (and import time); symbols stay.
+  strip --strip-debug "$root$dest" 2>/dev/null || true
   while read -r lib; do
     [[ -n "$lib" && -e "$lib" ]] || continue
     [[ -e "$root$lib" ]] || install -D -m 0755 "$(readlink -f "$lib")" "$root$lib"

@@ -77,10 +77,7 @@ host_state() {
   echo "# mounts of containers, pods, nodes"
   grep -E 'ks-node|kubelet|containerd|/run/netns|kubeshare' /proc/self/mountinfo | awk '{print $5}' | sort || true
   echo "# processes"
-  local p
-  for p in /proc/[0-9]*; do
-    tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -E '^(/[^ ]*/)?(containerd|containerd-shim-runc-v2|kubelet|kube-proxy|runc) ' | sed 's/ .*//' || true
-  done | sort | uniq -c
+  ps -e -o comm= | grep -E '^(containerd|containerd-shim|kubelet|kube-proxy|runc)' | sort | uniq -c || true
 }
 
 # ------------------------------------------------------------------ helpers
