@@ -425,7 +425,7 @@ cmd_up() {
     --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
     --kubelet-client-certificate="$pki/client-apiserver-kubelet.crt" \
     --kubelet-client-key="$pki/client-apiserver-kubelet.key" \
-    --enable-aggregator-routing=true \
+    --enable-aggregator-routing=true --kubelet-preferred-address-types=InternalIP \
     --service-account-issuer=https://kubernetes.default.svc \
     --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
     --service-cluster-ip-range=10.96.0.0/16 \

@@ -6,7 +6,8 @@
 # same files in the same images; `check-dockerfile` keeps the entry points equal.
 #
 # Usage:
-#   hack/images.sh build [OUT]       stage and pack every image as OUT/<image>.tar (default target/images)
+#   hack/images.sh build [OUT [IMG..]] stage and pack the images (default all) as OUT/<image>.tar
+#                                    (OUT default target/images)
 #   hack/images.sh stage OUT [IMG..] lay out OUT/<image>/rootfs (what the Dockerfile's build stage runs)
 #   hack/images.sh check-dockerfile  fail if the Dockerfile's stages differ from the table below
 #   hack/images.sh list              print the table
@@ -101,25 +102,28 @@ cmd_stage() {
 
 cmd_build() {
   local out="${1:-$REPO/target/images}"
+  shift || true
+  local only=("$@")
   for b in umoci jq gcc busybox ldd; do command -v "$b" >/dev/null || die "$b is required"; done
   local t0; t0=$(date +%s%N)
   mkdir -p "$out"
   local work="$out/.work"
   rm -rf "$work"
-  cmd_stage "$work"
+  cmd_stage "$work" "${only[@]}"
   local name ref entry user env _ layout
   while IFS='|' read -r name ref entry user env _; do
+    [[ -d "$work/$name" ]] || continue
     [[ -n "$ref" ]] || die "no reference for $name"
     layout="$work/$name/oci"
     umoci init --layout "$layout"
     umoci new --image "$layout:img"
     umoci unpack --image "$layout:img" "$work/$name/bundle" >/dev/null
     cp -a "$work/$name/rootfs/." "$work/$name/bundle/rootfs/"
-    umoci repack --no-history --image "$layout:img" "$work/$name/bundle"
+    umoci repack --image "$layout:img" "$work/$name/bundle"
     local cfg=(--config.entrypoint "$entry" --config.user "$user" --clear=config.cmd)
     local e
     if [[ -n "$env" ]]; then IFS=',' read -ra envs <<<"$env"; for e in "${envs[@]}"; do cfg+=(--config.env "$e"); done; fi
-    umoci config --no-history --image "$layout:img" "${cfg[@]}" --tag final
+    umoci config --image "$layout:img" "${cfg[@]}" --tag final
     umoci rm --image "$layout:img"
     umoci gc --layout "$layout"
     # containerd imports by the full reference in the index's ref.name annotation.

@@ -77,7 +77,9 @@ host_state() {
   echo "# mounts of containers, pods, nodes"
   grep -E 'ks-node|kubelet|containerd|/run/netns|kubeshare' /proc/self/mountinfo | awk '{print $5}' | sort || true
   echo "# processes"
-  ps -e -o comm= | grep -E '^(containerd|containerd-shim|kubelet|kube-proxy|runc)' | sort | uniq -c || true
+  # (zombies excluded: killed processes wait a moment for the host's init to reap them)
+  ps -e -o stat=,comm= | awk '$1 !~ /^Z/ {print $2}' \
+    | grep -E '^(containerd|containerd-shim|kubelet|kube-proxy|runc)' | sort | uniq -c || true
 }
 
 # ------------------------------------------------------------------ helpers
@@ -364,7 +366,7 @@ metadata:
   namespace: default
   labels:
     kubernetes.io/service-name: kubernetes
-    endpointslice.kubernetes.io/managed-by: kubeshare.io/node-sh
+    endpointslice.kubernetes.io/managed-by: node.sh.kubeshare.io
 addressType: IPv4
 endpoints:
 - addresses: ["$HOST_IP"]
@@ -505,7 +507,7 @@ cmd_down() {
   NODE="$RUN/node"
   if ! load_env; then log "no node in $RUN"; return 0; fi
   local t0; t0=$(date +%s%N)
-  local f pid
+  local f pid try
   f="$NODE/pids/watchdog.pid"
   if [[ -f "$f" ]]; then
     pid="$(cat "$f")"
@@ -519,22 +521,32 @@ cmd_down() {
   # Kill everything in the node's cgroup tree (containerd, shims, kubelet, pods),
   # until it stays empty; the namespaces die with their last process.
   local track; track="$(track_hierarchy)/$CGROUP"
-  local n=0 any
+  local n=0 any killed=()
   while [[ -d "$track" ]]; do
     any=0
     while read -r pid; do
       [[ -n "$pid" ]] || continue
       any=1
       kill -KILL "$pid" 2>/dev/null || true
+      killed+=("$pid")
     done < <(find "$track" -name cgroup.procs -exec cat {} + 2>/dev/null)
     (( any )) || break
     n=$((n + 1))
     (( n < 100 )) || { log "processes keep appearing in $track"; break; }
     sleep 0.1
   done
+  # Dead and out of the cgroup; wait (briefly) until they are reaped too.
+  for try in $(seq 1 50); do
+    any=0
+    for pid in "${killed[@]}"; do
+      [[ -e "/proc/$pid" && "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]] && any=1
+    done
+    (( any )) || break
+    sleep 0.1
+  done
   ip link del "ksn${NODE_ID}h" 2>/dev/null || true
   # Empty cgroups, deepest first; a just-killed process may hold one a moment.
-  local h try
+  local h
   for try in $(seq 1 50); do
     local left=0
     for h in $(hierarchies); do
