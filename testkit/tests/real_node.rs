@@ -147,6 +147,7 @@ async fn fractional_pod_gets_its_gpu_the_hook_and_only_its_own_sockets() -> Resu
         echo UP=$(ls -A /kubeshare/run/.. | tr '\\n' ' '); echo DONE; sleep 3600";
     let labels = [
         ("sharedgpu/gpu_request", "0.3"),
+        ("sharedgpu/gpu_limit", "0.3"),
         ("sharedgpu/sched_affinity", "frac"),
     ];
     create(&r.pods, &workload_pod("a", &labels, script)?).await?;
@@ -258,6 +259,7 @@ async fn memory_cap_holds_inside_the_container() -> Result<()> {
     let r = rig("rn-mem").await?;
     let labels = [
         ("sharedgpu/gpu_request", "0.2"),
+        ("sharedgpu/gpu_limit", "0.2"),
         ("sharedgpu/gpu_mem", "1Gi"),
     ];
     let script = "cuda-workload meminfo; \
@@ -301,6 +303,7 @@ async fn node_daemon_restart_keeps_running_pods_and_cleans_up_deleted_ones() -> 
     let r = rig("rn-restart").await?;
     let labels = [
         ("sharedgpu/gpu_request", "0.2"),
+        ("sharedgpu/gpu_limit", "0.2"),
         ("sharedgpu/sched_affinity", "restart"),
     ];
     // Prints one JSON line per 100 kernels, for ever.
@@ -391,6 +394,7 @@ async fn group_job_runs_to_completion_and_bad_labels_are_refused() -> Result<()>
         "unused",
         &[
             ("sharedgpu/gpu_request", "0.2"),
+            ("sharedgpu/gpu_limit", "0.2"),
             ("sharedgpu/group_name", "allreduce"),
             ("sharedgpu/group_headcount", "3"),
             ("sharedgpu/group_threshold", "1.0"),
