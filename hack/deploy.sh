@@ -57,7 +57,8 @@ else
     (cd "$REPO" && cargo build --locked -q -p kubeshare-webhook)
     WEBHOOK_BIN="$REPO/target/debug/kubeshare-webhook"
   fi
-  CA_BUNDLE="$("$WEBHOOK_BIN" certs --dns "kubeshare-webhook.$NS.svc" --out "$WORK" | tail -n 1)"
+  CA_BUNDLE="$("$WEBHOOK_BIN" certs --dns "kubeshare-webhook.$NS.svc" --out "$WORK" 2>"$WORK/certs.log" | tail -n 1)" \
+    || { cat "$WORK/certs.log" >&2; die "kubeshare-webhook certs failed"; }
   [[ -n "$CA_BUNDLE" ]] || die "kubeshare-webhook certs printed no caBundle"
   k -n "$NS" create secret tls kubeshare-webhook-tls --cert "$WORK/tls.crt" --key "$WORK/tls.key" \
     --dry-run=client -o yaml | k apply -f - >/dev/null
