@@ -15,7 +15,11 @@
 # the Rust testkit when a test process starts its own cluster).
 # Env: KUBESHARE_K8S_BIN (use these binaries instead of hack/build-k8s.sh),
 #      KUBESHARE_PORT_CLAIMS (dir of port claims, default /tmp/kubeshare-port-claims),
-#      KUBESHARE_UP_TIMEOUT (seconds per readiness wait, default 120).
+#      KUBESHARE_UP_TIMEOUT (seconds per readiness wait, default 120),
+#      KUBESHARE_APISERVER_BIND (address the apiserver listens on, default 127.0.0.1;
+#        0.0.0.0 lets a real node's network namespace reach it, see hack/node.sh),
+#      KUBESHARE_LOCAL_SCHEDULER (1, default: run the kubeshare-scheduler process
+#        here; 0: leave that to KubeShare deployed from manifests/ on a real node).
 set -euo pipefail
 
 HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -44,6 +48,8 @@ mkdir -p "$RUN"
 RUN="$(cd "$RUN" && pwd)"
 CLAIMS="${KUBESHARE_PORT_CLAIMS:-/tmp/kubeshare-port-claims}"
 TIMEOUT="${KUBESHARE_UP_TIMEOUT:-120}"
+API_BIND="${KUBESHARE_APISERVER_BIND:-127.0.0.1}"
+LOCAL_SCHEDULER="${KUBESHARE_LOCAL_SCHEDULER:-1}"
 
 # Components in start order; `down` stops them in reverse.
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubeshare-scheduler kwok)
@@ -56,6 +62,7 @@ IDENTITIES=(
   "extender kubeshare:scheduler-extender -"
   "webhook kubeshare:webhook -"
   "node-daemon kubeshare:node-daemon -"
+  "apiserver-kubelet kube-apiserver-kubelet-client -"
 )
 
 # ------------------------------------------------------------------ processes
@@ -409,13 +416,16 @@ cmd_up() {
 
   start kube-apiserver "$BIN/kube-apiserver" \
     --etcd-servers="http://127.0.0.1:$P_ETCD" \
-    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$P_APISERVER" \
+    --bind-address="$API_BIND" --advertise-address=127.0.0.1 --secure-port="$P_APISERVER" \
     --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
     --client-ca-file="$pki/ca.crt" \
     --requestheader-client-ca-file="$pki/front-proxy-ca.crt" --requestheader-allowed-names=front-proxy-client \
     --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
     --requestheader-extra-headers-prefix=X-Remote-Extra- \
-    --authorization-mode=RBAC \
+    --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
+    --kubelet-client-certificate="$pki/client-apiserver-kubelet.crt" \
+    --kubelet-client-key="$pki/client-apiserver-kubelet.key" \
+    --enable-aggregator-routing=true --kubelet-preferred-address-types=InternalIP \
     --service-account-issuer=https://kubernetes.default.svc \
     --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
     --service-cluster-ip-range=10.96.0.0/16 \
@@ -434,16 +444,18 @@ cmd_up() {
     --bind-address=127.0.0.1 --secure-port="$P_KCM" --cert-dir="$RUN/kcm-certs" \
     --leader-elect=false --use-service-account-credentials=true \
     --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" \
-    --controllers=serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller,namespace-controller,garbage-collector-controller,job-controller,ttl-after-finished-controller,replicaset-controller,deployment-controller,daemonset-controller,statefulset-controller,node-lifecycle-controller,pod-garbage-collector-controller,clusterrole-aggregation-controller \
+    --controllers=endpoints-controller,endpointslice-controller,serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller,namespace-controller,garbage-collector-controller,job-controller,ttl-after-finished-controller,replicaset-controller,deployment-controller,daemonset-controller,statefulset-controller,node-lifecycle-controller,pod-garbage-collector-controller,clusterrole-aggregation-controller \
     --profiling=false
   start kube-scheduler "$BIN/kube-scheduler" --config="$RUN/config/kube-scheduler.yaml" \
     --authentication-kubeconfig="$kc/kube-scheduler.kubeconfig" \
     --authorization-kubeconfig="$kc/kube-scheduler.kubeconfig" \
     --bind-address=127.0.0.1 --secure-port="$P_SCHED" --cert-dir="$RUN/kube-scheduler-certs"
-  start kubeshare-scheduler "$BIN/kube-scheduler" --config="$RUN/config/kubeshare-scheduler.yaml" \
-    --authentication-kubeconfig="$kc/kube-scheduler.kubeconfig" \
-    --authorization-kubeconfig="$kc/kube-scheduler.kubeconfig" \
-    --bind-address=127.0.0.1 --secure-port="$P_KSCHED" --cert-dir="$RUN/kubeshare-scheduler-certs"
+  if [[ "$LOCAL_SCHEDULER" == 1 ]]; then
+    start kubeshare-scheduler "$BIN/kube-scheduler" --config="$RUN/config/kubeshare-scheduler.yaml" \
+      --authentication-kubeconfig="$kc/kube-scheduler.kubeconfig" \
+      --authorization-kubeconfig="$kc/kube-scheduler.kubeconfig" \
+      --bind-address=127.0.0.1 --secure-port="$P_KSCHED" --cert-dir="$RUN/kubeshare-scheduler-certs"
+  fi
   start kwok "$BIN/kwok" --kubeconfig="$kc/kwok.kubeconfig" \
     --config="$RUN/config/kwok-stages.yaml" \
     --manage-all-nodes=false --manage-nodes-with-label-selector=type=kwok \
@@ -452,7 +464,7 @@ cmd_up() {
 
   wait_for kube-controller-manager secure_healthz "$P_KCM"
   wait_for kube-scheduler secure_healthz "$P_SCHED"
-  wait_for kubeshare-scheduler secure_healthz "$P_KSCHED"
+  [[ "$LOCAL_SCHEDULER" != 1 ]] || wait_for kubeshare-scheduler secure_healthz "$P_KSCHED"
   wait_for kwok kwok_healthy
   wait_for kube-controller-manager default_sa
 

@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # Run a command against a fresh local control plane, then always stop it.
 #
-# Usage: hack/with-cluster.sh COMMAND [ARGS...]
+# Usage: hack/with-cluster.sh [--node] COMMAND [ARGS...]
 #   Builds (or reuses) the binaries, runs `hack/cluster.sh up` in a new run dir,
 #   exports KUBESHARE_TEST_CLUSTER (and the rest of cluster.env) to COMMAND,
 #   brings the cluster down on exit (success, failure, Ctrl-C; and, through the
 #   --owner-pid watchdog, even if this script is killed) and exits with
 #   COMMAND's status. The run dir is removed on success, kept (logs) on failure.
+#   --node: also a real node (hack/node.sh: containerd, kubelet, kube-proxy; needs
+#   root and the images of hack/images.sh build) with KubeShare deployed on it
+#   from manifests/ (hack/deploy.sh) instead of the local kubeshare-scheduler;
+#   exports KUBESHARE_NODE_DIR (RUN/node, with node.env). `down` checks that the
+#   host is as before the node and fails the run if not.
 # Env: KUBESHARE_WITH_CLUSTER_ROOT (default <repo>/target/kubeshare-make-test);
 #      the run dir is ROOT/<pid>, so concurrent runs do not touch each other.
 set -euo pipefail
 HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HACK/.." && pwd)"
-[[ $# -gt 0 ]] || { sed -n '2,12p' "$0" >&2; exit 2; }
+NODE_MODE=0
+if [[ "${1:-}" == --node ]]; then NODE_MODE=1; shift; fi
+[[ $# -gt 0 ]] || { sed -n '2,17p' "$0" >&2; exit 2; }
 
 ROOT="${KUBESHARE_WITH_CLUSTER_ROOT:-$REPO/target/kubeshare-make-test}"
 RUN="$ROOT/$$"
@@ -20,6 +27,9 @@ RUN="$ROOT/$$"
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
+  if (( NODE_MODE )); then
+    "$HACK/node.sh" down "$RUN" || { [[ $rc != 0 ]] || rc=1; }
+  fi
   "$HACK/cluster.sh" down "$RUN" || true
   if [[ $rc == 0 ]]; then
     rm -rf "$RUN"
@@ -33,6 +43,11 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 mkdir -p "$ROOT"
+if (( NODE_MODE )); then
+  # The node's namespace reaches the apiserver through its veth; KubeShare's own
+  # scheduler runs on the node, deployed from manifests/.
+  export KUBESHARE_APISERVER_BIND=0.0.0.0 KUBESHARE_LOCAL_SCHEDULER=0
+fi
 if ! "$HACK/cluster.sh" up "$RUN" --owner-pid $$ >/dev/null 2>"$ROOT/$$.up.log"; then
   cat "$ROOT/$$.up.log" >&2
   exit 1
@@ -41,6 +56,12 @@ rm -f "$ROOT/$$.up.log"
 # shellcheck disable=SC1091
 . "$RUN/cluster.env"
 echo "with-cluster: cluster up in $RUN" >&2
+if (( NODE_MODE )); then
+  "$HACK/node.sh" up "$RUN" --owner-pid $$
+  KUBECTL="$KUBESHARE_K8S_BIN/kubectl --kubeconfig $RUN/kubeconfig/admin.kubeconfig" "$HACK/deploy.sh" --gpus 2
+  export KUBESHARE_NODE_DIR="$RUN/node"
+  echo "with-cluster: node up, KubeShare deployed" >&2
+fi
 
 set +e
 "$@"

@@ -2,7 +2,8 @@
 //! control plane (etcd, kube-apiserver, kube-controller-manager, the default
 //! kube-scheduler, a second kube-scheduler with profile `kubeshare-scheduler` that
 //! calls our extender, and kwok), started by `hack/cluster.sh`, plus helpers for
-//! kwok Nodes, per-test namespaces and waiting on conditions.
+//! kwok Nodes, per-test namespaces and waiting on conditions, and a handle on the
+//! real node (kubelet + containerd) of `hack/with-cluster.sh --node`.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), kubeshare_testkit::Error> {
@@ -19,6 +20,7 @@ mod cluster;
 mod error;
 mod namespace;
 mod node;
+mod real_node;
 mod wait;
 
 pub use cluster::{CLUSTER_ENV, Cluster, ClusterInfo, Identity, Ports, client_from_kubeconfig};
@@ -27,5 +29,9 @@ pub use namespace::TestNamespace;
 pub use node::{
     KWOK_NODE_LABEL, KwokNode, RUN_DURATION_ANNOTATION, create_kwok_node, delete_node,
     node_is_ready,
+};
+pub use real_node::{
+    NODE_DIR_ENV, NODE_KUBESHARE_ROOT, RealNode, WORKLOAD_IMAGE, delete_pods_and_wait,
+    pod_annotation, pod_is_running, pod_logs, pod_phase, wait_for_log,
 };
 pub use wait::{wait_for, wait_until};

@@ -1,0 +1,597 @@
+//! KubeShare on a real node: a kubelet with containerd runs the pods, KubeShare is
+//! deployed from manifests/ (scheduler + extender Deployment, webhook behind its
+//! Service, node daemon DaemonSet in fake-GPU mode), and the workloads are CUDA
+//! programs on the fake libcuda with the hook preloaded, inside containers.
+//!
+//! These tests need the node: they are `#[ignore]`d in a plain `cargo test` and run
+//! by `make node-test` (part of `make test`):
+//!   hack/with-cluster.sh --node cargo test -p kubeshare-testkit --test real_node -- --ignored --test-threads=1
+//! One at a time: they share the node's simulated GPUs, and one restarts the node daemon.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kubeshare_testkit::{
+    Cluster, Identity, RealNode, TestNamespace, WORKLOAD_IMAGE, delete_pods_and_wait,
+    pod_annotation, pod_is_running, pod_logs, wait_for, wait_for_log, wait_until,
+};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(120);
+const KUBESHARE_NS: &str = "kubeshare-system";
+const GPU_UUID: &str = "sharedgpu/gpu_uuid";
+/// Where the test pods' simulated GPUs meet (FAKE_CUDA_SHARED_DIR): a hostPath that
+/// hack/node.sh maps to RUN_DIR/node/test on the host.
+const FAKE_GPU_HOST_DIR: &str = "/var/lib/kubeshare-test/fake-gpu";
+
+struct Rig {
+    node: RealNode,
+    ns: TestNamespace,
+    client: kube::Client,
+    pods: Api<Pod>,
+}
+
+async fn rig(prefix: &str) -> Result<Rig> {
+    let node = RealNode::from_env()?;
+    let cluster = Cluster::shared()?;
+    let client = cluster.client(Identity::Admin).await?;
+    let ns = TestNamespace::create(cluster, prefix).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
+    Ok(Rig {
+        node,
+        ns,
+        client,
+        pods,
+    })
+}
+
+/// A pod running `script` (sh) in the workload image, with the fake GPU shared
+/// between pods and its device UUID taken from the allocation record, as the
+/// NVIDIA runtime would take it from NVIDIA_VISIBLE_DEVICES.
+fn workload_pod(name: &str, labels: &[(&str, &str)], script: &str) -> Result<Pod> {
+    let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": WORKLOAD_IMAGE,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["/bin/sh", "-c", script],
+                "env": [
+                    {"name": "FAKE_CUDA_DEVICES", "valueFrom": {"fieldRef":
+                        {"fieldPath": format!("metadata.annotations['{GPU_UUID}']")}}},
+                    {"name": "FAKE_CUDA_SHARED_DIR", "value": "/fake-gpu"},
+                    {"name": "FAKE_CUDA_MEM_BYTES", "value": (80u64 << 30).to_string()},
+                ],
+                "volumeMounts": [{"name": "fake-gpu", "mountPath": "/fake-gpu"}],
+            }],
+            "volumes": [{"name": "fake-gpu", "hostPath":
+                {"path": FAKE_GPU_HOST_DIR, "type": "DirectoryOrCreate"}}],
+        }
+    }))?)
+}
+
+async fn create(pods: &Api<Pod>, pod: &Pod) -> Result<Pod> {
+    Ok(pods.create(&PostParams::default(), pod).await?)
+}
+
+async fn running(pods: &Api<Pod>, name: &str) -> Result<Pod> {
+    Ok(wait_for(pods, name, WAIT, |p: &Pod| {
+        pod_is_running(p) || kubeshare_testkit::pod_phase(p) == "Failed"
+    })
+    .await
+    .and_then(|p| {
+        if kubeshare_testkit::pod_phase(&p) == "Failed" {
+            Err(kubeshare_testkit::Error::Other(format!(
+                "pod {name} failed: {:?}",
+                p.status
+            )))
+        } else {
+            Ok(p)
+        }
+    })?)
+}
+
+fn uid(pod: &Pod) -> Result<String> {
+    pod.metadata.uid.clone().context("pod has no uid")
+}
+
+fn gpu_of(pod: &Pod) -> Result<String> {
+    Ok(pod_annotation(pod, GPU_UUID)
+        .context("pod has no sharedgpu/gpu_uuid annotation")?
+        .to_string())
+}
+
+/// The value printed as `KEY=value` on a line of the log.
+fn field<'a>(log: &'a str, key: &str) -> Option<&'a str> {
+    log.lines()
+        .rev()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")))
+}
+
+/// The JSON lines cuda-workload printed.
+fn json_lines(log: &str) -> Vec<Value> {
+    log.lines()
+        .filter(|l| l.starts_with('{'))
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn unique() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+#[ignore = "needs the real node: make node-test"]
+async fn fractional_pod_gets_its_gpu_the_hook_and_only_its_own_sockets() -> Result<()> {
+    let r = rig("rn-frac").await?;
+    // Two pods on one GPU (same affinity tag), so that there is another pod's
+    // socket directory on the node for the first pod not to see.
+    let script = "echo NVD=$NVIDIA_VISIBLE_DEVICES; echo LDP=$LD_PRELOAD; \
+        cuda-workload launch --kernel-us 1000 --count 20; \
+        echo RUN=$(ls -A /kubeshare/run | tr '\\n' ' '); \
+        echo UP=$(ls -A /kubeshare/run/.. | tr '\\n' ' '); echo DONE; sleep 3600";
+    let labels = [
+        ("sharedgpu/gpu_request", "0.3"),
+        ("sharedgpu/gpu_limit", "0.3"),
+        ("sharedgpu/sched_affinity", "frac"),
+    ];
+    create(&r.pods, &workload_pod("a", &labels, script)?).await?;
+    create(&r.pods, &workload_pod("b", &labels, script)?).await?;
+    let a = running(&r.pods, "a").await?;
+    let b = running(&r.pods, "b").await?;
+    let gpu = gpu_of(&a)?;
+    ensure!(gpu == gpu_of(&b)?, "affinity put a and b on different GPUs");
+
+    let log = wait_for_log(&r.pods, "a", "main", "DONE", WAIT).await?;
+    assert_eq!(field(&log, "NVD"), Some(gpu.as_str()), "{log}");
+    let ldp = field(&log, "LDP").unwrap_or_default();
+    assert!(ldp.ends_with("/libgemhook.so.1"), "LD_PRELOAD={ldp:?}");
+    // The hook reached the gem-schd of this GPU through /kubeshare/run and got the pod's share.
+    assert!(
+        log.contains(&format!("connection to gem-schd for {gpu}: request 300")),
+        "{log}"
+    );
+    let out = json_lines(&log);
+    assert_eq!(
+        out.first().map(|v| v["kernels"].clone()),
+        Some(json!(20)),
+        "{log}"
+    );
+    // It sees its own socket, nothing of pod b's, and only lib/ and run/ above it.
+    assert_eq!(
+        field(&log, "RUN").map(str::trim),
+        Some(format!("{gpu}.sock").as_str())
+    );
+    let up: Vec<&str> = field(&log, "UP")
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(up, ["lib", "run"], "{log}");
+    // ... although b's directory is there on the node.
+    let b_dir = r.node.pod_socket_dir(&uid(&b)?);
+    wait_until("b's socket directory on the node", WAIT, || async {
+        Ok::<_, String>(b_dir.join(format!("{gpu}.sock")).exists().then_some(()))
+    })
+    .await?;
+    assert!(!log.contains(&uid(&b)?), "{log}");
+    delete_pods_and_wait(&r.pods, "", WAIT).await?;
+    r.ns.delete().await?;
+    Ok(())
+}
+
+/// Share of the device's time a launch run got after `skip_ms`, from its samples.
+fn busy_fraction(v: &Value, skip_ms: u64) -> Result<f64> {
+    let s = v["samples"].as_array().context("no samples")?;
+    let pt = |x: &Value| (x[0].as_u64().unwrap_or(0), x[1].as_u64().unwrap_or(0));
+    let first = s
+        .iter()
+        .map(pt)
+        .find(|(t, _)| *t >= skip_ms)
+        .context("no sample after the start-up")?;
+    let last = pt(s.last().context("no samples")?);
+    ensure!(
+        last.0 > first.0 + 1000,
+        "too short a run: {first:?} .. {last:?}"
+    );
+    Ok((last.1 - first.1) as f64 / ((last.0 - first.0) * 1000) as f64)
+}
+
+#[tokio::test]
+#[ignore = "needs the real node: make node-test"]
+async fn two_pods_share_one_gpu_at_their_limits() -> Result<()> {
+    let r = rig("rn-share").await?;
+    let go = format!("go-{}", unique());
+    let script = format!(
+        "while [ ! -e /fake-gpu/{go} ]; do sleep 0.05; done; \
+         cuda-workload launch --kernel-us 2000 --seconds 16 --sample-ms 250; echo DONE; sleep 3600"
+    );
+    for (name, share) in [("p30", "0.3"), ("p70", "0.7")] {
+        let labels = [
+            ("sharedgpu/gpu_request", share),
+            ("sharedgpu/gpu_limit", share),
+            ("sharedgpu/sched_affinity", "share"),
+        ];
+        create(&r.pods, &workload_pod(name, &labels, &script)?).await?;
+    }
+    let p30 = running(&r.pods, "p30").await?;
+    let p70 = running(&r.pods, "p70").await?;
+    ensure!(gpu_of(&p30)? == gpu_of(&p70)?, "not on one GPU");
+    // Both start together: the barrier file appears in their shared hostPath.
+    let dir = r.node.dir.join("test/fake-gpu");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join(&go), b"")?;
+    // Shares of the GPU time the two got (as in hook/tests/fake_gpu.rs), while
+    // the GPU stayed busy: both ran at once over the same 16 s.
+    let mut frac = BTreeMap::new();
+    for name in ["p30", "p70"] {
+        let log = wait_for_log(&r.pods, name, "main", "DONE", Duration::from_secs(90)).await?;
+        let out = json_lines(&log);
+        let run = out.first().context("no cuda-workload output")?;
+        frac.insert(name, busy_fraction(run, 3000)?);
+    }
+    let used: f64 = frac.values().sum();
+    let got: BTreeMap<&str, f64> = frac.iter().map(|(k, f)| (*k, f / used)).collect();
+    eprintln!("real node: GPU time of wall {frac:?}, used {used:.3}, shares {got:?}");
+    assert!(used <= 1.02, "more GPU time than wall time: {used:.3}");
+    assert!(used >= 0.85, "GPU mostly idle: {used:.3}");
+    for (name, want) in [("p30", 0.3), ("p70", 0.7)] {
+        let share = got[name];
+        assert!(
+            (share - want).abs() <= 0.03,
+            "{name}: share {share:.3}, want {want} ± 0.03 (all: {got:?})"
+        );
+    }
+    delete_pods_and_wait(&r.pods, "", WAIT).await?;
+    r.ns.delete().await?;
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs the real node: make node-test"]
+async fn memory_cap_holds_inside_the_container() -> Result<()> {
+    let r = rig("rn-mem").await?;
+    let labels = [
+        ("sharedgpu/gpu_request", "0.2"),
+        ("sharedgpu/gpu_limit", "0.2"),
+        ("sharedgpu/gpu_mem", "1Gi"),
+    ];
+    let script = "cuda-workload meminfo; \
+        cuda-workload alloc --bytes 419430400 --count 3; echo DONE; sleep 3600";
+    create(&r.pods, &workload_pod("m", &labels, script)?).await?;
+    running(&r.pods, "m").await?;
+    let log = wait_for_log(&r.pods, "m", "main", "DONE", WAIT).await?;
+    let out = json_lines(&log);
+    ensure!(out.len() >= 3, "expected meminfo, allocated, freed: {log}");
+    // cuMemGetInfo reports the cap, not the (fake) device's 80 GiB.
+    assert_eq!(out[0]["total"], json!(1u64 << 30), "{log}");
+    // Two 400 MiB blocks fit under 1 GiB; the third is refused (CUDA_ERROR_OUT_OF_MEMORY).
+    assert_eq!(out[1]["phase"], "allocated", "{log}");
+    assert_eq!(out[1]["codes"], json!([0, 0, 2]), "{log}");
+    delete_pods_and_wait(&r.pods, "", WAIT).await?;
+    r.ns.delete().await?;
+    Ok(())
+}
+
+async fn node_daemon_pod(client: &kube::Client) -> Result<Pod> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), KUBESHARE_NS);
+    let l = api
+        .list(&ListParams::default().labels("app.kubernetes.io/name=kubeshare-node-daemon"))
+        .await?;
+    l.items
+        .into_iter()
+        .find(|p| p.metadata.deletion_timestamp.is_none())
+        .context("no node daemon pod")
+}
+
+fn config_has(node: &RealNode, gpu: &str, pod_uid: &str) -> bool {
+    node.resource_config(gpu).is_some_and(|c| {
+        c.lines()
+            .any(|l| l.split_whitespace().next() == Some(pod_uid))
+    })
+}
+
+#[tokio::test]
+#[ignore = "needs the real node: make node-test"]
+async fn node_daemon_restart_keeps_running_pods_and_cleans_up_deleted_ones() -> Result<()> {
+    let r = rig("rn-restart").await?;
+    let labels = [
+        ("sharedgpu/gpu_request", "0.2"),
+        ("sharedgpu/gpu_limit", "0.2"),
+        ("sharedgpu/sched_affinity", "restart"),
+    ];
+    // Prints one JSON line per 100 kernels, for ever.
+    let script = "while true; do cuda-workload launch --kernel-us 1000 --count 100 || exit 1; done";
+    create(&r.pods, &workload_pod("keep", &labels, script)?).await?;
+    create(&r.pods, &workload_pod("gone", &labels, script)?).await?;
+    let keep = running(&r.pods, "keep").await?;
+    let gone = running(&r.pods, "gone").await?;
+    let gpu = gpu_of(&keep)?;
+    let (keep_uid, gone_uid) = (uid(&keep)?, uid(&gone)?);
+    wait_for_log(&r.pods, "keep", "main", "\"kernels\":100", WAIT).await?;
+    ensure!(
+        config_has(&r.node, &gpu, &keep_uid),
+        "keep is not in the config"
+    );
+    let config_before = r.node.resource_config(&gpu).unwrap_or_default();
+
+    // The node daemon's pod goes; the DaemonSet brings a new one.
+    let ds_pods: Api<Pod> = Api::namespaced(r.client.clone(), KUBESHARE_NS);
+    let old = node_daemon_pod(&r.client).await?;
+    let old_name = old.metadata.name.clone().context("no name")?;
+    ds_pods.delete(&old_name, &DeleteParams::default()).await?;
+    let new = wait_until("a new node daemon pod, ready", WAIT, || async {
+        match node_daemon_pod(&r.client).await {
+            Ok(p)
+                if p.metadata.name.as_deref() != Some(old_name.as_str()) && pod_is_running(&p) =>
+            {
+                let ready = p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                Ok(ready.then_some(p))
+            }
+            Ok(_) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await?;
+    eprintln!(
+        "node daemon pod {old_name} replaced by {:?}",
+        new.metadata.name
+    );
+
+    // The running pod kept its line and keeps running kernels through the new gem-schd.
+    assert_eq!(
+        r.node.resource_config(&gpu).unwrap_or_default(),
+        config_before
+    );
+    let lines_now = json_lines(&pod_logs(&r.pods, "keep", "main").await?).len();
+    wait_until(
+        "keep to finish two more rounds after the restart",
+        WAIT,
+        || async {
+            match pod_logs(&r.pods, "keep", "main").await {
+                Ok(l) => Ok((json_lines(&l).len() >= lines_now + 2).then_some(())),
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
+    .await?;
+    assert!(pod_is_running(&r.pods.get("keep").await?));
+
+    // A deleted pod's line and socket directory go.
+    r.pods.delete("gone", &DeleteParams::default()).await?;
+    let gone_dir = r.node.pod_socket_dir(&gone_uid);
+    wait_until(
+        "gone's config line and socket directory to disappear",
+        WAIT,
+        || async {
+            Ok::<_, String>(
+                (!config_has(&r.node, &gpu, &gone_uid) && !gone_dir.exists()).then_some(()),
+            )
+        },
+    )
+    .await?;
+    assert!(config_has(&r.node, &gpu, &keep_uid));
+    delete_pods_and_wait(&r.pods, "", WAIT).await?;
+    r.ns.delete().await?;
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs the real node: make node-test"]
+async fn group_job_runs_to_completion_and_bad_labels_are_refused() -> Result<()> {
+    let r = rig("rn-job").await?;
+    let template = workload_pod(
+        "unused",
+        &[
+            ("sharedgpu/gpu_request", "0.2"),
+            ("sharedgpu/gpu_limit", "0.2"),
+            ("sharedgpu/group_name", "allreduce"),
+            ("sharedgpu/group_headcount", "3"),
+            ("sharedgpu/group_threshold", "1.0"),
+        ],
+        "cuda-workload launch --kernel-us 1000 --count 50",
+    )?;
+    let mut tpl = serde_json::to_value(&template)?;
+    if let Some(m) = tpl["metadata"].as_object_mut() {
+        m.remove("name");
+    }
+    let job: Job = serde_json::from_value(json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "allreduce"},
+        "spec": {"parallelism": 3, "completions": 3, "backoffLimit": 0, "template": tpl},
+    }))?;
+    let jobs: Api<Job> = Api::namespaced(r.client.clone(), r.ns.name());
+    jobs.create(&PostParams::default(), &job).await?;
+    let done = wait_for(&jobs, "allreduce", WAIT, |j: &Job| {
+        j.status
+            .as_ref()
+            .is_some_and(|s| s.succeeded == Some(3) || s.failed.unwrap_or(0) > 0)
+    })
+    .await?;
+    let st = done.status.context("no job status")?;
+    assert_eq!(st.succeeded, Some(3), "{st:?}");
+    // Each worker ran on the GPU its record names, through the hook.
+    let workers = r
+        .pods
+        .list(&ListParams::default().labels("job-name=allreduce"))
+        .await?;
+    assert_eq!(workers.items.len(), 3);
+    for p in &workers.items {
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let gpu = gpu_of(p)?;
+        let log = pod_logs(&r.pods, &name, "main").await?;
+        assert!(
+            log.contains(&format!("connection to gem-schd for {gpu}")),
+            "{name}: {log}"
+        );
+        assert_eq!(
+            json_lines(&log).first().map(|v| v["kernels"].clone()),
+            Some(json!(50))
+        );
+    }
+
+    // request above limit: the webhook refuses the pod at creation.
+    let bad = workload_pod(
+        "greedy",
+        &[
+            ("sharedgpu/gpu_request", "0.8"),
+            ("sharedgpu/gpu_limit", "0.5"),
+        ],
+        "true",
+    )?;
+    match r.pods.create(&PostParams::default(), &bad).await {
+        Err(kube::Error::Api(s)) => {
+            assert!(s.code >= 400 && s.code < 500, "{s:?}");
+            assert!(
+                s.message.contains("gpu_request") || s.message.contains("gpu_limit"),
+                "{s:?}"
+            );
+        }
+        Ok(_) => bail!("a pod with request 0.8 > limit 0.5 was admitted"),
+        Err(e) => bail!("unexpected error: {e}"),
+    }
+    jobs.delete("allreduce", &DeleteParams::background())
+        .await?;
+    delete_pods_and_wait(&r.pods, "", WAIT).await?;
+    r.ns.delete().await?;
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs the real node: make node-test"]
+async fn a_pod_that_is_not_a_kubeshare_pod_gets_no_gpu() -> Result<()> {
+    // The image sets NVIDIA_VISIBLE_DEVICES=all (as CUDA images do); the pod asks for
+    // no share and tolerates every taint, so it lands on the GPU node. Under the
+    // NVIDIA runtime, `all` would give it every GPU: admission must override it.
+    let r = rig("rn-nogpu").await?;
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "plain"},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "tolerations": [{"operator": "Exists"}],
+            "nodeSelector": {"kubernetes.io/hostname": r.node.name},
+            "initContainers": [{"name": "init", "image": WORKLOAD_IMAGE, "imagePullPolicy": "IfNotPresent",
+                "command": ["/bin/sh", "-c", "echo NVD=$NVIDIA_VISIBLE_DEVICES"]}],
+            "containers": [{"name": "main", "image": WORKLOAD_IMAGE, "imagePullPolicy": "IfNotPresent",
+                "command": ["/bin/sh", "-c", "echo NVD=$NVIDIA_VISIBLE_DEVICES; echo DONE; sleep 3600"]}],
+        }
+    }))?;
+    create(&r.pods, &pod).await?;
+    running(&r.pods, "plain").await?;
+    let log = wait_for_log(&r.pods, "plain", "main", "DONE", WAIT).await?;
+    assert_eq!(field(&log, "NVD"), Some("void"), "main: {log}");
+    let init = pod_logs(&r.pods, "plain", "init").await?;
+    assert_eq!(field(&init, "NVD"), Some("void"), "init: {init}");
+    delete_pods_and_wait(&r.pods, "", WAIT).await?;
+    r.ns.delete().await?;
+    Ok(())
+}
+
+/// The images manifests/ names, per workload kind and name.
+fn manifest_images() -> Result<Vec<String>> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests");
+    let mut out = vec![];
+    for f in ["kube-scheduler.yaml", "webhook.yaml", "node-daemon.yaml"] {
+        let text = std::fs::read_to_string(dir.join(f))?;
+        out.extend(
+            text.lines()
+                .filter_map(|l| l.trim().strip_prefix("image:"))
+                .map(|s| s.trim().to_string()),
+        );
+    }
+    Ok(out)
+}
+
+#[tokio::test]
+#[ignore = "needs the real node: make node-test"]
+async fn kubeshare_runs_on_the_node_as_the_manifests_deploy_it() -> Result<()> {
+    let node = RealNode::from_env()?;
+    let client = Cluster::shared()?.client(Identity::Admin).await?;
+    let want = manifest_images()?;
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), KUBESHARE_NS);
+    let dss: Api<DaemonSet> = Api::namespaced(client.clone(), KUBESHARE_NS);
+    let mut running_images = vec![];
+    for d in ["kubeshare-scheduler", "kubeshare-webhook"] {
+        let dep = deps.get(d).await?;
+        let spec = dep.spec.context("no spec")?;
+        running_images.extend(
+            spec.template
+                .spec
+                .context("no pod spec")?
+                .containers
+                .into_iter()
+                .filter_map(|c| c.image),
+        );
+        let st = dep.status.context("no status")?;
+        assert_eq!(st.ready_replicas, spec.replicas, "{d}");
+    }
+    let ds = dss.get("kubeshare-node-daemon").await?;
+    running_images.extend(
+        ds.spec
+            .context("no spec")?
+            .template
+            .spec
+            .context("no pod spec")?
+            .containers
+            .into_iter()
+            .filter_map(|c| c.image),
+    );
+    running_images.sort();
+    let mut want_sorted = want.clone();
+    want_sorted.sort();
+    assert_eq!(
+        running_images, want_sorted,
+        "the rig runs the images manifests/ names"
+    );
+    // Every KubeShare pod runs on the real node.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), KUBESHARE_NS);
+    for p in pods.list(&ListParams::default()).await?.items {
+        let on = p.spec.as_ref().and_then(|s| s.node_name.clone());
+        assert_eq!(
+            on.as_deref(),
+            Some(node.name.as_str()),
+            "{:?}",
+            p.metadata.name
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn kind_demo_and_the_node_rig_deploy_through_one_script() -> Result<()> {
+    let hack = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack");
+    for f in ["kind-demo.sh", "with-cluster.sh"] {
+        let text = std::fs::read_to_string(hack.join(f))?;
+        assert!(
+            text.contains("\"$HACK/deploy.sh\""),
+            "{f} does not run hack/deploy.sh"
+        );
+        // Neither applies a KubeShare manifest of its own (deploy.sh does).
+        for m in ["webhook.yaml", "kube-scheduler.yaml", "node-daemon.yaml"] {
+            assert!(!text.contains(m), "{f} applies manifests/{m} itself");
+        }
+    }
+    Ok(())
+}
