@@ -83,7 +83,8 @@ k -n "$NS" create configmap kubeshare-fake-inventory "${args[@]}" --dry-run=clie
 # ------------------------------------------------------------------ deploy
 log "applying manifests/"
 sed "s|CA_BUNDLE|$CA_BUNDLE|g" "$REPO/manifests/webhook.yaml" | k apply -f - >/dev/null
-k apply -f "$REPO/manifests/kube-scheduler.yaml" -f "$REPO/manifests/node-daemon.yaml" >/dev/null
+k apply -f "$REPO/manifests/kube-scheduler.yaml" -f "$REPO/manifests/node-daemon.yaml" \
+  -f "$REPO/manifests/flowschema.yaml" -f "$REPO/manifests/admission-policy.yaml" >/dev/null
 if [[ "$TAG" != latest ]]; then
   k -n "$NS" set image deployment/kubeshare-webhook "webhook=kubeshare/kubeshare-webhook:$TAG" >/dev/null
   k -n "$NS" set image deployment/kubeshare-scheduler "extender=kubeshare/kubeshare-extender:$TAG" >/dev/null

@@ -902,10 +902,11 @@ impl Core {
         let window = u128::from(self.params.window_us);
         // (key, rank, headroom under the limit, headroom under the pacing allowance)
         let mut best: Option<(Key, Rank, u64, u64)> = None;
-        // The eligible clients waiting longest past the starvation bound, below their request
-        // and above it: one above its request never goes before one below (a guarantee
-        // comes before spare time).
-        let mut starved: [Option<(Key, Micros, u64, u64)>; 2] = [None, None];
+        // The eligible client below its request waiting longest past the starvation bound.
+        // Only guarantees are bounded: spare time above the request follows usage alone
+        // (a FIFO bound there hands spare time out per turn, so the client with the longer
+        // bursts took 0.80 of an elastic pair instead of 0.50).
+        let mut starved: Option<(Key, Micros, u64, u64)> = None;
         for (&key, c) in &self.clients {
             if c.waiting.is_empty() {
                 continue;
@@ -945,32 +946,24 @@ impl Core {
             if best.as_ref().is_none_or(|(_, r, _, _)| rank.before(r)) {
                 best = Some((key, rank, headroom, pace_room));
             }
-            let class = usize::from(matches!(rank, Rank::Above { .. }));
+            let below = matches!(rank, Rank::Below { .. });
             let waited = now.saturating_sub(c.waiting_at);
-            // Scaled by the client's share (its request, or its limit for spare time): at
-            // share s, proportional turns make it wait (1 − s)/s of the others' hold, so the
-            // bound is the same fraction of `max_wait` (50 ms at 0.5, 117 ms at 0.3, 21 ms at
-            // 0.7) and does not shift shares toward an even split.
-            let share = u64::from(if class == 0 {
-                c.spec.request_milli
-            } else {
-                c.spec.limit_milli
-            })
-            .clamp(1, 1000);
+            // Scaled by the client's request: at share s, proportional turns make it wait
+            // (1 − s)/s of the others' hold, so the bound is the same fraction of `max_wait`
+            // (50 ms at 0.5, 117 ms at 0.3, 21 ms at 0.7) and does not shift shares toward an
+            // even split.
+            let share = u64::from(c.spec.request_milli).clamp(1, 1000);
             let bound = self.max_wait_us.saturating_mul(1000 - share) / share;
-            if self.max_wait_us > 0
+            if below
+                && self.max_wait_us > 0
                 && waited >= bound
-                && starved[class]
+                && starved
                     .as_ref()
                     .is_none_or(|(_, at, _, _)| c.waiting_at < *at)
             {
-                starved[class] = Some((key, c.waiting_at, headroom, pace_room));
+                starved = Some((key, c.waiting_at, headroom, pace_room));
             }
         }
-        let best_above = best
-            .as_ref()
-            .is_some_and(|(_, r, _, _)| matches!(r, Rank::Above { .. }));
-        let starved = starved[0].or(if best_above { starved[1] } else { None });
         let pick = match starved {
             Some((key, _, headroom, pace_room)) => Some((key, headroom, pace_room)),
             None => best.map(|(key, _, headroom, pace_room)| (key, headroom, pace_room)),
