@@ -492,7 +492,9 @@ cmd_down() {
     [[ -f "$f" ]] || continue
     pid="$(cat "$f")"
     [[ "$pid" != "$$" ]] || continue
-    if pid_alive "$pid"; then
+    # not_dead, not pid_alive: a component that `up` started a moment ago may still be
+    # exec'ing (empty cmdline); it must be stopped too, or it outlives the cluster.
+    if not_dead "$pid"; then
       kill -TERM "$pid" 2>/dev/null || true
       pids+=("$pid")
     fi
@@ -500,19 +502,19 @@ cmd_down() {
   local deadline=$(( $(date +%s) + 10 ))
   while (( $(date +%s) < deadline )); do
     local alive=0
-    for pid in "${pids[@]}"; do pid_alive "$pid" && alive=1; done
+    for pid in "${pids[@]}"; do not_dead "$pid" && alive=1; done
     (( alive )) || break
     sleep 0.2
   done
   for pid in "${pids[@]}"; do
-    if pid_alive "$pid"; then
+    if not_dead "$pid"; then
       log "pid $pid ignored SIGTERM; sending SIGKILL"
       kill -KILL "$pid" 2>/dev/null || true
     fi
   done
   for pid in "${pids[@]}"; do
     local n=0
-    while pid_alive "$pid" && (( n < 50 )); do sleep 0.1; n=$((n + 1)); done
+    while not_dead "$pid" && (( n < 50 )); do sleep 0.1; n=$((n + 1)); done
   done
   rm -f "$RUN"/pids/*.pid "$RUN/ready"
   rm -rf "$RUN/etcd"
