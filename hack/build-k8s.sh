@@ -7,7 +7,10 @@
 # Usage: hack/build-k8s.sh [--print-bin-dir] [--force]
 #   Prints the bin dir as the last line of stdout.
 # Env:   KUBESHARE_CACHE (default ~/.cache/kubeshare), GO (default go),
-#        BUILD_K8S_PARALLEL (go build -p, default 2).
+#        BUILD_K8S_PARALLEL (go build -p, default 2),
+#        BUILD_K8S_KEEP_GO_CACHES=1 to keep Go's build and module caches (by
+#        default they live under the cache dir only while building and are
+#        removed after a successful build: ~5 GiB that CI's disk cannot spare).
 #
 # Why wrapper modules: k8s.io/kubernetes and etcd's server module have directory
 # `replace` directives in their go.mod, which `go install pkg@version` refuses.
@@ -56,6 +59,9 @@ if [[ $FORCE == 0 ]] && is_warm; then
   exit 0
 fi
 
+# Go's caches are scratch space here: once the binaries exist nothing reads them.
+export GOCACHE="${BUILD_K8S_GOCACHE:-$ROOT/go-cache}"
+export GOMODCACHE="${BUILD_K8S_GOMODCACHE:-$ROOT/go-mod}"
 command -v "$GO" >/dev/null || { log "Go toolchain '$GO' not found (need Go >= 1.26 for kwok $KWOK_VERSION)"; exit 1; }
 command -v jq >/dev/null || { log "jq not found"; exit 1; }
 
@@ -191,5 +197,11 @@ for b in "${BINARIES[@]}"; do
   [[ -x "$BIN/$b" ]] || { log "missing $BIN/$b after build"; exit 1; }
 done
 echo "$KEY" >"$STAMP"
+if [[ "${BUILD_K8S_KEEP_GO_CACHES:-0}" != 1 ]]; then
+  # The module cache is read-only on disk; Go's own clean commands remove it.
+  "$GO" clean -cache -modcache >/dev/null 2>&1 || true
+  rm -rf "$ROOT/src" "$GOCACHE" "$GOMODCACHE"
+  log "Go caches removed (BUILD_K8S_KEEP_GO_CACHES=1 keeps them)"
+fi
 log "done in $(( $(date +%s) - START ))s"
 echo "$BIN"
