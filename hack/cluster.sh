@@ -433,9 +433,14 @@ cmd_up() {
     --cert-dir="$RUN/apiserver-certs" --profiling=false
   wait_for kube-apiserver api_ready
 
-  kubectl_admin apply -f "$REPO/manifests/rbac.yaml" >"$RUN/logs/rbac-apply.log" 2>&1 \
-    || { cat "$RUN/logs/rbac-apply.log" >&2; die "applying manifests/rbac.yaml failed"; }
-  log "applied manifests/rbac.yaml"
+  # The local KubeShare processes need their RBAC; with KubeShare deployed on the
+  # real node instead, its Helm release brings the RBAC (and must own it).
+  if [[ "$LOCAL_SCHEDULER" == 1 ]]; then
+    kubectl_admin apply -f "$REPO/manifests/00-namespace.yaml" -f "$REPO/manifests/rbac.yaml" \
+      >"$RUN/logs/rbac-apply.log" 2>&1 \
+      || { cat "$RUN/logs/rbac-apply.log" >&2; die "applying manifests/rbac.yaml failed"; }
+    log "applied manifests/rbac.yaml"
+  fi
 
   start kube-controller-manager "$BIN/kube-controller-manager" \
     --kubeconfig="$kc/kube-controller-manager.kubeconfig" \

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# Deploys KubeShare from manifests/ as a user does, in fake-GPU mode: namespace and
-# RBAC, the webhook's certificate and Secret, the webhook (Deployment + Service +
-# configurations, caBundle filled in), the second kube-scheduler with the
-# extender sidecar, and the node daemon DaemonSet reading a fake inventory per
-# node from a ConfigMap. Used by hack/kind-demo.sh (kind) and hack/with-cluster.sh
-# --node (the test rig's real node), so both deploy the same manifests the same way.
+# Deploys KubeShare with its Helm chart (charts/kubeshare) as a user does, in
+# fake-GPU mode: `helm upgrade --install` with the chart's self-signed webhook
+# certificate, and the node daemon reading a fake inventory per node from a
+# ConfigMap made here. Used by hack/kind-demo.sh (kind) and hack/with-cluster.sh
+# --node (the test rig's real node), so both deploy the same chart the same way.
+# (manifests/ is the same chart rendered; `make test` checks they agree.)
 #
 # Usage: hack/deploy.sh [--tag TAG] [--gpus N]
 #   --tag TAG  run the KubeShare images with this tag (default: the manifests' latest)
 #   --gpus N   simulated GPUs per node (default 4): the first node gets H100s, the others A100s
 # Env: KUBECTL (the kubectl command line, default `kubectl`),
-#      KUBESHARE_WEBHOOK_BIN (kubeshare-webhook binary that mints the certificate;
-#        default target/release or target/debug/kubeshare-webhook, built if missing),
+#      HELM_KUBE_ARGS (helm's flags for the same cluster, e.g. `--kubeconfig F`
+#        or `--kube-context C`), HELM (default: built by hack/build-helm.sh),
 #      KUBESHARE_DEPLOY_TIMEOUT (seconds, default 300).
 set -euo pipefail
 
@@ -38,31 +38,9 @@ command -v jq >/dev/null || die "jq is required"
 
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
-
-# ------------------------------------------------------------------ webhook TLS
-log "webhook certificate for kubeshare-webhook.$NS.svc"
-k apply -f "$REPO/manifests/00-namespace.yaml" -f "$REPO/manifests/rbac.yaml" >/dev/null
-if k -n "$NS" get secret kubeshare-webhook-tls >/dev/null 2>&1 \
-   && k get mutatingwebhookconfiguration kubeshare-webhook >/dev/null 2>&1; then
-  # Keep the CA already registered, so a re-run does not break running pods' admission.
-  CA_BUNDLE="$(k get mutatingwebhookconfiguration kubeshare-webhook -o jsonpath='{.webhooks[0].clientConfig.caBundle}')"
-else
-  WEBHOOK_BIN="${KUBESHARE_WEBHOOK_BIN:-}"
-  if [[ -z "$WEBHOOK_BIN" ]]; then
-    for WEBHOOK_BIN in "$REPO/target/release/kubeshare-webhook" "$REPO/target/debug/kubeshare-webhook" ""; do
-      [[ -x "$WEBHOOK_BIN" ]] && break
-    done
-  fi
-  if [[ -z "$WEBHOOK_BIN" ]]; then
-    (cd "$REPO" && cargo build --locked -q -p kubeshare-webhook)
-    WEBHOOK_BIN="$REPO/target/debug/kubeshare-webhook"
-  fi
-  CA_BUNDLE="$("$WEBHOOK_BIN" certs --dns "kubeshare-webhook.$NS.svc" --out "$WORK" 2>"$WORK/certs.log" | tail -n 1)" \
-    || { cat "$WORK/certs.log" >&2; die "kubeshare-webhook certs failed"; }
-  [[ -n "$CA_BUNDLE" ]] || die "kubeshare-webhook certs printed no caBundle"
-  k -n "$NS" create secret tls kubeshare-webhook-tls --cert "$WORK/tls.crt" --key "$WORK/tls.key" \
-    --dry-run=client -o yaml | k apply -f - >/dev/null
-fi
+HELM="${HELM:-$("$HACK/build-helm.sh" | tail -n 1)}"
+read -ra HELM_KUBE <<<"${HELM_KUBE_ARGS:-}"
+k create namespace "$NS" --dry-run=client -o yaml | k apply -f - >/dev/null
 
 # ------------------------------------------------------------------ fake GPUs
 # One inventory per GPU node (the JSON the node daemon would publish from NVML).
@@ -81,26 +59,12 @@ done
 k -n "$NS" create configmap kubeshare-fake-inventory "${args[@]}" --dry-run=client -o yaml | k apply -f - >/dev/null
 
 # ------------------------------------------------------------------ deploy
-log "applying manifests/"
-sed "s|CA_BUNDLE|$CA_BUNDLE|g" "$REPO/manifests/webhook.yaml" | k apply -f - >/dev/null
-k apply -f "$REPO/manifests/kube-scheduler.yaml" -f "$REPO/manifests/node-daemon.yaml" \
-  -f "$REPO/manifests/flowschema.yaml" -f "$REPO/manifests/admission-policy.yaml" >/dev/null
-if [[ "$TAG" != latest ]]; then
-  k -n "$NS" set image deployment/kubeshare-webhook "webhook=kubeshare/kubeshare-webhook:$TAG" >/dev/null
-  k -n "$NS" set image deployment/kubeshare-scheduler "extender=kubeshare/kubeshare-extender:$TAG" >/dev/null
-  k -n "$NS" set image daemonset/kubeshare-node-daemon "node-daemon=kubeshare/kubeshare-node-daemon:$TAG" >/dev/null
-fi
-# Fake mode: each daemon reads its node's inventory from the ConfigMap.
-if ! k -n "$NS" get daemonset kubeshare-node-daemon -o json \
-     | jq -e '.spec.template.spec.containers[0].args | index("--fake-inventory=/etc/kubeshare/fake/$(NODE_NAME).json")' >/dev/null; then
-  k -n "$NS" patch daemonset kubeshare-node-daemon --type=json -p '[
-    {"op": "add", "path": "/spec/template/spec/volumes/-",
-     "value": {"name": "fake-inventory", "configMap": {"name": "kubeshare-fake-inventory"}}},
-    {"op": "add", "path": "/spec/template/spec/containers/0/volumeMounts/-",
-     "value": {"name": "fake-inventory", "mountPath": "/etc/kubeshare/fake", "readOnly": true}},
-    {"op": "add", "path": "/spec/template/spec/containers/0/args/-",
-     "value": "--fake-inventory=/etc/kubeshare/fake/$(NODE_NAME).json"}]' >/dev/null
-fi
+log "helm upgrade --install kubeshare charts/kubeshare (tag $TAG)"
+# localRigUsers: the rig's tests also act as the components' local identities.
+"$HELM" "${HELM_KUBE[@]}" upgrade --install kubeshare "$REPO/charts/kubeshare" --namespace "$NS" \
+  --set images.tag="$TAG" --set nodeDaemon.fakeInventoryConfigMap=kubeshare-fake-inventory \
+  --set rbac.localRigUsers=true >"$WORK/helm.log" 2>&1 \
+  || { cat "$WORK/helm.log" >&2; die "helm upgrade --install failed"; }
 log "waiting for KubeShare to roll out (up to ${TIMEOUT}s)"
 k -n "$NS" rollout status deployment/kubeshare-webhook --timeout="${TIMEOUT}s" >/dev/null
 k -n "$NS" rollout status deployment/kubeshare-scheduler --timeout="${TIMEOUT}s" >/dev/null

@@ -58,8 +58,9 @@ done
 # ------------------------------------------------------------------ deploy
 # The same script, manifests and fake inventories as the test rig's real node
 # (hack/with-cluster.sh --node): 4 simulated GPUs per worker.
-say "Deploying KubeShare from manifests/ (hack/deploy.sh)"
-KUBECTL="kubectl --context $CTX" KUBESHARE_DEPLOY_TIMEOUT="$TIMEOUT" "$HACK/deploy.sh" --tag "$TAG" --gpus 4
+say "Deploying KubeShare with its Helm chart (hack/deploy.sh)"
+KUBECTL="kubectl --context $CTX" HELM_KUBE_ARGS="--kube-context $CTX" KUBESHARE_DEPLOY_TIMEOUT="$TIMEOUT" \
+  "$HACK/deploy.sh" --tag "$TAG" --gpus 4
 
 # ------------------------------------------------------------------ workloads
 say "Workloads (examples/)"

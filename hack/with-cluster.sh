@@ -45,7 +45,7 @@ trap 'exit 143' TERM
 mkdir -p "$ROOT"
 if (( NODE_MODE )); then
   # The node's namespace reaches the apiserver through its veth; KubeShare's own
-  # scheduler runs on the node, deployed from manifests/.
+  # scheduler runs on the node, installed with the Helm chart.
   export KUBESHARE_APISERVER_BIND=0.0.0.0 KUBESHARE_LOCAL_SCHEDULER=0
 fi
 if ! "$HACK/cluster.sh" up "$RUN" --owner-pid $$ >/dev/null 2>"$ROOT/$$.up.log"; then
@@ -58,7 +58,8 @@ rm -f "$ROOT/$$.up.log"
 echo "with-cluster: cluster up in $RUN" >&2
 if (( NODE_MODE )); then
   "$HACK/node.sh" up "$RUN" --owner-pid $$
-  KUBECTL="$KUBESHARE_K8S_BIN/kubectl --kubeconfig $RUN/kubeconfig/admin.kubeconfig" "$HACK/deploy.sh" --gpus 2
+  KUBECTL="$KUBESHARE_K8S_BIN/kubectl --kubeconfig $RUN/kubeconfig/admin.kubeconfig" \
+    HELM_KUBE_ARGS="--kubeconfig $RUN/kubeconfig/admin.kubeconfig" "$HACK/deploy.sh" --gpus 2
   export KUBESHARE_NODE_DIR="$RUN/node"
   echo "with-cluster: node up, KubeShare deployed" >&2
 fi

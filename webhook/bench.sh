@@ -11,7 +11,8 @@ DURATION="${DURATION:-30}"
 CONNS="${CONNS:-64}"
 PORT="${PORT:-18443}"
 
-cargo build --release -p kubeshare-webhook --bins --manifest-path "$ROOT/Cargo.toml" >&2
+cargo build --release -p kubeshare-webhook --bin kubeshare-webhook --example kubeshare-webhook-bench \
+  --manifest-path "$ROOT/Cargo.toml" >&2
 BIN="$ROOT/target/release"
 DIR="$(mktemp -d)"
 PID=""
@@ -30,6 +31,6 @@ for _ in $(seq 50); do
   sleep 0.1
 done
 echo "cpu: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-"$BIN/kubeshare-webhook-bench" --addr "127.0.0.1:$PORT" --ca "$DIR/ca.crt" \
+"$BIN/examples/kubeshare-webhook-bench" --addr "127.0.0.1:$PORT" --ca "$DIR/ca.crt" \
   --rate "$RATE" --duration "$DURATION" --connections "$CONNS"
 curl -sf --cacert "$DIR/ca.crt" "https://127.0.0.1:$PORT/metrics" | grep 'endpoint="mutate"'

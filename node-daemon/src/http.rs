@@ -53,7 +53,7 @@ async fn metrics(State(s): State<Shared>) -> impl IntoResponse {
         .map(|g| g.clone())
         .unwrap_or_else(|e| e.into_inner().clone());
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
         crate::metrics::render(&snap, &procs, s.supervised),
     )
 }

@@ -1,8 +1,16 @@
-//! `/metrics` in the Prometheus text format, rendered from the last reconcile and the
-//! supervisor's process table (a pure function, so it is unit-tested as text).
+//! `/metrics` (OpenMetrics text through `prometheus-client`), rendered from the last
+//! reconcile and the supervisor's process table: per GPU, per pod and per node
+//! figures (a pure function of them, so it is unit-tested as text).
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::{Registry, Unit};
 
 use kubeshare_api::NodeInventory;
 
@@ -28,38 +36,35 @@ pub struct Snapshot {
     pub counters: Counters,
 }
 
-fn esc(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuLabels {
+    node: String,
+    gpu: String,
+    index: String,
 }
 
-/// The exposition text.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PodLabels {
+    namespace: String,
+    pod: String,
+    gpu_uuid: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabels {
+    node: String,
+}
+
+type FGauge = Gauge<f64, AtomicU64>;
+
+/// The exposition text (OpenMetrics, through `prometheus-client`): a registry built
+/// from the snapshot on each scrape, so the figures are the last reconcile's.
 pub fn render(s: &Snapshot, procs: &BTreeMap<String, ProcStat>, supervised: bool) -> String {
-    let mut o = String::new();
-    let mut family = |name: &str, kind: &str, help: &str, rows: Vec<(String, String)>| {
-        let _ = writeln!(o, "# HELP {name} {help}");
-        let _ = writeln!(o, "# TYPE {name} {kind}");
-        for (labels, value) in rows {
-            let _ = writeln!(o, "{name}{labels} {value}");
-        }
-    };
-    let per_gpu = |f: &dyn Fn(&str) -> String| -> Vec<(String, String)> {
-        s.inventory
-            .gpus
-            .iter()
-            .map(|g| {
-                (
-                    format!(
-                        "{{node=\"{}\",gpu=\"{}\",index=\"{}\"}}",
-                        esc(&s.node),
-                        esc(&g.uuid),
-                        g.index
-                    ),
-                    f(&g.uuid),
-                )
-            })
-            .collect()
+    let mut reg = Registry::with_prefix("kubeshare_node");
+    let gpu_labels = |g: &kubeshare_api::GpuInfo| GpuLabels {
+        node: s.node.clone(),
+        gpu: g.uuid.clone(),
+        index: g.index.to_string(),
     };
     let entries = |gpu: &str| {
         s.desired
@@ -70,114 +75,180 @@ pub fn render(s: &Snapshot, procs: &BTreeMap<String, ProcStat>, supervised: bool
     };
     let whole = |gpu: &str| s.desired.whole.get(gpu).map_or(0, Vec::len);
 
-    family(
-        "kubeshare_node_gpu_pods",
-        "gauge",
-        "Pods placed on the GPU (time-shared ones in its resource-config, plus whole-GPU ones).",
-        per_gpu(&|g| (entries(g).len() + whole(g)).to_string()),
+    let pods = Family::<GpuLabels, Gauge>::default();
+    let requested = Family::<GpuLabels, FGauge>::default();
+    let limits = Family::<GpuLabels, FGauge>::default();
+    let memory = Family::<GpuLabels, Gauge>::default();
+    let allocated = Family::<GpuLabels, Gauge>::default();
+    let up = Family::<GpuLabels, Gauge>::default();
+    let restarts = Family::<GpuLabels, Counter>::default();
+    for g in &s.inventory.gpus {
+        let l = gpu_labels(g);
+        let e = entries(&g.uuid);
+        pods.get_or_create(&l)
+            .set(to_i64(e.len() as u64 + whole(&g.uuid) as u64));
+        let milli = |v: u64| v as f64 / 1000.0;
+        requested.get_or_create(&l).set(milli(
+            e.iter().map(|e| u64::from(e.request.get())).sum::<u64>()
+                + 1000 * whole(&g.uuid) as u64,
+        ));
+        limits
+            .get_or_create(&l)
+            .set(milli(e.iter().map(|e| u64::from(e.limit.get())).sum()));
+        memory.get_or_create(&l).set(to_i64(g.memory));
+        allocated
+            .get_or_create(&l)
+            .set(to_i64(e.iter().map(|e| e.gpu_mem).sum()));
+        if supervised {
+            let p = procs.get(&g.uuid);
+            up.get_or_create(&l)
+                .set(i64::from(p.is_some_and(|p| p.running)));
+            restarts
+                .get_or_create(&l)
+                .inc_by(p.map_or(0, |p| p.restarts));
+        }
+    }
+    reg.register(
+        "gpu_pods",
+        "Pods placed on the GPU (time-shared ones in its resource-config, plus whole-GPU ones)",
+        pods,
     );
-    family(
-        "kubeshare_node_gpu_requested_share",
-        "gauge",
-        "Sum of the guaranteed shares (gpu_request) of the GPU's pods, in GPUs.",
-        per_gpu(&|g| {
-            let milli: u64 = entries(g)
-                .iter()
-                .map(|e| u64::from(e.request.get()))
-                .sum::<u64>()
-                + 1000 * whole(g) as u64;
-            format!("{}", milli as f64 / 1000.0)
-        }),
+    reg.register(
+        "gpu_requested_share",
+        "Sum of the guaranteed shares (gpu_request) of the GPU's pods, in GPUs",
+        requested,
     );
-    family(
-        "kubeshare_node_gpu_limit_share",
-        "gauge",
-        "Sum of the share ceilings (gpu_limit) of the GPU's time-shared pods, in GPUs.",
-        per_gpu(&|g| {
-            let milli: u64 = entries(g).iter().map(|e| u64::from(e.limit.get())).sum();
-            format!("{}", milli as f64 / 1000.0)
-        }),
+    reg.register(
+        "gpu_limit_share",
+        "Sum of the share ceilings (gpu_limit) of the GPU's time-shared pods, in GPUs",
+        limits,
     );
-    family(
-        "kubeshare_node_gpu_memory_bytes",
-        "gauge",
-        "Total memory of the GPU.",
-        per_gpu(&|g| s.inventory.gpu(g).map_or(0, |i| i.memory).to_string()),
-    );
-    family(
-        "kubeshare_node_gpu_allocated_memory_bytes",
-        "gauge",
-        "Sum of the memory caps of the GPU's time-shared pods.",
-        per_gpu(&|g| {
-            entries(g)
-                .iter()
-                .map(|e| e.gpu_mem)
-                .sum::<u64>()
-                .to_string()
-        }),
+    reg.register_with_unit("gpu_memory", "Total memory of the GPU", Unit::Bytes, memory);
+    reg.register_with_unit(
+        "gpu_allocated_memory",
+        "Sum of the memory caps of the GPU's time-shared pods",
+        Unit::Bytes,
+        allocated,
     );
     if supervised {
-        family(
-            "kubeshare_node_gem_schd_up",
-            "gauge",
-            "1 when the GPU's gem-schd is running.",
-            per_gpu(&|g| u8::from(procs.get(g).is_some_and(|p| p.running)).to_string()),
-        );
-        family(
-            "kubeshare_node_gem_schd_restarts_total",
-            "counter",
-            "Times the GPU's gem-schd was started again after it died.",
-            per_gpu(&|g| procs.get(g).map_or(0, |p| p.restarts).to_string()),
+        reg.register("gem_schd_up", "1 when the GPU's gem-schd is running", up);
+        reg.register(
+            "gem_schd_restarts",
+            "Times the GPU's gem-schd was started again after it died",
+            restarts,
         );
     }
-    let node = format!("{{node=\"{}\"}}", esc(&s.node));
+
+    // Per pod: what its record grants it, per GPU it holds.
+    let pod_request = Family::<PodLabels, FGauge>::default();
+    let pod_limit = Family::<PodLabels, FGauge>::default();
+    let pod_mem = Family::<PodLabels, Gauge>::default();
+    for p in &s.desired.placements {
+        let (namespace, pod) = p
+            .pod_key
+            .split_once('/')
+            .unwrap_or(("", p.pod_key.as_str()));
+        for gpu in &p.gpus {
+            let l = PodLabels {
+                namespace: namespace.to_string(),
+                pod: pod.to_string(),
+                gpu_uuid: gpu.clone(),
+            };
+            if p.whole {
+                pod_request.get_or_create(&l).set(1.0);
+                pod_limit.get_or_create(&l).set(1.0);
+            } else if let Some(e) = entries(gpu).iter().find(|e| e.id == p.pod_uid) {
+                pod_request
+                    .get_or_create(&l)
+                    .set(f64::from(e.request.get()) / 1000.0);
+                pod_limit
+                    .get_or_create(&l)
+                    .set(f64::from(e.limit.get()) / 1000.0);
+                pod_mem.get_or_create(&l).set(to_i64(e.gpu_mem));
+            }
+        }
+    }
+    let mut pod_reg = Registry::with_prefix("kubeshare_pod");
+    pod_reg.register(
+        "gpu_request_share",
+        "The pod's guaranteed share of the GPU (its record's granted request)",
+        pod_request,
+    );
+    pod_reg.register(
+        "gpu_limit_share",
+        "The pod's share ceiling on the GPU (its record's granted limit)",
+        pod_limit,
+    );
+    pod_reg.register_with_unit(
+        "gpu_memory_cap",
+        "The pod's GPU memory cap (time-shared pods)",
+        Unit::Bytes,
+        pod_mem,
+    );
+
+    let node = NodeLabels {
+        node: s.node.clone(),
+    };
     let c = &s.counters;
-    for (name, kind, help, v) in [
-        (
-            "kubeshare_node_synced",
-            "gauge",
-            "1 once the first list of the node's pods is in.",
-            u64::from(s.synced),
-        ),
-        (
-            "kubeshare_node_rejected_pods",
-            "gauge",
-            "Pods with an allocation on this node that could not be configured.",
-            s.desired.problems.len() as u64,
-        ),
-        (
-            "kubeshare_node_reconciles_total",
-            "counter",
-            "Reconcile passes.",
-            c.reconciles,
-        ),
-        (
-            "kubeshare_node_config_writes_total",
-            "counter",
-            "resource-config files written.",
-            c.config_writes,
-        ),
-        (
-            "kubeshare_node_errors_total",
-            "counter",
-            "Failed reconcile or publish steps.",
-            c.errors,
-        ),
-        (
-            "kubeshare_node_inventory_patches_total",
-            "counter",
-            "Patches of the Node's inventory labels and annotation.",
-            c.inventory_patches,
-        ),
-    ] {
-        family(name, kind, help, vec![(node.clone(), v.to_string())]);
+    let gauge = |v: u64| {
+        let f = Family::<NodeLabels, Gauge>::default();
+        f.get_or_create(&node).set(to_i64(v));
+        f
+    };
+    let counter = |v: u64| {
+        let f = Family::<NodeLabels, Counter>::default();
+        f.get_or_create(&node).inc_by(v);
+        f
+    };
+    reg.register(
+        "synced",
+        "1 once the first list of the node's pods is in",
+        gauge(u64::from(s.synced)),
+    );
+    reg.register(
+        "rejected_pods",
+        "Pods with an allocation on this node that could not be configured",
+        gauge(s.desired.problems.len() as u64),
+    );
+    reg.register("reconciles", "Reconcile passes", counter(c.reconciles));
+    reg.register(
+        "config_writes",
+        "resource-config files written",
+        counter(c.config_writes),
+    );
+    reg.register(
+        "errors",
+        "Failed reconcile or publish steps",
+        counter(c.errors),
+    );
+    reg.register(
+        "inventory_patches",
+        "Patches of the Node's inventory labels and annotation",
+        counter(c.inventory_patches),
+    );
+
+    let mut out = String::new();
+    // Writing into a String cannot fail; the `# EOF` of the first part is dropped so
+    // the two registries read as one exposition.
+    let _ = encode(&mut out, &reg);
+    if let Some(body) = out.strip_suffix("# EOF\n") {
+        out.truncate(body.len());
     }
-    o
+    let _ = encode(&mut out, &pod_reg);
+    out
+}
+
+/// The content type of [`render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reconcile::Placement;
     use kubeshare_api::{GpuInfo, Milli, ResourceConfig, ResourceEntry};
 
     #[test]
@@ -210,6 +281,20 @@ mod tests {
         );
         desired.configs.insert(gpu(1), ResourceConfig::default());
         desired.whole.insert(gpu(1), vec!["w".into()]);
+        desired.placements = vec![
+            Placement {
+                pod_uid: "b".into(),
+                pod_key: "ns1/train".into(),
+                gpus: vec![gpu(0)],
+                whole: false,
+            },
+            Placement {
+                pod_uid: "w".into(),
+                pod_key: "ns2/big".into(),
+                gpus: vec![gpu(1)],
+                whole: true,
+            },
+        ];
         let s = Snapshot {
             node: "nd-n".into(),
             synced: true,
@@ -235,8 +320,24 @@ mod tests {
             format!("kubeshare_node_gpu_pods{l0} 2"),
             format!("kubeshare_node_gpu_pods{l1} 1"),
             format!("kubeshare_node_gpu_requested_share{l0} 0.75"),
-            format!("kubeshare_node_gpu_requested_share{l1} 1"),
+            format!("kubeshare_node_gpu_requested_share{l1} 1.0"),
             format!("kubeshare_node_gpu_limit_share{l0} 1.5"),
+            format!(
+                "kubeshare_pod_gpu_request_share{{namespace=\"ns1\",pod=\"train\",gpu_uuid=\"{}\"}} 0.5",
+                gpu(0)
+            ),
+            format!(
+                "kubeshare_pod_gpu_limit_share{{namespace=\"ns1\",pod=\"train\",gpu_uuid=\"{}\"}} 1.0",
+                gpu(0)
+            ),
+            format!(
+                "kubeshare_pod_gpu_memory_cap_bytes{{namespace=\"ns1\",pod=\"train\",gpu_uuid=\"{}\"}} 300",
+                gpu(0)
+            ),
+            format!(
+                "kubeshare_pod_gpu_request_share{{namespace=\"ns2\",pod=\"big\",gpu_uuid=\"{}\"}} 1.0",
+                gpu(1)
+            ),
             format!("kubeshare_node_gpu_allocated_memory_bytes{l0} 400"),
             format!("kubeshare_node_gpu_memory_bytes{l1} 1000"),
             format!("kubeshare_node_gem_schd_up{l0} 1"),
@@ -250,6 +351,8 @@ mod tests {
                 "missing {want:?} in\n{text}"
             );
         }
+        assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
         assert!(!render(&s, &procs, false).contains("gem_schd"));
     }
 }

@@ -1,6 +1,6 @@
 //! The real node (hack/node.sh: containerd, kubelet, kube-proxy in their own
 //! namespaces) that `hack/with-cluster.sh --node` starts beside the control plane,
-//! with KubeShare deployed on it from manifests/. Tests find it through
+//! with KubeShare installed on it with the Helm chart. Tests find it through
 //! `KUBESHARE_NODE_DIR` and read the node's KubeShare host directory from the host.
 
 use std::collections::BTreeMap;

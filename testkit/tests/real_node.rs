@@ -1,5 +1,5 @@
 //! KubeShare on a real node: a kubelet with containerd runs the pods, KubeShare is
-//! deployed from manifests/ (scheduler + extender Deployment, webhook behind its
+//! installed with its Helm chart (scheduler + extender Deployment, webhook behind its
 //! Service, node daemon DaemonSet in fake-GPU mode), and the workloads are CUDA
 //! programs on the fake libcuda with the hook preloaded, inside containers.
 //!
@@ -509,7 +509,8 @@ async fn a_pod_that_is_not_a_kubeshare_pod_gets_no_gpu() -> Result<()> {
     Ok(())
 }
 
-/// The images manifests/ names, per workload kind and name.
+/// The images manifests/ names, per workload kind and name (manifests/ is the
+/// chart rendered, so the Helm release must run the same ones).
 fn manifest_images() -> Result<Vec<String>> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests");
     let mut out = vec![];
@@ -535,6 +536,13 @@ async fn kubeshare_runs_on_the_node_as_the_manifests_deploy_it() -> Result<()> {
     let mut running_images = vec![];
     for d in ["kubeshare-scheduler", "kubeshare-webhook"] {
         let dep = deps.get(d).await?;
+        // Installed by `helm upgrade --install` (hack/deploy.sh), not by kubectl.
+        let release = dep
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("meta.helm.sh/release-name"));
+        assert_eq!(release.map(String::as_str), Some("kubeshare"), "{d}");
         let spec = dep.spec.context("no spec")?;
         running_images.extend(
             spec.template

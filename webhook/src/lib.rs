@@ -10,6 +10,7 @@ pub mod admit;
 pub mod certs;
 pub mod guard;
 pub mod inject;
+pub mod metrics;
 pub mod review;
 pub mod server;
 

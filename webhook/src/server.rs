@@ -5,8 +5,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -20,6 +19,7 @@ use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
 use crate::admit::Verdict;
+pub use crate::metrics::{Outcome, Stats};
 use crate::review::{Mode, answer};
 
 /// An AdmissionReview carries the pod twice (object and oldObject); pods are at most
@@ -55,69 +55,6 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// Request counters, per endpoint and outcome (served at `/metrics`).
-#[derive(Debug, Default)]
-pub struct Stats {
-    counts: [[AtomicU64; 4]; 2],
-}
-
-/// What became of a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// Allowed without a patch.
-    Allowed,
-    /// Allowed with a patch.
-    Patched,
-    Denied,
-    /// HTTP 400.
-    Malformed,
-}
-
-const OUTCOMES: [(Outcome, &str); 4] = [
-    (Outcome::Allowed, "allowed"),
-    (Outcome::Patched, "patched"),
-    (Outcome::Denied, "denied"),
-    (Outcome::Malformed, "malformed"),
-];
-const MODES: [(Mode, &str); 2] = [(Mode::Mutate, "mutate"), (Mode::Validate, "validate")];
-
-impl Stats {
-    fn slot(&self, mode: Mode, outcome: Outcome) -> &AtomicU64 {
-        let m = MODES.iter().position(|(x, _)| *x == mode).unwrap_or(0);
-        let o = OUTCOMES
-            .iter()
-            .position(|(x, _)| *x == outcome)
-            .unwrap_or(0);
-        &self.counts[m][o]
-    }
-    fn record(&self, mode: Mode, outcome: Outcome) {
-        self.slot(mode, outcome).fetch_add(1, Ordering::Relaxed);
-    }
-    /// Requests seen so far on `mode`'s endpoint with this outcome.
-    pub fn get(&self, mode: Mode, outcome: Outcome) -> u64 {
-        self.slot(mode, outcome).load(Ordering::Relaxed)
-    }
-    /// All requests seen on `mode`'s endpoint.
-    pub fn total(&self, mode: Mode) -> u64 {
-        OUTCOMES.iter().map(|(o, _)| self.get(mode, *o)).sum()
-    }
-    /// Prometheus text exposition.
-    pub fn render(&self) -> String {
-        let mut out = String::from(
-            "# HELP kubeshare_webhook_requests_total Admission requests by endpoint and outcome.\n# TYPE kubeshare_webhook_requests_total counter\n",
-        );
-        for (mode, m) in MODES {
-            for (outcome, o) in OUTCOMES {
-                out.push_str(&format!(
-                    "kubeshare_webhook_requests_total{{endpoint=\"{m}\",outcome=\"{o}\"}} {}\n",
-                    self.get(mode, outcome)
-                ));
-            }
-        }
-        out
-    }
-}
-
 /// The routes, without TLS.
 pub fn router(stats: Arc<Stats>) -> Router {
     Router::new()
@@ -139,13 +76,14 @@ async fn validate(State(stats): State<Arc<Stats>>, body: Bytes) -> Response {
 
 async fn metrics(State(stats): State<Arc<Stats>>) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
         stats.render(),
     )
         .into_response()
 }
 
 fn handle(stats: &Stats, body: &[u8], mode: Mode) -> Response {
+    let start = Instant::now();
     match answer(body, mode) {
         Ok(a) => {
             let outcome = match &a.verdict {
@@ -153,7 +91,7 @@ fn handle(stats: &Stats, body: &[u8], mode: Mode) -> Response {
                 Verdict::Allow { patch, .. } if patch.is_empty() => Outcome::Allowed,
                 Verdict::Allow { .. } => Outcome::Patched,
             };
-            stats.record(mode, outcome);
+            stats.record(mode, outcome, start.elapsed());
             match &a.verdict {
                 Verdict::Deny(d) => tracing::info!(
                     uid = %a.uid, op = %a.operation, kind = %a.kind, namespace = %a.namespace,
@@ -167,7 +105,7 @@ fn handle(stats: &Stats, body: &[u8], mode: Mode) -> Response {
             ([(header::CONTENT_TYPE, "application/json")], a.body).into_response()
         }
         Err(e) => {
-            stats.record(mode, Outcome::Malformed);
+            stats.record(mode, Outcome::Malformed, start.elapsed());
             tracing::warn!(error = %e, bytes = body.len(), ?mode, "malformed admission request");
             (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response()
         }

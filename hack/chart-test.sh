@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Checks the Helm chart (charts/kubeshare) the way a user meets it:
+#   1. `helm lint` with the defaults and with each certificate mode and the
+#      ServiceMonitor on; a bad value is refused with a message naming it;
+#   2. manifests/ is the chart rendered (hack/render-manifests.sh --check);
+#   3. the chart's self-signed webhook certificate names the webhook Service and
+#      is signed by the CA the webhook configurations carry;
+#   4. with a cluster (KUBECONFIG set, e.g. under hack/with-cluster.sh): the
+#      rendered chart and manifests/ pass a server-side dry run of `kubectl apply`.
+# Usage: hack/chart-test.sh        (make chart-test runs it under a cluster)
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CHART="$REPO/charts/kubeshare"
+HELM="${HELM:-$("$REPO/hack/build-helm.sh" | tail -n 1)}"
+NS=kubeshare-system
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+log() { echo "chart-test: $*" >&2; }
+die() { log "FAIL: $*"; exit 1; }
+
+# ------------------------------------------------------------------ 1. lint
+for set in "" "--set webhook.certs.mode=certManager" "--set webhook.certs.mode=manual" \
+           "--set metrics.serviceMonitor.enabled=true" "--set gpuNodeTaint.enabled=false"; do
+  # shellcheck disable=SC2086
+  "$HELM" lint --strict "$CHART" --namespace "$NS" $set >"$WORK/lint.log" 2>&1 \
+    || { cat "$WORK/lint.log" >&2; die "helm lint ${set:-(defaults)}"; }
+done
+log "helm lint: defaults, certManager, manual, serviceMonitor, no taint"
+if "$HELM" template kubeshare "$CHART" --set webhook.certs.mode=bogus >"$WORK/bad.log" 2>&1; then
+  die "webhook.certs.mode=bogus was accepted"
+fi
+grep -q 'webhook.certs.mode="bogus"' "$WORK/bad.log" || { cat "$WORK/bad.log" >&2; die "the error does not name the bad value"; }
+log "a bad webhook.certs.mode is refused by name"
+
+# ------------------------------------------------------------------ 2. manifests/
+HELM="$HELM" "$REPO/hack/render-manifests.sh" --check
+log "manifests/ is the chart rendered"
+
+# ------------------------------------------------------------------ 3. certificates
+"$HELM" template kubeshare "$CHART" --namespace "$NS" >"$WORK/chart.yaml"
+secret_field() {
+  awk -v f="$1" '/^kind: Secret/{s=1} s && $1==f":"{print $2; exit}' "$WORK/chart.yaml" | base64 -d
+}
+secret_field ca.crt >"$WORK/ca.crt"
+secret_field tls.crt >"$WORK/tls.crt"
+openssl verify -CAfile "$WORK/ca.crt" "$WORK/tls.crt" >/dev/null || die "tls.crt is not signed by ca.crt"
+openssl x509 -in "$WORK/tls.crt" -noout -ext subjectAltName | grep -q "kubeshare-webhook.$NS.svc" \
+  || die "tls.crt does not name kubeshare-webhook.$NS.svc"
+bundles=$(grep -c "caBundle: $(base64 -w0 <"$WORK/ca.crt")" "$WORK/chart.yaml" || true)
+[[ "$bundles" == 3 ]] || die "expected the CA in 3 webhook entries, found $bundles"
+log "self-signed certificate: signed by the CA in all 3 webhook entries, names the Service"
+
+# ------------------------------------------------------------------ 4. dry run
+if [[ -z "${KUBECONFIG:-}" ]]; then
+  log "no KUBECONFIG: server-side dry run skipped"
+  exit 0
+fi
+KUBECTL="${KUBECTL:-${KUBESHARE_K8S_BIN:+$KUBESHARE_K8S_BIN/}kubectl}"
+"$KUBECTL" create namespace "$NS" --dry-run=client -o yaml | "$KUBECTL" apply -f - >/dev/null
+"$KUBECTL" apply --dry-run=server -f "$WORK/chart.yaml" >"$WORK/dry.log" 2>&1 \
+  || { cat "$WORK/dry.log" >&2; die "the rendered chart fails a server-side dry run"; }
+# manifests/ with a syntactically valid CA in place of the CA_BUNDLE placeholder.
+mkdir -p "$WORK/manifests"
+for f in "$REPO"/manifests/*.yaml; do
+  sed "s|CA_BUNDLE|$(base64 -w0 <"$WORK/ca.crt")|" "$f" >"$WORK/manifests/$(basename "$f")"
+done
+"$KUBECTL" apply --dry-run=server -f "$WORK/manifests" >"$WORK/dry.log" 2>&1 \
+  || { cat "$WORK/dry.log" >&2; die "manifests/ fails a server-side dry run"; }
+log "server-side dry run: the chart ($(grep -c '^kind:' "$WORK/chart.yaml") objects) and manifests/"
