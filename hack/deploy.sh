@@ -12,7 +12,8 @@
 # Env: KUBECTL (the kubectl command line, default `kubectl`),
 #      HELM_KUBE_ARGS (helm's flags for the same cluster, e.g. `--kubeconfig F`
 #        or `--kube-context C`), HELM (default: built by hack/build-helm.sh),
-#      KUBESHARE_DEPLOY_TIMEOUT (seconds, default 300).
+#      KUBESHARE_DEPLOY_TIMEOUT (seconds, default 300),
+#      K8S_VERSION (the rig's Kubernetes version: the kube-scheduler image to run).
 set -euo pipefail
 
 HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -63,7 +64,8 @@ log "helm upgrade --install kubeshare charts/kubeshare (tag $TAG)"
 # localRigUsers: the rig's tests also act as the components' local identities.
 "$HELM" "${HELM_KUBE[@]}" upgrade --install kubeshare "$REPO/charts/kubeshare" --namespace "$NS" \
   --set images.tag="$TAG" --set nodeDaemon.fakeInventoryConfigMap=kubeshare-fake-inventory \
-  --set rbac.localRigUsers=true >"$WORK/helm.log" 2>&1 \
+  --set rbac.localRigUsers=true ${K8S_VERSION:+--set images.kubeScheduler=registry.k8s.io/kube-scheduler:$K8S_VERSION} \
+  >"$WORK/helm.log" 2>&1 \
   || { cat "$WORK/helm.log" >&2; die "helm upgrade --install failed"; }
 log "waiting for KubeShare to roll out (up to ${TIMEOUT}s)"
 k -n "$NS" rollout status deployment/kubeshare-webhook --timeout="${TIMEOUT}s" >/dev/null

@@ -25,9 +25,15 @@ TARGET="${CARGO_TARGET_DIR:-$REPO/target}/${KUBESHARE_IMAGES_PROFILE:-release}"
 log() { echo "images: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-# The kube-scheduler image the manifest names (one pin, in manifests/).
+# The kube-scheduler image the manifest names (one pin, in manifests/), or the one
+# of the Kubernetes version the rig runs when K8S_VERSION picks another
+# (hack/deploy.sh installs the chart with the same reference).
 scheduler_ref() {
-  grep -o 'registry.k8s.io/kube-scheduler:[^ ]*' "$REPO/manifests/kube-scheduler.yaml" | head -n 1
+  if [[ -n "${K8S_VERSION:-}" ]]; then
+    echo "registry.k8s.io/kube-scheduler:$K8S_VERSION"
+  else
+    grep -o 'registry.k8s.io/kube-scheduler:[^ ]*' "$REPO/manifests/kube-scheduler.yaml" | head -n 1
+  fi
 }
 
 # name|reference|entrypoint|user|env (comma-separated)|in Dockerfile

@@ -4,13 +4,19 @@
 #   make cluster-down    stop it
 # `make test` runs `cargo test` through $(CARGO_TEST_WRAPPER), which brings one
 # cluster up for the whole test run and always brings it down afterwards.
+#
+# Kubernetes versions: K8S_VERSION picks the version the rig builds and runs
+# (default: the oldest supported, hack/build-k8s.sh's pin). `make test` runs on it;
+#   make k8s-newest-test   the cluster and real-node tests again on $(K8S_NEWEST)
+# (.ci/run runs both; docs/control-plane.md has the timings).
+K8S_NEWEST ?= v1.37.2
 
 CLUSTER_RUN_DIR ?= $(CURDIR)/target/kubeshare-cluster
 CARGO_TEST_WRAPPER := hack/with-cluster.sh
 
 TEST_PREREQS += k8s-binaries
 
-.PHONY: k8s-binaries cluster-up cluster-down
+.PHONY: k8s-binaries cluster-up cluster-down k8s-newest-test
 
 k8s-binaries:
 	hack/build-k8s.sh
@@ -20,3 +26,6 @@ cluster-up: k8s-binaries
 
 cluster-down:
 	hack/cluster.sh down $(CLUSTER_RUN_DIR)
+
+k8s-newest-test:
+	$(MAKE) cargo-test node-test K8S_VERSION=$(K8S_NEWEST)
