@@ -12,6 +12,7 @@ pub mod labels;
 mod milli;
 mod quantity;
 pub mod resource_config;
+pub mod usage;
 
 pub use annotations::{Allocation, AllocationError, Granted};
 pub use inventory::{GpuInfo, InventoryError, NodeInventory};
@@ -19,6 +20,7 @@ pub use labels::{GpuDemand, GpuShare, GroupSpec, LabelError, is_kubeshare_pod};
 pub use milli::{Milli, MilliParseError};
 pub use quantity::{ACCEPTED_FORMS, QuantityError, parse_bytes};
 pub use resource_config::{ResourceConfig, ResourceConfigError, ResourceEntry};
+pub use usage::{ClientUsage, USAGE_FILE, UsageError, UsageReport};
 
 /// The scheduler name that KubeShare pods run under.
 pub const SCHEDULER_NAME: &str = "kubeshare-scheduler";

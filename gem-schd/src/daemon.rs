@@ -30,6 +30,8 @@ pub const MAX_IN_FLIGHT: usize = 32;
 pub const MAX_QUEUED_REPLIES: usize = 64;
 /// Commands queued for the actor (all connections together).
 const INBOX: usize = 4096;
+/// How often the usage report is rewritten.
+const USAGE_EVERY: Duration = Duration::from_secs(1);
 
 /// Everything the daemon needs to start.
 #[derive(Debug, Clone)]
@@ -47,6 +49,8 @@ pub struct Settings {
     pub quiet: Duration,
     /// Starvation bound (see `Core::set_max_wait`).
     pub max_wait: Duration,
+    /// Where to write the usage report once a second (`gem_schd::usage`), if anywhere.
+    pub usage_file: Option<PathBuf>,
 }
 
 enum Cmd {
@@ -117,6 +121,8 @@ pub async fn run(
     // an edit made between the load and the watch is not lost.
     let watcher = spawn_watcher(&actor.settings, tx.clone(), text)?;
     tokio::pin!(shutdown);
+    let mut usage_tick = tokio::time::interval(USAGE_EVERY);
+    usage_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let wake = actor.core.next_wakeup(actor.now());
         let sleep = async {
@@ -138,6 +144,7 @@ pub async fn run(
                 let acts = actor.core.tick(actor.now());
                 actor.perform(acts);
             }
+            _ = usage_tick.tick(), if actor.settings.usage_file.is_some() => actor.write_usage(),
         }
     }
     info!("shutting down");
@@ -157,6 +164,16 @@ pub async fn run(
 impl Actor {
     fn now(&self) -> Micros {
         self.epoch.elapsed().as_micros() as Micros
+    }
+
+    fn write_usage(&self) {
+        if let Some(path) = &self.settings.usage_file {
+            let r = gem_schd::usage::report(&self.core, self.now());
+            if let Err(e) = gem_schd::usage::write(path, &r) {
+                // Metrics only: scheduling goes on.
+                warn!(error = %e, path = %path.display(), "writing the usage report failed");
+            }
+        }
     }
 
     fn send(&mut self, conn: ConnId, reply: Reply) {

@@ -8,3 +8,4 @@
 pub mod config;
 pub mod core;
 pub mod launch;
+pub mod usage;

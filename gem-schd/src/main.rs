@@ -70,6 +70,10 @@ struct Args {
     /// mounted into which pod.
     #[arg(long, default_value = "600", value_parser = octal)]
     socket_mode: u32,
+    /// Write each client's token time over the window and its memory here once a
+    /// second (replaced atomically; the node daemon exports it per pod).
+    #[arg(long)]
+    usage_file: Option<PathBuf>,
 }
 
 fn octal(s: &str) -> Result<u32, String> {
@@ -107,6 +111,7 @@ fn main() -> Result<()> {
         max_conns: args.max_conns.max(1),
         quiet: Duration::from_millis(args.quiet_ms),
         max_wait: Duration::from_millis(args.max_wait_ms),
+        usage_file: args.usage_file,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

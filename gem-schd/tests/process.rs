@@ -499,3 +499,50 @@ fn a_flooding_connection_stalls_only_itself() {
         "the writer could not send everything"
     );
 }
+
+/// `--usage-file`: the report lists every configured client with the token time it
+/// held and the memory counted for it, and follows a client that holds the token.
+#[test]
+fn usage_file_reports_token_time_and_memory_per_client() {
+    let out = tempfile::tempdir().unwrap();
+    let usage = out.path().join("usage.txt");
+    let s = Schd::start(
+        "2\na 0.5 1.0 1000000\nb 0.5 1.0 1000000\n",
+        &["--usage-file", usage.to_str().unwrap(), "--quiet-ms", "0"],
+    );
+    let mut a = s.connect("a");
+    assert!(a.mem_alloc(4096).unwrap().granted);
+    // Use the GPU for ~0.6 s in 20 ms holds, as the hook does.
+    let held = Instant::now();
+    while held.elapsed() < Duration::from_millis(600) {
+        a.request_token(0, 0).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        a.release(20_000).unwrap();
+    }
+    let mut last = String::new();
+    wait_for(
+        || {
+            let Ok(text) = std::fs::read_to_string(&usage) else {
+                return false;
+            };
+            last = text;
+            kubeshare_api::UsageReport::parse(&last)
+                .ok()
+                .and_then(|r| r.client("a").map(|c| c.used_us))
+                .is_some_and(|u| u >= 300_000)
+        },
+        "a's token time (>= 300 ms) in the usage report",
+    );
+    let r = kubeshare_api::UsageReport::parse(&last).unwrap();
+    assert_eq!(r.window_us, 10_000_000);
+    let ids: Vec<&str> = r.clients.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(ids, ["a", "b"]);
+    let ua = r.client("a").unwrap();
+    // Never more than the time since the grant (plus the report's 1 s of staleness).
+    assert!(
+        ua.used_us <= held.elapsed().as_micros() as u64 + 1_000_000,
+        "{last}"
+    );
+    assert_eq!(ua.mem_used, 4096, "{last}");
+    assert_eq!(r.client("b").map(|c| (c.used_us, c.mem_used)), Some((0, 0)));
+}

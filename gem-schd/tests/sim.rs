@@ -1073,3 +1073,35 @@ fn inference_beside_training_waits_at_most_one_training_step() {
         train_infer(pace);
     }
 }
+
+// ---- the usage report (the node daemon's per-pod delivered share) ----
+
+/// What gem-schd reports as each client's token time over the last window (exported
+/// by the node daemon as `kubeshare_pod_gpu_delivered_share`) matches the GPU time the
+/// simulation measured over that window, for known workloads and shares.
+#[test]
+fn usage_report_tells_the_delivered_share() {
+    for (a, b) in [
+        ((300, 300, Pattern::long()), (700, 700, Pattern::matmul())),
+        ((200, 1000, Pattern::medium()), (500, 500, Pattern::long())),
+    ] {
+        let sim = run(vec![
+            (spec("a", a.0, a.1), a.2),
+            (spec("b", b.0, b.1), b.2),
+        ]);
+        let end = 60 * S;
+        let r = gem_schd::usage::report(&sim.core, end);
+        assert_eq!(r.window_us, Params::default().window_us);
+        for (i, id) in ["a", "b"].into_iter().enumerate() {
+            let reported = r.client(id).map(|c| c.share(r.window_us)).unwrap_or(-1.0);
+            // GPU time over the window divided by the pattern's duty cycle: the token
+            // time (the hold includes the CPU gaps between kernels).
+            let measured = sim.share(i, end - r.window_us, end) / sim.clients[i].pattern.duty();
+            eprintln!("{id}: reported {reported:.4}, measured {measured:.4}");
+            assert!(
+                (reported - measured).abs() <= 0.02,
+                "{id}: reported {reported:.4}, simulation measured {measured:.4}"
+            );
+        }
+    }
+}

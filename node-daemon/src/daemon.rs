@@ -52,6 +52,8 @@ pub struct Shared {
     pub snapshot: Arc<Mutex<Snapshot>>,
     pub procs: ProcStats,
     pub supervised: bool,
+    /// Where gem-schd's usage reports are (read at each scrape).
+    pub layout: Option<crate::disk::Layout>,
 }
 
 impl Shared {
@@ -93,6 +95,7 @@ pub async fn run(
 
     let shared = Shared {
         supervised: cfg.gem_schd.is_some(),
+        layout: Some(layout.clone()),
         ..Shared::default()
     };
     shared.update(|s| {

@@ -4,6 +4,7 @@
 //! <root>/lib/libgemhook.so.1
 //! <root>/gpus/<uuid>/resource-config.txt
 //! <root>/gpus/<uuid>/gem-schd.pid
+//! <root>/gpus/<uuid>/usage.txt           written by gem-schd (kubeshare_api::usage)
 //! <root>/pods/<pod-uid>/<gpu-uuid>.sock
 //! ```
 //! Files are replaced atomically (a temporary file in the same directory, then
@@ -47,6 +48,10 @@ impl Layout {
     }
     pub fn pid_file(&self, gpu: &str) -> PathBuf {
         self.gpu_dir(gpu).join("gem-schd.pid")
+    }
+    /// gem-schd's usage report (`--usage-file`).
+    pub fn usage(&self, gpu: &str) -> PathBuf {
+        self.gpu_dir(gpu).join(kubeshare_api::USAGE_FILE)
     }
     pub fn pods_dir(&self) -> PathBuf {
         self.root.join("pods")

@@ -12,7 +12,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 
-use kubeshare_api::NodeInventory;
+use kubeshare_api::{NodeInventory, UsageReport};
 
 use crate::reconcile::Desired;
 use crate::supervisor::ProcStat;
@@ -59,7 +59,14 @@ type FGauge = Gauge<f64, AtomicU64>;
 
 /// The exposition text (OpenMetrics, through `prometheus-client`): a registry built
 /// from the snapshot on each scrape, so the figures are the last reconcile's.
-pub fn render(s: &Snapshot, procs: &BTreeMap<String, ProcStat>, supervised: bool) -> String {
+///
+/// `usage`: gem-schd's last report per GPU (fresh ones only), for the delivered shares.
+pub fn render(
+    s: &Snapshot,
+    procs: &BTreeMap<String, ProcStat>,
+    supervised: bool,
+    usage: &BTreeMap<String, UsageReport>,
+) -> String {
     let mut reg = Registry::with_prefix("kubeshare_node");
     let gpu_labels = |g: &kubeshare_api::GpuInfo| GpuLabels {
         node: s.node.clone(),
@@ -139,10 +146,13 @@ pub fn render(s: &Snapshot, procs: &BTreeMap<String, ProcStat>, supervised: bool
         );
     }
 
-    // Per pod: what its record grants it, per GPU it holds.
+    // Per pod: what its record grants it, per GPU it holds, and what gem-schd
+    // delivered (token time over its window) and counted (memory).
     let pod_request = Family::<PodLabels, FGauge>::default();
     let pod_limit = Family::<PodLabels, FGauge>::default();
     let pod_mem = Family::<PodLabels, Gauge>::default();
+    let pod_delivered = Family::<PodLabels, FGauge>::default();
+    let pod_mem_used = Family::<PodLabels, Gauge>::default();
     for p in &s.desired.placements {
         let (namespace, pod) = p
             .pod_key
@@ -165,6 +175,12 @@ pub fn render(s: &Snapshot, procs: &BTreeMap<String, ProcStat>, supervised: bool
                     .get_or_create(&l)
                     .set(f64::from(e.limit.get()) / 1000.0);
                 pod_mem.get_or_create(&l).set(to_i64(e.gpu_mem));
+                if let Some(r) = usage.get(gpu)
+                    && let Some(c) = r.client(&p.pod_uid)
+                {
+                    pod_delivered.get_or_create(&l).set(c.share(r.window_us));
+                    pod_mem_used.get_or_create(&l).set(to_i64(c.mem_used));
+                }
             }
         }
     }
@@ -184,6 +200,17 @@ pub fn render(s: &Snapshot, procs: &BTreeMap<String, ProcStat>, supervised: bool
         "The pod's GPU memory cap (time-shared pods)",
         Unit::Bytes,
         pod_mem,
+    );
+    pod_reg.register(
+        "gpu_delivered_share",
+        "Share of the GPU's time the pod held the token over gem-schd's window (10 s by default)",
+        pod_delivered,
+    );
+    pod_reg.register_with_unit(
+        "gpu_memory_used",
+        "GPU memory gem-schd counts for the pod (all its processes)",
+        Unit::Bytes,
+        pod_mem_used,
     );
 
     let node = NodeLabels {
@@ -313,7 +340,19 @@ mod tests {
                 restarts: 3,
             },
         )]);
-        let text = render(&s, &procs, true);
+        let usage = BTreeMap::from([(
+            gpu(0),
+            UsageReport {
+                window_us: 10_000_000,
+                at_us: 1,
+                clients: vec![kubeshare_api::ClientUsage {
+                    id: "b".into(),
+                    used_us: 4_800_000,
+                    mem_used: 123,
+                }],
+            },
+        )]);
+        let text = render(&s, &procs, true, &usage);
         let l0 = format!("{{node=\"nd-n\",gpu=\"{}\",index=\"0\"}}", gpu(0));
         let l1 = format!("{{node=\"nd-n\",gpu=\"{}\",index=\"1\"}}", gpu(1));
         for want in [
@@ -353,6 +392,8 @@ mod tests {
         }
         assert_eq!(text.matches("# EOF").count(), 1, "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
-        assert!(!render(&s, &procs, false).contains("gem_schd"));
+        assert!(!render(&s, &procs, false, &usage).contains("gem_schd"));
+        // No report, no delivered share (never a made-up 0).
+        assert!(!render(&s, &procs, true, &BTreeMap::new()).contains("delivered_share{"));
     }
 }

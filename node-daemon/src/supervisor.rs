@@ -55,6 +55,8 @@ impl GemSchdCommand {
             layout.config(gpu).display().to_string(),
             "--socket-template".to_string(),
             layout.socket_template(),
+            "--usage-file".to_string(),
+            layout.usage(gpu).display().to_string(),
         ];
         a.extend(self.extra_args.iter().cloned());
         a

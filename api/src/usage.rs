@@ -1,0 +1,203 @@
+//! gem-schd's usage report: the GPU time each client held the token over the last
+//! window, and the memory counted for it. gem-schd writes it next to its
+//! resource-config (`gpus/<uuid>/usage.txt`, replaced atomically once a second); the
+//! node daemon reads it to export each pod's delivered share.
+//!
+//! ```text
+//! gem-schd-usage v1 window_us=10000000 at_us=123456789
+//! 6f1c…-pod-uid-a 2987000 1073741824
+//! 9b2e…-pod-uid-b 7001000 0
+//! ```
+//! Line 1: the format, the accounting window and gem-schd's clock when written; then
+//! one line `ID USED_US MEM_USED_BYTES` per configured client. `parse(render(r)) == r`.
+
+use std::fmt::Write as _;
+
+use crate::resource_config::is_valid_id;
+
+/// The file name under a GPU's directory.
+pub const USAGE_FILE: &str = "usage.txt";
+
+const MAGIC: &str = "gem-schd-usage v1";
+
+/// One client's figures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientUsage {
+    pub id: String,
+    /// Token time held within the window ending at `at_us`.
+    pub used_us: u64,
+    /// Device memory counted for the client (all its processes).
+    pub mem_used: u64,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct UsageReport {
+    pub window_us: u64,
+    pub at_us: u64,
+    pub clients: Vec<ClientUsage>,
+}
+
+/// A malformed report; `line` is 1-based.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("usage report line {line}: {message}")]
+pub struct UsageError {
+    pub line: usize,
+    pub message: String,
+}
+
+impl ClientUsage {
+    /// The share of the GPU's time the client held over the window, in [0, 1]
+    /// (capped: a hold that straddles the window's start is counted whole).
+    pub fn share(&self, window_us: u64) -> f64 {
+        if window_us == 0 {
+            return 0.0;
+        }
+        (self.used_us as f64 / window_us as f64).min(1.0)
+    }
+}
+
+impl UsageReport {
+    pub fn render(&self) -> String {
+        let mut out = format!(
+            "{MAGIC} window_us={} at_us={}\n",
+            self.window_us, self.at_us
+        );
+        for c in &self.clients {
+            let _ = writeln!(out, "{} {} {}", c.id, c.used_us, c.mem_used);
+        }
+        out
+    }
+
+    pub fn parse(text: &str) -> Result<UsageReport, UsageError> {
+        let err = |line: usize, message: String| UsageError { line, message };
+        let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l));
+        let (_, head) = lines
+            .next()
+            .ok_or_else(|| err(1, "empty; expected the header line".into()))?;
+        let rest = head
+            .strip_prefix(MAGIC)
+            .ok_or_else(|| err(1, format!("expected {MAGIC:?} at the start, found {head:?}")))?;
+        let mut window_us = None;
+        let mut at_us = None;
+        for field in rest.split_whitespace() {
+            let (k, v) = field
+                .split_once('=')
+                .ok_or_else(|| err(1, format!("{field:?} is not key=value")))?;
+            let n: u64 = v
+                .parse()
+                .map_err(|_| err(1, format!("{k}={v:?} is not a whole number")))?;
+            match k {
+                "window_us" => window_us = Some(n),
+                "at_us" => at_us = Some(n),
+                _ => return Err(err(1, format!("unknown field {k:?}"))),
+            }
+        }
+        let window_us = window_us
+            .filter(|w| *w > 0)
+            .ok_or_else(|| err(1, "window_us missing or 0".into()))?;
+        let at_us = at_us.ok_or_else(|| err(1, "at_us missing".into()))?;
+        let mut clients: Vec<ClientUsage> = vec![];
+        for (n, line) in lines {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let [id, used, mem] = f.as_slice() else {
+                return Err(err(n, format!("expected `ID USED_US MEM_USED_BYTES`, found {line:?}")));
+            };
+            if !is_valid_id(id) {
+                return Err(err(n, format!("{id:?} is not a client ID")));
+            }
+            if clients.iter().any(|c| c.id == *id) {
+                return Err(err(n, format!("client {id:?} listed twice")));
+            }
+            let num = |s: &str, what: &str| {
+                s.parse::<u64>()
+                    .map_err(|_| err(n, format!("{what} {s:?} is not a whole number")))
+            };
+            clients.push(ClientUsage {
+                id: id.to_string(),
+                used_us: num(used, "USED_US")?,
+                mem_used: num(mem, "MEM_USED_BYTES")?,
+            });
+        }
+        Ok(UsageReport {
+            window_us,
+            at_us,
+            clients,
+        })
+    }
+
+    pub fn client(&self, id: &str) -> Option<&ClientUsage> {
+        self.clients.iter().find(|c| c.id == id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn parses_what_it_renders_and_computes_shares() {
+        let r = UsageReport {
+            window_us: 10_000_000,
+            at_us: 42,
+            clients: vec![
+                ClientUsage {
+                    id: "a".into(),
+                    used_us: 3_000_000,
+                    mem_used: 1 << 30,
+                },
+                ClientUsage {
+                    id: "b".into(),
+                    used_us: 12_000_000,
+                    mem_used: 0,
+                },
+            ],
+        };
+        let text = r.render();
+        assert_eq!(UsageReport::parse(&text), Ok(r.clone()));
+        assert!((r.clients[0].share(r.window_us) - 0.3).abs() < 1e-12);
+        assert_eq!(r.clients[1].share(r.window_us), 1.0);
+        assert_eq!(r.client("b").map(|c| c.mem_used), Some(0));
+    }
+
+    #[test]
+    fn refuses_bad_reports_by_line() {
+        for (text, line, needle) in [
+            ("", 1, "empty"),
+            ("gem-schd-usage v2 window_us=1 at_us=0\n", 1, "expected"),
+            ("gem-schd-usage v1 window_us=0 at_us=0\n", 1, "window_us"),
+            ("gem-schd-usage v1 window_us=x at_us=0\n", 1, "whole number"),
+            ("gem-schd-usage v1 window_us=5 at_us=0 extra=1\n", 1, "unknown"),
+            ("gem-schd-usage v1 window_us=5 at_us=0\na 1\n", 2, "expected"),
+            ("gem-schd-usage v1 window_us=5 at_us=0\na -1 0\n", 2, "USED_US"),
+            ("gem-schd-usage v1 window_us=5 at_us=0\na 1 0\na 2 0\n", 3, "twice"),
+            ("gem-schd-usage v1 window_us=5 at_us=0\n../x 1 0\n", 2, "client ID"),
+        ] {
+            let e = UsageReport::parse(text).expect_err(text);
+            assert_eq!(e.line, line, "{text:?}: {e}");
+            assert!(e.message.contains(needle), "{text:?}: {e}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn any_text_parses_or_errs_without_panicking(s in "\\PC{0,200}") {
+            let _ = UsageReport::parse(&s);
+        }
+
+        #[test]
+        fn round_trips(window in 1u64..u64::MAX, at in any::<u64>(),
+                       cs in proptest::collection::btree_map("[a-z0-9-]{1,40}", (any::<u64>(), any::<u64>()), 0..8)) {
+            let r = UsageReport {
+                window_us: window,
+                at_us: at,
+                clients: cs.into_iter().map(|(id, (u, m))| ClientUsage { id, used_us: u, mem_used: m }).collect(),
+            };
+            prop_assert_eq!(UsageReport::parse(&r.render()), Ok(r));
+        }
+    }
+}

@@ -1,0 +1,37 @@
+//! The usage report gem-schd writes for the node daemon (`--usage-file`): per
+//! configured client, the token time held over the accounting window and the memory
+//! counted for it (format: `kubeshare_api::usage`). Built from the core (pure), written
+//! atomically (a temporary file, then `rename`) so a reader never sees half of it.
+
+use std::io::Write as _;
+use std::path::Path;
+
+use kubeshare_api::{ClientUsage, UsageReport};
+
+use crate::core::{Core, Micros};
+
+/// The report at `now`, clients in the core's order.
+pub fn report(core: &Core, now: Micros) -> UsageReport {
+    UsageReport {
+        window_us: core.params().window_us,
+        at_us: now,
+        clients: core
+            .client_ids()
+            .map(|id| ClientUsage {
+                id: id.to_string(),
+                used_us: core.usage_us(now, id).unwrap_or(0),
+                mem_used: core.mem_used(id).unwrap_or(0),
+            })
+            .collect(),
+    }
+}
+
+/// Replaces `path` with `report`.
+pub fn write(path: &Path, report: &UsageReport) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(report.render().as_bytes())?;
+    }
+    std::fs::rename(&tmp, path)
+}
