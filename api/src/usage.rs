@@ -75,9 +75,12 @@ impl UsageReport {
         let (_, head) = lines
             .next()
             .ok_or_else(|| err(1, "empty; expected the header line".into()))?;
-        let rest = head
-            .strip_prefix(MAGIC)
-            .ok_or_else(|| err(1, format!("expected {MAGIC:?} at the start, found {head:?}")))?;
+        let rest = head.strip_prefix(MAGIC).ok_or_else(|| {
+            err(
+                1,
+                format!("expected {MAGIC:?} at the start, found {head:?}"),
+            )
+        })?;
         let mut window_us = None;
         let mut at_us = None;
         for field in rest.split_whitespace() {
@@ -104,7 +107,10 @@ impl UsageReport {
             }
             let f: Vec<&str> = line.split_whitespace().collect();
             let [id, used, mem] = f.as_slice() else {
-                return Err(err(n, format!("expected `ID USED_US MEM_USED_BYTES`, found {line:?}")));
+                return Err(err(
+                    n,
+                    format!("expected `ID USED_US MEM_USED_BYTES`, found {line:?}"),
+                ));
             };
             if !is_valid_id(id) {
                 return Err(err(n, format!("{id:?} is not a client ID")));
@@ -171,11 +177,31 @@ mod tests {
             ("gem-schd-usage v2 window_us=1 at_us=0\n", 1, "expected"),
             ("gem-schd-usage v1 window_us=0 at_us=0\n", 1, "window_us"),
             ("gem-schd-usage v1 window_us=x at_us=0\n", 1, "whole number"),
-            ("gem-schd-usage v1 window_us=5 at_us=0 extra=1\n", 1, "unknown"),
-            ("gem-schd-usage v1 window_us=5 at_us=0\na 1\n", 2, "expected"),
-            ("gem-schd-usage v1 window_us=5 at_us=0\na -1 0\n", 2, "USED_US"),
-            ("gem-schd-usage v1 window_us=5 at_us=0\na 1 0\na 2 0\n", 3, "twice"),
-            ("gem-schd-usage v1 window_us=5 at_us=0\n../x 1 0\n", 2, "client ID"),
+            (
+                "gem-schd-usage v1 window_us=5 at_us=0 extra=1\n",
+                1,
+                "unknown",
+            ),
+            (
+                "gem-schd-usage v1 window_us=5 at_us=0\na 1\n",
+                2,
+                "expected",
+            ),
+            (
+                "gem-schd-usage v1 window_us=5 at_us=0\na -1 0\n",
+                2,
+                "USED_US",
+            ),
+            (
+                "gem-schd-usage v1 window_us=5 at_us=0\na 1 0\na 2 0\n",
+                3,
+                "twice",
+            ),
+            (
+                "gem-schd-usage v1 window_us=5 at_us=0\n../x 1 0\n",
+                2,
+                "client ID",
+            ),
         ] {
             let e = UsageReport::parse(text).expect_err(text);
             assert_eq!(e.line, line, "{text:?}: {e}");

@@ -2,8 +2,10 @@
 //!
 //! [`model::build`] turns Node and Pod objects into a [`model::ClusterView`];
 //! [`render::render`] draws it. Both are pure, so the table is tested without a
-//! cluster; `main.rs` only lists the objects.
+//! cluster; `main.rs` only lists the objects (and reads the node daemons' metrics
+//! for [`delivered`] shares).
 
+pub mod delivered;
 pub mod model;
 pub mod render;
 

@@ -5,16 +5,19 @@ use std::fmt::Write as _;
 
 use kubeshare_api::Milli;
 
+use crate::delivered::Delivered;
 use crate::model::{ClusterView, GpuView, PendingPod, PodShare};
 
 /// Cells in a bar.
 pub const BAR_WIDTH: usize = 10;
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct RenderOptions {
     /// Full GPU UUIDs instead of their first group (also used when first groups
     /// collide), and whole scheduler messages instead of their first 160 characters.
     pub wide: bool,
+    /// Delivered shares from the node daemons' metrics (empty: not shown).
+    pub delivered: Delivered,
 }
 
 /// How many of `BAR_WIDTH` cells `part` of `whole` fills. A non-zero part shows at
@@ -144,12 +147,17 @@ fn gpu_row(node: &str, g: &GpuView, wide: bool) -> Vec<String> {
     ]
 }
 
-fn pod_row(glyph: &str, p: &PodShare) -> Vec<String> {
+fn pod_row(glyph: &str, p: &PodShare, delivered: &Delivered) -> Vec<String> {
     let (b, text) = share_cells(p.request, p.limit, p.whole);
+    // What gem-schd delivered over its window, where a node daemon reported it.
+    let got = delivered
+        .get(&(p.namespace.clone(), p.name.clone(), p.gpu_uuid.clone()))
+        .map(|v| format!(" got {v:.2}"))
+        .unwrap_or_default();
     vec![
         format!("{glyph} {}/{}", p.namespace, p.name),
         p.phase.clone(),
-        format!("{b} {text}"),
+        format!("{b} {text}{got}"),
         fmt_bytes(p.mem),
         p.tags.join(" "),
     ]
@@ -227,7 +235,7 @@ pub fn render(view: &ClusterView, opts: RenderOptions) -> String {
                     } else {
                         "├─"
                     };
-                    pod_rows.push(pod_row(glyph, p));
+                    pod_rows.push(pod_row(glyph, p, &opts.delivered));
                 }
                 pods_after.push(start..pod_rows.len());
             }
@@ -299,7 +307,7 @@ pub fn render(view: &ClusterView, opts: RenderOptions) -> String {
             .stray
             .iter()
             .map(|p| {
-                let mut r = pod_row("-", p);
+                let mut r = pod_row("-", p, &opts.delivered);
                 r.insert(1, format!("{} {}", p.node, p.gpu_uuid));
                 r
             })

@@ -229,8 +229,39 @@ fn gpus_with_their_pods_and_bars() {
     );
 
     // Wide output: full UUIDs.
-    let wide = render_table(&nodes, &pods, RenderOptions { wide: true });
+    let wide = render_table(
+        &nodes,
+        &pods,
+        RenderOptions {
+            wide: true,
+            ..Default::default()
+        },
+    );
     assert!(wide.contains(&uuid(0, 0)));
+    // With the node daemons' delivered shares: "got" after the pod's share, and
+    // nothing for a pod without a figure.
+    let delivered = [(
+        ("default".to_string(), "frac-a".to_string(), uuid(0, 0)),
+        0.2481,
+    )]
+    .into_iter()
+    .collect();
+    let with = render_table(
+        &nodes,
+        &pods,
+        RenderOptions {
+            delivered,
+            ..Default::default()
+        },
+    );
+    assert!(
+        lines_with(&with, "default/frac-a")[0].contains("0.25/0.50 got 0.25"),
+        "{with}"
+    );
+    assert!(
+        !lines_with(&with, "default/frac-b")[0].contains("got"),
+        "{with}"
+    );
     // The same input in another order gives the same text.
     let mut rev = pods.clone();
     rev.reverse();
@@ -386,6 +417,13 @@ fn colliding_short_uuids_and_long_reasons() {
     let line = lines_with(&out, "default/slow")[0];
     assert!(line.ends_with("..."), "{line}");
     assert!(!line.contains(&long));
-    let wide = render_table(&[n], &[p], RenderOptions { wide: true });
+    let wide = render_table(
+        &[n],
+        &[p],
+        RenderOptions {
+            wide: true,
+            ..Default::default()
+        },
+    );
     assert!(wide.contains(&long));
 }

@@ -1085,10 +1085,7 @@ fn usage_report_tells_the_delivered_share() {
         ((300, 300, Pattern::long()), (700, 700, Pattern::matmul())),
         ((200, 1000, Pattern::medium()), (500, 500, Pattern::long())),
     ] {
-        let sim = run(vec![
-            (spec("a", a.0, a.1), a.2),
-            (spec("b", b.0, b.1), b.2),
-        ]);
+        let sim = run(vec![(spec("a", a.0, a.1), a.2), (spec("b", b.0, b.1), b.2)]);
         let end = 60 * S;
         let r = gem_schd::usage::report(&sim.core, end);
         assert_eq!(r.window_us, Params::default().window_us);
