@@ -4,11 +4,13 @@
 //! the pod labels (parsed once, into [`GpuDemand`]), the annotations the extender
 //! writes at bind ([`Allocation`]), the GPU inventory a node daemon publishes on its
 //! Node ([`NodeInventory`]), and Gemini's per-GPU resource-config file
-//! ([`ResourceConfig`]). It does no I/O.
+//! ([`ResourceConfig`]), gem-schd's usage report ([`UsageReport`]) and the node's host
+//! directory ([`Layout`]). It does no I/O.
 
 pub mod annotations;
 pub mod inventory;
 pub mod labels;
+pub mod layout;
 mod milli;
 mod quantity;
 pub mod resource_config;
@@ -17,6 +19,7 @@ pub mod usage;
 pub use annotations::{Allocation, AllocationError, Granted};
 pub use inventory::{GpuInfo, InventoryError, NodeInventory};
 pub use labels::{GpuDemand, GpuShare, GroupSpec, LabelError, is_kubeshare_pod};
+pub use layout::Layout;
 pub use milli::{Milli, MilliParseError};
 pub use quantity::{ACCEPTED_FORMS, QuantityError, parse_bytes};
 pub use resource_config::{ResourceConfig, ResourceConfigError, ResourceEntry};

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 /// Environment variable naming the hook library (overrides the default location).
 pub const HOOK_ENV: &str = "KUBESHARE_HOOK";
 /// File name of the hook library.
-pub const HOOK_NAME: &str = "libgemhook.so.1";
+pub const HOOK_NAME: &str = kubeshare_api::layout::HOOK_LIB_NAME;
 
 /// The socket template for a bare-metal directory: `<dir>/{client}/{gpu}.sock`, so
 /// that `<dir>/<client>` is the client's `KUBESHARE_SOCKET_DIR`.

@@ -21,7 +21,7 @@ use kube::runtime::events::{Event as KEvent, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kubeshare_api::NodeInventory;
 
-use crate::disk::{Layout, install_hook_lib};
+use crate::disk::{HostDir as _, Layout, install_hook_lib};
 use crate::metrics::{Counters, Snapshot};
 use crate::pods::PodCache;
 use crate::reconcile::{self, Action, Desired, Placement, PodView};

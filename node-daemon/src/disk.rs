@@ -1,12 +1,5 @@
-//! The daemon's host directory and the I/O that applies [`crate::reconcile::Action`]s.
-//!
-//! ```text
-//! <root>/lib/libgemhook.so.1
-//! <root>/gpus/<uuid>/resource-config.txt
-//! <root>/gpus/<uuid>/gem-schd.pid
-//! <root>/gpus/<uuid>/usage.txt           written by gem-schd (kubeshare_api::usage)
-//! <root>/pods/<pod-uid>/<gpu-uuid>.sock
-//! ```
+//! The I/O on the daemon's host directory (its paths: [`kubeshare_api::Layout`]) that
+//! applies [`crate::reconcile::Action`]s.
 //! Files are replaced atomically (a temporary file in the same directory, then
 //! `rename`), so gem-schd and the pods never read a half-written file, and a file
 //! whose content would not change is not written at all.
@@ -14,75 +7,32 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::reconcile::{Action, Actual};
 
-/// The hook library's file name under `lib/`, as the webhook's `LD_PRELOAD` names it.
-pub const HOOK_LIB_NAME: &str = "libgemhook.so.1";
+pub use kubeshare_api::Layout;
+pub use kubeshare_api::layout::{HOOK_LIB_NAME, MAX_SOCKET_PATH};
 
-/// Longest Unix socket path (`sun_path` is 108 bytes with its NUL).
-pub const MAX_SOCKET_PATH: usize = 107;
-
-/// Paths under the root.
-#[derive(Debug, Clone)]
-pub struct Layout {
-    pub root: PathBuf,
+/// The I/O on the host directory: creating it, reading what is there, applying actions.
+pub trait HostDir {
+    /// Creates `lib/`, `gpus/` and `pods/`.
+    fn create(&self) -> io::Result<()>;
+    /// What is on disk for the GPUs `gpus`.
+    fn read_actual<'a>(&self, gpus: impl IntoIterator<Item = &'a String>) -> io::Result<Actual>;
+    /// Applies one action.
+    fn apply(&self, action: &Action) -> io::Result<()>;
 }
 
-impl Layout {
-    pub fn new(root: impl Into<PathBuf>) -> Layout {
-        Layout { root: root.into() }
-    }
-    pub fn lib_dir(&self) -> PathBuf {
-        self.root.join("lib")
-    }
-    pub fn hook_lib(&self) -> PathBuf {
-        self.lib_dir().join(HOOK_LIB_NAME)
-    }
-    pub fn gpu_dir(&self, gpu: &str) -> PathBuf {
-        self.root.join("gpus").join(gpu)
-    }
-    pub fn config(&self, gpu: &str) -> PathBuf {
-        self.gpu_dir(gpu).join("resource-config.txt")
-    }
-    pub fn pid_file(&self, gpu: &str) -> PathBuf {
-        self.gpu_dir(gpu).join("gem-schd.pid")
-    }
-    /// gem-schd's usage report (`--usage-file`).
-    pub fn usage(&self, gpu: &str) -> PathBuf {
-        self.gpu_dir(gpu).join(kubeshare_api::USAGE_FILE)
-    }
-    pub fn pods_dir(&self) -> PathBuf {
-        self.root.join("pods")
-    }
-    pub fn pod_dir(&self, uid: &str) -> PathBuf {
-        self.pods_dir().join(uid)
-    }
-    /// The `--socket-template` gem-schd gets: `{client}` is the pod UID, `{gpu}` the UUID.
-    pub fn socket_template(&self) -> String {
-        format!("{}/{{client}}/{{gpu}}.sock", self.pods_dir().display())
-    }
-
-    /// Length of the longest socket path gem-schd will make under this root
-    /// (`pods/<36-char pod UID>/<40-char GPU UUID>.sock`).
-    pub fn longest_socket_path(&self) -> usize {
-        self.pods_dir().as_os_str().len() + 1 + 36 + 1 + 40 + ".sock".len()
-    }
-
-    /// Creates `lib/`, `gpus/` and `pods/`.
-    pub fn create(&self) -> io::Result<()> {
-        for d in [self.lib_dir(), self.root.join("gpus"), self.pods_dir()] {
+impl HostDir for Layout {
+    fn create(&self) -> io::Result<()> {
+        for d in [self.lib_dir(), self.gpus_dir(), self.pods_dir()] {
             fs::create_dir_all(d)?;
         }
         Ok(())
     }
 
-    /// What is on disk for the GPUs `gpus`.
-    pub fn read_actual<'a>(
-        &self,
-        gpus: impl IntoIterator<Item = &'a String>,
-    ) -> io::Result<Actual> {
+    fn read_actual<'a>(&self, gpus: impl IntoIterator<Item = &'a String>) -> io::Result<Actual> {
         let mut configs = BTreeMap::new();
         for g in gpus {
             let text = match fs::read_to_string(self.config(g)) {
@@ -112,8 +62,7 @@ impl Layout {
         Ok(Actual { configs, pod_dirs })
     }
 
-    /// Applies one action.
-    pub fn apply(&self, action: &Action) -> io::Result<()> {
+    fn apply(&self, action: &Action) -> io::Result<()> {
         match action {
             Action::CreatePodDir(uid) => fs::create_dir_all(self.pod_dir(uid)),
             Action::WriteConfig { gpu, text } => {

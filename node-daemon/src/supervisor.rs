@@ -310,6 +310,7 @@ fn read_pid(path: &Path) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::disk::HostDir as _;
 
     #[test]
     fn backoff_doubles_and_caps() {

@@ -7,9 +7,10 @@
 use k8s_openapi::api::core::v1::{
     EnvVar, EnvVarSource, HostPathVolumeSource, ObjectFieldSelector, Volume, VolumeMount,
 };
-use kubeshare_api::annotations;
+use kubeshare_api::{annotations, layout};
 
-/// The hook library, as the container sees it.
+/// The hook library, as the container sees it (`layout::POD_LIB_DIR` + `HOOK_LIB_NAME`;
+/// a test checks they agree).
 pub const HOOK_PATH: &str = "/kubeshare/lib/libgemhook.so.1";
 
 pub const ENV_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
@@ -28,11 +29,11 @@ pub fn visible_devices_field_path() -> String {
 pub const POD_UID_FIELD_PATH: &str = "metadata.uid";
 
 pub const LIB_VOLUME: &str = "kubeshare-lib";
-pub const LIB_HOST_PATH: &str = "/var/lib/kubeshare/lib";
-pub const LIB_MOUNT_PATH: &str = "/kubeshare/lib";
+pub const LIB_HOST_PATH: &str = layout::HOST_LIB_DIR;
+pub const LIB_MOUNT_PATH: &str = layout::POD_LIB_DIR;
 pub const RUN_VOLUME: &str = "kubeshare-run";
-pub const RUN_HOST_PATH: &str = "/var/lib/kubeshare/pods";
-pub const RUN_MOUNT_PATH: &str = "/kubeshare/run";
+pub const RUN_HOST_PATH: &str = layout::HOST_PODS_DIR;
+pub const RUN_MOUNT_PATH: &str = layout::POD_SOCKET_DIR;
 /// Each pod sees only its own directory of sockets.
 pub const RUN_SUB_PATH_EXPR: &str = "$(KUBESHARE_POD_UID)";
 /// The host directories must exist (the node daemon makes them): a pod on a node
@@ -106,4 +107,17 @@ pub fn preloads_hook(value: &str) -> bool {
     value
         .split(|c: char| c == ':' || c.is_ascii_whitespace())
         .any(|p| p == HOOK_PATH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hook_path_is_the_layouts() {
+        assert_eq!(
+            HOOK_PATH,
+            format!("{}/{}", layout::POD_LIB_DIR, layout::HOOK_LIB_NAME)
+        );
+    }
 }
