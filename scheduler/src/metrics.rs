@@ -1,10 +1,16 @@
-//! Prometheus text exposition (format 0.0.4), hand-rolled: a few counters, one
-//! histogram per verb, and the GPU books as gauges at scrape time.
+//! The extender's metrics (OpenMetrics text through `prometheus-client`): answers and
+//! their latency per verb, a few counters, and the GPU books as gauges built from the
+//! cluster state at each scrape.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::Mutex;
 use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
 
 use crate::placement::GpuUsage;
 
@@ -13,194 +19,211 @@ const BUCKETS: [f64; 12] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0,
 ];
 
-/// Name, help, value of one GPU.
-type Gauge = (&'static str, &'static str, fn(&GpuUsage) -> u64);
+/// The content type of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-#[derive(Debug, Default, Clone)]
-struct Histogram {
-    counts: [u64; BUCKETS.len()],
-    sum: f64,
-    count: u64,
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Decision {
+    verb: String,
+    outcome: String,
 }
 
-#[derive(Debug, Default)]
-struct Inner {
-    decisions: BTreeMap<(String, String), u64>,
-    latency: BTreeMap<String, Histogram>,
-    /// Other counters: (metric name, label name, label value).
-    counters: BTreeMap<(&'static str, &'static str, String), u64>,
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Verb {
+    verb: String,
 }
 
-/// Counters besides the decisions: name, help, label.
-const COUNTERS: [(&str, &str, &str); 3] = [
-    (
-        "kubeshare_extender_record_problems_total",
-        "Allocation records refused or kept (unparseable, tampered, not addable), by kind.",
-        "kind",
-    ),
-    (
-        "kubeshare_extender_task_restarts_total",
-        "Background tasks (watches, timer) restarted after they ended or panicked.",
-        "task",
-    ),
-    (
-        "kubeshare_extender_api_calls_total",
-        "API calls of bind and the background checks, by outcome.",
-        "outcome",
-    ),
-];
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Kind {
+    kind: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Task {
+    task: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Outcome {
+    outcome: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuLabels {
+    node: String,
+    gpu: String,
+    uuid: String,
+    model: String,
+}
 
 /// The extender's counters; cheap to update from every handler.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
-    inner: Mutex<Inner>,
+    registry: Registry,
+    decisions: Family<Decision, Counter>,
+    latency: Family<Verb, Histogram>,
+    record_problems: Family<Kind, Counter>,
+    task_restarts: Family<Task, Counter>,
+    api_calls: Family<Outcome, Counter>,
 }
 
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("kubeshare_extender");
+        let decisions = Family::<Decision, Counter>::default();
+        registry.register(
+            "decisions",
+            "Extender answers by verb and outcome",
+            decisions.clone(),
+        );
+        let latency = Family::<Verb, Histogram>::new_with_constructor(|| {
+            Histogram::new(BUCKETS.iter().copied())
+        });
+        registry.register_with_unit(
+            "request_duration",
+            "Time to answer one extender call",
+            Unit::Seconds,
+            latency.clone(),
+        );
+        let record_problems = Family::<Kind, Counter>::default();
+        registry.register(
+            "record_problems",
+            "Allocation records refused or kept (unparseable, tampered, not addable), by kind",
+            record_problems.clone(),
+        );
+        let task_restarts = Family::<Task, Counter>::default();
+        registry.register(
+            "task_restarts",
+            "Background tasks (watches, timer) restarted after they ended or panicked",
+            task_restarts.clone(),
+        );
+        let api_calls = Family::<Outcome, Counter>::default();
+        registry.register(
+            "api_calls",
+            "API calls of bind and the background checks, by outcome",
+            api_calls.clone(),
+        );
+        Metrics {
+            registry,
+            decisions,
+            latency,
+            record_problems,
+            task_restarts,
+            api_calls,
+        }
+    }
 }
 
 impl Metrics {
     /// Counts one answer of `verb` with `outcome` that took `took`.
     pub fn observe(&self, verb: &str, outcome: &str, took: Duration) {
-        let Ok(mut m) = self.inner.lock() else {
-            return;
-        };
-        *m.decisions
-            .entry((verb.to_string(), outcome.to_string()))
-            .or_default() += 1;
-        let h = m.latency.entry(verb.to_string()).or_default();
-        let s = took.as_secs_f64();
-        for (i, b) in BUCKETS.iter().enumerate() {
-            if s <= *b {
-                h.counts[i] += 1;
+        self.decisions
+            .get_or_create(&Decision {
+                verb: verb.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
+        self.latency
+            .get_or_create(&Verb {
+                verb: verb.to_string(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    /// Adds one to counter `name` (`kubeshare_extender_record_problems_total`,
+    /// `..._task_restarts_total` or `..._api_calls_total`) with label value `value`;
+    /// another name is ignored.
+    pub fn count(&self, name: &str, value: &str) {
+        let v = value.to_string();
+        match name {
+            "kubeshare_extender_record_problems_total" => {
+                self.record_problems.get_or_create(&Kind { kind: v }).inc();
             }
-        }
-        h.sum += s;
-        h.count += 1;
-    }
-
-    /// Adds one to counter `name` (one of [`COUNTERS`]) with label value `value`.
-    pub fn count(&self, name: &'static str, value: &str) {
-        let Some((n, _, label)) = COUNTERS.iter().find(|c| c.0 == name) else {
-            return;
-        };
-        if let Ok(mut m) = self.inner.lock() {
-            *m.counters.entry((n, label, value.to_string())).or_default() += 1;
+            "kubeshare_extender_task_restarts_total" => {
+                self.task_restarts.get_or_create(&Task { task: v }).inc();
+            }
+            "kubeshare_extender_api_calls_total" => {
+                self.api_calls.get_or_create(&Outcome { outcome: v }).inc();
+            }
+            _ => {}
         }
     }
 
-    /// The whole exposition.
+    /// The whole exposition: the counters, then the books at this moment.
     pub fn render(
         &self,
         gpus: &[GpuUsage],
         bookings: (usize, usize, usize),
         synced: bool,
     ) -> String {
-        let mut o = String::new();
-        let (decisions, latency, counters) = match self.inner.lock() {
-            Ok(m) => (m.decisions.clone(), m.latency.clone(), m.counters.clone()),
-            Err(_) => Default::default(),
-        };
-        for (name, help, _) in COUNTERS {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
-            for ((n, label, v), c) in &counters {
-                if *n == name {
-                    let _ = writeln!(o, "{name}{{{label}=\"{}\"}} {c}", escape(v));
-                }
-            }
+        let mut books = Registry::default();
+        let gauge = || Family::<GpuLabels, Gauge<i64, std::sync::atomic::AtomicI64>>::default();
+        let (share, mem, total, pods) = (gauge(), gauge(), gauge(), gauge());
+        let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        for g in gpus {
+            let l = GpuLabels {
+                node: g.node.clone(),
+                gpu: g.index.to_string(),
+                uuid: g.uuid.clone(),
+                model: g.model.clone(),
+            };
+            share.get_or_create(&l).set(i64::from(g.used_milli));
+            mem.get_or_create(&l).set(to_i64(g.mem_used));
+            total.get_or_create(&l).set(to_i64(g.mem_total));
+            pods.get_or_create(&l).set(i64::from(g.holders));
         }
-        o.push_str(
-            "# HELP kubeshare_extender_decisions_total Extender answers by verb and outcome.\n",
+        books.register(
+            "kubeshare_gpu_allocated_share",
+            "Guaranteed share of the GPU booked, in thousandths",
+            share,
         );
-        o.push_str("# TYPE kubeshare_extender_decisions_total counter\n");
-        for ((verb, outcome), n) in &decisions {
-            let _ = writeln!(
-                o,
-                "kubeshare_extender_decisions_total{{verb=\"{}\",outcome=\"{}\"}} {n}",
-                escape(verb),
-                escape(outcome)
-            );
-        }
-        o.push_str("# HELP kubeshare_extender_request_duration_seconds Time to answer one extender call.\n");
-        o.push_str("# TYPE kubeshare_extender_request_duration_seconds histogram\n");
-        for (verb, h) in &latency {
-            let v = escape(verb);
-            for (i, b) in BUCKETS.iter().enumerate() {
-                let _ = writeln!(
-                    o,
-                    "kubeshare_extender_request_duration_seconds_bucket{{verb=\"{v}\",le=\"{b}\"}} {}",
-                    h.counts[i]
-                );
-            }
-            let _ = writeln!(
-                o,
-                "kubeshare_extender_request_duration_seconds_bucket{{verb=\"{v}\",le=\"+Inf\"}} {}",
-                h.count
-            );
-            let _ = writeln!(
-                o,
-                "kubeshare_extender_request_duration_seconds_sum{{verb=\"{v}\"}} {}",
-                h.sum
-            );
-            let _ = writeln!(
-                o,
-                "kubeshare_extender_request_duration_seconds_count{{verb=\"{v}\"}} {}",
-                h.count
-            );
-        }
-        let gauges: [Gauge; 4] = [
-            (
-                "kubeshare_gpu_allocated_share",
-                "Guaranteed share of the GPU booked, in thousandths.",
-                |g| u64::from(g.used_milli),
-            ),
-            (
-                "kubeshare_gpu_memory_allocated_bytes",
-                "GPU memory booked, bytes.",
-                |g| g.mem_used,
-            ),
-            (
-                "kubeshare_gpu_memory_bytes",
-                "GPU memory capacity, bytes.",
-                |g| g.mem_total,
-            ),
-            (
-                "kubeshare_gpu_pods",
-                "Pods holding a share of the GPU.",
-                |g| u64::from(g.holders),
-            ),
-        ];
-        for (name, help, f) in gauges {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge");
-            for g in gpus {
-                let _ = writeln!(
-                    o,
-                    "{name}{{node=\"{}\",gpu=\"{}\",uuid=\"{}\",model=\"{}\"}} {}",
-                    escape(&g.node),
-                    g.index,
-                    escape(&g.uuid),
-                    escape(&g.model),
-                    f(g)
-                );
-            }
-        }
-        o.push_str("# HELP kubeshare_extender_bookings Allocations held, by kind.\n# TYPE kubeshare_extender_bookings gauge\n");
+        books.register_with_unit(
+            "kubeshare_gpu_memory_allocated",
+            "GPU memory booked",
+            Unit::Bytes,
+            mem,
+        );
+        books.register_with_unit(
+            "kubeshare_gpu_memory",
+            "GPU memory capacity",
+            Unit::Bytes,
+            total,
+        );
+        books.register(
+            "kubeshare_gpu_pods",
+            "Pods holding a share of the GPU",
+            pods,
+        );
+        let kinds = Family::<Kind, Gauge<i64, std::sync::atomic::AtomicI64>>::default();
         for (k, n) in [
             ("observed", bookings.0),
             ("assumed", bookings.1),
             ("reserved", bookings.2),
         ] {
-            let _ = writeln!(o, "kubeshare_extender_bookings{{kind=\"{k}\"}} {n}");
+            kinds
+                .get_or_create(&Kind { kind: k.into() })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
-        let _ = writeln!(
-            o,
-            "# HELP kubeshare_extender_synced Whether the node and pod watches have listed once.\n# TYPE kubeshare_extender_synced gauge\nkubeshare_extender_synced {}",
-            u8::from(synced)
+        books.register(
+            "kubeshare_extender_bookings",
+            "Allocations held, by kind",
+            kinds,
         );
-        o
+        let up = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+        up.set(i64::from(synced));
+        books.register(
+            "kubeshare_extender_synced",
+            "Whether the node and pod watches have listed once",
+            up,
+        );
+        let mut out = String::new();
+        // Writing into a String cannot fail; one `# EOF` for the two registries.
+        let _ = encode(&mut out, &self.registry);
+        if let Some(body) = out.strip_suffix("# EOF\n") {
+            out.truncate(body.len());
+        }
+        let _ = encode(&mut out, &books);
+        out
     }
 }
 
@@ -230,12 +253,15 @@ mod tests {
             t.contains("kubeshare_extender_decisions_total{verb=\"filter\",outcome=\"fits\"} 2")
         );
         assert!(t.contains(
-            "kubeshare_extender_request_duration_seconds_bucket{verb=\"filter\",le=\"0.0005\"} 1"
+            "kubeshare_extender_request_duration_seconds_bucket{le=\"0.0005\",verb=\"filter\"} 1"
         ));
         assert!(t.contains(
-            "kubeshare_extender_request_duration_seconds_bucket{verb=\"filter\",le=\"0.005\"} 2"
+            "kubeshare_extender_request_duration_seconds_bucket{le=\"0.005\",verb=\"filter\"} 2"
         ));
         assert!(t.contains("kubeshare_gpu_allocated_share{node=\"n\\\"1\",gpu=\"2\",uuid=\"GPU-x\",model=\"M\"} 500"));
         assert!(t.contains("kubeshare_extender_bookings{kind=\"reserved\"} 3"));
+        assert!(t.contains("kubeshare_gpu_memory_allocated_bytes{node=\"n\\\"1\",gpu=\"2\",uuid=\"GPU-x\",model=\"M\"} 7"));
+        assert!(t.contains("kubeshare_extender_synced 1"));
+        assert_eq!(t.matches("# EOF").count(), 1, "{t}");
     }
 }

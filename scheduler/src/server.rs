@@ -335,7 +335,7 @@ async fn readyz(State(s): State<Arc<Shared>>) -> Response {
 async fn metrics_h(State(s): State<Arc<Shared>>) -> Response {
     let (usage, counts) = s.with_cluster(|c| (c.usage(), c.booking_counts()));
     let body = s.metrics.render(&usage, counts, s.synced());
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], body).into_response()
 }
 
 impl Extender {
