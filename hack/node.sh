@@ -243,6 +243,9 @@ authentication:
 authorization: {mode: AlwaysAllow}
 containerRuntimeEndpoint: unix://$NODE/containerd.sock
 cgroupDriver: cgroupfs
+# This machine (and CI's) mounts cgroup v1; kubelets from 1.35 on refuse it unless told
+# (a deprecation, not a removal yet).
+failCgroupV1: false
 cgroupRoot: /ks-node-$NODE_ID
 cgroupsPerQOS: true
 # Setting -999 needs CAP_SYS_RESOURCE; the failure would only be logged.

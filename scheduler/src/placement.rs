@@ -300,6 +300,9 @@ struct Req<'a> {
     tags: Tags,
     /// (node, GPU) → share that pending pods of another affinity tag need there.
     protect: HashMap<(String, String), u32>,
+    /// Where its affinity tag already lives (its own stale booking aside); computed
+    /// once per request, not per node.
+    tag_locs: Option<BTreeSet<(String, String)>>,
 }
 
 /// Why one GPU does not fit; the most promising failure is shown.
@@ -536,7 +539,8 @@ impl Cluster {
             }
         }
         let req = self.req(&pod.uid, &pod.namespace, &demand);
-        let mut raw = HashMap::new();
+        let mut raw = HashMap::with_capacity(names.len());
+        out.passed.reserve(names.len());
         for n in names {
             match self.evaluate(&req, n) {
                 Ok(c) => {

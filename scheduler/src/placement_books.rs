@@ -11,7 +11,7 @@
 //!   was observed, or that does not parse is a [`RecordProblem`]: reported, never
 //!   booked silently and never freeing what is booked.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use kubeshare_api::{Allocation, GpuDemand, GroupSpec};
 
@@ -465,14 +465,31 @@ impl Cluster {
         let group_nodes = self.group_nodes(&group, uid);
         let tags = tags_of(ns, Some(demand));
         let protect = self.pending_affinity_room(uid, tags.affinity.as_deref());
+        let own = self.bookings.get(uid);
+        let tag_locs = tags
+            .affinity
+            .as_ref()
+            .and_then(|k| self.affinity.get(k))
+            .map(|l| {
+                let own_tag = own.and_then(|b| b.tags.affinity.as_ref()).is_some();
+                l.iter()
+                    .filter(|((n, u), c)| {
+                        let mine_here = own_tag && own.is_some_and(|b| b.on(n, u));
+                        **c > u32::from(mine_here)
+                    })
+                    .map(|(k, _)| k.clone())
+                    .collect::<BTreeSet<_>>()
+            })
+            .filter(|s| !s.is_empty());
         Req {
             ns,
             demand,
             group,
             group_nodes,
-            own: self.bookings.get(uid),
+            own,
             tags,
             protect,
+            tag_locs,
         }
     }
 

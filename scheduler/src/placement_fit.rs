@@ -2,7 +2,7 @@
 //! cap, and the node's raw score; or the reason it does not fit. Pure: reads the
 //! books, changes nothing.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use kubeshare_api::GpuShare;
 
@@ -47,24 +47,7 @@ impl Cluster {
         } else {
             0
         };
-        // Where the pod's affinity tag already lives (its own stale booking aside).
-        let tag_locs: Option<BTreeSet<(String, String)>> = req
-            .tags
-            .affinity
-            .as_ref()
-            .and_then(|k| self.affinity.get(k))
-            .map(|l| {
-                let own_tag = own.and_then(|b| b.tags.affinity.as_ref()).is_some();
-                l.iter()
-                    .filter(|((n, u), c)| {
-                        let mine_here = own_tag && own.is_some_and(|b| b.on(n, u));
-                        **c > u32::from(mine_here)
-                    })
-                    .map(|(k, _)| k.clone())
-                    .collect::<BTreeSet<_>>()
-            })
-            .filter(|s| !s.is_empty());
-        let tag_gpus = tag_locs.as_ref();
+        let tag_gpus = req.tag_locs.as_ref();
         let in_tag = |i: usize| {
             tag_gpus.is_none_or(|l| {
                 l.contains(&(node_name.to_string(), node.gpus[i].info.uuid.clone()))
@@ -136,6 +119,8 @@ impl Cluster {
         // so that the tag's later pods find room next to it.
         let spread = d.priority > 0 || (d.affinity.is_some() && tag_gpus.is_none());
         // Taking this GPU would eat the room pending pods of another tag need.
+        // (Looked up once per fitting GPU before sorting, not per comparison: the key
+        // is two Strings.)
         let protected = |i: usize, used: u32| -> bool {
             req.protect
                 .get(&(node_name.to_string(), node.gpus[i].info.uuid.clone()))
@@ -238,10 +223,21 @@ impl Cluster {
                     };
                     return Err((msg, false));
                 }
+                // Mostly no pending tag anywhere: then no lookups and no allocation.
+                let prot: Option<Vec<bool>> = (!req.protect.is_empty()).then(|| {
+                    (0..node.gpus.len())
+                        .map(|i| {
+                            fits.iter()
+                                .find(|f| f.0 == i)
+                                .is_some_and(|f| protected(f.0, f.1))
+                        })
+                        .collect()
+                });
+                let is_prot = |i: usize| prot.as_ref().is_some_and(|p| p[i]);
                 fits.sort_by(|a, b| {
                     let tag = in_tag(b.0)
                         .cmp(&in_tag(a.0))
-                        .then(protected(a.0, a.1).cmp(&protected(b.0, b.1)));
+                        .then(is_prot(a.0).cmp(&is_prot(b.0)));
                     let load = if spread {
                         a.1.cmp(&b.1).then(a.2.cmp(&b.2).reverse())
                     } else {

@@ -266,7 +266,7 @@ async fn main() -> Result<()> {
         }
     }
     println!("in-process (decoded request, lock held, no JSON):");
-    println!("  {}", fs.line("filter (1000 nodes)"));
+    println!("  {}", fs.line(&format!("filter ({} nodes)", a.nodes)));
     println!("  {}", ps.line("prioritize"));
     println!("  {}", bs.line("bind decision"));
     println!("  {}", ts.line("filter+prioritize+bind"));
