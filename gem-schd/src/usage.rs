@@ -10,19 +10,21 @@ use kubeshare_api::{ClientUsage, UsageReport};
 
 use crate::core::{Core, Micros};
 
-/// The report at `now`, clients in the core's order.
+/// The report at `now`, clients sorted by ID (the core keeps them in a hash map).
 pub fn report(core: &Core, now: Micros) -> UsageReport {
+    let mut clients: Vec<ClientUsage> = core
+        .client_ids()
+        .map(|id| ClientUsage {
+            id: id.to_string(),
+            used_us: core.usage_us(now, id).unwrap_or(0),
+            mem_used: core.mem_used(id).unwrap_or(0),
+        })
+        .collect();
+    clients.sort_by(|a, b| a.id.cmp(&b.id));
     UsageReport {
         window_us: core.params().window_us,
         at_us: now,
-        clients: core
-            .client_ids()
-            .map(|id| ClientUsage {
-                id: id.to_string(),
-                used_us: core.usage_us(now, id).unwrap_or(0),
-                mem_used: core.mem_used(id).unwrap_or(0),
-            })
-            .collect(),
+        clients,
     }
 }
 
