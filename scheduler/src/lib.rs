@@ -17,6 +17,7 @@ mod bind;
 pub mod convert;
 pub mod metrics;
 pub mod placement;
+pub mod ratelimit;
 pub mod server;
 pub mod tasks;
 pub mod wire;

@@ -65,6 +65,12 @@ pub struct Metrics {
     record_problems: Family<Kind, Counter>,
     task_restarts: Family<Task, Counter>,
     api_calls: Family<Outcome, Counter>,
+    events_skipped: Family<Reason, Counter>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Reason {
+    reason: String,
 }
 
 impl Default for Metrics {
@@ -103,7 +109,14 @@ impl Default for Metrics {
             "API calls of bind and the background checks, by outcome",
             api_calls.clone(),
         );
+        let events_skipped = Family::<Reason, Counter>::default();
+        registry.register(
+            "events_skipped",
+            "Informational pod events not sent (over their rate limit), by reason",
+            events_skipped.clone(),
+        );
         Metrics {
+            events_skipped,
             registry,
             decisions,
             latency,
@@ -144,6 +157,11 @@ impl Metrics {
             }
             "kubeshare_extender_api_calls_total" => {
                 self.api_calls.get_or_create(&Outcome { outcome: v }).inc();
+            }
+            "kubeshare_extender_events_skipped_total" => {
+                self.events_skipped
+                    .get_or_create(&Reason { reason: v })
+                    .inc();
             }
             _ => {}
         }

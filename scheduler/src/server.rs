@@ -31,6 +31,7 @@ use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
 use crate::placement::{Cluster, Config, FilterKind};
+use crate::ratelimit::TokenBucket;
 use crate::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
 };
@@ -71,6 +72,8 @@ pub struct Timing {
     pub api_concurrency: usize,
     /// Period of the timer (expiry of reservations, assumed-booking checks).
     pub tick: Duration,
+    /// Rate of the informational "GpuAllocated" events (burst [`ALLOCATED_EVENTS_BURST`]).
+    pub allocated_events_per_s: f64,
 }
 
 impl Default for Timing {
@@ -81,6 +84,7 @@ impl Default for Timing {
             assume_check: Duration::from_secs(15),
             api_concurrency: 16,
             tick: Duration::from_millis(500),
+            allocated_events_per_s: ALLOCATED_EVENTS_PER_S,
         }
     }
 }
@@ -106,7 +110,17 @@ pub struct Shared {
     pub(crate) api_permits: Semaphore,
     /// Woken when group members are released or freed.
     pub(crate) gate: Notify,
+    /// "GpuAllocated" events (informational, one per bind): at most
+    /// `Timing::allocated_events_per_s` with a burst of [`ALLOCATED_EVENTS_BURST`];
+    /// failures are always reported.
+    allocated_events: Mutex<TokenBucket>,
 }
+
+/// Rate of the informational "GpuAllocated" events (a backlog binds hundreds of pods a
+/// second; each event is an API write fanned out to every event watcher). The record
+/// annotations and kube-scheduler's own "Scheduled" event say the same.
+pub const ALLOCATED_EVENTS_PER_S: f64 = 5.0;
+pub const ALLOCATED_EVENTS_BURST: u32 = 50;
 
 /// Handle to the shared state, for the binary, the tests and the benchmark.
 #[derive(Clone)]
@@ -306,7 +320,18 @@ async fn bind_h(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
     let out = match res {
         Ok(summary) => {
             info!(pod = %args.pod_name, ns = %args.pod_namespace, node = %args.node, %summary, "bound");
-            s.event(&args, false, "GpuAllocated", format!("Allocated {summary}"));
+            let now = s.now_ms();
+            let inform = s
+                .allocated_events
+                .lock()
+                .map(|mut b| b.take(now))
+                .unwrap_or(false);
+            if inform {
+                s.event(&args, false, "GpuAllocated", format!("Allocated {summary}"));
+            } else {
+                s.metrics
+                    .count("kubeshare_extender_events_skipped_total", "GpuAllocated");
+            }
             s.metrics.observe("bind", "bound", t.elapsed());
             ExtenderBindingResult::default()
         }
@@ -359,6 +384,7 @@ impl Extender {
                 },
             )
         });
+        let events_per_s = timing.allocated_events_per_s;
         Extender {
             shared: Arc::new(Shared {
                 cluster: Mutex::new(Cluster::new(placement)),
@@ -373,6 +399,11 @@ impl Extender {
                 timing,
                 inflight: Mutex::new(HashMap::new()),
                 gate: Notify::new(),
+                allocated_events: Mutex::new(TokenBucket::new(
+                    events_per_s,
+                    ALLOCATED_EVENTS_BURST,
+                    0,
+                )),
             }),
         }
     }

@@ -42,6 +42,10 @@ struct Args {
     /// Milliseconds a group member's bind waits for the group's quorum to reach bind.
     #[arg(long, default_value_t = 5000)]
     gang_wait_ms: u64,
+    /// Informational "GpuAllocated" events on bound pods, at most this many per second
+    /// (burst 50; failures are always reported). A backlog binds far faster.
+    #[arg(long, default_value_t = kubeshare_scheduler::server::ALLOCATED_EVENTS_PER_S)]
+    allocated_events_per_second: f64,
     /// Seconds after which a bind not yet seen in the watch is checked with a GET.
     #[arg(long, default_value_t = 15)]
     assume_check: u64,
@@ -116,6 +120,7 @@ async fn main() -> anyhow::Result<()> {
             gang_wait: Duration::from_millis(args.gang_wait_ms),
             assume_check: Duration::from_secs(args.assume_check),
             api_concurrency: args.api_concurrency,
+            allocated_events_per_s: args.allocated_events_per_second,
             ..Timing::default()
         },
         instance: std::env::var("POD_NAME").ok(),
