@@ -18,12 +18,11 @@ use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event as KEvent, EventType, Recorder, Reporter};
-use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use kubeshare_api::NodeInventory;
 
 use crate::disk::{HostDir as _, Layout, install_hook_lib};
 use crate::metrics::{Counters, Snapshot};
-use crate::pods::PodCache;
 use crate::reconcile::{self, Action, Desired, Placement, PodView};
 use crate::source::InventorySource;
 use crate::supervisor::{GemSchdCommand, ProcStats, Supervisor};
@@ -151,7 +150,8 @@ pub async fn run(
     let pods: Api<Pod> = Api::all(client.clone());
     let wc = watcher::Config::default().fields(&format!("spec.nodeName={}", cfg.node));
     let mut stream = watcher(pods, wc).default_backoff().boxed();
-    let mut cache = PodCache::default();
+    let (store, mut writer) = reflector::store::<Pod>();
+    let mut synced = false;
     let mut tick = tokio::time::interval(cfg.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -166,7 +166,11 @@ pub async fn run(
                 // Take every event already waiting, then reconcile once.
                 loop {
                     match next {
-                        Some(Ok(e)) => dirty |= cache.apply(e),
+                        Some(Ok(e)) => {
+                            writer.apply_watcher_event(&e);
+                            synced |= crate::pods::completes_list(&e);
+                            dirty |= crate::pods::changes_visible(&e);
+                        }
                         Some(Err(e)) => tracing::warn!(error = %e, "pod watch error; retrying"),
                         None => anyhow::bail!("the pod watch ended"),
                     }
@@ -197,8 +201,8 @@ pub async fn run(
                 dirty = true;
             }
         }
-        if dirty && cache.synced() {
-            daemon.reconcile(&inventory, &cache.pods());
+        if dirty && synced {
+            daemon.reconcile(&inventory, &crate::pods::visible(&store));
         }
     }
 

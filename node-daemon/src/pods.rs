@@ -1,13 +1,13 @@
-//! The set of pods bound to this node, kept from a list-then-watch stream.
+//! The pods bound to this node, from kube-runtime's reflector store (a list-then-watch
+//! on `spec.nodeName`), as the daemon sees them.
 //!
-//! A relist (after a watch error or at start) is buffered and swapped in whole at its
-//! end, so a pod is never dropped (and its directory never removed) because a relist
-//! was only half done. Until the first list completes the cache is not `synced` and
-//! the daemon changes nothing on disk.
-
-use std::collections::BTreeMap;
+//! The store buffers a relist (after a watch error or at start) and swaps it in whole
+//! at its end, so a pod is never dropped (and its directory never removed) because a
+//! relist was only half done; the test below holds the store to that. Until the first
+//! list completes the daemon changes nothing on disk.
 
 use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::Store;
 use kube::runtime::watcher::Event;
 
 use crate::reconcile::PodView;
@@ -29,53 +29,26 @@ impl PodView {
     }
 }
 
-/// Pods by UID.
-#[derive(Debug, Default)]
-pub struct PodCache {
-    pods: BTreeMap<String, PodView>,
-    relist: Option<BTreeMap<String, PodView>>,
-    synced: bool,
+/// Whether a watcher event may change the visible set of pods: the pieces of a relist
+/// do not (kube's store shows the old set until the list is complete).
+pub fn changes_visible(event: &Event<Pod>) -> bool {
+    !matches!(event, Event::Init | Event::InitApply(_))
 }
 
-impl PodCache {
-    /// Applies one watcher event; returns whether the visible set may have changed.
-    pub fn apply(&mut self, event: Event<Pod>) -> bool {
-        match event {
-            Event::Init => {
-                self.relist = Some(BTreeMap::new());
-                false
-            }
-            Event::InitApply(p) => {
-                if let (Some(buf), Some(v)) = (self.relist.as_mut(), PodView::from_pod(&p)) {
-                    buf.insert(v.uid.clone(), v);
-                }
-                false
-            }
-            Event::InitDone => {
-                if let Some(buf) = self.relist.take() {
-                    self.pods = buf;
-                }
-                self.synced = true;
-                true
-            }
-            Event::Apply(p) => match PodView::from_pod(&p) {
-                Some(v) => self.pods.insert(v.uid.clone(), v.clone()).as_ref() != Some(&v),
-                None => false,
-            },
-            Event::Delete(p) => match p.metadata.uid.as_deref() {
-                Some(uid) => self.pods.remove(uid).is_some(),
-                None => false,
-            },
-        }
-    }
+/// Whether the event completes a list: from the first one on the store is in sync.
+pub fn completes_list(event: &Event<Pod>) -> bool {
+    matches!(event, Event::InitDone)
+}
 
-    pub fn synced(&self) -> bool {
-        self.synced
-    }
-
-    pub fn pods(&self) -> Vec<PodView> {
-        self.pods.values().cloned().collect()
-    }
+/// The pods in the store, by UID.
+pub fn visible(store: &Store<Pod>) -> Vec<PodView> {
+    let mut v: Vec<PodView> = store
+        .state()
+        .iter()
+        .filter_map(|p| PodView::from_pod(p))
+        .collect();
+    v.sort_by(|a, b| a.uid.cmp(&b.uid));
+    v
 }
 
 #[cfg(test)]
@@ -95,36 +68,59 @@ mod tests {
         }
     }
 
+    /// Feeds events to the store the way the daemon does, and reads what it would see.
+    struct Fed {
+        reader: Store<Pod>,
+        writer: kube::runtime::reflector::store::Writer<Pod>,
+        synced: bool,
+    }
+
+    impl Fed {
+        fn new() -> Fed {
+            let writer = kube::runtime::reflector::store::Writer::default();
+            Fed {
+                reader: writer.as_reader(),
+                writer,
+                synced: false,
+            }
+        }
+        fn apply(&mut self, e: Event<Pod>) -> bool {
+            self.writer.apply_watcher_event(&e);
+            self.synced |= completes_list(&e);
+            changes_visible(&e)
+        }
+        fn uids(&self) -> Vec<String> {
+            visible(&self.reader).into_iter().map(|p| p.uid).collect()
+        }
+    }
+
     #[test]
     fn relist_swaps_in_whole() {
-        let mut c = PodCache::default();
-        assert!(!c.synced());
-        c.apply(Event::Init);
-        c.apply(Event::InitApply(pod("a")));
+        let mut c = Fed::new();
+        assert!(!c.synced);
+        assert!(!c.apply(Event::Init));
+        assert!(!c.apply(Event::InitApply(pod("a"))));
         c.apply(Event::InitApply(pod("b")));
-        assert!(c.pods().is_empty(), "nothing visible before the list ends");
+        assert!(c.uids().is_empty(), "nothing visible before the list ends");
         assert!(c.apply(Event::InitDone));
-        assert!(c.synced());
-        assert_eq!(c.pods().len(), 2);
+        assert!(c.synced);
+        assert_eq!(c.uids(), ["a", "b"]);
 
         // A relist in progress keeps the old set visible, then replaces it.
         c.apply(Event::Init);
         c.apply(Event::InitApply(pod("b")));
-        assert_eq!(c.pods().len(), 2);
+        assert_eq!(c.uids(), ["a", "b"]);
         c.apply(Event::InitDone);
-        let uids: Vec<String> = c.pods().into_iter().map(|p| p.uid).collect();
-        assert_eq!(uids, ["b"]);
+        assert_eq!(c.uids(), ["b"]);
 
         assert!(c.apply(Event::Apply(pod("c"))));
-        assert!(
-            !c.apply(Event::Apply(pod("c"))),
-            "an identical update changes nothing"
-        );
+        assert_eq!(c.uids(), ["b", "c"]);
         assert!(c.apply(Event::Delete(pod("b"))));
-        assert!(!c.apply(Event::Delete(pod("zz"))));
+        assert_eq!(c.uids(), ["c"]);
+        // An object without a UID is not a stored pod: not shown.
         let mut no_uid = pod("x");
         no_uid.metadata.uid = None;
-        assert!(!c.apply(Event::Apply(no_uid)));
-        assert_eq!(c.pods().len(), 1);
+        c.apply(Event::Apply(no_uid));
+        assert_eq!(c.uids(), ["c"]);
     }
 }
