@@ -117,6 +117,11 @@ pub struct MemDecision {
 type Key = u32;
 /// Default of [`Core::set_max_wait`].
 pub const DEFAULT_MAX_WAIT_US: Micros = 50_000;
+/// Default of [`Core::set_max_hold`].
+pub const DEFAULT_MAX_HOLD_US: Micros = 10_000;
+/// Another client that held the token this recently still competes for it (a batch-1
+/// inference tenant between two requests has given the token back for its CPU time).
+const CONTENDED_US: Micros = 100_000;
 /// The key of history entries whose client's usage was forgotten (no client has it).
 const FORGOTTEN: Key = Key::MAX;
 
@@ -189,6 +194,8 @@ pub struct Core {
     quiet_until: Micros,
     /// See [`Core::set_max_wait`].
     max_wait_us: Micros,
+    /// See [`Core::set_max_hold`].
+    max_hold_us: Micros,
 }
 
 impl Core {
@@ -208,6 +215,7 @@ impl Core {
             grants: 0,
             quiet_until: 0,
             max_wait_us: DEFAULT_MAX_WAIT_US,
+            max_hold_us: DEFAULT_MAX_HOLD_US,
         };
         let _ = c.set_config(now, specs);
         c
@@ -229,6 +237,36 @@ impl Core {
     /// 0 = off (rank by usage only, Gemini's behaviour).
     pub fn set_max_wait(&mut self, us: Micros) {
         self.max_wait_us = us;
+    }
+
+    /// Hold cap under contention: while another client waits or held the token in the last
+    /// 100 ms, a grant plus the holder's usual overrun (the work it queued before the
+    /// deadline, drained at the hand-over) is kept to this, or to the shortest quota estimate
+    /// of those contenders if longer (never below the min quota).
+    /// Quanta then follow the other tenants' bursts instead of the holder's: beside a
+    /// training tenant whose grants were ~36 ms plus a drained step, a batch-1 inference
+    /// tenant waited 57 ms at p99 on an H100. Shares are unchanged (they follow the
+    /// charged time); only the turns are shorter. 0 = off.
+    pub fn set_max_hold(&mut self, us: Micros) {
+        self.max_hold_us = us;
+    }
+
+    /// The shortest quota estimate among the clients other than `key` that wait for the
+    /// token or held it recently (`None`: no contention).
+    fn contenders_quota(&self, key: Key, now: Micros) -> Option<Micros> {
+        let recent = now.saturating_sub(CONTENDED_US);
+        let held: Vec<Key> = self
+            .history
+            .iter()
+            .rev()
+            .take_while(|e| e.end > recent)
+            .map(|e| e.client)
+            .collect();
+        self.clients
+            .iter()
+            .filter(|(k, c)| **k != key && (!c.waiting.is_empty() || held.contains(k)))
+            .map(|(_, c)| c.quota_us)
+            .min()
     }
 
     pub fn params(&self) -> &Params {
@@ -1005,6 +1043,14 @@ impl Core {
             return;
         };
         let p = self.params;
+        // A turn need not be shorter than the contenders' own (two tenants with 34 ms
+        // bursts keep 34 ms turns: cutting them only turns each burst into an overrun).
+        let hold_cap = match self.max_hold_us {
+            0 => None,
+            m => self
+                .contenders_quota(key, now)
+                .map(|q| m.saturating_sub(self.clients[&key].overrun_us).max(q)),
+        };
         let c = self.clients.get_mut(&key).expect("picked from clients");
         let cap = (u128::from(c.spec.limit_milli) * window / 1000) as u64;
         let mut quota = c.quota_us.max(p.min_quota_us).min(cap.max(1));
@@ -1013,6 +1059,9 @@ impl Core {
         // Nor more than the pacing allowance (the min quota is the slack: a burst is
         // never cut below it).
         quota = quota.min(pace_room.max(p.min_quota_us)).max(1);
+        if let Some(cap) = hold_cap {
+            quota = quota.min(cap.max(p.min_quota_us)).max(1);
+        }
         let conns = std::mem::take(&mut c.waiting);
         let seq = self.first_seq + self.history.len() as u64;
         c.last_entry = Some(seq);
@@ -1393,6 +1442,30 @@ mod tests {
         // The allowance decays once the client stops overrunning (halved per report).
         c.token_request(wake + q, 1, 0, 10 * MS);
         assert_eq!(c.clients[&0].overrun_us, 10 * MS);
+    }
+
+    /// a (40 ms bursts) and b (2 ms bursts) alternate; returns a's grant after b's turn.
+    fn long_turn_after_short(max_hold: Micros) -> Micros {
+        let mut c = two();
+        c.set_max_hold(max_hold);
+        // Alone, a gets its own estimate (10 → 25 ms): nobody contends.
+        assert_eq!(
+            grant(&c.token_request(t(0), 1, 0, 40 * MS)).unwrap().2,
+            25 * MS
+        );
+        assert!(grant(&c.token_request(t(10), 3, 0, 2 * MS)).is_none());
+        // a's turn ends; b (less usage) goes, with its own short quota (10 → 6 ms).
+        let g = c.token_request(t(25), 1, 0, 40 * MS);
+        assert_eq!(grant(&g).map(|g| (g.0, g.2)), Some(("b", 6 * MS)));
+        grant(&c.release(t(27), 3, 2 * MS)).unwrap().2
+    }
+
+    #[test]
+    fn under_contention_a_turn_follows_the_contenders_quanta() {
+        // b just held: a's turn is cut to max(max_hold − a's overrun, b's quota) = 6 ms.
+        assert_eq!(long_turn_after_short(5 * MS), 6 * MS);
+        // Off: a gets its own 32 ms estimate and b waits that long.
+        assert_eq!(long_turn_after_short(0), 32_500);
     }
 
     #[test]
