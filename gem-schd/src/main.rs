@@ -60,8 +60,9 @@ struct Args {
     #[arg(long, default_value_t = 50)]
     max_wait_ms: u64,
     /// Hold cap under contention, ms: while another client waits or held the token in the
-    /// last 100 ms, a grant plus the holder's usual overrun is kept to this (at least the
-    /// min quota), so a latency-sensitive tenant is not stopped behind long turns. 0 = off.
+    /// last 100 ms, a grant plus the holder's usual overrun is kept to this, or to the
+    /// contenders' shortest quota if longer (at least the min quota), so a latency-sensitive
+    /// tenant is not stopped behind long turns. 0 = off.
     #[arg(long, default_value_t = 10)]
     max_hold_ms: u64,
     /// Poll the config's mtime this often as well as watching it, ms.
