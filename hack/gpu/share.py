@@ -238,6 +238,33 @@ def train_infer_nohold(b, raw):
         b.extra = []
 
 
+def train_infer_minq1(b, raw):
+    """train_infer with a 1 ms min quota: the holder's turn (and what it queues) shorter."""
+    b.extra = ["--min-quota-ms", "1"]
+    try:
+        return train_infer(b, raw)
+    finally:
+        b.extra = []
+
+
+def train_infer_wait10(b, raw):
+    """train_infer with a 10 ms starvation bound (`--max-wait-ms 10`, default 50)."""
+    b.extra = ["--max-wait-ms", "10"]
+    try:
+        return train_infer(b, raw)
+    finally:
+        b.extra = []
+
+
+def train_infer_wait5(b, raw):
+    """train_infer with a 5 ms starvation bound."""
+    b.extra = ["--max-wait-ms", "5"]
+    try:
+        return train_infer(b, raw)
+    finally:
+        b.extra = []
+
+
 def train_infer_debug(b, raw):
     """train_infer with every grant logged (gem-schd and hook) into bench.log."""
     b.debug = True
