@@ -51,6 +51,8 @@ pub struct Settings {
     pub max_wait: Duration,
     /// Where to write the usage report once a second (`gem_schd::usage`), if anywhere.
     pub usage_file: Option<PathBuf>,
+    /// Hold cap under contention (see `Core::set_max_hold`).
+    pub max_hold: Duration,
 }
 
 enum Cmd {
@@ -101,6 +103,7 @@ pub async fn run(
     let mut core = Core::new(settings.params, &specs, 0);
     core.hold_grants_until(settings.quiet.as_micros() as Micros);
     core.set_max_wait(settings.max_wait.as_micros() as Micros);
+    core.set_max_hold(settings.max_hold.as_micros() as Micros);
     let mut actor = Actor {
         core,
         settings,
@@ -201,7 +204,10 @@ impl Actor {
                     conns,
                     quota_us,
                 } => {
-                    debug!(%client, quota_us, conns = conns.len(), "grant");
+                    // The client's charged time over the window, to cross-check against
+                    // the GPU busy time a benchmark measures with events.
+                    let usage_us = self.core.usage_us(self.now(), &client).unwrap_or(0);
+                    debug!(%client, quota_us, usage_us, conns = conns.len(), "grant");
                     for c in conns {
                         self.send(c, Reply::Grant { quota_us });
                     }

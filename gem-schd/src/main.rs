@@ -59,6 +59,12 @@ struct Args {
     /// one above its request before one below). 0 = off (Gemini).
     #[arg(long, default_value_t = 50)]
     max_wait_ms: u64,
+    /// Hold cap under contention, ms: while another client waits or held the token in the
+    /// last 100 ms, a grant plus the holder's usual overrun is kept to this, or to the
+    /// contenders' shortest quota if longer (at least the min quota), so a latency-sensitive
+    /// tenant is not stopped behind long turns. 0 = off.
+    #[arg(long, default_value_t = 10)]
+    max_hold_ms: u64,
     /// Poll the config's mtime this often as well as watching it, ms.
     #[arg(long, default_value_t = 1000)]
     poll_ms: u64,
@@ -112,6 +118,7 @@ fn main() -> Result<()> {
         quiet: Duration::from_millis(args.quiet_ms),
         max_wait: Duration::from_millis(args.max_wait_ms),
         usage_file: args.usage_file,
+        max_hold: Duration::from_millis(args.max_hold_ms),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

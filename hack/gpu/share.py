@@ -30,6 +30,7 @@ ALL = ["alone", "three", "train_infer", "train_infer_nopace", "reload", "multipr
 class ShareBench(Bench):
     extra = []  # more gem-schd arguments, for a variant of a scenario
     debug = False  # gem-schd and hook debug logs (every grant, with its wait) into bench.log
+    schd_debug = False  # gem-schd's debug log only (every grant with the client's charged time)
 
     @contextlib.contextmanager
     def schd(self, clients):
@@ -39,7 +40,8 @@ class ShareBench(Bench):
         tmpl = os.path.join(self.root, "pods", "{client}", "{gpu}.sock")
         p = subprocess.Popen([self.schd_bin, "--gpu", self.uuid, "--config", cfg, "--socket-template", tmpl]
                              + self.extra, stdout=self.logs, stderr=self.logs,
-                             env=dict(os.environ, RUST_LOG="gem_schd=debug" if self.debug else "info"))
+                             env=dict(os.environ, RUST_LOG="gem_schd=debug"
+                                      if self.debug or self.schd_debug else "info"))
         try:
             for c in clients:
                 sock = self.sock_dir(c[0]) + f"/{self.uuid}.sock"
@@ -151,20 +153,44 @@ def burst(ms):
     return ["--mode", "burst", "--burst-ms", str(ms)]
 
 
+def charged(logfile, since, client):
+    """gem-schd's charged time of `client` over its 10 s window at its last grant logged after
+    byte `since` of the log (the debug line of each grant carries it), as a fraction."""
+    last = None
+    with open(logfile) as f:
+        f.seek(since)
+        for line in f:
+            line = ANSI.sub("", line)
+            if f"client={client} " in line and " grant" in line:
+                m = re.search(r"usage_us=(\d+)", line)
+                if m:
+                    last = int(m.group(1))
+    return None if last is None else round(last / 10e6, 4)
+
+
 def alone(b, raw):
     out = {}
+    logf = os.path.join(b.out, "bench.log")
     for ms in (5, 16, 50):
         nat = b.run([("native", burst(ms), None)], 6)["native"]
         raw[f"native_{ms}"] = nat
         for lim in (0.3, 0.5):
-            with b.schd([("a", lim, lim, 8 * GIB)]):
-                r = b.run([("a", burst(ms), "a")], 12)["a"]
+            b.logs.flush()
+            since = os.path.getsize(logf)
+            b.schd_debug = True
+            try:
+                with b.schd([("a", lim, lim, 8 * GIB)]):
+                    r = b.run([("a", burst(ms), "a")], 12)["a"]
+            finally:
+                b.schd_debug = False
             raw[f"alone_{lim}_{ms}"] = r
             w = windows(r["busy"], 2, 12, 1.0)
             sm = sliding_max(r["busy"], 2, 12)
             out[f"limit {lim}, {ms} ms bursts"] = {
                 "busy_per_1s_max": max(w), "busy_per_1s_min": min(w), "busy_mean": round(sum(w) / len(w), 4),
                 "busy_any_1s_max": sm, "over_limit_pp_max": round(100 * (sm - lim), 2),
+                # gem-schd's charged time over the 10 s before its last grant (~[2.5, 12.5] s)
+                "charged_last_10s": charged(logf, since, "a"),
                 "throughput_of_native": round(r["rate"] / nat["rate"], 4),
                 "kernel_ms": round(r["kernel_ms"], 3), "per_burst": r["per_burst"]}
     return out
@@ -197,6 +223,42 @@ NATIVE = {}
 def train_infer_nopace(b, raw):
     """train_infer with gem-schd's pacing off: is pacing what stalls the tenants?"""
     b.extra = ["--pace-ms", "0"]
+    try:
+        return train_infer(b, raw)
+    finally:
+        b.extra = []
+
+
+def train_infer_nohold(b, raw):
+    """train_infer without the hold cap under contention (`--max-hold-ms 0`): the control."""
+    b.extra = ["--max-hold-ms", "0"]
+    try:
+        return train_infer(b, raw)
+    finally:
+        b.extra = []
+
+
+def train_infer_minq1(b, raw):
+    """train_infer with a 1 ms min quota: the holder's turn (and what it queues) shorter."""
+    b.extra = ["--min-quota-ms", "1"]
+    try:
+        return train_infer(b, raw)
+    finally:
+        b.extra = []
+
+
+def train_infer_wait10(b, raw):
+    """train_infer with a 10 ms starvation bound (`--max-wait-ms 10`, default 50)."""
+    b.extra = ["--max-wait-ms", "10"]
+    try:
+        return train_infer(b, raw)
+    finally:
+        b.extra = []
+
+
+def train_infer_wait5(b, raw):
+    """train_infer with a 5 ms starvation bound."""
+    b.extra = ["--max-wait-ms", "5"]
     try:
         return train_infer(b, raw)
     finally:

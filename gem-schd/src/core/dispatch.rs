@@ -1,0 +1,240 @@
+//! Who gets the token next and for how long: the ranking (Gemini's `schd_priority`), the
+//! starvation bound, the quota estimate, the overrun allowance and the hold cap under contention.
+
+use super::*;
+
+impl Core {
+    /// The shortest quota estimate among the clients other than `key` that wait for the
+    /// token or held it recently (`None`: no contention).
+    pub(super) fn contenders_quota(&self, key: Key, now: Micros) -> Option<Micros> {
+        let recent = now.saturating_sub(CONTENDED_US);
+        let held: Vec<Key> = self
+            .history
+            .iter()
+            .rev()
+            .take_while(|e| e.end > recent)
+            .map(|e| e.client)
+            .collect();
+        self.clients
+            .iter()
+            .filter(|(k, c)| **k != key && (!c.waiting.is_empty() || held.contains(k)))
+            .map(|(_, c)| c.quota_us)
+            .min()
+    }
+
+    /// A decaying maximum (halved at each report), so one long overrun shortens the next few
+    /// paced grants, and the allowance comes back once the client stops overrunning.
+    pub(super) fn learn_overrun(&mut self, key: Key, overuse_us: Micros) {
+        let w = self.params.window_us;
+        if let Some(c) = self.clients.get_mut(&key) {
+            c.overrun_us = overuse_us.min(w).max(c.overrun_us / 2);
+        }
+    }
+
+    pub(super) fn learn_burst(&mut self, key: Key, burst_us: Micros) {
+        if burst_us == 0 {
+            return;
+        }
+        let w = self.params.window_us;
+        if let Some(c) = self.clients.get_mut(&key) {
+            // Gemini: q <- 0.5 burst + 0.5 q (clamped when granting).
+            c.quota_us = c.quota_us / 2 + burst_us.min(w) / 2;
+        }
+    }
+
+    pub(super) fn enqueue(&mut self, now: Micros, key: Key, conn: ConnId) {
+        if let Some(cs) = self.conns.get_mut(&conn) {
+            cs.waiting = true;
+        }
+        let c = self.clients.get_mut(&key).expect("conn client exists");
+        if c.waiting.is_empty() {
+            c.waiting_since = self.next_wait;
+            c.waiting_at = now;
+            self.next_wait += 1;
+        }
+        c.waiting.push(conn);
+    }
+
+    /// Grant the token if it is free and someone eligible waits.
+    pub(super) fn dispatch(&mut self, now: Micros, out: &mut Vec<Action>) {
+        self.expire(now);
+        if self.holder.is_some() || now < self.quiet_until {
+            return;
+        }
+        self.prune(now);
+        let w_eff = u128::from(self.w_eff(now));
+        let window = u128::from(self.params.window_us);
+        // (key, rank, headroom under the limit, headroom under the pacing allowance)
+        let mut best: Option<(Key, Rank, u64, u64)> = None;
+        // The eligible client below its request waiting longest past the starvation bound.
+        // Only guarantees are bounded: spare time above the request follows usage alone
+        // (a FIFO bound there hands spare time out per turn, so the client with the longer
+        // bursts took 0.80 of an elastic pair instead of 0.50).
+        let mut starved: Option<(Key, Micros, u64, u64)> = None;
+        for (&key, c) in &self.clients {
+            if c.waiting.is_empty() {
+                continue;
+            }
+            let usage = u128::from(self.usage(key, now));
+            let allowed_milli = u128::from(c.spec.limit_milli) * w_eff;
+            if usage * 1000 >= allowed_milli {
+                continue; // at its limit: waits
+            }
+            let headroom = ((allowed_milli - usage * 1000).div_ceil(1000)) as u64;
+            // Pacing: wait until at least a min-quota grant fits the allowance.
+            let pace_room = match self.pace_budget(c) {
+                None => Micros::MAX,
+                Some(budget) => {
+                    let room = self.pace_headroom(key, now, budget);
+                    if room < self.pace_need(c, budget) {
+                        continue;
+                    }
+                    // The grant leaves room for the client's usual overrun.
+                    room.saturating_sub(c.overrun_us)
+                }
+            };
+            let require_milli = u128::from(c.spec.request_milli) * w_eff;
+            let rank = if usage * 1000 < require_milli {
+                // Below its request: the smaller usage/require goes first (the
+                // larger missing/(missing+usage) in Gemini's words).
+                Rank::Below {
+                    usage,
+                    require: require_milli,
+                    order: c.waiting_since,
+                }
+            } else {
+                Rank::Above {
+                    usage,
+                    order: c.waiting_since,
+                }
+            };
+            if best.as_ref().is_none_or(|(_, r, _, _)| rank.before(r)) {
+                best = Some((key, rank, headroom, pace_room));
+            }
+            let below = matches!(rank, Rank::Below { .. });
+            let waited = now.saturating_sub(c.waiting_at);
+            // Scaled by the client's request: at share s, proportional turns make it wait
+            // (1 − s)/s of the others' hold, so the bound is the same fraction of `max_wait`
+            // (50 ms at 0.5, 117 ms at 0.3, 21 ms at 0.7) and does not shift shares toward an
+            // even split.
+            let share = u64::from(c.spec.request_milli).clamp(1, 1000);
+            let bound = self.max_wait_us.saturating_mul(1000 - share) / share;
+            if below
+                && self.max_wait_us > 0
+                && waited >= bound
+                && starved
+                    .as_ref()
+                    .is_none_or(|(_, at, _, _)| c.waiting_at < *at)
+            {
+                starved = Some((key, c.waiting_at, headroom, pace_room));
+            }
+        }
+        let pick = match starved {
+            Some((key, _, headroom, pace_room)) => Some((key, headroom, pace_room)),
+            None => best.map(|(key, _, headroom, pace_room)| (key, headroom, pace_room)),
+        };
+        let Some((key, headroom, pace_room)) = pick else {
+            return;
+        };
+        let p = self.params;
+        // A turn need not be shorter than the contenders' own (two tenants with 34 ms
+        // bursts keep 34 ms turns: cutting them only turns each burst into an overrun).
+        let hold_cap = match self.max_hold_us {
+            0 => None,
+            m => self
+                .contenders_quota(key, now)
+                .map(|q| m.saturating_sub(self.clients[&key].overrun_us).max(q)),
+        };
+        let c = self.clients.get_mut(&key).expect("picked from clients");
+        let cap = (u128::from(c.spec.limit_milli) * window / 1000) as u64;
+        let mut quota = c.quota_us.max(p.min_quota_us).min(cap.max(1));
+        // Do not hand out much more than the limit allows in this window.
+        quota = quota.min(headroom.max(p.min_quota_us)).max(1);
+        // Nor more than the pacing allowance (the min quota is the slack: a burst is
+        // never cut below it).
+        quota = quota.min(pace_room.max(p.min_quota_us)).max(1);
+        if let Some(cap) = hold_cap {
+            quota = quota.min(cap.max(p.min_quota_us)).max(1);
+        }
+        let conns = std::mem::take(&mut c.waiting);
+        let seq = self.first_seq + self.history.len() as u64;
+        c.last_entry = Some(seq);
+        let client = c.spec.id.clone();
+        for conn in &conns {
+            if let Some(cs) = self.conns.get_mut(conn) {
+                cs.waiting = false;
+            }
+        }
+        let quota_end = now + quota;
+        self.history.push_back(Entry {
+            client: key,
+            start: now,
+            end: quota_end,
+            grant: now,
+            quota_end,
+        });
+        self.clients.get_mut(&key).expect("picked").usage_sum += quota;
+        self.holder = Some(Hold {
+            client: key,
+            conns: conns.clone(),
+            quota_end,
+            seq,
+        });
+        self.grants += 1;
+        out.push(Action::Grant {
+            client,
+            conns,
+            quota_us: quota,
+        });
+    }
+}
+
+/// Gemini's `schd_priority`, as a total order with FIFO tie-break.
+#[derive(Debug, Clone, Copy)]
+enum Rank {
+    Below {
+        usage: u128,
+        require: u128,
+        order: u64,
+    },
+    Above {
+        usage: u128,
+        order: u64,
+    },
+}
+
+impl Rank {
+    fn before(&self, other: &Rank) -> bool {
+        match (*self, *other) {
+            (
+                Rank::Below {
+                    usage: u1,
+                    require: r1,
+                    order: o1,
+                },
+                Rank::Below {
+                    usage: u2,
+                    require: r2,
+                    order: o2,
+                },
+            ) => {
+                // u1*1000/r1 < u2*1000/r2, cross-multiplied (usages are in µs,
+                // requires in milli-µs).
+                let (a, b) = (u1 * r2, u2 * r1);
+                a < b || (a == b && o1 < o2)
+            }
+            (Rank::Below { .. }, Rank::Above { .. }) => true,
+            (Rank::Above { .. }, Rank::Below { .. }) => false,
+            (
+                Rank::Above {
+                    usage: u1,
+                    order: o1,
+                },
+                Rank::Above {
+                    usage: u2,
+                    order: o2,
+                },
+            ) => u1 < u2 || (u1 == u2 && o1 < o2),
+        }
+    }
+}

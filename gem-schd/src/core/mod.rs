@@ -1,0 +1,665 @@
+//! The token scheduler's pure core: Gemini's algorithm as a state machine.
+//!
+//! No I/O and no clock: every event carries `now` (µs on any monotonic scale), and the
+//! core answers with [`Action`]s (grants and errors to send to connections) plus
+//! [`Core::next_wakeup`], the time at which the driver must call [`Core::tick`]. The
+//! daemon drives it with the real clock, the tests with a virtual one.
+//!
+//! Accounting: every hold is a history entry `[start, end)` in a sliding window. Entries
+//! never overlap: when a late overuse report stretches an entry over the holds granted
+//! after it, those are pushed back (the GPU was still busy with the first holder's last,
+//! non-preemptible burst). So a client's usage in the window is the sum of its entries,
+//! less the part of the oldest entry that has slid out, kept incrementally.
+//!
+//! Pacing: a client with a limit below 1 must also stay within its limit over a short
+//! pacing window (with the slack of one min-quota grant), so that the window's limit is
+//! not used up in one block of seconds followed by as long a wait.
+//!
+//! Layout: this file holds the types, the connections and the public API; `window` the usage
+//! accounting, pacing and eligibility; `dispatch` who gets the token next and for how long.
+
+use std::collections::{HashMap, VecDeque};
+
+/// Microseconds on the driver's clock.
+pub type Micros = u64;
+/// A connection, as numbered by the driver.
+pub type ConnId = u64;
+
+/// Tunables of the algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Params {
+    /// Sliding window over which usage is accounted.
+    pub window_us: Micros,
+    /// Quota of a client that has reported no burst yet.
+    pub base_quota_us: Micros,
+    /// Lower bound of every quota.
+    pub min_quota_us: Micros,
+    /// How long past a holder's quota the token waits for the holder's report
+    /// (TokenRequest or Release) before moving on: the GPU is still busy with the
+    /// holder's last, non-preemptible burst, and a client granted meanwhile would
+    /// only queue behind it (or share the GPU with it) and mis-measure its burst.
+    /// 0 = Gemini's behaviour (move on at expiry).
+    pub grace_us: Micros,
+    /// Pacing window: a client with a limit below 1 must also keep its usage over
+    /// any such window within `limit × pace` (with the slack of one grant), so it
+    /// is not given its whole `limit × window` in one block of seconds followed by
+    /// as long a wait. Clamped to the window; 0 = off (Gemini's behaviour).
+    pub pace_us: Micros,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            window_us: 10_000_000,
+            base_quota_us: 50_000,
+            min_quota_us: 5_000,
+            grace_us: 50_000,
+            pace_us: 1_000_000,
+        }
+    }
+}
+
+/// One client as the config declares it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientSpec {
+    pub id: String,
+    /// Guaranteed share, 0..=1000.
+    pub request_milli: u16,
+    /// Ceiling of the share, 0..=1000.
+    pub limit_milli: u16,
+    /// Memory cap in bytes.
+    pub mem_limit: u64,
+}
+
+impl From<&kubeshare_api::ResourceEntry> for ClientSpec {
+    fn from(e: &kubeshare_api::ResourceEntry) -> Self {
+        ClientSpec {
+            id: e.id.clone(),
+            request_milli: e.request.get(),
+            limit_milli: e.limit.get(),
+            mem_limit: e.gpu_mem,
+        }
+    }
+}
+
+/// What the driver must send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Send Grant{quota_us} to each of `conns` (all waiting requests of `client`).
+    Grant {
+        client: String,
+        conns: Vec<ConnId>,
+        quota_us: Micros,
+    },
+    /// Send Error{code, message} to `conn`.
+    Error {
+        conn: ConnId,
+        code: u16,
+        message: String,
+    },
+}
+
+/// A refusal of a synchronous request (Hello, memory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: u16,
+    pub message: String,
+}
+
+/// The client's limits, for HelloOk: the same type the client reads them into.
+pub use gem_proto::HelloInfo;
+
+/// Answer to a memory reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemDecision {
+    pub granted: bool,
+    pub used: u64,
+    pub limit: u64,
+}
+
+type Key = u32;
+/// Default of [`Core::set_max_wait`].
+pub const DEFAULT_MAX_WAIT_US: Micros = 50_000;
+/// Default of [`Core::set_max_hold`].
+pub const DEFAULT_MAX_HOLD_US: Micros = 10_000;
+/// Another client that held the token this recently still competes for it (a batch-1
+/// inference tenant between two requests has given the token back for its CPU time).
+const CONTENDED_US: Micros = 100_000;
+/// The key of history entries whose client's usage was forgotten (no client has it).
+const FORGOTTEN: Key = Key::MAX;
+
+#[derive(Debug)]
+struct ClientState {
+    spec: ClientSpec,
+    /// Quota estimate (EMA of reported bursts).
+    quota_us: Micros,
+    /// How far this client's holds run past their quota (a decaying maximum of its
+    /// reported overuse): the hook gates at launch time, so a burst queued just before the
+    /// deadline runs on after it. A paced grant is shortened by it.
+    overrun_us: Micros,
+    /// Sum of `end - start` of this client's entries still in `history`.
+    usage_sum: Micros,
+    /// Connections with an unanswered TokenRequest, in arrival order.
+    waiting: Vec<ConnId>,
+    /// Order of the first waiting request, for FIFO tie-breaks.
+    waiting_since: u64,
+    /// When the client started waiting (for the starvation bound).
+    waiting_at: Micros,
+    /// Sequence number of the client's latest history entry.
+    last_entry: Option<u64>,
+    /// Open connections (Hello done).
+    conns: usize,
+    mem_used: u64,
+}
+
+#[derive(Debug)]
+struct ConnState {
+    /// `None` once the client has left the config.
+    client: Option<Key>,
+    mem: u64,
+    waiting: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    client: Key,
+    start: Micros,
+    end: Micros,
+    grant: Micros,
+    quota_end: Micros,
+}
+
+#[derive(Debug)]
+struct Hold {
+    client: Key,
+    /// Connections the grant answered (or that joined it).
+    conns: Vec<ConnId>,
+    quota_end: Micros,
+    seq: u64,
+}
+
+/// The scheduler of one GPU.
+#[derive(Debug)]
+pub struct Core {
+    params: Params,
+    start: Micros,
+    ids: HashMap<String, Key>,
+    clients: HashMap<Key, ClientState>,
+    conns: HashMap<ConnId, ConnState>,
+    history: VecDeque<Entry>,
+    /// Sequence number of `history[0]`.
+    first_seq: u64,
+    holder: Option<Hold>,
+    next_key: Key,
+    next_wait: u64,
+    grants: u64,
+    /// No grant before this time (see [`Core::hold_grants_until`]).
+    quiet_until: Micros,
+    /// See [`Core::set_max_wait`].
+    max_wait_us: Micros,
+    /// See [`Core::set_max_hold`].
+    max_hold_us: Micros,
+}
+
+impl Core {
+    /// A scheduler started at `now` with the given clients.
+    pub fn new(params: Params, specs: &[ClientSpec], now: Micros) -> Self {
+        let mut c = Core {
+            params,
+            start: now,
+            ids: HashMap::new(),
+            clients: HashMap::new(),
+            conns: HashMap::new(),
+            history: VecDeque::new(),
+            first_seq: 0,
+            holder: None,
+            next_key: 0,
+            next_wait: 0,
+            grants: 0,
+            quiet_until: 0,
+            max_wait_us: DEFAULT_MAX_WAIT_US,
+            max_hold_us: DEFAULT_MAX_HOLD_US,
+        };
+        let _ = c.set_config(now, specs);
+        c
+    }
+
+    /// Grants nothing before `t`. A daemon that (re)starts cannot know whether a holder of
+    /// its predecessor is still launching on its old quota; the quiet period lets such a
+    /// holder notice the hang-up and stop, so two holders never run at once.
+    pub fn hold_grants_until(&mut self, t: Micros) {
+        self.quiet_until = t;
+    }
+
+    /// Starvation bound: an eligible client (under its limit and pacing allowance) that has
+    /// waited this long (at a share of 0.5; scaled by (1 − share)/share otherwise) goes
+    /// before the usage ranking (the longest waiting first). Without
+    /// it, two clients ranked by usage over the 10 s window settle into blocks: the one that
+    /// just held stays ahead of the other until their usages cross, which on an H100 kept a
+    /// batch-1 inference tenant waiting 0.5 s at a time beside a training tenant (both 0.5).
+    /// 0 = off (rank by usage only, Gemini's behaviour).
+    pub fn set_max_wait(&mut self, us: Micros) {
+        self.max_wait_us = us;
+    }
+
+    /// Hold cap under contention: while another client waits or held the token in the last
+    /// 100 ms, a grant plus the holder's usual overrun (the work it queued before the
+    /// deadline, drained at the hand-over) is kept to this, or to the shortest quota estimate
+    /// of those contenders if longer (never below the min quota).
+    /// Quanta then follow the other tenants' bursts instead of the holder's: beside a
+    /// training tenant whose grants were ~36 ms plus a drained step, a batch-1 inference
+    /// tenant waited 57 ms at p99 on an H100. Shares are unchanged (they follow the
+    /// charged time); only the turns are shorter. 0 = off.
+    pub fn set_max_hold(&mut self, us: Micros) {
+        self.max_hold_us = us;
+    }
+
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    /// IDs of the configured clients.
+    pub fn client_ids(&self) -> impl Iterator<Item = &str> {
+        self.ids.keys().map(String::as_str)
+    }
+
+    /// The client currently holding the token.
+    pub fn holder(&self) -> Option<&str> {
+        self.holder
+            .as_ref()
+            .and_then(|h| self.clients.get(&h.client))
+            .map(|c| c.spec.id.as_str())
+    }
+
+    /// Number of grants made so far.
+    pub fn grants(&self) -> u64 {
+        self.grants
+    }
+
+    /// Usage of `id` in the window ending at `now` (the running hold up to `now`).
+    pub fn usage_us(&self, now: Micros, id: &str) -> Option<Micros> {
+        let key = *self.ids.get(id)?;
+        let mut u = self.usage(key, now);
+        if let Some(h) = &self.holder
+            && h.client == key
+            && let Some(e) = self.entry(h.seq)
+        {
+            u = u.saturating_sub(e.end.saturating_sub(now.max(e.start)));
+        }
+        Some(u)
+    }
+
+    /// The current quota estimate of `id`.
+    pub fn quota_estimate_us(&self, id: &str) -> Option<Micros> {
+        self.ids.get(id).map(|k| self.clients[k].quota_us)
+    }
+
+    /// Memory counted for `id`.
+    pub fn mem_used(&self, id: &str) -> Option<u64> {
+        self.ids.get(id).map(|k| self.clients[k].mem_used)
+    }
+
+    /// A connection said Hello as client `id`.
+    pub fn hello(&mut self, conn: ConnId, id: &str) -> Result<HelloInfo, Refusal> {
+        if self.conns.contains_key(&conn) {
+            return Err(Refusal {
+                code: gem_proto::code::PROTOCOL_MISUSE,
+                message: "Hello was already said on this connection".into(),
+            });
+        }
+        let Some(&key) = self.ids.get(id) else {
+            return Err(unknown(id));
+        };
+        let c = self.clients.get_mut(&key).expect("ids and clients agree");
+        c.conns += 1;
+        self.conns.insert(
+            conn,
+            ConnState {
+                client: Some(key),
+                mem: 0,
+                waiting: false,
+            },
+        );
+        Ok(HelloInfo {
+            request_milli: c.spec.request_milli,
+            limit_milli: c.spec.limit_milli,
+            mem_limit: c.spec.mem_limit,
+            mem_used: c.mem_used,
+            window_ms: u32::try_from(self.params.window_us / 1000).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// TokenRequest{overuse, burst} on `conn`.
+    pub fn token_request(
+        &mut self,
+        now: Micros,
+        conn: ConnId,
+        overuse_us: Micros,
+        burst_us: Micros,
+    ) -> Vec<Action> {
+        let mut out = Vec::new();
+        let key = match self.conn_client(conn) {
+            Ok(k) => k,
+            Err(r) => {
+                out.push(refusal_action(conn, r));
+                return out;
+            }
+        };
+        if self.conns[&conn].waiting {
+            out.push(Action::Error {
+                conn,
+                code: gem_proto::code::PROTOCOL_MISUSE,
+                message: "a TokenRequest is already pending on this connection".into(),
+            });
+            return out;
+        }
+        self.expire(now);
+        self.learn_burst(key, burst_us);
+        self.learn_overrun(key, overuse_us);
+        let mut queue = true;
+        if let Some(h) = &mut self.holder
+            && h.client == key
+        {
+            let remaining = h.quota_end.saturating_sub(now);
+            if !h.conns.contains(&conn) && remaining > burst_us && remaining > 0 {
+                // A process joining its client's running hold gets what is left.
+                h.conns.push(conn);
+                out.push(Action::Grant {
+                    client: self.clients[&key].spec.id.clone(),
+                    conns: vec![conn],
+                    quota_us: remaining,
+                });
+                queue = false;
+            } else {
+                self.end_hold(now, |e| e.quota_end.saturating_add(overuse_us));
+            }
+        } else {
+            self.report_late(now, key, |e| e.quota_end.saturating_add(overuse_us));
+        }
+        if queue {
+            self.enqueue(now, key, conn);
+        }
+        self.dispatch(now, &mut out);
+        out
+    }
+
+    /// Release{used} on `conn`: the process went idle.
+    pub fn release(&mut self, now: Micros, conn: ConnId, used_us: Micros) -> Vec<Action> {
+        let mut out = Vec::new();
+        let key = match self.conn_client(conn) {
+            Ok(k) => k,
+            // Release has no reply; a stray one from a departed client is dropped.
+            Err(_) => return out,
+        };
+        self.expire(now);
+        if let Some(e) = self
+            .clients
+            .get(&key)
+            .and_then(|c| c.last_entry)
+            .and_then(|s| self.entry(s))
+        {
+            let over = e.grant.saturating_add(used_us).saturating_sub(e.quota_end);
+            self.learn_overrun(key, over);
+        }
+        if let Some(h) = &mut self.holder
+            && h.client == key
+        {
+            h.conns.retain(|c| *c != conn);
+            if h.conns.is_empty() {
+                // Before the quota's end this is `now`; in the grace period after it,
+                // the measured use counts (the last burst ran past the quota).
+                self.end_hold(now, |e| e.quota_end.max(e.grant.saturating_add(used_us)));
+            }
+        } else {
+            self.report_late(now, key, |e| {
+                e.quota_end.max(e.grant.saturating_add(used_us))
+            });
+        }
+        self.dispatch(now, &mut out);
+        out
+    }
+
+    /// `conn` closed (or its process died).
+    pub fn disconnect(&mut self, now: Micros, conn: ConnId) -> Vec<Action> {
+        let mut out = Vec::new();
+        let Some(cs) = self.conns.remove(&conn) else {
+            return out;
+        };
+        let Some(key) = cs.client else {
+            return out;
+        };
+        self.expire(now);
+        if let Some(c) = self.clients.get_mut(&key) {
+            c.waiting.retain(|x| *x != conn);
+            c.conns = c.conns.saturating_sub(1);
+            c.mem_used = c.mem_used.saturating_sub(cs.mem);
+            if c.conns == 0 {
+                c.mem_used = 0;
+            }
+        }
+        if let Some(h) = &mut self.holder
+            && h.client == key
+        {
+            h.conns.retain(|c| *c != conn);
+            if h.conns.is_empty() {
+                // The token was held until now.
+                self.end_hold(now, |_| now);
+            }
+        }
+        self.dispatch(now, &mut out);
+        out
+    }
+
+    /// MemAlloc{bytes} on `conn`.
+    pub fn mem_alloc(&mut self, conn: ConnId, bytes: u64) -> Result<MemDecision, Refusal> {
+        let key = self.conn_client(conn)?;
+        let c = self.clients.get_mut(&key).expect("conn client exists");
+        let limit = c.spec.mem_limit;
+        let granted = c
+            .mem_used
+            .checked_add(bytes)
+            .is_some_and(|total| total <= limit);
+        if granted {
+            c.mem_used += bytes;
+            if let Some(cs) = self.conns.get_mut(&conn) {
+                cs.mem += bytes;
+            }
+        }
+        Ok(MemDecision {
+            granted,
+            used: c.mem_used,
+            limit,
+        })
+    }
+
+    /// MemFree{bytes} on `conn`: credits at most what the connection had counted.
+    pub fn mem_free(&mut self, conn: ConnId, bytes: u64) -> Result<(), Refusal> {
+        let key = self.conn_client(conn)?;
+        let cs = self.conns.get_mut(&conn).expect("checked");
+        let credit = bytes.min(cs.mem);
+        cs.mem -= credit;
+        let c = self.clients.get_mut(&key).expect("conn client exists");
+        c.mem_used = c.mem_used.saturating_sub(credit);
+        Ok(())
+    }
+
+    /// MemQuery on `conn`: (used, limit).
+    pub fn mem_query(&self, conn: ConnId) -> Result<(u64, u64), Refusal> {
+        let key = self.conn_client(conn)?;
+        let c = &self.clients[&key];
+        Ok((c.mem_used, c.spec.mem_limit))
+    }
+
+    /// The config changed: clients that stay keep their history and quota estimate
+    /// (their limits take effect now); clients that left are dropped, their waiting
+    /// requests answered Error{1}.
+    pub fn set_config(&mut self, now: Micros, specs: &[ClientSpec]) -> Vec<Action> {
+        let mut out = Vec::new();
+        self.expire(now);
+        let keep: HashMap<&str, &ClientSpec> = specs.iter().map(|s| (s.id.as_str(), s)).collect();
+        let gone: Vec<(String, Key)> = self
+            .ids
+            .iter()
+            .filter(|(id, _)| !keep.contains_key(id.as_str()))
+            .map(|(id, k)| (id.clone(), *k))
+            .collect();
+        for (id, key) in gone {
+            if self.holder.as_ref().is_some_and(|h| h.client == key) {
+                self.end_hold(now, |_| now);
+            }
+            self.ids.remove(&id);
+            if let Some(c) = self.clients.remove(&key) {
+                for conn in c.waiting {
+                    out.push(refusal_action(conn, unknown(&id)));
+                }
+            }
+            for cs in self.conns.values_mut() {
+                if cs.client == Some(key) {
+                    cs.client = None;
+                    cs.mem = 0;
+                    cs.waiting = false;
+                }
+            }
+        }
+        for spec in specs {
+            match self.ids.get(&spec.id).copied() {
+                Some(k) => {
+                    let mut changed = false;
+                    if let Some(c) = self.clients.get_mut(&k) {
+                        changed = (c.spec.request_milli, c.spec.limit_milli)
+                            != (spec.request_milli, spec.limit_milli);
+                        c.spec = spec.clone();
+                    }
+                    if changed {
+                        self.forget_usage(k);
+                    }
+                }
+                None => {
+                    let key = self.next_key;
+                    self.next_key += 1;
+                    self.ids.insert(spec.id.clone(), key);
+                    self.clients.insert(
+                        key,
+                        ClientState {
+                            spec: spec.clone(),
+                            quota_us: self.params.base_quota_us,
+                            overrun_us: 0,
+                            usage_sum: 0,
+                            waiting: Vec::new(),
+                            waiting_since: 0,
+                            waiting_at: 0,
+                            last_entry: None,
+                            conns: 0,
+                            mem_used: 0,
+                        },
+                    );
+                }
+            }
+        }
+        self.dispatch(now, &mut out);
+        out
+    }
+
+    /// A client's share changed: its past usage was measured against the old share, so it
+    /// starts a new account (its running hold, if any, stays charged). Judged against its new
+    /// limit, a client that shrinks from 0.7 to 0.3 would otherwise wait seconds at zero
+    /// until its window forgot the old usage. Its old entries stay in the history (they still
+    /// keep later holds from overlapping), re-keyed to no client.
+    fn forget_usage(&mut self, key: Key) {
+        let hold = self
+            .holder
+            .as_ref()
+            .filter(|h| h.client == key)
+            .map(|h| h.seq);
+        let mut kept = 0;
+        for (i, e) in self.history.iter_mut().enumerate() {
+            if e.client != key {
+                continue;
+            }
+            if Some(self.first_seq + i as u64) == hold {
+                kept += e.end - e.start;
+            } else {
+                e.client = FORGOTTEN;
+            }
+        }
+        if let Some(c) = self.clients.get_mut(&key) {
+            c.usage_sum = kept;
+        }
+    }
+
+    /// Timer: the driver calls this at (or after) [`Core::next_wakeup`].
+    pub fn tick(&mut self, now: Micros) -> Vec<Action> {
+        let mut out = Vec::new();
+        self.expire(now);
+        self.dispatch(now, &mut out);
+        out
+    }
+
+    /// Shutting down: every waiting request gets Error{5}.
+    pub fn shutdown(&mut self) -> Vec<Action> {
+        let mut out = Vec::new();
+        for c in self.clients.values_mut() {
+            for conn in c.waiting.drain(..) {
+                out.push(Action::Error {
+                    conn,
+                    code: gem_proto::code::SHUTTING_DOWN,
+                    message: "gem-schd is shutting down".into(),
+                });
+            }
+        }
+        for cs in self.conns.values_mut() {
+            cs.waiting = false;
+        }
+        out
+    }
+
+    /// When the driver must call [`Core::tick`] next (`None`: only on an event).
+    pub fn next_wakeup(&self, now: Micros) -> Option<Micros> {
+        if let Some(h) = &self.holder {
+            return Some(h.quota_end.saturating_add(self.params.grace_us));
+        }
+        self.clients
+            .iter()
+            .filter(|(_, c)| !c.waiting.is_empty())
+            .filter_map(|(k, _)| self.ready_at(*k, now))
+            .min()
+            .map(|t| t.max(self.quiet_until))
+    }
+
+    fn conn_client(&self, conn: ConnId) -> Result<Key, Refusal> {
+        match self.conns.get(&conn) {
+            None => Err(Refusal {
+                code: gem_proto::code::PROTOCOL_MISUSE,
+                message: "Hello must be the first frame".into(),
+            }),
+            Some(ConnState { client: None, .. }) => Err(Refusal {
+                code: gem_proto::code::UNKNOWN_CLIENT,
+                message: "this client has been removed from the resource config".into(),
+            }),
+            Some(ConnState {
+                client: Some(k), ..
+            }) => Ok(*k),
+        }
+    }
+}
+
+fn unknown(id: &str) -> Refusal {
+    Refusal {
+        code: gem_proto::code::UNKNOWN_CLIENT,
+        message: format!("client {id:?} is not in the resource config"),
+    }
+}
+
+fn refusal_action(conn: ConnId, r: Refusal) -> Action {
+    Action::Error {
+        conn,
+        code: r.code,
+        message: r.message,
+    }
+}
+
+mod dispatch;
+mod window;
+
+#[cfg(test)]
+mod tests;
