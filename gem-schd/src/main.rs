@@ -63,7 +63,7 @@ struct Args {
     /// last 100 ms, a grant plus the holder's usual overrun is kept to this, or to the
     /// contenders' shortest quota if longer (at least the min quota), so a latency-sensitive
     /// tenant is not stopped behind long turns. 0 = off.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 0)]
     max_hold_ms: u64,
     /// Poll the config's mtime this often as well as watching it, ms.
     #[arg(long, default_value_t = 1000)]
