@@ -1,8 +1,14 @@
 //! The delivered shares the node daemons export (`kubeshare_pod_gpu_delivered_share`:
 //! gem-schd's token time per pod over its window), read from their `/metrics` so the
-//! table can show what each pod got next to what it asked for. Parsing is pure.
+//! table can show what each pod got next to what it asked for ([`read`], through the
+//! apiserver's pod proxy; the real-node tests read them the same way). Parsing is pure.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::{Api, Client};
 
 /// (namespace, pod, GPU UUID) → share of the GPU's time delivered, in [0, 1].
 pub type Delivered = BTreeMap<(String, String, String), f64>;
@@ -70,6 +76,58 @@ fn split_labels(s: &str) -> Vec<(&str, String)> {
         rest = &after[end + 1..];
     }
     out
+}
+
+/// Where the node daemons run, and the port of their /metrics.
+pub const KUBESHARE_NS: &str = "kubeshare-system";
+pub const NODE_DAEMON_SELECTOR: &str = "app.kubernetes.io/name=kubeshare-node-daemon";
+pub const METRICS_PORT: u16 = 9477;
+
+/// Delivered shares from every node daemon that answers within a few seconds. Best
+/// effort: without the rights (pods/proxy in kubeshare-system) or with a daemon down,
+/// the table is shown without them.
+pub async fn read(client: &Client) -> Delivered {
+    let daemons: Api<Pod> = Api::namespaced(client.clone(), KUBESHARE_NS);
+    let list = match daemons
+        .list(&ListParams::default().labels(NODE_DAEMON_SELECTOR))
+        .await
+    {
+        Ok(l) => l.items,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot list the node daemons; no delivered shares");
+            return Default::default();
+        }
+    };
+    let fetches = list
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .map(|name| {
+            let client = client.clone();
+            async move {
+                let req = http::Request::get(format!(
+                    "/api/v1/namespaces/{KUBESHARE_NS}/pods/{name}:{METRICS_PORT}/proxy/metrics"
+                ))
+                .body(Vec::new())
+                .ok()?;
+                match tokio::time::timeout(Duration::from_secs(3), client.request_text(req)).await {
+                    Ok(Ok(text)) => Some(parse(&text)),
+                    Ok(Err(e)) => {
+                        tracing::debug!(daemon = %name, error = %e, "metrics unreadable");
+                        None
+                    }
+                    Err(_) => {
+                        tracing::debug!(daemon = %name, "metrics timed out");
+                        None
+                    }
+                }
+            }
+        });
+    futures::future::join_all(fetches)
+        .await
+        .into_iter()
+        .flatten()
+        .flatten()
+        .collect()
 }
 
 #[cfg(test)]

@@ -1,8 +1,6 @@
 //! `kubectl-sharedgpu`: lists Nodes and Pods from the current kubeconfig's cluster
 //! and prints who holds which GPU. Installed on PATH, `kubectl sharedgpu` runs it.
 
-use std::time::Duration;
-
 use anyhow::Context as _;
 use clap::Parser;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -45,58 +43,6 @@ struct Args {
     /// the share each pod was delivered ("got").
     #[arg(long)]
     no_metrics: bool,
-}
-
-/// Where the node daemons run, and the port of their /metrics.
-const KUBESHARE_NS: &str = "kubeshare-system";
-const NODE_DAEMON_SELECTOR: &str = "app.kubernetes.io/name=kubeshare-node-daemon";
-const METRICS_PORT: u16 = 9477;
-
-/// Delivered shares from every node daemon that answers within a few seconds. Best
-/// effort: without the rights (pods/proxy in kubeshare-system) or with a daemon down,
-/// the table is shown without them.
-async fn delivered(client: &Client) -> kubectl_sharedgpu::delivered::Delivered {
-    let daemons: Api<Pod> = Api::namespaced(client.clone(), KUBESHARE_NS);
-    let list = match daemons
-        .list(&ListParams::default().labels(NODE_DAEMON_SELECTOR))
-        .await
-    {
-        Ok(l) => l.items,
-        Err(e) => {
-            tracing::debug!(error = %e, "cannot list the node daemons; no delivered shares");
-            return Default::default();
-        }
-    };
-    let fetches = list
-        .into_iter()
-        .filter_map(|p| p.metadata.name)
-        .map(|name| {
-            let client = client.clone();
-            async move {
-                let req = http::Request::get(format!(
-                    "/api/v1/namespaces/{KUBESHARE_NS}/pods/{name}:{METRICS_PORT}/proxy/metrics"
-                ))
-                .body(Vec::new())
-                .ok()?;
-                match tokio::time::timeout(Duration::from_secs(3), client.request_text(req)).await {
-                    Ok(Ok(text)) => Some(kubectl_sharedgpu::delivered::parse(&text)),
-                    Ok(Err(e)) => {
-                        tracing::debug!(daemon = %name, error = %e, "metrics unreadable");
-                        None
-                    }
-                    Err(_) => {
-                        tracing::debug!(daemon = %name, "metrics timed out");
-                        None
-                    }
-                }
-            }
-        });
-    futures::future::join_all(fetches)
-        .await
-        .into_iter()
-        .flatten()
-        .flatten()
-        .collect()
 }
 
 async fn client(args: &Args) -> anyhow::Result<Client> {
@@ -147,7 +93,7 @@ async fn main() -> anyhow::Result<()> {
     let delivered = if args.no_metrics {
         Default::default()
     } else {
-        delivered(&client).await
+        kubectl_sharedgpu::delivered::read(&client).await
     };
     let opts = RenderOptions {
         wide: args.wide,

@@ -67,7 +67,9 @@ pub fn render(
     supervised: bool,
     usage: &BTreeMap<String, UsageReport>,
 ) -> String {
-    let mut reg = Registry::with_prefix("kubeshare_node");
+    // One registry, two prefixes: the node's and its GPUs' figures, and the pods'.
+    let mut root = Registry::default();
+    let reg = root.sub_registry_with_prefix("kubeshare_node");
     let gpu_labels = |g: &kubeshare_api::GpuInfo| GpuLabels {
         node: s.node.clone(),
         gpu: g.uuid.clone(),
@@ -146,73 +148,6 @@ pub fn render(
         );
     }
 
-    // Per pod: what its record grants it, per GPU it holds, and what gem-schd
-    // delivered (token time over its window) and counted (memory).
-    let pod_request = Family::<PodLabels, FGauge>::default();
-    let pod_limit = Family::<PodLabels, FGauge>::default();
-    let pod_mem = Family::<PodLabels, Gauge>::default();
-    let pod_delivered = Family::<PodLabels, FGauge>::default();
-    let pod_mem_used = Family::<PodLabels, Gauge>::default();
-    for p in &s.desired.placements {
-        let (namespace, pod) = p
-            .pod_key
-            .split_once('/')
-            .unwrap_or(("", p.pod_key.as_str()));
-        for gpu in &p.gpus {
-            let l = PodLabels {
-                namespace: namespace.to_string(),
-                pod: pod.to_string(),
-                gpu_uuid: gpu.clone(),
-            };
-            if p.whole {
-                pod_request.get_or_create(&l).set(1.0);
-                pod_limit.get_or_create(&l).set(1.0);
-            } else if let Some(e) = entries(gpu).iter().find(|e| e.id == p.pod_uid) {
-                pod_request
-                    .get_or_create(&l)
-                    .set(f64::from(e.request.get()) / 1000.0);
-                pod_limit
-                    .get_or_create(&l)
-                    .set(f64::from(e.limit.get()) / 1000.0);
-                pod_mem.get_or_create(&l).set(to_i64(e.gpu_mem));
-                if let Some(r) = usage.get(gpu)
-                    && let Some(c) = r.client(&p.pod_uid)
-                {
-                    pod_delivered.get_or_create(&l).set(c.share(r.window_us));
-                    pod_mem_used.get_or_create(&l).set(to_i64(c.mem_used));
-                }
-            }
-        }
-    }
-    let mut pod_reg = Registry::with_prefix("kubeshare_pod");
-    pod_reg.register(
-        "gpu_request_share",
-        "The pod's guaranteed share of the GPU (its record's granted request)",
-        pod_request,
-    );
-    pod_reg.register(
-        "gpu_limit_share",
-        "The pod's share ceiling on the GPU (its record's granted limit)",
-        pod_limit,
-    );
-    pod_reg.register_with_unit(
-        "gpu_memory_cap",
-        "The pod's GPU memory cap (time-shared pods)",
-        Unit::Bytes,
-        pod_mem,
-    );
-    pod_reg.register(
-        "gpu_delivered_share",
-        "Share of the GPU's time the pod held the token over gem-schd's window (10 s by default)",
-        pod_delivered,
-    );
-    pod_reg.register_with_unit(
-        "gpu_memory_used",
-        "GPU memory gem-schd counts for the pod (all its processes)",
-        Unit::Bytes,
-        pod_mem_used,
-    );
-
     let node = NodeLabels {
         node: s.node.clone(),
     };
@@ -254,14 +189,76 @@ pub fn render(
         counter(c.inventory_patches),
     );
 
-    let mut out = String::new();
-    // Writing into a String cannot fail; the `# EOF` of the first part is dropped so
-    // the two registries read as one exposition.
-    let _ = encode(&mut out, &reg);
-    if let Some(body) = out.strip_suffix("# EOF\n") {
-        out.truncate(body.len());
+    // Per pod: what its record grants it, per GPU it holds, and what gem-schd
+    // delivered (token time over its window) and counted (memory).
+    let pod_request = Family::<PodLabels, FGauge>::default();
+    let pod_limit = Family::<PodLabels, FGauge>::default();
+    let pod_mem = Family::<PodLabels, Gauge>::default();
+    let pod_delivered = Family::<PodLabels, FGauge>::default();
+    let pod_mem_used = Family::<PodLabels, Gauge>::default();
+    for p in &s.desired.placements {
+        let (namespace, pod) = p
+            .pod_key
+            .split_once('/')
+            .unwrap_or(("", p.pod_key.as_str()));
+        for gpu in &p.gpus {
+            let l = PodLabels {
+                namespace: namespace.to_string(),
+                pod: pod.to_string(),
+                gpu_uuid: gpu.clone(),
+            };
+            if p.whole {
+                pod_request.get_or_create(&l).set(1.0);
+                pod_limit.get_or_create(&l).set(1.0);
+            } else if let Some(e) = entries(gpu).iter().find(|e| e.id == p.pod_uid) {
+                pod_request
+                    .get_or_create(&l)
+                    .set(f64::from(e.request.get()) / 1000.0);
+                pod_limit
+                    .get_or_create(&l)
+                    .set(f64::from(e.limit.get()) / 1000.0);
+                pod_mem.get_or_create(&l).set(to_i64(e.gpu_mem));
+                if let Some(r) = usage.get(gpu)
+                    && let Some(c) = r.client(&p.pod_uid)
+                {
+                    pod_delivered.get_or_create(&l).set(c.share(r.window_us));
+                    pod_mem_used.get_or_create(&l).set(to_i64(c.mem_used));
+                }
+            }
+        }
     }
-    let _ = encode(&mut out, &pod_reg);
+    let pod_reg = root.sub_registry_with_prefix("kubeshare_pod");
+    pod_reg.register(
+        "gpu_request_share",
+        "The pod's guaranteed share of the GPU (its record's granted request)",
+        pod_request,
+    );
+    pod_reg.register(
+        "gpu_limit_share",
+        "The pod's share ceiling on the GPU (its record's granted limit)",
+        pod_limit,
+    );
+    pod_reg.register_with_unit(
+        "gpu_memory_cap",
+        "The pod's GPU memory cap (time-shared pods)",
+        Unit::Bytes,
+        pod_mem,
+    );
+    pod_reg.register(
+        "gpu_delivered_share",
+        "Share of the GPU's time the pod held the token over gem-schd's window (10 s by default)",
+        pod_delivered,
+    );
+    pod_reg.register_with_unit(
+        "gpu_memory_used",
+        "GPU memory gem-schd counts for the pod (all its processes)",
+        Unit::Bytes,
+        pod_mem_used,
+    );
+
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut out, &root);
     out
 }
 

@@ -295,38 +295,15 @@ async fn two_pods_share_one_gpu_at_their_limits() -> Result<()> {
     Ok(())
 }
 
-/// `kubeshare_pod_gpu_delivered_share` per pod of `namespace`, from the node daemon's
-/// `/metrics` (through the apiserver's pod proxy).
+/// `kubeshare_pod_gpu_delivered_share` per pod of `namespace`, read from the node
+/// daemons' `/metrics` as `kubectl sharedgpu` reads it (the apiserver's pod proxy).
 async fn delivered_shares(client: &kube::Client, namespace: &str) -> Result<BTreeMap<String, f64>> {
-    let daemons: Api<Pod> = Api::namespaced(client.clone(), KUBESHARE_NS);
-    let lp = ListParams::default().labels("app.kubernetes.io/name=kubeshare-node-daemon");
-    let pod = daemons
-        .list(&lp)
-        .await?
-        .items
+    Ok(kubectl_sharedgpu::delivered::read(client)
+        .await
         .into_iter()
-        .next()
-        .context("no node daemon pod")?;
-    let name = pod
-        .metadata
-        .name
-        .context("node daemon pod without a name")?;
-    let req = http::Request::get(format!(
-        "/api/v1/namespaces/{KUBESHARE_NS}/pods/{name}:9477/proxy/metrics"
-    ))
-    .body(Vec::new())?;
-    let text = client.request_text(req).await?;
-    let prefix = format!("kubeshare_pod_gpu_delivered_share{{namespace=\"{namespace}\",pod=\"");
-    let mut out = BTreeMap::new();
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix(&prefix)
-            && let Some((pod, tail)) = rest.split_once('"')
-            && let Some(v) = tail.rsplit(' ').next()
-        {
-            out.insert(pod.to_string(), v.parse::<f64>()?);
-        }
-    }
-    Ok(out)
+        .filter(|((ns, _, _), _)| ns == namespace)
+        .map(|((_, pod, _), v)| (pod, v))
+        .collect())
 }
 
 #[tokio::test]
