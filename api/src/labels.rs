@@ -10,6 +10,7 @@ use std::fmt;
 
 use crate::milli::{Milli, MilliParseError, parse_decimal_milli};
 use crate::quantity::{QuantityError, parse_bytes};
+use crate::um::{GPU_MEM_MANAGED, GPU_MEM_MODE, MAX_MANAGED_FACTOR, UmSpec};
 
 /// How a share must be written; appended to the "not a number" rules, because the
 /// forms people try (`.5`, `+0.5`, `1.`, ` 0.5`) look like numbers but are not valid
@@ -34,10 +35,12 @@ pub const SCHED_EXCLUSION: &str = "sharedgpu/sched_exclusion";
 pub const OBSOLETE_MIN_AVAILABLE: &str = "sharedgpu/min_available";
 
 /// Every label a pod may carry, in the order they are checked.
-pub const KNOWN_LABELS: [&str; 13] = [
+pub const KNOWN_LABELS: [&str; 15] = [
     GPU_REQUEST,
     GPU_LIMIT,
     GPU_MEM,
+    GPU_MEM_MODE,
+    GPU_MEM_MANAGED,
     GPU_COUNT,
     GPU_MODEL,
     PRIORITY,
@@ -102,6 +105,8 @@ pub struct GpuDemand {
     pub affinity: Option<String>,
     pub anti_affinity: Option<String>,
     pub exclusion: Option<String>,
+    /// Unified-memory mode (`gpu_mem_mode=unified`, docs/um.md); `None`: device memory.
+    pub um: Option<UmSpec>,
 }
 
 /// The rule a label value broke.
@@ -141,6 +146,17 @@ pub enum Rule {
     },
     Obsolete,
     Unknown,
+    /// `gpu_mem_mode` is neither `device` nor `unified`.
+    MemModeName,
+    /// Whole GPUs run without the hook, so there is nothing to make managed.
+    UnifiedWithWhole,
+    ManagedWithoutUnified,
+    ManagedBelowResident {
+        resident: String,
+    },
+    ManagedAboveFactor {
+        resident: String,
+    },
 }
 
 impl fmt::Display for Rule {
@@ -230,9 +246,29 @@ impl fmt::Display for Rule {
                 f,
                 "is obsolete; use {GROUP_HEADCOUNT} and {GROUP_THRESHOLD}"
             ),
+            Rule::MemModeName => write!(
+                f,
+                "must be `device` (ordinary GPU memory, the default) or `unified` (managed memory that may exceed the GPU-resident share; docs/um.md)"
+            ),
+            Rule::UnifiedWithWhole => write!(
+                f,
+                "applies to a fractional gpu_request (at most 1.0) only: whole GPUs run without the hook library, which makes allocations managed"
+            ),
+            Rule::ManagedWithoutUnified => write!(
+                f,
+                "is the managed-memory ceiling of unified-memory mode; set {GPU_MEM_MODE}=unified as well, or remove it"
+            ),
+            Rule::ManagedBelowResident { resident } => write!(
+                f,
+                "must be at least {GPU_MEM}={resident} (the ceiling of all the pod's managed memory includes its GPU-resident share)"
+            ),
+            Rule::ManagedAboveFactor { resident } => write!(
+                f,
+                "must be at most {MAX_MANAGED_FACTOR} × {GPU_MEM}={resident} (beyond that the pod would spend its time migrating pages)"
+            ),
             Rule::Unknown => write!(
                 f,
-                "unknown KubeShare label (a typo?); known labels are gpu_request, gpu_limit, gpu_mem, gpu_count, gpu_model, priority, group_name, group_headcount, group_threshold, sched_affinity, sched_anti-affinity, sched_exclusion"
+                "unknown KubeShare label (a typo?); known labels are gpu_request, gpu_limit, gpu_mem, gpu_mem_mode, gpu_mem_managed, gpu_count, gpu_model, priority, group_name, group_headcount, group_threshold, sched_affinity, sched_anti-affinity, sched_exclusion"
             ),
         }
     }
@@ -464,6 +500,7 @@ impl GpuDemand {
         };
 
         let group = parse_group(labels)?;
+        let um = crate::um::parse(labels, matches!(share, GpuShare::Whole { .. }), mem)?;
 
         Ok(Some(GpuDemand {
             share,
@@ -474,6 +511,7 @@ impl GpuDemand {
             affinity: tag(labels, SCHED_AFFINITY)?,
             anti_affinity: tag(labels, SCHED_ANTI_AFFINITY)?,
             exclusion: tag(labels, SCHED_EXCLUSION)?,
+            um,
         }))
     }
 
@@ -527,6 +565,7 @@ impl GpuDemand {
         if let Some(m) = self.mem {
             put(GPU_MEM, m.to_string());
         }
+        crate::um::to_labels(&self.um, &mut put);
         if let Some(m) = &self.model {
             put(GPU_MODEL, m.clone());
         }
@@ -587,6 +626,12 @@ impl GpuDemand {
         }
         let r = u128::from(self.request_per_gpu().get());
         (u128::from(gpu_memory) * r / 1000) as u64
+    }
+
+    /// In unified-memory mode, the managed ceiling on a GPU of `gpu_memory` bytes (the
+    /// resident share is [`GpuDemand::mem_on`]); `None` in device mode.
+    pub fn managed_on(&self, gpu_memory: u64) -> Option<u64> {
+        self.um.map(|u| u.ceiling(self.mem_on(gpu_memory)))
     }
 }
 

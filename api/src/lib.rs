@@ -14,6 +14,7 @@ pub mod layout;
 mod milli;
 mod quantity;
 pub mod resource_config;
+pub mod um;
 pub mod usage;
 
 pub use annotations::{Allocation, AllocationError, Granted};
@@ -23,6 +24,7 @@ pub use layout::Layout;
 pub use milli::{Milli, MilliParseError};
 pub use quantity::{ACCEPTED_FORMS, QuantityError, parse_bytes};
 pub use resource_config::{ResourceConfig, ResourceConfigError, ResourceEntry};
+pub use um::UmSpec;
 pub use usage::{ClientUsage, USAGE_FILE, UsageError, UsageReport};
 
 /// The scheduler name that KubeShare pods run under.

@@ -177,7 +177,7 @@ fn default_memory_is_request_share() {
     assert_eq!(d.mem_on(80 << 30), 1 << 30);
 }
 
-const KNOWN: &str = "unknown KubeShare label (a typo?); known labels are gpu_request, gpu_limit, gpu_mem, gpu_count, gpu_model, priority, group_name, group_headcount, group_threshold, sched_affinity, sched_anti-affinity, sched_exclusion";
+const KNOWN: &str = "unknown KubeShare label (a typo?); known labels are gpu_request, gpu_limit, gpu_mem, gpu_mem_mode, gpu_mem_managed, gpu_count, gpu_model, priority, group_name, group_headcount, group_threshold, sched_affinity, sched_anti-affinity, sched_exclusion";
 const NEED_LIMIT: &str = "sharedgpu/gpu_limit is required as well (the most of a GPU the pod may use; use the same value as gpu_request for a fixed share)";
 const GROUP_WHY: &str =
     "(coscheduling needs group_name, group_headcount and group_threshold together)";

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use kubeshare_api::resource_config::is_valid_id;
 use kubeshare_api::{
-    GpuDemand, GpuShare, GroupSpec, Milli, NodeInventory, ResourceConfig, ResourceEntry,
+    GpuDemand, GpuShare, GroupSpec, Milli, NodeInventory, ResourceConfig, ResourceEntry, UmSpec,
     parse_bytes,
 };
 use proptest::prelude::*;
@@ -42,17 +42,30 @@ fn demand() -> impl Strategy<Value = GpuDemand> {
         proptest::option::of(tag()),
         proptest::option::of(tag()),
         proptest::option::of(tag()),
+        proptest::option::of(proptest::option::of(1u64..=u64::MAX)),
     )
         .prop_map(
-            |(share, mem, model, priority, group, affinity, anti_affinity, exclusion)| GpuDemand {
-                share,
-                mem,
-                model,
-                priority,
-                group,
-                affinity,
-                anti_affinity,
-                exclusion,
+            |(share, mem, model, priority, group, affinity, anti_affinity, exclusion, um)| {
+                let whole = matches!(share, GpuShare::Whole { .. });
+                // Unified mode is for fractional pods; a written ceiling lies in
+                // [gpu_mem, 8 × gpu_mem] when gpu_mem is written.
+                let um = um.filter(|_| !whole).map(|m| UmSpec {
+                    managed: m.map(|m| match mem {
+                        Some(r) => m.clamp(r, r.saturating_mul(8)),
+                        None => m,
+                    }),
+                });
+                GpuDemand {
+                    share,
+                    mem,
+                    model,
+                    priority,
+                    group,
+                    affinity,
+                    anti_affinity,
+                    exclusion,
+                    um,
+                }
             },
         )
 }

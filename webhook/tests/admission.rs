@@ -568,7 +568,7 @@ const PRIO: &str = "must be a whole number from 0 to 100 (0 = opportunistic, 1-1
 const LABEL_VALUE: &str = "must be 1-63 characters of letters, digits, '-', '_' or '.', starting and ending with a letter or digit";
 const GROUP_WHY: &str =
     "(coscheduling needs group_name, group_headcount and group_threshold together)";
-const KNOWN: &str = "unknown KubeShare label (a typo?); known labels are gpu_request, gpu_limit, gpu_mem, gpu_count, gpu_model, priority, group_name, group_headcount, group_threshold, sched_affinity, sched_anti-affinity, sched_exclusion";
+const KNOWN: &str = "unknown KubeShare label (a typo?); known labels are gpu_request, gpu_limit, gpu_mem, gpu_mem_mode, gpu_mem_managed, gpu_count, gpu_model, priority, group_name, group_headcount, group_threshold, sched_affinity, sched_anti-affinity, sched_exclusion";
 const THRESH: &str = "must be a decimal greater than 0 and at most 1.0 (the fraction of the group that must start together)";
 
 #[test]
