@@ -18,12 +18,14 @@
 pub mod abi;
 mod engine;
 mod launches;
+mod managed;
 mod memory;
 mod nvml;
 
 use abi::*;
 use engine::{Device, Job};
 use launches::*;
+use managed::*;
 use memory::*;
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -446,7 +448,8 @@ fn table() -> &'static HashMap<&'static str, usize> {
             cuMemGetInfo_v2, cuGetErrorString, cuGetErrorName, cuGetProcAddress,
             cuGetProcAddress_v2, fakeCudaBusyMicros, fakeCudaMemUsed, cuDevicePrimaryCtxReset_v2,
             cuDevicePrimaryCtxGetState, cuMemAddressReserve, cuMemAddressFree, cuMemMap,
-            cuMemUnmap,
+            cuMemUnmap, cuMemPrefetchAsync, cuMemPrefetchAsync_v2, cuMemAdvise,
+            fakeCudaPrefetches, fakeCudaPrefetchedBytes, fakeCudaManagedUsed,
         )
     })
 }

@@ -57,7 +57,7 @@ impl MemoryState {
     }
 
     /// Addresses are 2 MiB aligned and never reused, like a fresh virtual range.
-    fn fresh_range(&self, bytes: u64) -> u64 {
+    pub(crate) fn fresh_range(&self, bytes: u64) -> u64 {
         let span = bytes.max(1).div_ceil(2 << 20) * (2 << 20);
         self.next_addr.fetch_add(span, Ordering::Relaxed)
     }
@@ -86,7 +86,7 @@ fn free_addr(addr: u64) -> CUresult {
             driver().devices[a.dev].unreserve(a.bytes);
             CUDA_SUCCESS
         }
-        None => CUDA_ERROR_INVALID_VALUE,
+        None => crate::managed::free_managed(addr).unwrap_or(CUDA_ERROR_INVALID_VALUE),
     }
 }
 
@@ -105,6 +105,7 @@ pub(crate) fn free_context(ctx: usize) {
     for a in freed {
         driver().devices[a.dev].unreserve(a.bytes);
     }
+    crate::managed::free_context_managed(ctx);
 }
 
 unsafe fn alloc_current(out: *mut CUdeviceptr, bytes: usize, owned: bool) -> CUresult {
@@ -149,9 +150,9 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 pub unsafe extern "C" fn cuMemAllocManaged(
     p: *mut CUdeviceptr,
     bytes: usize,
-    _flags: c_uint,
+    flags: c_uint,
 ) -> CUresult {
-    unsafe { alloc_current(p, bytes, true) }
+    unsafe { crate::managed::alloc_managed(p, bytes, flags) }
 }
 
 // Stream-ordered allocations come from the device's pool, which is not a context's.

@@ -303,7 +303,9 @@ fn acquire(dev: usize, stream: CUstream) {
             return; // another thread renewed it, or the device runs unmanaged for now
         }
         let (overuse_us, burst_us) = if g.holding.load(Ordering::Acquire) {
-            end_hold(dev, g, &t)
+            let r = end_hold(dev, g, &t);
+            crate::um::on_hold_end(dev);
+            r
         } else {
             (0, std::mem::take(&mut t.idle_burst_us))
         };
@@ -329,6 +331,7 @@ fn acquire(dev: usize, stream: CUstream) {
                 );
                 state().devices_seen.fetch_max(dev + 1, Ordering::Relaxed);
                 start_idle_thread();
+                crate::um::on_grant(dev, stream);
                 debug!(
                     "device {dev}: granted {quota_us} µs after waiting {} µs (reported overuse {overuse_us} µs)",
                     (t.grant_ns - asked) / 1000

@@ -15,6 +15,7 @@ use crate::procaddr;
 use crate::real;
 use crate::real::real_dlsym;
 use crate::state::{Kind, forget_context, note_context, state};
+use crate::um;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::Ordering;
 
@@ -250,6 +251,9 @@ unsafe fn out_ptr(p: *mut CUdeviceptr) -> u64 {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(p: *mut CUdeviceptr, bytes: usize) -> CUresult {
+    if um::enabled() {
+        return unsafe { um::alloc(current_device(), owner(), p, bytes, um::MEM_ATTACH_GLOBAL) };
+    }
     counted_alloc(current_device(), bytes as u64, Kind::Ptr, owner(), || {
         let rc = real!(r::cuMemAlloc_v2, FnAlloc, p, bytes);
         (rc, unsafe { out_ptr(p) })
@@ -262,6 +266,9 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     bytes: usize,
     flags: c_uint,
 ) -> CUresult {
+    if um::enabled() {
+        return unsafe { um::alloc(current_device(), owner(), p, bytes, flags) };
+    }
     counted_alloc(current_device(), bytes as u64, Kind::Ptr, owner(), || {
         let rc = real!(r::cuMemAllocManaged, FnManaged, p, bytes, flags);
         (rc, unsafe { out_ptr(p) })
@@ -276,6 +283,13 @@ macro_rules! async_wrapper {
             bytes: usize,
             stream: CUstream,
         ) -> CUresult {
+            if um::enabled() {
+                // Managed memory has no stream-ordered form: allocated now (usable by the
+                // stream at once), freed after the stream's work (`um::free_async`).
+                return unsafe {
+                    um::alloc(current_device(), owner(), p, bytes, um::MEM_ATTACH_GLOBAL)
+                };
+            }
             // Stream-ordered memory belongs to the device's pool, not to a context.
             counted_alloc(current_device(), bytes as u64, Kind::Ptr, 0, || {
                 let rc = real!(r::$slot, FnAsync, p, bytes, stream);
@@ -296,6 +310,13 @@ macro_rules! pool_wrapper {
             pool: CUmemoryPool,
             stream: CUstream,
         ) -> CUresult {
+            if um::enabled() {
+                // Managed memory has no stream-ordered form: allocated now (usable by the
+                // stream at once), freed after the stream's work (`um::free_async`).
+                return unsafe {
+                    um::alloc(current_device(), owner(), p, bytes, um::MEM_ATTACH_GLOBAL)
+                };
+            }
             // Stream-ordered memory belongs to the device's pool, not to a context.
             counted_alloc(current_device(), bytes as u64, Kind::Ptr, 0, || {
                 let rc = real!(r::$slot, FnPool, p, bytes, pool, stream);
@@ -315,6 +336,9 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     height: usize,
     elem: c_uint,
 ) -> CUresult {
+    if um::enabled() {
+        return unsafe { um::alloc_pitch(current_device(), owner(), p, pitch, width, height) };
+    }
     let call = || {
         real!(
             r::cuMemAllocPitch_v2,
@@ -356,6 +380,12 @@ pub unsafe extern "C" fn cuMemCreate(
     prop: *const CUmemAllocationProp,
     flags: u64,
 ) -> CUresult {
+    if um::enabled() {
+        return um::refuse(
+            "cuMemCreate (virtual memory management)",
+            "it allocates physical device memory, which cannot be made managed",
+        );
+    }
     // Only device memory counts; host-located (pinned) allocations pass.
     let dev = if prop.is_null() {
         None
@@ -411,11 +441,19 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFree_v2(p: CUdeviceptr) -> CUresult {
+    if um::enabled() {
+        return um::free(p, || real!(r::cuMemFree_v2, FnFree, p));
+    }
     counted_free(Kind::Ptr, p, || real!(r::cuMemFree_v2, FnFree, p))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFreeAsync(p: CUdeviceptr, stream: CUstream) -> CUresult {
+    if um::enabled()
+        && let Some(rc) = um::free_async(p, stream, || real!(r::cuMemFree_v2, FnFree, p))
+    {
+        return rc;
+    }
     counted_free(Kind::Ptr, p, || {
         real!(r::cuMemFreeAsync, FnFreeAsync, p, stream)
     })
@@ -423,6 +461,11 @@ pub unsafe extern "C" fn cuMemFreeAsync(p: CUdeviceptr, stream: CUstream) -> CUr
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFreeAsync_ptsz(p: CUdeviceptr, stream: CUstream) -> CUresult {
+    if um::enabled()
+        && let Some(rc) = um::free_async(p, stream, || real!(r::cuMemFree_v2, FnFree, p))
+    {
+        return rc;
+    }
     counted_free(Kind::Ptr, p, || {
         real!(r::cuMemFreeAsync_ptsz, FnFreeAsync, p, stream)
     })

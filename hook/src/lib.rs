@@ -19,3 +19,4 @@ pub mod nvml;
 pub mod procaddr;
 pub mod real;
 pub mod state;
+pub mod um;

@@ -6,6 +6,7 @@
 #[path = "../../abi.rs"]
 mod abi;
 mod scenarios;
+mod um;
 
 use abi::*;
 use anyhow::{Context, Result, bail};
@@ -123,6 +124,30 @@ enum Cmd {
     /// Per-launch cost of `cuLaunchKernel` through the lookup path (the hook's wrapper when
     /// preloaded) and of the fake's own function, interleaved, `--rounds` × `--launches`.
     /// Run with FAKE_CUDA_NOOP_LAUNCH=1 so that the fake's launch costs next to nothing.
+    /// Unified-memory mode: every allocation path with `--bytes`, a `cuMemCreate`, one more
+    /// allocation of `--extra`, `--kernels` launches, then the frees (see `um.rs`).
+    UmPaths {
+        #[arg(long)]
+        bytes: u64,
+        #[arg(long)]
+        extra: u64,
+        #[arg(long, default_value_t = 5)]
+        kernels: u64,
+        #[arg(long, default_value_t = 1000)]
+        kernel_us: u64,
+    },
+    /// `launch`, holding `--hold-bytes` allocated with cuMemAlloc first (managed in
+    /// unified-memory mode: each grant prefetches it).
+    UmLaunch {
+        #[arg(long)]
+        hold_bytes: u64,
+        #[arg(long, default_value_t = 1000)]
+        kernel_us: u64,
+        #[arg(long)]
+        seconds: f64,
+        #[arg(long, default_value_t = 250)]
+        sample_ms: u64,
+    },
     LaunchBench {
         #[arg(long, default_value_t = 200)]
         rounds: u32,
@@ -539,6 +564,32 @@ fn main() -> Result<()> {
             kernel_us,
         } => scenarios::fork(&api, dev, bytes, children, kernel_us),
         Cmd::Nvml => unreachable!("handled before CUDA is initialised"),
+        Cmd::UmPaths {
+            bytes,
+            extra,
+            kernels,
+            kernel_us,
+        } => um::paths(&api, dev, bytes, extra, kernels, kernel_us),
+        Cmd::UmLaunch {
+            hold_bytes,
+            kernel_us,
+            seconds,
+            sample_ms,
+        } => {
+            um::hold(&api, hold_bytes)?;
+            run_launch(
+                &api,
+                dev,
+                kernel_us,
+                Some(seconds),
+                None,
+                10,
+                LaunchKind::Launch,
+                sample_ms,
+            )?;
+            emit(um::counters(&api, dev));
+            Ok(())
+        }
         Cmd::LaunchBench { rounds, launches } => {
             scenarios::launch_bench(&api, rounds, launches.max(1))
         }

@@ -1,0 +1,539 @@
+//! Unified-memory mode (Gemini_UM, docs/um.md): the pod's device allocations become managed
+//! memory, so the pods sharing a GPU may together hold more than it has; the driver migrates
+//! pages on demand. Three things make that work well and keep it honest:
+//!
+//! - every allocation path of the normal mode is made managed (`cuMemAlloc_v2`, pitched,
+//!   stream-ordered and pool allocations, `cuMemAllocManaged` itself), or refused with
+//!   `CUDA_ERROR_NOT_SUPPORTED` and a log line naming the path where the memory cannot be
+//!   managed (`cuMemCreate`: the virtual-memory API hands out physical device memory).
+//!   Everything is still counted against the pod's cap, which in this mode is the managed
+//!   ceiling (gem-schd refuses beyond it: `CUDA_ERROR_OUT_OF_MEMORY`), and credited exactly
+//!   at its free (the common counting of `memory.rs`; Gemini_UM never reported allocations
+//!   and its frees underflowed the counter);
+//! - on a token grant, the allocations the process holds now, newest first, up to its
+//!   GPU-resident share, are prefetched to the GPU on the launching stream, before the kernel
+//!   that asked for the token (so that the kernel does not fault them in page by page). The
+//!   time this takes runs after the grant, so gem-schd charges it to the incoming holder;
+//! - when its hold ends, a PyTorch process (detected: `libc10_cuda.so` is loaded and the
+//!   calling thread holds the GIL) empties PyTorch's caching allocator, so the memory it kept
+//!   cached but unused is not migrated back and forth. Elsewhere this is a no-op.
+//!
+//! Switches (environment): `KUBESHARE_HOOK_UM=1` turns the mode on (the webhook sets it for a
+//! pod labelled `sharedgpu/gpu_mem_mode=unified`); `KUBESHARE_UM_RESIDENT_BYTES` is the
+//! resident share (the prefetch budget; unset: no limit); `KUBESHARE_UM_PREFETCH=0` and
+//! `KUBESHARE_UM_EMPTY_CACHE=0` turn the two optimisations off (to measure what they bring).
+
+use crate::config::active;
+use crate::cuda::*;
+use crate::memory::{counted_alloc, counted_free};
+use crate::real;
+use crate::real::real_dlsym;
+use crate::state::Kind;
+use crate::{debug, info};
+use std::collections::BTreeMap;
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// `CUDA_ERROR_NOT_SUPPORTED`.
+pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
+/// `CU_MEM_ATTACH_GLOBAL`: accessible from any stream (what `cuMemAlloc` memory is).
+pub const MEM_ATTACH_GLOBAL: c_uint = 1;
+
+#[allow(non_upper_case_globals)]
+mod r {
+    crate::slots!(
+        cuMemAllocManaged,
+        cuMemPrefetchAsync,
+        cuMemPrefetchAsync_v2,
+        cuStreamSynchronize,
+    );
+}
+
+type FnManaged = unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult;
+/// CUDA ≤ 12: `(ptr, count, dstDevice, stream)`.
+type FnPrefetch1 = unsafe extern "C" fn(CUdeviceptr, usize, CUdevice, CUstream) -> CUresult;
+/// CUDA ≥ 12.2 `_v2` (13: the only one in the headers): `(ptr, count, location, flags, stream)`.
+type FnPrefetch2 =
+    unsafe extern "C" fn(CUdeviceptr, usize, MemLocation, c_uint, CUstream) -> CUresult;
+type FnSync = unsafe extern "C" fn(CUstream) -> CUresult;
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemLocation {
+    pub kind: u32,
+    pub id: c_int,
+}
+
+/// The mode's settings, read once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UmSettings {
+    pub enabled: bool,
+    /// Most bytes prefetched at a grant (the pod's GPU-resident share).
+    pub resident: u64,
+    pub prefetch: bool,
+    pub empty_cache: bool,
+}
+
+/// Parses the switches (pure, for tests). A malformed value keeps the safe default and says so.
+pub fn parse_settings(
+    um: Option<&str>,
+    resident: Option<&str>,
+    prefetch: Option<&str>,
+    empty: Option<&str>,
+) -> (UmSettings, Vec<String>) {
+    let mut warnings = vec![];
+    let mut flag = |name: &str, v: Option<&str>, default: bool| match v.map(str::trim) {
+        None | Some("") => default,
+        Some("1") | Some("true") | Some("on") => true,
+        Some("0") | Some("false") | Some("off") => false,
+        Some(other) => {
+            warnings.push(format!(
+                "{name}={other:?} is not 1 or 0; using {}",
+                u8::from(default)
+            ));
+            default
+        }
+    };
+    let enabled = flag("KUBESHARE_HOOK_UM", um, false);
+    let prefetch = flag("KUBESHARE_UM_PREFETCH", prefetch, true);
+    let empty_cache = flag("KUBESHARE_UM_EMPTY_CACHE", empty, true);
+    let resident = match resident.map(str::trim) {
+        None | Some("") => u64::MAX,
+        Some(s) => s.parse::<u64>().unwrap_or_else(|_| {
+            warnings.push(format!(
+                "KUBESHARE_UM_RESIDENT_BYTES={s:?} is not a byte count; prefetching without a limit"
+            ));
+            u64::MAX
+        }),
+    };
+    (
+        UmSettings {
+            enabled,
+            resident,
+            prefetch,
+            empty_cache,
+        },
+        warnings,
+    )
+}
+
+pub fn settings() -> &'static UmSettings {
+    static S: OnceLock<UmSettings> = OnceLock::new();
+    S.get_or_init(|| {
+        let get = |k: &str| std::env::var(k).ok();
+        let (s, warnings) = parse_settings(
+            get("KUBESHARE_HOOK_UM").as_deref(),
+            get("KUBESHARE_UM_RESIDENT_BYTES").as_deref(),
+            get("KUBESHARE_UM_PREFETCH").as_deref(),
+            get("KUBESHARE_UM_EMPTY_CACHE").as_deref(),
+        );
+        for w in warnings {
+            info!("{w}");
+        }
+        if s.enabled {
+            info!(
+                "unified-memory mode: resident share {} bytes, prefetch {}, empty PyTorch cache {}",
+                s.resident, s.prefetch, s.empty_cache
+            );
+        }
+        s
+    })
+}
+
+/// Whether allocations are made managed in this process.
+#[inline]
+pub fn enabled() -> bool {
+    active() && settings().enabled
+}
+
+// ------------------------------------------------------------------------------ tracking
+
+/// One live managed allocation: its device, size, and when it was made (a sequence number:
+/// newer is larger).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub dev: usize,
+    pub bytes: u64,
+    pub seq: u64,
+}
+
+/// Live managed allocations by address. Owned by one process: a forked child starts empty
+/// (it holds none of its parent's allocations on its own connection).
+struct Tracker {
+    pid: u32,
+    held: Mutex<BTreeMap<u64, Held>>,
+    seq: AtomicU64,
+}
+
+static TRACKER: AtomicPtr<Tracker> = AtomicPtr::new(std::ptr::null_mut());
+
+fn tracker() -> &'static Tracker {
+    let pid = std::process::id();
+    let p = TRACKER.load(Ordering::Acquire);
+    // SAFETY: trackers are leaked, never freed.
+    if !p.is_null() && unsafe { (*p).pid } == pid {
+        return unsafe { &*p };
+    }
+    // First use, or a forked child: a fresh tracker (the parent's is leaked here, its lock
+    // possibly held by a thread that does not exist in this process).
+    let fresh = Box::into_raw(Box::new(Tracker {
+        pid,
+        held: Mutex::new(BTreeMap::new()),
+        seq: AtomicU64::new(0),
+    }));
+    match TRACKER.compare_exchange(p, fresh, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => unsafe { &*fresh },
+        Err(now) => {
+            // SAFETY: `fresh` was never shared; `now` is a leaked tracker.
+            drop(unsafe { Box::from_raw(fresh) });
+            unsafe { &*now }
+        }
+    }
+}
+
+fn held() -> MutexGuard<'static, BTreeMap<u64, Held>> {
+    tracker().held.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn track(dev: usize, ptr: u64, bytes: u64) {
+    let seq = tracker().seq.fetch_add(1, Ordering::Relaxed);
+    held().insert(ptr, Held { dev, bytes, seq });
+}
+
+/// Live managed bytes this process holds on `dev` (for tests and logs).
+pub fn held_bytes(dev: usize) -> u64 {
+    held()
+        .values()
+        .filter(|h| h.dev == dev)
+        .map(|h| h.bytes)
+        .sum()
+}
+
+/// Which allocations to prefetch within `budget` bytes: newest first, each taken whole if it
+/// still fits (a larger one is skipped, smaller older ones may still fit). Pure.
+pub fn choose_prefetch(held: &[(u64, Held)], dev: usize, budget: u64) -> Vec<(u64, u64)> {
+    let mut v: Vec<&(u64, Held)> = held.iter().filter(|(_, h)| h.dev == dev).collect();
+    v.sort_by_key(|x| std::cmp::Reverse(x.1.seq));
+    let mut left = budget;
+    let mut out = vec![];
+    for (ptr, h) in v {
+        if h.bytes <= left {
+            left -= h.bytes;
+            out.push((*ptr, h.bytes));
+        }
+    }
+    out
+}
+
+// ------------------------------------------------------------------------------ allocations
+
+unsafe fn out_ptr(p: *mut CUdeviceptr) -> u64 {
+    if p.is_null() { 0 } else { unsafe { *p } }
+}
+
+/// A device allocation of `bytes`, made managed (any of the `cuMemAlloc*` paths).
+///
+/// # Safety
+/// `p` is null or a writable `CUdeviceptr` (the driver's contract).
+pub unsafe fn alloc(
+    dev: Option<usize>,
+    ctx: usize,
+    p: *mut CUdeviceptr,
+    bytes: usize,
+    flags: c_uint,
+) -> CUresult {
+    let rc = counted_alloc(dev, bytes as u64, Kind::Ptr, ctx, || {
+        let rc = real!(r::cuMemAllocManaged, FnManaged, p, bytes, flags);
+        (rc, unsafe { out_ptr(p) })
+    });
+    if rc == CUDA_SUCCESS
+        && let Some(d) = dev
+    {
+        track(d, unsafe { out_ptr(p) }, bytes as u64);
+    }
+    rc
+}
+
+/// `cuMemAllocPitch_v2` made managed: the hook picks the pitch (width rounded up to 512
+/// bytes, which satisfies the driver's alignment for every element size) and allocates
+/// pitch × height.
+///
+/// # Safety
+/// `p` and `pitch` are null or writable (the driver's contract).
+pub unsafe fn alloc_pitch(
+    dev: Option<usize>,
+    ctx: usize,
+    p: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+) -> CUresult {
+    if pitch.is_null() || width == 0 || height == 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let pt = width.div_ceil(512).saturating_mul(512);
+    let Some(bytes) = pt.checked_mul(height) else {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    };
+    let rc = unsafe { alloc(dev, ctx, p, bytes, MEM_ATTACH_GLOBAL) };
+    if rc == CUDA_SUCCESS {
+        // SAFETY: checked non-null; the caller passes a writable size_t.
+        unsafe { pitch.write(pt) };
+    }
+    rc
+}
+
+/// A path whose memory cannot be managed: refused, naming it.
+pub fn refuse(path: &str, why: &str) -> CUresult {
+    info!(
+        "unified-memory mode: {path} refused with CUDA_ERROR_NOT_SUPPORTED: {why} (run the pod in device mode to use it)"
+    );
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// A free of `ptr` (`cuMemFree_v2`): untracked, then the common counted free.
+pub fn free(ptr: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    let was = held().remove(&ptr);
+    let rc = counted_free(Kind::Ptr, ptr, call);
+    if rc != CUDA_SUCCESS
+        && let Some(h) = was
+    {
+        held().insert(ptr, h);
+    }
+    rc
+}
+
+/// A stream-ordered free of a managed allocation (`cuMemFreeAsync`): managed memory has no
+/// stream-ordered free, so wait for the stream's work (which may still use it), then free.
+/// `None`: not a managed allocation of this mode; the caller passes it on.
+// The stream is an opaque handle handed to the driver, never dereferenced here.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
+pub fn free_async(
+    ptr: u64,
+    stream: CUstream,
+    free_now: impl FnOnce() -> CUresult,
+) -> Option<CUresult> {
+    if !held().contains_key(&ptr) {
+        return None;
+    }
+    let rc = real!(r::cuStreamSynchronize, FnSync, stream);
+    if rc != CUDA_SUCCESS {
+        return Some(rc);
+    }
+    Some(free(ptr, free_now))
+}
+
+// ------------------------------------------------------------------------------ the token
+
+/// Counters of what the mode did in this process (logged at debug level, read by tests via
+/// the log).
+pub static PREFETCHES: AtomicU64 = AtomicU64::new(0);
+pub static PREFETCHED_BYTES: AtomicU64 = AtomicU64::new(0);
+pub static CACHE_EMPTIED: AtomicU64 = AtomicU64::new(0);
+
+/// After a grant on `dev`, before the launch that asked for it: prefetch the resident set
+/// on the launching stream.
+pub fn on_grant(dev: usize, stream: CUstream) {
+    let s = settings();
+    if !s.enabled || !s.prefetch {
+        return;
+    }
+    let snapshot: Vec<(u64, Held)> = held().iter().map(|(k, v)| (*k, *v)).collect();
+    let chosen = choose_prefetch(&snapshot, dev, s.resident);
+    let (mut n, mut bytes) = (0u64, 0u64);
+    let mut stale = vec![];
+    for (ptr, len) in chosen {
+        match prefetch(ptr, len, dev, stream) {
+            CUDA_SUCCESS => {
+                n += 1;
+                bytes += len;
+            }
+            // The context that owned it is gone (its memory with it): forget it.
+            CUDA_ERROR_INVALID_VALUE => stale.push(ptr),
+            rc => debug!("device {dev}: prefetch of {len} bytes at {ptr:#x} failed: {rc}"),
+        }
+    }
+    if !stale.is_empty() {
+        let mut h = held();
+        for p in stale {
+            h.remove(&p);
+        }
+    }
+    PREFETCHES.fetch_add(n, Ordering::Relaxed);
+    PREFETCHED_BYTES.fetch_add(bytes, Ordering::Relaxed);
+    debug!("device {dev}: prefetched {n} allocations, {bytes} bytes, at the grant");
+}
+
+fn prefetch(ptr: u64, len: u64, dev: usize, stream: CUstream) -> CUresult {
+    let Ok(ordinal) = c_int::try_from(dev) else {
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    let len = usize::try_from(len).unwrap_or(usize::MAX);
+    if !r::cuMemPrefetchAsync_v2.get().is_null() {
+        let loc = MemLocation {
+            kind: MEM_LOCATION_DEVICE,
+            id: ordinal,
+        };
+        return real!(
+            r::cuMemPrefetchAsync_v2,
+            FnPrefetch2,
+            ptr,
+            len,
+            loc,
+            0,
+            stream
+        );
+    }
+    real!(
+        r::cuMemPrefetchAsync,
+        FnPrefetch1,
+        ptr,
+        len,
+        ordinal,
+        stream
+    )
+}
+
+type FnGilCheck = unsafe extern "C" fn() -> c_int;
+type FnRunString = unsafe extern "C" fn(*const std::ffi::c_char) -> c_int;
+
+/// Python's `PyGILState_Check` and `PyRun_SimpleString` when this is a PyTorch process
+/// (`libc10_cuda.so` loaded), looked up once.
+fn pytorch() -> Option<(FnGilCheck, FnRunString)> {
+    static P: OnceLock<Option<(usize, usize)>> = OnceLock::new();
+    let (a, b) = (*P.get_or_init(|| {
+        // SAFETY: dlopen with RTLD_NOLOAD only finds a library already loaded; dlsym on the
+        // global scope with constant names.
+        unsafe {
+            let c10 = libc::dlopen(
+                c"libc10_cuda.so".as_ptr(),
+                libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+            );
+            if c10.is_null() {
+                return None;
+            }
+            let dl = real_dlsym()?;
+            let check = dl(libc::RTLD_DEFAULT, c"PyGILState_Check".as_ptr());
+            let run = dl(libc::RTLD_DEFAULT, c"PyRun_SimpleString".as_ptr());
+            (!check.is_null() && !run.is_null()).then_some((check as usize, run as usize))
+        }
+    }))?;
+    // SAFETY: the addresses are Python's functions of these types.
+    unsafe {
+        Some((
+            std::mem::transmute::<*mut c_void, FnGilCheck>(a as *mut c_void),
+            std::mem::transmute::<*mut c_void, FnRunString>(b as *mut c_void),
+        ))
+    }
+}
+
+/// The process's hold on `dev` ended (its quota ran out, its work drained): empty PyTorch's
+/// cache if this is a PyTorch process and this thread may run Python. A no-op otherwise.
+pub fn on_hold_end(dev: usize) {
+    let s = settings();
+    if !s.enabled || !s.empty_cache {
+        return;
+    }
+    let Some((gil_held, run)) = pytorch() else {
+        return;
+    };
+    // Only a thread that holds the GIL (it is inside a Python call into PyTorch) may run
+    // Python here; taking the GIL from another thread could deadlock with the main thread.
+    // SAFETY: Python's own functions, called as documented.
+    if unsafe { gil_held() } != 1 {
+        return;
+    }
+    let before = held_bytes(dev);
+    let rc = unsafe { run(c"__import__('torch').cuda.empty_cache()".as_ptr()) };
+    if rc == 0 {
+        CACHE_EMPTIED.fetch_add(1, Ordering::Relaxed);
+        debug!(
+            "device {dev}: emptied PyTorch's cache at the end of the hold ({before} -> {} managed bytes)",
+            held_bytes(dev)
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn switches() {
+        let (s, w) = parse_settings(None, None, None, None);
+        assert!(!s.enabled && s.prefetch && s.empty_cache && s.resident == u64::MAX);
+        assert!(w.is_empty());
+        let (s, w) = parse_settings(Some("1"), Some("4096"), Some("0"), Some("off"));
+        assert_eq!(
+            s,
+            UmSettings {
+                enabled: true,
+                resident: 4096,
+                prefetch: false,
+                empty_cache: false
+            }
+        );
+        assert!(w.is_empty());
+        let (s, w) = parse_settings(Some("yes please"), Some("4Gi"), None, None);
+        assert!(!s.enabled && s.resident == u64::MAX);
+        assert_eq!(w.len(), 2);
+    }
+
+    fn h(dev: usize, bytes: u64, seq: u64) -> Held {
+        Held { dev, bytes, seq }
+    }
+
+    #[test]
+    fn newest_first_within_the_budget() {
+        let held = [
+            (0x1000, h(0, 100, 1)),
+            (0x2000, h(0, 300, 2)),
+            (0x3000, h(0, 50, 3)),
+            (0x4000, h(1, 10, 4)),
+        ];
+        assert_eq!(
+            choose_prefetch(&held, 0, 360),
+            vec![(0x3000, 50), (0x2000, 300)]
+        );
+        // 300 does not fit in 200: skipped, the older 100 still does.
+        assert_eq!(
+            choose_prefetch(&held, 0, 200),
+            vec![(0x3000, 50), (0x1000, 100)]
+        );
+        assert_eq!(choose_prefetch(&held, 1, u64::MAX), vec![(0x4000, 10)]);
+        assert!(choose_prefetch(&held, 0, 0).is_empty());
+    }
+
+    proptest! {
+        #[test]
+        fn prefetch_stays_within_budget_and_takes_the_newest(
+            sizes in proptest::collection::vec((0usize..2, 1u64..1_000_000), 0..40),
+            budget in 0u64..5_000_000,
+        ) {
+            let held: Vec<(u64, Held)> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, (d, b))| ((i as u64 + 1) << 24, h(*d, *b, i as u64)))
+                .collect();
+            let chosen = choose_prefetch(&held, 0, budget);
+            let total: u64 = chosen.iter().map(|c| c.1).sum();
+            prop_assert!(total <= budget);
+            // Only device 0's, each once.
+            let mut seen = std::collections::HashSet::new();
+            for (p, _) in &chosen {
+                prop_assert!(seen.insert(*p));
+                prop_assert_eq!(held.iter().find(|x| x.0 == *p).map(|x| x.1.dev), Some(0));
+            }
+            // Anything left out did not fit into what was left when its turn came: in
+            // particular the newest allocation is taken whenever it fits the budget.
+            if let Some(newest) = held.iter().filter(|x| x.1.dev == 0).max_by_key(|x| x.1.seq)
+                && newest.1.bytes <= budget
+            {
+                prop_assert_eq!(chosen.first().map(|c| c.0), Some(newest.0));
+            }
+        }
+    }
+}
