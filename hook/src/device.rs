@@ -515,4 +515,5 @@ fn release_if_idle(dev: usize, idle_ns: u64) {
         drop_client(&mut t.client, &g.token_fd);
     }
     debug!("device {dev}: idle, released the token after {used_us} µs");
+    crate::um::on_hold_end(dev);
 }

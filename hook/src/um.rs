@@ -14,9 +14,9 @@
 //!   GPU-resident share, are prefetched to the GPU on the launching stream, before the kernel
 //!   that asked for the token (so that the kernel does not fault them in page by page). The
 //!   time this takes runs after the grant, so gem-schd charges it to the incoming holder;
-//! - when its hold ends, a PyTorch process (detected: `libc10_cuda.so` is loaded and the
-//!   calling thread holds the GIL) empties PyTorch's caching allocator, so the memory it kept
-//!   cached but unused is not migrated back and forth. Elsewhere this is a no-op.
+//! - when its hold ends, a PyTorch process (detected: `libc10_cuda.so` is loaded and Python's
+//!   C API is there) empties PyTorch's caching allocator, so the memory it kept cached but
+//!   unused is not migrated back and forth. Elsewhere this is a no-op.
 //!
 //! Switches (environment): `KUBESHARE_HOOK_UM=1` turns the mode on (the webhook sets it for a
 //! pod labelled `sharedgpu/gpu_mem_mode=unified`); `KUBESHARE_UM_RESIDENT_BYTES` is the
@@ -165,6 +165,9 @@ struct Tracker {
     pid: u32,
     held: Mutex<BTreeMap<u64, Held>>,
     seq: AtomicU64,
+    /// The `gemhook-um` thread that empties PyTorch's cache for a hold that ended in a
+    /// thread that may not run Python (the idle thread): started on first use.
+    empty_tx: Mutex<Option<std::sync::mpsc::Sender<usize>>>,
 }
 
 static TRACKER: AtomicPtr<Tracker> = AtomicPtr::new(std::ptr::null_mut());
@@ -182,6 +185,7 @@ fn tracker() -> &'static Tracker {
         pid,
         held: Mutex::new(BTreeMap::new()),
         seq: AtomicU64::new(0),
+        empty_tx: Mutex::new(None),
     }));
     match TRACKER.compare_exchange(p, fresh, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => unsafe { &*fresh },
@@ -396,14 +400,25 @@ fn prefetch(ptr: u64, len: u64, dev: usize, stream: CUstream) -> CUresult {
     )
 }
 
-type FnGilCheck = unsafe extern "C" fn() -> c_int;
+type FnInitialized = unsafe extern "C" fn() -> c_int;
 type FnRunString = unsafe extern "C" fn(*const std::ffi::c_char) -> c_int;
+type FnEnsure = unsafe extern "C" fn() -> c_int;
+type FnRelease = unsafe extern "C" fn(c_int);
 
-/// Python's `PyGILState_Check` and `PyRun_SimpleString` when this is a PyTorch process
-/// (`libc10_cuda.so` loaded), looked up once.
-fn pytorch() -> Option<(FnGilCheck, FnRunString)> {
-    static P: OnceLock<Option<(usize, usize)>> = OnceLock::new();
-    let (a, b) = (*P.get_or_init(|| {
+/// Python's C API functions the cache emptying needs.
+#[derive(Clone, Copy)]
+struct Py {
+    run: FnRunString,
+    ensure: FnEnsure,
+    release: FnRelease,
+    initialized: FnInitialized,
+}
+
+/// Python's functions when this is a PyTorch process (`libc10_cuda.so` loaded), looked up
+/// once.
+fn pytorch() -> Option<Py> {
+    static P: OnceLock<Option<[usize; 4]>> = OnceLock::new();
+    let f = (*P.get_or_init(|| {
         // SAFETY: dlopen with RTLD_NOLOAD only finds a library already loaded; dlsym on the
         // global scope with constant names.
         unsafe {
@@ -415,44 +430,107 @@ fn pytorch() -> Option<(FnGilCheck, FnRunString)> {
                 return None;
             }
             let dl = real_dlsym()?;
-            let check = dl(libc::RTLD_DEFAULT, c"PyGILState_Check".as_ptr());
-            let run = dl(libc::RTLD_DEFAULT, c"PyRun_SimpleString".as_ptr());
-            (!check.is_null() && !run.is_null()).then_some((check as usize, run as usize))
+            let mut out = [0usize; 4];
+            for (i, name) in [
+                c"PyRun_SimpleString",
+                c"PyGILState_Ensure",
+                c"PyGILState_Release",
+                c"Py_IsInitialized",
+            ]
+            .iter()
+            .enumerate()
+            {
+                let p = dl(libc::RTLD_DEFAULT, name.as_ptr());
+                if p.is_null() {
+                    return None;
+                }
+                out[i] = p as usize;
+            }
+            info!("unified-memory mode: PyTorch detected; its cache is emptied when a hold ends");
+            Some(out)
         }
     }))?;
-    // SAFETY: the addresses are Python's functions of these types.
+    let p = |i: usize| f[i] as *mut c_void;
+    // SAFETY: the addresses are Python's functions of these types (PyGILState_STATE is an
+    // int-sized enum).
     unsafe {
-        Some((
-            std::mem::transmute::<*mut c_void, FnGilCheck>(a as *mut c_void),
-            std::mem::transmute::<*mut c_void, FnRunString>(b as *mut c_void),
-        ))
+        Some(Py {
+            run: std::mem::transmute::<*mut c_void, FnRunString>(p(0)),
+            ensure: std::mem::transmute::<*mut c_void, FnEnsure>(p(1)),
+            release: std::mem::transmute::<*mut c_void, FnRelease>(p(2)),
+            initialized: std::mem::transmute::<*mut c_void, FnInitialized>(p(3)),
+        })
     }
 }
 
-/// The process's hold on `dev` ended (its quota ran out, its work drained): empty PyTorch's
-/// cache if this is a PyTorch process and this thread may run Python. A no-op otherwise.
-pub fn on_hold_end(dev: usize) {
-    let s = settings();
-    if !s.enabled || !s.empty_cache {
-        return;
-    }
-    let Some((gil_held, run)) = pytorch() else {
-        return;
-    };
-    // Only a thread that holds the GIL (it is inside a Python call into PyTorch) may run
-    // Python here; taking the GIL from another thread could deadlock with the main thread.
-    // SAFETY: Python's own functions, called as documented.
-    if unsafe { gil_held() } != 1 {
-        return;
-    }
+/// Runs `torch.cuda.empty_cache()` (the caller holds the GIL).
+fn empty_now(py: Py, dev: usize) {
     let before = held_bytes(dev);
-    let rc = unsafe { run(c"__import__('torch').cuda.empty_cache()".as_ptr()) };
+    // SAFETY: Python's own function, with the GIL held by the caller.
+    let rc = unsafe { (py.run)(c"__import__('torch').cuda.empty_cache()".as_ptr()) };
     if rc == 0 {
         CACHE_EMPTIED.fetch_add(1, Ordering::Relaxed);
         debug!(
             "device {dev}: emptied PyTorch's cache at the end of the hold ({before} -> {} managed bytes)",
             held_bytes(dev)
         );
+    }
+}
+
+/// Hands the emptying to the `gemhook-um` thread, which takes the GIL itself. It holds no
+/// hook lock while it waits for the GIL, so a thread that holds the GIL and waits for the
+/// token cannot deadlock with it.
+fn empty_later(py: Py, dev: usize) {
+    let t = tracker();
+    let mut tx = t.empty_tx.lock().unwrap_or_else(|e| e.into_inner());
+    if tx.is_none() {
+        let (s, r) = std::sync::mpsc::channel::<usize>();
+        let spawned = std::thread::Builder::new()
+            .name("gemhook-um".into())
+            .spawn(move || {
+                while let Ok(dev) = r.recv() {
+                    // Requests that piled up while this one waited are one emptying.
+                    while r.try_recv().is_ok() {}
+                    // SAFETY: Python's own functions, used as documented: the GIL is
+                    // taken and given back around the call.
+                    unsafe {
+                        if (py.initialized)() == 0 {
+                            continue;
+                        }
+                        let g = (py.ensure)();
+                        empty_now(py, dev);
+                        (py.release)(g);
+                    }
+                }
+            });
+        if spawned.is_err() {
+            return;
+        }
+        *tx = Some(s);
+    }
+    if let Some(s) = tx.as_ref() {
+        let _ = s.send(dev);
+    }
+}
+
+/// The process's hold on `dev` ended (its quota ran out and its work drained, or it went
+/// idle and gave the token back): empty PyTorch's cache if this is a PyTorch process. A no-op
+/// otherwise.
+///
+/// Always done by the `gemhook-um` thread, which takes the GIL itself while holding no hook
+/// lock: running Python in the caller could let the interpreter switch to another Python
+/// thread that then waits on the token lock the caller holds, while holding the GIL the
+/// caller needs (a deadlock). After an idle release (a process between requests, usually
+/// in Python or asleep) the GIL comes at once; after a hold cut by its quota, the thread
+/// that launches holds the GIL while it waits for its next grant, so the cache is emptied
+/// early in that next hold instead.
+pub fn on_hold_end(dev: usize) {
+    let s = settings();
+    if !s.enabled || !s.empty_cache {
+        return;
+    }
+    if let Some(py) = pytorch() {
+        empty_later(py, dev);
     }
 }
 
