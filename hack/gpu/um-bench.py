@@ -2,7 +2,7 @@
 
     python3 hack/gpu/um-bench.py --hook DIR/libgemhook.so.1 --schd DIR/gem-schd --out OUT
 
-Three inference-like jobs (hack/gpu/um-job.py) whose peaks add up to about 1.5x the GPU's
+Three inference-like jobs (hack/gpu/um-job.py) whose peaks add up to about 1.3x the GPU's
 memory, each a gem-schd client (request 0.33, limit 1.0):
 
 - normal: device mode, together: at least one must fail with an out-of-memory error;
@@ -45,6 +45,7 @@ class Bench:
         self.hook, self.schd_bin, self.out = hook, schd, out
         self.uuid, self.mem, self.name = gpu()
         self.root = tempfile.mkdtemp(prefix="ks-um-")
+        self.schd_args = []
 
     @contextlib.contextmanager
     def schd(self, clients, tag):
@@ -55,7 +56,8 @@ class Bench:
                 f.write("%s %s %s %d\n" % c)
         tmpl = os.path.join(self.root, tag, "{client}", "{gpu}.sock")
         logf = open(os.path.join(self.out, f"um-{tag}-schd.log"), "a")
-        p = subprocess.Popen([self.schd_bin, "--gpu", self.uuid, "--config", cfg, "--socket-template", tmpl],
+        p = subprocess.Popen([self.schd_bin, "--gpu", self.uuid, "--config", cfg, "--socket-template", tmpl]
+                             + self.schd_args,
                              stdout=logf, stderr=logf)
         try:
             for c in clients:
@@ -128,13 +130,17 @@ def main():
     ap.add_argument("--schd", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--iters", type=int, default=12)
-    ap.add_argument("--sleep-ms", type=float, default=150)
+    ap.add_argument("--sleep-ms", type=float, default=1000)
+    # Coarse slices: a hand-over in unified-memory mode may migrate pages, so each hold should
+    # cover at least one iteration (the same settings for every phase).
+    ap.add_argument("--schd-args", default="--base-quota-ms 1000 --min-quota-ms 600 --max-wait-ms 3000")
     ap.add_argument("--only", default="ceiling,normal,sequential,um,overhead,noopt")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     b = Bench(os.path.abspath(a.hook), os.path.abspath(a.schd), a.out)
+    b.schd_args = a.schd_args.split()
     mg = b.mem // GIB
-    persist, eph = max(1, round(0.1 * mg)), max(1, round(0.4 * mg))
+    persist, eph = max(1, round(0.1 * mg)), max(1, round(0.33 * mg))
     peak = (persist + eph) * GIB
     resident = b.mem // 3
     ceiling = 2 * resident
@@ -142,7 +148,7 @@ def main():
            "--sleep-ms", str(a.sleep_ms)]
     summary = {"gpu": b.name, "memory_gib": round(b.mem / GIB, 1), "jobs": 3,
                "job_peak_gib": persist + eph, "sum_of_peaks_over_gpu": round(3 * (persist + eph) * GIB / b.mem, 2),
-               "persist_gib": persist, "ephemeral_gib": eph, "iters": a.iters, "sleep_ms": a.sleep_ms,
+               "schd_args": a.schd_args, "persist_gib": persist, "ephemeral_gib": eph, "iters": a.iters, "sleep_ms": a.sleep_ms,
                "um_resident_gib": round(resident / GIB, 1), "um_ceiling_gib": round(ceiling / GIB, 1)}
     log(json.dumps(summary))
     um_env = {"KUBESHARE_HOOK_UM": "1", "KUBESHARE_UM_RESIDENT_BYTES": str(resident), "KUBESHARE_HOOK_LOG": "debug"}
@@ -177,7 +183,7 @@ def main():
         return r
 
     def normal():
-        with b.schd(clients(peak + GIB), "normal") as sd:
+        with b.schd(clients(peak + 3 * GIB), "normal") as sd:
             jobs = [(f"j{i}", b.spawn(job + ["--seed", str(i)], sd(f"j{i}"), {}, "normal", f"j{i}")) for i in range(3)]
             res = b.together(jobs, 90)
         return {"results": res, "oom": sum(1 for r in res.values() if r.get("error") == "OutOfMemoryError"),
@@ -185,7 +191,7 @@ def main():
 
     def sequential():
         res = {}
-        with b.schd(clients(peak + GIB), "sequential") as sd:
+        with b.schd(clients(peak + 3 * GIB), "sequential") as sd:
             for i in range(3):
                 p = b.spawn(job + ["--seed", str(i)], sd(f"j{i}"), {}, "sequential", f"j{i}")
                 res.update(b.together([(f"j{i}", p)], 60))
@@ -197,12 +203,12 @@ def main():
         env = dict(um_env, **extra)
         with b.schd(clients(ceiling), tag) as sd:
             jobs = [(f"j{i}", b.spawn(job + ["--seed", str(i)], sd(f"j{i}"), env, tag, f"j{i}")) for i in range(3)]
-            res = b.together(jobs, 150)
+            res = b.together(jobs, 100)
         counts = {}
         for i in range(3):
             try:
                 text = open(os.path.join(a.out, f"um-{tag}-j{i}.log")).read()
-                counts[f"j{i}"] = {"grants": text.count(": granted "), "prefetch_lines": text.count("prefetched "),
+                counts[f"j{i}"] = {"iterations_done": text.count("iteration "), "grants": text.count(": granted "), "prefetch_lines": text.count("prefetched "),
                                    "cache_emptied": text.count("emptied PyTorch's cache"),
                                    "pytorch_detected": "PyTorch detected" in text}
             except OSError:

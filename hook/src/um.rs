@@ -498,7 +498,12 @@ fn empty_later(py: Py, dev: usize) {
                             continue;
                         }
                         let g = (py.ensure)();
-                        empty_now(py, dev);
+                        // Emptying helps the others while this process does not hold the
+                        // token; once it holds it again (a busy process whose next grant
+                        // came first), its cache is its working set: keep it.
+                        if !crate::state::gpu(dev).holding.load(Ordering::Acquire) {
+                            empty_now(py, dev);
+                        }
                         (py.release)(g);
                     }
                 }
