@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::annotations::AllocationError;
 use crate::labels::{GPU_MEM, LabelError, Rule};
 use crate::quantity::parse_bytes;
 
@@ -29,6 +30,41 @@ pub const HOOK_UM_ENV: &str = "KUBESHARE_HOOK_UM";
 /// Environment variable with the pod's resident share in bytes (from the allocation
 /// record, via the downward API): the most the hook prefetches at a token grant.
 pub const HOOK_UM_RESIDENT_ENV: &str = "KUBESHARE_UM_RESIDENT_BYTES";
+
+/// Allocation-record annotation of a unified-mode pod: its GPU-resident share per GPU, bytes
+/// (canonical decimal), written by the extender beside the record. In unified mode the
+/// record's `sharedgpu/gpu_mem` is the managed **ceiling** (what gem-schd enforces, so the
+/// node daemon writes it unchanged into the resource-config); this one is what the extender
+/// books against the GPU and the hook's prefetch budget (`KUBESHARE_UM_RESIDENT_BYTES`, set
+/// from it through the downward API). Absent: a device-mode pod.
+pub const GPU_MEM_RESIDENT: &str = "sharedgpu/gpu_mem_resident";
+
+/// The resident share in a pod's record: `Ok(None)` for a device-mode pod, `Err` when the
+/// annotation is not in the form the extender writes or exceeds the ceiling (`gpu_mem`).
+pub fn resident_from_annotations(
+    annotations: &std::collections::BTreeMap<String, String>,
+    ceiling: u64,
+) -> Result<Option<u64>, AllocationError> {
+    let Some(v) = annotations.get(GPU_MEM_RESIDENT) else {
+        return Ok(None);
+    };
+    let invalid = |why| AllocationError::Invalid {
+        key: GPU_MEM_RESIDENT,
+        value: v.clone(),
+        why,
+    };
+    let r: u64 = v
+        .parse()
+        .ok()
+        .filter(|r: &u64| r.to_string() == *v)
+        .ok_or_else(|| invalid("not a byte count"))?;
+    if r == 0 || r > ceiling {
+        return Err(invalid(
+            "the resident share must be above 0 and at most the record's gpu_mem (the ceiling)",
+        ));
+    }
+    Ok(Some(r))
+}
 
 /// A pod's unified-memory request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -116,6 +152,27 @@ pub(crate) fn to_labels(um: &Option<UmSpec>, put: &mut impl FnMut(&str, String))
         put(GPU_MEM_MODE, "unified".to_string());
         if let Some(m) = u.managed {
             put(GPU_MEM_MANAGED, m.to_string());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn resident_annotation() {
+        let m = |v: &str| BTreeMap::from([(GPU_MEM_RESIDENT.to_string(), v.to_string())]);
+        assert_eq!(resident_from_annotations(&BTreeMap::new(), 10), Ok(None));
+        assert_eq!(resident_from_annotations(&m("10"), 10), Ok(Some(10)));
+        assert_eq!(
+            resident_from_annotations(&m("18446744073709551615"), u64::MAX),
+            Ok(Some(u64::MAX))
+        );
+        for bad in ["11", "0", "05", "1Gi", "", "-1", "18446744073709551616"] {
+            let e = resident_from_annotations(&m(bad), 10).unwrap_err();
+            assert!(e.to_string().contains(GPU_MEM_RESIDENT), "{bad}: {e}");
         }
     }
 }
