@@ -223,7 +223,7 @@ fn admit_create(pod: &Pod) -> Result<Verdict, Denial> {
                 index: i,
                 label: format!("{what} {:?}", c.name),
             };
-            plan_env(c, &at, hook, &mut plan)?;
+            plan_env(c, &at, hook, demand.um.is_some(), &mut plan)?;
             if hook {
                 plan_mounts(c, &at, &mut plan)?;
             }
@@ -357,6 +357,7 @@ pub(crate) fn plan_env(
     c: &Container,
     at: &ContainerAt,
     hook: bool,
+    unified: bool,
     plan: &mut Plan,
 ) -> Result<(), Denial> {
     let env = c.env.as_deref().unwrap_or_default();
@@ -374,6 +375,15 @@ pub(crate) fn plan_env(
             EnvWant::Value(inject::RUN_MOUNT_PATH),
         ));
     }
+    if hook && unified {
+        // Unified-memory mode (docs/um.md): the hook's switch, and its prefetch budget from
+        // the record's resident share.
+        wants.push((kubeshare_api::um::HOOK_UM_ENV, EnvWant::Value("1")));
+        wants.push((
+            kubeshare_api::um::HOOK_UM_RESIDENT_ENV,
+            EnvWant::Field(inject::um_resident_field_path()),
+        ));
+    }
     let mut new = Vec::new();
     for (name, want) in &wants {
         let mut same = env.iter().filter(|e| e.name == *name);
@@ -387,6 +397,10 @@ pub(crate) fn plan_env(
                     match *name {
                         inject::ENV_VISIBLE_DEVICES => "from the GPU allocation at bind",
                         inject::ENV_POD_UID => "from the pod's UID",
+                        kubeshare_api::um::HOOK_UM_ENV
+                        | kubeshare_api::um::HOOK_UM_RESIDENT_ENV => {
+                            "for unified-memory mode, from sharedgpu/gpu_mem_mode and the GPU allocation"
+                        }
                         _ => "to the mount of the pod's scheduler sockets",
                     }
                 )));
@@ -597,7 +611,7 @@ fn admit_ephemeral(new: &Pod, old: &Pod) -> Result<Verdict, Denial> {
             label: format!("ephemeral container {:?}", ec.name),
         };
         if whole {
-            plan_env(&c, &at, false, &mut plan)?;
+            plan_env(&c, &at, false, false, &mut plan)?;
         } else {
             guard::plan_void(&c, &at, &mut plan);
         }

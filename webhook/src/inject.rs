@@ -26,6 +26,13 @@ pub const ENV_USER_LD_PRELOAD: &str = "KUBESHARE_USER_LD_PRELOAD";
 pub fn visible_devices_field_path() -> String {
     format!("metadata.annotations['{}']", annotations::GPU_UUID)
 }
+/// A unified-memory pod's resident share (bytes), from the record the extender writes at bind.
+pub fn um_resident_field_path() -> String {
+    format!(
+        "metadata.annotations['{}']",
+        kubeshare_api::um::GPU_MEM_RESIDENT
+    )
+}
 pub const POD_UID_FIELD_PATH: &str = "metadata.uid";
 
 pub const LIB_VOLUME: &str = "kubeshare-lib";
