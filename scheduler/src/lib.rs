@@ -20,6 +20,7 @@ pub mod placement;
 pub mod ratelimit;
 pub mod server;
 pub mod tasks;
+pub mod um_fit;
 pub mod wire;
 
 pub use placement::{BindStep, Cluster, Config, PodInfo};
