@@ -54,7 +54,10 @@ impl GpuView {
 
     pub fn mem_allocated(&self) -> u64 {
         // Records are checked one by one, not their sum: never overflow.
-        self.pods.iter().fold(0u64, |m, p| m.saturating_add(p.mem))
+        // A unified-memory pod books its resident share, not its ceiling.
+        self.pods
+            .iter()
+            .fold(0u64, |m, p| m.saturating_add(p.resident.unwrap_or(p.mem)))
     }
 }
 
@@ -66,8 +69,10 @@ pub struct PodShare {
     pub phase: String,
     pub request: Milli,
     pub limit: Milli,
-    /// Memory cap on this GPU, bytes.
+    /// Memory cap on this GPU, bytes (in unified-memory mode: the managed ceiling).
     pub mem: u64,
+    /// Unified-memory mode: the GPU-resident share booked on this GPU (docs/um.md).
+    pub resident: Option<u64>,
     /// Part of a whole-GPU (exclusive) request.
     pub whole: bool,
     /// The GPU's UUID (kept for stray pods, whose GPU is not listed).
@@ -231,6 +236,18 @@ pub fn build(nodes: &[Node], pods: &[Pod]) -> ClusterView {
             }
         };
         let tags = demand.as_ref().map(tags_of).unwrap_or_default();
+        let resident = match &alloc {
+            Some(a) => match kubeshare_api::um::resident_from_annotations(annotations, a.gpu_mem) {
+                Ok(r) => r,
+                Err(e) => {
+                    if !is_finished(pod) {
+                        view.broken.push(broken(format!("annotations: {e}")));
+                    }
+                    continue;
+                }
+            },
+            None => None,
+        };
         let Some(alloc) = alloc else {
             // Names our scheduler but asks for no GPU: nothing to show.
             let Some(demand) = demand else {
@@ -267,6 +284,7 @@ pub fn build(nodes: &[Node], pods: &[Pod]) -> ClusterView {
                 request: alloc.granted.request_per_gpu(),
                 limit: alloc.granted.limit_per_gpu(),
                 mem: alloc.gpu_mem,
+                resident,
                 whole: alloc.granted.is_whole(),
                 gpu_uuid: uuid.clone(),
                 node: alloc.node.clone(),

@@ -158,7 +158,11 @@ fn pod_row(glyph: &str, p: &PodShare, delivered: &Delivered) -> Vec<String> {
         format!("{glyph} {}/{}", p.namespace, p.name),
         p.phase.clone(),
         format!("{b} {text}{got}"),
-        fmt_bytes(p.mem),
+        match p.resident {
+            // Both figures of a unified-memory pod: what it keeps on the GPU, what it may hold.
+            Some(r) => format!("{} resident, {} managed", fmt_bytes(r), fmt_bytes(p.mem)),
+            None => fmt_bytes(p.mem),
+        },
         p.tags.join(" "),
     ]
 }
