@@ -48,7 +48,7 @@ class Bench:
         self.schd_args = []
 
     @contextlib.contextmanager
-    def schd(self, clients, tag):
+    def schd(self, clients, tag, args=None):
         cfg = os.path.join(self.root, f"rc-{tag}.txt")
         with open(cfg, "w") as f:
             f.write(f"{len(clients)}\n")
@@ -57,7 +57,7 @@ class Bench:
         tmpl = os.path.join(self.root, tag, "{client}", "{gpu}.sock")
         logf = open(os.path.join(self.out, f"um-{tag}-schd.log"), "a")
         p = subprocess.Popen([self.schd_bin, "--gpu", self.uuid, "--config", cfg, "--socket-template", tmpl]
-                             + self.schd_args,
+                             + (self.schd_args if args is None else args),
                              stdout=logf, stderr=logf)
         try:
             for c in clients:
@@ -134,7 +134,7 @@ def main():
     # Coarse slices: a hand-over in unified-memory mode may migrate pages, so each hold should
     # cover at least one iteration (the same settings for every phase).
     ap.add_argument("--schd-args", default="--base-quota-ms 1000 --min-quota-ms 600 --max-wait-ms 3000")
-    ap.add_argument("--only", default="ceiling,normal,sequential,um,overhead,noopt")
+    ap.add_argument("--only", default="ceiling,normal,sequential,um,overhead,noopt,shares")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     b = Bench(os.path.abspath(a.hook), os.path.abspath(a.schd), a.out)
@@ -232,7 +232,30 @@ def main():
             out["um_over_device"] = out["um_s_per_iter"] / out["device_s_per_iter"]
         return out
 
+    def shares():
+        # Two UM jobs whose sets fit (4 + 4 GiB each), busy, capped at their requests 0.3 and
+        # 0.7, gem-schd with its default (fine) slices: each one's rate over its solo rate.
+        small = ["--persist-gib", "4", "--ephemeral-gib", "4", "--sleep-ms", "0"]
+        out = {}
+        with b.schd([("s", 1.0, 1.0, ceiling)], "shares-solo", []) as sd:
+            r = b.together([("s", b.spawn(small + ["--seconds", "6"], sd("s"), um_env, "shares-solo", "s"))], 60)["s"]
+        out["solo"] = r
+        solo = r["iters"] / (r["t1"] - r["t0"])
+        with b.schd([("a", 0.3, 0.3, ceiling), ("b", 0.7, 0.7, ceiling)], "shares-pair", []) as sd:
+            jobs = [(c, b.spawn(small + ["--seconds", "10", "--seed", str(i)], sd(c), um_env, "shares-pair", c))
+                    for i, c in enumerate("ab")]
+            res = b.together(jobs, 60)
+        out["pair"] = res
+        for c, want in (("a", 0.3), ("b", 0.7)):
+            r = res[c]
+            share = r["iters"] / (r["t1"] - r["t0"]) / solo
+            out[f"share_{c}"] = round(share, 4)
+            out[f"error_pp_{c}"] = round(100 * (share - want), 2)
+        out["correct"] = all(x.get("correct") for x in list(res.values()) + [out["solo"]])
+        return out
+
     phase("ceiling", ceiling_probe)
+    phase("shares", shares)
     phase("normal", normal)
     phase("sequential", sequential)
     phase("um", lambda: um("um", {}))

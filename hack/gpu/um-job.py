@@ -56,6 +56,7 @@ def main():
     ap.add_argument("--sleep-ms", type=float, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--label", default="job")
+    ap.add_argument("--seconds", type=float, default=0, help="run for this long instead of --iters")
     ap.add_argument("--probe-ceiling", action="store_true")
     ap.add_argument("--no-wait", action="store_true", help="start at once (no stdin barrier)")
     a = ap.parse_args()
@@ -92,7 +93,9 @@ def main():
                 time.sleep(0.0005)
         t0 = time.time()
         busy = 0.0
-        for it in range(1, a.iters + 1):
+        it = 0
+        while (time.time() - t0 < a.seconds) if a.seconds > 0 else (it < a.iters):
+            it += 1
             s = time.time()
             iteration(it)
             busy += time.time() - s
@@ -103,7 +106,7 @@ def main():
         for w, s in zip(weights, sums):
             if exact_sum(w) != s:
                 ok = False
-        emit({"label": a.label, "iters": a.iters, "t0": t0, "t1": t1, "busy_s": busy,
+        emit({"label": a.label, "iters": it, "t0": t0, "t1": t1, "busy_s": busy,
               "correct": ok, "max_reserved_gib": torch.cuda.max_memory_reserved() / GIB})
     except torch.OutOfMemoryError as e:
         emit({"label": a.label, "error": "OutOfMemoryError", "message": str(e)[:300]})
