@@ -134,6 +134,7 @@ def main():
     # Coarse slices: a hand-over in unified-memory mode may migrate pages, so each hold should
     # cover at least one iteration (the same settings for every phase).
     ap.add_argument("--schd-args", default="--base-quota-ms 1000 --min-quota-ms 600 --max-wait-ms 3000")
+    ap.add_argument("--um-env", default="", help="extra KEY=VALUE,... for the UM jobs of every phase")
     ap.add_argument("--only", default="ceiling,normal,sequential,um,overhead,noopt,shares")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -152,6 +153,8 @@ def main():
                "um_resident_gib": round(resident / GIB, 1), "um_ceiling_gib": round(ceiling / GIB, 1)}
     log(json.dumps(summary))
     um_env = {"KUBESHARE_HOOK_UM": "1", "KUBESHARE_UM_RESIDENT_BYTES": str(resident), "KUBESHARE_HOOK_LOG": "debug"}
+    um_env.update(dict(kv.split("=", 1) for kv in a.um_env.split(",") if kv))
+    summary["um_env_extra"] = a.um_env
     clients = lambda cap: [(f"j{i}", 0.33, 1.0, cap) for i in range(3)]
 
     def save(tag, res):

@@ -65,7 +65,11 @@ pub fn parse_factor(s: &str) -> Result<u32, String> {
         )
     };
     let (w, f) = s.split_once('.').unwrap_or((s, ""));
-    if w.is_empty() || (s.contains('.') && f.is_empty()) || f.len() > 3 || !w.bytes().chain(f.bytes()).all(|b| b.is_ascii_digit()) {
+    if w.is_empty()
+        || (s.contains('.') && f.is_empty())
+        || f.len() > 3
+        || !w.bytes().chain(f.bytes()).all(|b| b.is_ascii_digit())
+    {
         return Err(bad());
     }
     let w: u32 = w.parse().map_err(|_| bad())?;
