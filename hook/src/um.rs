@@ -10,6 +10,11 @@
 //!   ceiling (gem-schd refuses beyond it: `CUDA_ERROR_OUT_OF_MEMORY`), and credited exactly
 //!   at its free (the common counting of `memory.rs`; Gemini_UM never reported allocations
 //!   and its frees underflowed the counter);
+//! Both optimisations below act only while the GPU is under memory pressure (the driver
+//! reports less than [`PRESSURE_FREE_BYTES`] free at the grant): without pressure nothing was
+//! evicted, and they cost time for nothing (a 0.3/0.7 pair that fit lost half its throughput
+//! to them on an H100).
+//!
 //! - on a token grant, the allocations the process holds now, newest first, up to its
 //!   GPU-resident share, are prefetched to the GPU on the launching stream, before the kernel
 //!   that asked for the token (so that the kernel does not fault them in page by page). The
@@ -47,6 +52,7 @@ mod r {
         cuMemPrefetchAsync,
         cuMemPrefetchAsync_v2,
         cuStreamSynchronize,
+        cuMemGetInfo_v2,
     );
 }
 
@@ -57,6 +63,25 @@ type FnPrefetch1 = unsafe extern "C" fn(CUdeviceptr, usize, CUdevice, CUstream) 
 type FnPrefetch2 =
     unsafe extern "C" fn(CUdeviceptr, usize, MemLocation, c_uint, CUstream) -> CUresult;
 type FnSync = unsafe extern "C" fn(CUstream) -> CUresult;
+type FnMemInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult;
+
+/// The GPU is under memory pressure when the driver reports less than this free: only then
+/// can managed pages have been evicted, and only then do the optimisations pay. Without
+/// pressure, a prefetch of pages that are resident and an emptied cache cost time and save
+/// nothing (measured: docs/gpu-benchmarks.md, "Unified-memory mode").
+pub const PRESSURE_FREE_BYTES: u64 = 2 << 30;
+
+/// Per device: whether the last grant found the GPU under memory pressure.
+static PRESSURE: [std::sync::atomic::AtomicBool; crate::state::MAX_DEVICES] =
+    [const { std::sync::atomic::AtomicBool::new(true) }; crate::state::MAX_DEVICES];
+
+/// Asks the driver (not the hook: the real free memory of the GPU) in the calling thread's
+/// context; unknown counts as pressure.
+fn under_pressure() -> bool {
+    let (mut free, mut total) = (0usize, 0usize);
+    let rc = real!(r::cuMemGetInfo_v2, FnMemInfo, &mut free, &mut total);
+    rc != CUDA_SUCCESS || (free as u64) < PRESSURE_FREE_BYTES
+}
 
 /// `CUmemLocation`.
 #[repr(C)]
@@ -341,7 +366,14 @@ pub static CACHE_EMPTIED: AtomicU64 = AtomicU64::new(0);
 /// on the launching stream.
 pub fn on_grant(dev: usize, stream: CUstream) {
     let s = settings();
-    if !s.enabled || !s.prefetch {
+    if !s.enabled || !(s.prefetch || s.empty_cache) {
+        return;
+    }
+    let pressed = under_pressure();
+    if let Some(p) = PRESSURE.get(dev) {
+        p.store(pressed, Ordering::Relaxed);
+    }
+    if !s.prefetch || !pressed {
         return;
     }
     let snapshot: Vec<(u64, Held)> = held().iter().map(|(k, v)| (*k, *v)).collect();
@@ -532,6 +564,11 @@ fn empty_later(py: Py, dev: usize) {
 pub fn on_hold_end(dev: usize) {
     let s = settings();
     if !s.enabled || !s.empty_cache {
+        return;
+    }
+    // Only under memory pressure (as the last grant found it): otherwise nobody needs the
+    // memory and the process would only allocate and populate it again.
+    if !PRESSURE.get(dev).is_some_and(|p| p.load(Ordering::Relaxed)) {
         return;
     }
     if let Some(py) = pytorch() {

@@ -120,6 +120,32 @@ fn every_path_is_managed_the_ceiling_holds_and_frees_are_exact() {
 }
 
 #[test]
+fn no_prefetch_without_memory_pressure() {
+    let _s = serial();
+    let env = Env::new();
+    env.write_config(&[("a", 0.5, 1.0, GIB)]);
+    let _schd = env.start_schd(&["a"]);
+    // A 16 GiB GPU with 750 MiB allocated: plenty free, nothing can have been evicted.
+    let v = run(um(
+        env.workload(
+            "a",
+            "symbol",
+            &[
+                "um-paths",
+                "--bytes",
+                &(150 * MIB).to_string(),
+                "--extra",
+                &(300 * MIB).to_string(),
+            ],
+        )
+        .env("FAKE_CUDA_MEM_BYTES", (16 * GIB).to_string()),
+        400 * MIB,
+    ));
+    assert_eq!(v[0]["codes"], serde_json::json!([0, 0, 0, 0, 0]), "{v:?}");
+    assert_eq!(v[2]["fake"]["prefetches"], 0, "{:?}", v[2]);
+}
+
+#[test]
 fn prefetch_time_after_a_grant_is_charged_to_the_incoming_holder() {
     let _s = serial();
     let env = Env::new();
@@ -146,6 +172,8 @@ fn prefetch_time_after_a_grant_is_charged_to_the_incoming_holder() {
     let ua: Vec<&str> = ua.iter().map(String::as_str).collect();
     let da: Vec<&str> = da.iter().map(String::as_str).collect();
     let mut uc = env.workload("u", "proc", &ua);
+    // A 1 GiB GPU: under memory pressure (less than 2 GiB free), where the hook prefetches.
+    uc.env("FAKE_CUDA_MEM_BYTES", GIB.to_string());
     um(&mut uc, 4 * GIB).env("FAKE_CUDA_MIGRATE_BYTES_PER_US", (100 * 1024).to_string());
     let u = Proc(uc.spawn().unwrap());
     let d = Proc(env.workload("d", "symbol", &da).spawn().unwrap());
