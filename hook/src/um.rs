@@ -9,7 +9,8 @@
 //!   Everything is still counted against the pod's cap, which in this mode is the managed
 //!   ceiling (gem-schd refuses beyond it: `CUDA_ERROR_OUT_OF_MEMORY`), and credited exactly
 //!   at its free (the common counting of `memory.rs`; Gemini_UM never reported allocations
-//!   and its frees underflowed the counter);
+//!   and its frees underflowed the counter).
+//!
 //! Both optimisations below act only while the GPU is under memory pressure (the driver
 //! reports less than [`PRESSURE_FREE_BYTES`] free at the grant): without pressure nothing was
 //! evicted, and they cost time for nothing (a 0.3/0.7 pair that fit lost half its throughput
