@@ -287,6 +287,7 @@ mod tests {
                     memory: 1000,
                     numa_node: None,
                     nvlink_peers: vec![],
+                    held_by: None,
                 })
                 .collect(),
         };

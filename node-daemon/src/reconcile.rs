@@ -307,6 +307,7 @@ mod tests {
                     memory: 80 << 30,
                     numa_node: None,
                     nvlink_peers: vec![],
+                    held_by: None,
                 })
                 .collect(),
         }
