@@ -22,12 +22,12 @@ die() { log "FAIL: $*"; exit 1; }
 # ------------------------------------------------------------------ 1. lint
 for set in "" "--set webhook.certs.mode=certManager" "--set webhook.certs.mode=manual" \
            "--set metrics.serviceMonitor.enabled=true" "--set gpuNodeTaint.enabled=false" \
-           "--set metrics.grafanaDashboard.enabled=true"; do
+           "--set metrics.grafanaDashboard.enabled=true" "--set nodeDaemon.devicePlugin.enabled=false"; do
   # shellcheck disable=SC2086
   "$HELM" lint --strict "$CHART" --namespace "$NS" $set >"$WORK/lint.log" 2>&1 \
     || { cat "$WORK/lint.log" >&2; die "helm lint ${set:-(defaults)}"; }
 done
-log "helm lint: defaults, certManager, manual, serviceMonitor, no taint, dashboard"
+log "helm lint: defaults, certManager, manual, serviceMonitor, no taint, dashboard, no device-plugin mode"
 # The dashboard is valid JSON with panels, and the ConfigMap carries it.
 jq -e '.panels | length > 0' "$CHART/dashboards/kubeshare.json" >/dev/null || die "dashboards/kubeshare.json"
 "$HELM" template kubeshare "$CHART" --set metrics.grafanaDashboard.enabled=true \

@@ -177,7 +177,13 @@ fn admit_create(pod: &Pod) -> Result<Verdict, Denial> {
     };
     let mut plan = Plan::default();
     if !is_kubeshare_pod(spec.scheduler_name.as_deref(), &labels) {
-        // Not ours: none of its containers may see a GPU KubeShare manages.
+        // Not ours: none of its containers may see a GPU KubeShare manages, unless the
+        // kubelet gives it GPUs through NVIDIA's device plugin. Such a pod may also run
+        // on KubeShare nodes: their daemon publishes the GPUs it holds, and the extender
+        // keeps off them (docs/device-plugin.md).
+        if guard::uses_device_plugin(spec) {
+            guard::plan_toleration(spec, &mut plan);
+        }
         guard::plan_no_gpu(spec, &mut plan);
         return Ok(plan.into_verdict());
     }
