@@ -146,8 +146,9 @@ impl Cluster {
                     let g = &node.gpus[i];
                     let idx = g.info.index;
                     if let Some(holder) = &g.info.held_by {
+                        // Ranked above a full GPU: it says why a GPU with room is not used.
                         note(GpuFail {
-                            rank: (0, 0),
+                            rank: (1, 1000),
                             why: Why::Text(format!(
                                 "{node_name}/gpu {idx}: given whole to pod {holder} by the NVIDIA device plugin"
                             )),

@@ -1643,9 +1643,14 @@ fn a_gpu_held_by_the_device_plugin_takes_no_pod_until_it_is_freed() {
     let b = schedule(&mut c, &mut frac("b", "0.5"), 0).unwrap();
     assert_eq!(a.gpu_uuids, vec![uuid(1, 1)]);
     assert_eq!(b.gpu_uuids, vec![uuid(1, 1)]);
-    // The only GPU with room is the device plugin's.
+    // The only GPU with room is the device plugin's: the reason says so.
     let f = schedule(&mut c, &mut frac("c", "0.5"), 0).unwrap_err();
     assert!(f.passed.is_empty());
+    assert!(
+        f.failed["n1"].contains("n1/gpu 0: given whole to pod team/trainer"),
+        "{}",
+        f.failed["n1"]
+    );
     let mut solo = frac("solo", "0.5");
     let mut only_held = inv(2, 1, "A", 40, &[]);
     only_held.gpus[0].held_by = Some("team/trainer".into());
