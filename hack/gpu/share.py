@@ -265,6 +265,24 @@ def train_infer_wait5(b, raw):
         b.extra = []
 
 
+def train_infer_lag0(b, raw):
+    """train_infer ranked by usage over the window (`--max-lag-ms 0`): the control."""
+    b.extra = ["--max-lag-ms", "0"]
+    try:
+        return train_infer(b, raw)
+    finally:
+        b.extra = []
+
+
+def train_infer_hold10(b, raw):
+    """train_infer with the hold cap under contention at 10 ms (`--max-hold-ms 10`)."""
+    b.extra = ["--max-hold-ms", "10"]
+    try:
+        return train_infer(b, raw)
+    finally:
+        b.extra = []
+
+
 def train_infer_debug(b, raw):
     """train_infer with every grant logged (gem-schd and hook) into bench.log."""
     b.debug = True

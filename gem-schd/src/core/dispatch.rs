@@ -1,6 +1,7 @@
 //! Who gets the token next and for how long: the ranking (Gemini's `schd_priority`), the
 //! starvation bound, the quota estimate, the overrun allowance and the hold cap under contention.
 
+use super::window::stride;
 use super::*;
 
 impl Core {
@@ -46,8 +47,27 @@ impl Core {
         if let Some(cs) = self.conns.get_mut(&conn) {
             cs.waiting = true;
         }
+        let lag = self.max_lag_us;
+        // Back after more than `lag` without the token: it may be no more than `lag`
+        // behind the others that compete (a client that has just held it keeps its place:
+        // its lead or lag is what the ranking is still evening out).
+        let idle = self.clients[&key].waiting.is_empty()
+            && self.clients[&key]
+                .last_entry
+                .and_then(|s| self.entry(s))
+                .is_none_or(|e| e.end.saturating_add(lag) <= now);
+        let floor = if idle {
+            self.pass_floor(key, now)
+        } else {
+            None
+        };
         let c = self.clients.get_mut(&key).expect("conn client exists");
         if c.waiting.is_empty() {
+            if let Some(f) = floor {
+                c.pass = c
+                    .pass
+                    .max(f.saturating_sub(stride(lag, c.spec.request_milli)));
+            }
             c.waiting_since = self.next_wait;
             c.waiting_at = now;
             self.next_wait += 1;
@@ -95,12 +115,21 @@ impl Core {
             };
             let require_milli = u128::from(c.spec.request_milli) * w_eff;
             let rank = if usage * 1000 < require_milli {
-                // Below its request: the smaller usage/require goes first (the
-                // larger missing/(missing+usage) in Gemini's words).
-                Rank::Below {
-                    usage,
-                    require: require_milli,
-                    order: c.waiting_since,
+                if self.max_lag_us > 0 {
+                    // Below its request: the smaller virtual time goes first.
+                    Rank::Below {
+                        usage: c.pass,
+                        require: 1,
+                        order: c.waiting_since,
+                    }
+                } else {
+                    // The smaller usage/require goes first (the larger
+                    // missing/(missing+usage) in Gemini's words).
+                    Rank::Below {
+                        usage,
+                        require: require_milli,
+                        order: c.waiting_since,
+                    }
                 }
             } else {
                 Rank::Above {
@@ -173,7 +202,9 @@ impl Core {
             grant: now,
             quota_end,
         });
-        self.clients.get_mut(&key).expect("picked").usage_sum += quota;
+        let c = self.clients.get_mut(&key).expect("picked");
+        c.usage_sum += quota;
+        c.pass += stride(quota, c.spec.request_milli);
         self.holder = Some(Hold {
             client: key,
             conns: conns.clone(),

@@ -385,19 +385,32 @@ fn reload_keeps_stayers_and_errors_leavers() {
 }
 
 /// b used 300 ms just before; a and b then both always want the token, a re-asking every
-/// 10 ms. Ranked by usage alone, a (below b) would keep the token until their usages
-/// cross, 300 ms; with the starvation bound b waits at most the bound plus one hold.
-fn longest_wait_of_b(max_wait: Micros) -> Micros {
-    let mut c = two();
+/// 10 ms. Ranked by usage over the window alone, a (below b) would keep the token until
+/// their usages cross, 300 ms; with the starvation bound b waits at most the bound plus one
+/// hold; ranked by virtual time, a comes back at most the lag behind b and they alternate.
+fn longest_wait_of_b(max_wait: Micros, max_lag: Micros, window: Micros) -> Micros {
+    let mut c = Core::new(
+        Params {
+            window_us: window,
+            ..params()
+        },
+        &[spec("a", 500, 1000, 100), spec("b", 500, 1000, 100)],
+        0,
+    );
+    c.hello(1, "a").unwrap();
+    c.hello(3, "b").unwrap();
+    // Start once the window is full, so that it holds 10 s of history.
+    let t0 = window;
     c.set_max_wait(max_wait);
-    let acts = c.token_request(t(0), 3, 0, 0);
+    c.set_max_lag(max_lag);
+    let acts = c.token_request(t0 + t(0), 3, 0, 0);
     assert_eq!(grant(&acts).map(|g| g.0), Some("b"));
-    let _ = c.release(t(300), 3, 300 * MS);
-    let _ = c.token_request(t(300), 1, 0, 0);
-    let _ = c.token_request(t(300), 3, 0, 0);
-    let (mut b_since, mut longest, mut now) = (t(300), 0, t(300));
+    let _ = c.release(t0 + t(300), 3, 300 * MS);
+    let _ = c.token_request(t0 + t(300), 1, 0, 0);
+    let _ = c.token_request(t0 + t(300), 3, 0, 0);
+    let (mut b_since, mut longest, mut now) = (t0 + t(300), 0, t0 + t(300));
     let mut holder = c.holder().map(str::to_owned);
-    while now < t(1300) {
+    while now < t0 + t(1300) {
         now += 10 * MS;
         let conn = if holder.as_deref() == Some("a") { 1 } else { 3 };
         let _ = c.token_request(now, conn, 0, 10 * MS);
@@ -413,14 +426,26 @@ fn longest_wait_of_b(max_wait: Micros) -> Micros {
 
 #[test]
 fn a_waiting_client_is_served_within_the_starvation_bound() {
-    let off = longest_wait_of_b(0);
-    let on = longest_wait_of_b(50 * MS);
+    let off = longest_wait_of_b(0, 0, 1000 * MS);
+    let on = longest_wait_of_b(50 * MS, 0, 1000 * MS);
     assert!(
         off >= 250 * MS,
         "without the bound b waited only {} ms",
         off / MS
     );
     assert!(on <= 60 * MS, "b waited {} ms with a 50 ms bound", on / MS);
+}
+
+#[test]
+fn a_client_back_from_idle_cannot_bank_its_idle_time() {
+    // Virtual-time ranking, no starvation bound, gem-schd's 10 s window (b's 300 ms leave
+    // both below their request): a comes back 10 ms (the lag) behind b, so b waits for at
+    // most the lag plus a hold, then they alternate.
+    let wait = longest_wait_of_b(0, 10 * MS, 10_000 * MS);
+    assert!(wait <= 30 * MS, "b waited {} ms", wait / MS);
+    // Ranked by usage over the window instead: a keeps the token until the usages cross.
+    let window = longest_wait_of_b(0, 0, 10_000 * MS);
+    assert!(window >= 250 * MS, "b waited only {} ms", window / MS);
 }
 
 #[test]
