@@ -91,6 +91,8 @@ impl Core {
         // (a FIFO bound there hands spare time out per turn, so the client with the longer
         // bursts took 0.80 of an elastic pair instead of 0.50).
         let mut starved: Option<(Key, Micros, u64, u64)> = None;
+        // Clients held back now, and clients eligible again after being held back.
+        let (mut held_back, mut back) = (Vec::new(), Vec::new());
         for (&key, c) in &self.clients {
             if c.waiting.is_empty() {
                 continue;
@@ -98,6 +100,7 @@ impl Core {
             let usage = u128::from(self.usage(key, now));
             let allowed_milli = u128::from(c.spec.limit_milli) * w_eff;
             if usage * 1000 >= allowed_milli {
+                held_back.push(key);
                 continue; // at its limit: waits
             }
             let headroom = ((allowed_milli - usage * 1000).div_ceil(1000)) as u64;
@@ -107,6 +110,7 @@ impl Core {
                 Some(budget) => {
                     let room = self.pace_headroom(key, now, budget);
                     if room < self.pace_need(c, budget) {
+                        held_back.push(key);
                         continue;
                     }
                     // The grant leaves room for the client's usual overrun.
@@ -114,11 +118,24 @@ impl Core {
                 }
             };
             let require_milli = u128::from(c.spec.request_milli) * w_eff;
+            // A client held back by its limit or pacing did not fall behind by choice: like
+            // one back from idle, it is at most the lag behind the others. (Otherwise it
+            // catches up in a run of turns, uses its allowance early in the next pacing
+            // window, and is held back again at the same phase: a 0.28 s wait of a batch-1
+            // inference tenant beside training recurred every second on an H100.)
+            let mut pass = c.pass;
+            if c.blocked {
+                if let Some(f) = self.pass_floor(key, now) {
+                    pass =
+                        pass.max(f.saturating_sub(stride(self.max_lag_us, c.spec.request_milli)));
+                }
+                back.push((key, pass));
+            }
             let rank = if usage * 1000 < require_milli {
                 if self.max_lag_us > 0 {
                     // Below its request: the smaller virtual time goes first.
                     Rank::Below {
-                        usage: c.pass,
+                        usage: pass,
                         require: 1,
                         order: c.waiting_since,
                     }
@@ -156,6 +173,17 @@ impl Core {
                     .is_none_or(|(_, at, _, _)| c.waiting_at < *at)
             {
                 starved = Some((key, c.waiting_at, headroom, pace_room));
+            }
+        }
+        for key in held_back {
+            if let Some(c) = self.clients.get_mut(&key) {
+                c.blocked = true;
+            }
+        }
+        for (key, pass) in back {
+            if let Some(c) = self.clients.get_mut(&key) {
+                c.blocked = false;
+                c.pass = pass;
             }
         }
         let pick = match starved {

@@ -145,6 +145,9 @@ struct ClientState {
     /// account began, divided by its request. Among clients below their request the
     /// smallest pass goes first; see [`Core::set_max_lag`].
     pass: u128,
+    /// Held back by its limit or pacing allowance at the last dispatch: when it is eligible
+    /// again it comes back like a client back from idle (see `Core::set_max_lag`).
+    blocked: bool,
     /// Connections with an unanswered TokenRequest, in arrival order.
     waiting: Vec<ConnId>,
     /// Order of the first waiting request, for FIFO tie-breaks.
@@ -567,6 +570,7 @@ impl Core {
                             overrun_us: 0,
                             usage_sum: 0,
                             pass: 0,
+                            blocked: false,
                             waiting: Vec::new(),
                             waiting_since: 0,
                             waiting_at: 0,

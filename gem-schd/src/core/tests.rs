@@ -475,3 +475,61 @@ fn shutdown_errors_every_waiter() {
         }]
     ));
 }
+
+/// a and b both capped at 0.5 (request 0.5) and always wanting the token, re-asking when
+/// each hold ends (a every 2 ms of its hold, b after 8 ms of work per hold); pacing over
+/// 100 ms, from a start where a was alone for 60 ms (so it is held back by pacing first).
+/// Returns the longest time b waited for the token after 1 s.
+fn longest_wait_after_a_pacing_block() -> Micros {
+    let p = Params {
+        window_us: 10_000 * MS,
+        pace_us: 100 * MS,
+        ..params()
+    };
+    let mut c = Core::new(p, &[spec("a", 500, 500, 0), spec("b", 500, 500, 0)], 0);
+    c.hello(1, "a").unwrap();
+    c.hello(3, "b").unwrap();
+    let mut now = 10_000 * MS;
+    // a alone: back-to-back holds until pacing holds it back.
+    while let Some((_, _, q)) = grant(&c.token_request(now, 1, 0, 0)) {
+        now += q;
+        c.release(now, 1, q);
+    }
+    let _ = c.token_request(now, 3, 0, 0);
+    let (mut b_since, mut longest) = (now, 0);
+    let end = now + 3_000 * MS;
+    while now < end {
+        now += MS;
+        let holder = c.holder().map(str::to_owned);
+        match holder.as_deref() {
+            None => {
+                let _ = c.tick(now);
+            }
+            Some("a") => {
+                let _ = c.token_request(now, 1, 0, 2 * MS);
+            }
+            Some(_) => {
+                if now % (8 * MS) == 0 {
+                    let _ = c.token_request(now, 3, 0, 8 * MS);
+                    b_since = now;
+                } else {
+                    continue;
+                }
+            }
+        }
+        if c.holder() == Some("b") && holder.as_deref() != Some("b") {
+            if now > 10_000 * MS + 1_000 * MS {
+                longest = longest.max(now - b_since);
+            }
+        }
+    }
+    longest
+}
+
+#[test]
+fn a_client_held_back_by_pacing_does_not_catch_up_in_a_run_of_turns() {
+    // Without the rule: 42 ms (a, back from its pacing block, catches up in a run of
+    // turns); with it: 8 ms, one of b's holds.
+    let wait = longest_wait_after_a_pacing_block();
+    assert!(wait <= 20 * MS, "b waited {} ms", wait / MS);
+}
