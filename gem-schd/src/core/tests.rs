@@ -509,7 +509,7 @@ fn longest_wait_after_a_pacing_block() -> Micros {
                 let _ = c.token_request(now, 1, 0, 2 * MS);
             }
             Some(_) => {
-                if now % (8 * MS) == 0 {
+                if now.is_multiple_of(8 * MS) {
                     let _ = c.token_request(now, 3, 0, 8 * MS);
                     b_since = now;
                 } else {
@@ -517,10 +517,11 @@ fn longest_wait_after_a_pacing_block() -> Micros {
                 }
             }
         }
-        if c.holder() == Some("b") && holder.as_deref() != Some("b") {
-            if now > 10_000 * MS + 1_000 * MS {
-                longest = longest.max(now - b_since);
-            }
+        if c.holder() == Some("b")
+            && holder.as_deref() != Some("b")
+            && now > 10_000 * MS + 1_000 * MS
+        {
+            longest = longest.max(now - b_since);
         }
     }
     longest
