@@ -8,14 +8,7 @@ impl Core {
     /// The shortest quota estimate among the clients other than `key` that wait for the
     /// token or held it recently (`None`: no contention).
     pub(super) fn contenders_quota(&self, key: Key, now: Micros) -> Option<Micros> {
-        let recent = now.saturating_sub(CONTENDED_US);
-        let held: Vec<Key> = self
-            .history
-            .iter()
-            .rev()
-            .take_while(|e| e.end > recent)
-            .map(|e| e.client)
-            .collect();
+        let held = self.recent_holders(now);
         self.clients
             .iter()
             .filter(|(k, c)| **k != key && (!c.waiting.is_empty() || held.contains(k)))

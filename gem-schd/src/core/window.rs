@@ -246,18 +246,23 @@ impl Core {
         }
     }
 
-    /// The smallest virtual time among the clients other than `key` that compete: wait
-    /// for the token, hold it, or held it in the last 100 ms (`None`: no one else).
-    pub(super) fn pass_floor(&self, key: Key, now: Micros) -> Option<u128> {
-        let holder = self.holder.as_ref().map(|h| h.client);
+    /// The clients that held the token in the last 100 ms (they still compete for it: a
+    /// batch-1 inference tenant between two requests has given it back for its CPU time).
+    pub(super) fn recent_holders(&self, now: Micros) -> Vec<Key> {
         let recent = now.saturating_sub(CONTENDED_US);
-        let held: Vec<Key> = self
-            .history
+        self.history
             .iter()
             .rev()
             .take_while(|e| e.end > recent)
             .map(|e| e.client)
-            .collect();
+            .collect()
+    }
+
+    /// The smallest virtual time among the clients other than `key` that compete: wait
+    /// for the token, hold it, or held it in the last 100 ms (`None`: no one else).
+    pub(super) fn pass_floor(&self, key: Key, now: Micros) -> Option<u128> {
+        let holder = self.holder.as_ref().map(|h| h.client);
+        let held = self.recent_holders(now);
         self.clients
             .iter()
             .filter(|(k, c)| {
