@@ -90,6 +90,9 @@ struct Args {
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
+    /// Name of the scheduler that places KubeShare pods (the chart's `schedulerName`).
+    #[arg(long, env = kubeshare_api::SCHEDULER_NAME_ENV, default_value = kubeshare_api::SCHEDULER_NAME)]
+    scheduler_name: String,
 }
 
 fn init_tracing(json: bool) {
@@ -142,6 +145,7 @@ async fn shutdown_signal() {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    kubeshare_api::set_scheduler_name(&args.scheduler_name).context("--scheduler-name")?;
     init_tracing(args.log_json);
     // kube's TLS uses the process-wide rustls provider: name ring, so that another
     // provider compiled into the workspace cannot make the choice ambiguous.

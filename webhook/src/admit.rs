@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation};
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, PodSpec, Volume, VolumeMount};
-use kubeshare_api::{GpuDemand, LabelError, PREFIX, SCHEDULER_NAME, is_kubeshare_pod};
+use kubeshare_api::{GpuDemand, LabelError, PREFIX, is_kubeshare_pod, scheduler_name};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -187,20 +187,21 @@ fn admit_create(pod: &Pod) -> Result<Verdict, Denial> {
         guard::plan_no_gpu(spec, &mut plan);
         return Ok(plan.into_verdict());
     }
+    let ours = scheduler_name();
     match spec.scheduler_name.as_deref() {
-        Some(SCHEDULER_NAME) => {}
+        Some(name) if name == ours => {}
         None | Some("") | Some(DEFAULT_SCHEDULER) => {
-            plan.add(&["spec", "schedulerName"], Value::from(SCHEDULER_NAME));
+            plan.add(&["spec", "schedulerName"], Value::from(ours));
         }
         Some(other) => {
             return Err(Denial::invalid(format!(
-                "spec.schedulerName={other}: a pod with sharedgpu/gpu_* labels is placed by {SCHEDULER_NAME}; leave schedulerName unset or set it to {SCHEDULER_NAME}"
+                "spec.schedulerName={other}: a pod with sharedgpu/gpu_* labels is placed by {ours}; leave schedulerName unset or set it to {ours}"
             )));
         }
     }
     if let Some(node) = spec.node_name.as_deref().filter(|n| !n.is_empty()) {
         return Err(Denial::invalid(format!(
-            "spec.nodeName={node}: a KubeShare pod must be placed by {SCHEDULER_NAME}, which picks its GPU; leave nodeName unset (use a nodeSelector or affinity instead)"
+            "spec.nodeName={node}: a KubeShare pod must be placed by {ours}, which picks its GPU; leave nodeName unset (use a nodeSelector or affinity instead)"
         )));
     }
     // A pod on kubeshare-scheduler without GPU labels asks for no GPU: it gets none.
