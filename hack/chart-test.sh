@@ -22,12 +22,12 @@ die() { log "FAIL: $*"; exit 1; }
 # ------------------------------------------------------------------ 1. lint
 for set in "" "--set webhook.certs.mode=certManager" "--set webhook.certs.mode=manual" \
            "--set metrics.serviceMonitor.enabled=true" "--set gpuNodeTaint.enabled=false" \
-           "--set metrics.grafanaDashboard.enabled=true"; do
+           "--set metrics.grafanaDashboard.enabled=true" "--set nodeDaemon.devicePlugin.enabled=false"; do
   # shellcheck disable=SC2086
   "$HELM" lint --strict "$CHART" --namespace "$NS" $set >"$WORK/lint.log" 2>&1 \
     || { cat "$WORK/lint.log" >&2; die "helm lint ${set:-(defaults)}"; }
 done
-log "helm lint: defaults, certManager, manual, serviceMonitor, no taint, dashboard"
+log "helm lint: defaults, certManager, manual, serviceMonitor, no taint, dashboard, no device-plugin mode"
 # The dashboard is valid JSON with panels, and the ConfigMap carries it.
 jq -e '.panels | length > 0' "$CHART/dashboards/kubeshare.json" >/dev/null || die "dashboards/kubeshare.json"
 "$HELM" template kubeshare "$CHART" --set metrics.grafanaDashboard.enabled=true \
@@ -37,6 +37,17 @@ if "$HELM" template kubeshare "$CHART" --set webhook.certs.mode=bogus >"$WORK/ba
 fi
 grep -q 'webhook.certs.mode="bogus"' "$WORK/bad.log" || { cat "$WORK/bad.log" >&2; die "the error does not name the bad value"; }
 log "a bad webhook.certs.mode is refused by name"
+# Another scheduler name reaches the profile, the webhook's match conditions and every
+# component's environment; one that is not a DNS name is refused by name.
+named="$("$HELM" template kubeshare "$CHART" --set schedulerName=gpu-share)"
+[[ "$(grep -c "gpu-share" <<<"$named")" == 6 ]] || die "schedulerName=gpu-share is not in the 6 places it belongs"
+! grep -q "'kubeshare-scheduler'\|^    - schedulerName: kubeshare-scheduler\|value: \"kubeshare-scheduler\"" <<<"$named" \
+  || die "schedulerName=gpu-share left the default name somewhere"
+if "$HELM" template kubeshare "$CHART" --set "schedulerName=Bad_Name" >"$WORK/bad.log" 2>&1; then
+  die "schedulerName=Bad_Name was accepted"
+fi
+grep -q 'schedulerName="Bad_Name"' "$WORK/bad.log" || { cat "$WORK/bad.log" >&2; die "the error does not name the bad scheduler name"; }
+log "schedulerName: set everywhere; a bad one is refused by name"
 
 # ------------------------------------------------------------------ 2. manifests/
 HELM="$HELM" "$REPO/hack/render-manifests.sh" --check

@@ -33,6 +33,12 @@ pub struct GpuInfo {
     /// UUIDs of the GPUs this one reaches over NVLink.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nvlink_peers: Vec<String>,
+    /// `namespace/name` of a pod the kubelet gave this GPU whole through another
+    /// device plugin (NVIDIA's `nvidia.com/gpu`), as the kubelet's PodResources API
+    /// tells the node daemon. The extender places no KubeShare pod on such a GPU until
+    /// the field is gone (docs/device-plugin.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<String>,
 }
 
 /// All GPUs of a node, in index order.
@@ -148,6 +154,7 @@ mod tests {
             memory: 80 << 30,
             numa_node: Some(0),
             nvlink_peers: vec![],
+            held_by: None,
         }
     }
 

@@ -305,7 +305,7 @@ impl LabelError {
 /// Whether KubeShare handles this pod: it names our scheduler or carries a
 /// `sharedgpu/gpu_*` label.
 pub fn is_kubeshare_pod(scheduler_name: Option<&str>, labels: &BTreeMap<String, String>) -> bool {
-    scheduler_name == Some(crate::SCHEDULER_NAME)
+    scheduler_name == Some(crate::scheduler_name())
         || labels.keys().any(|k| k.starts_with("sharedgpu/gpu_"))
 }
 

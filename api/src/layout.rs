@@ -25,6 +25,12 @@ pub const POD_SOCKET_DIR: &str = "/kubeshare/run";
 pub const HOOK_LIB_NAME: &str = "libgemhook.so.1";
 /// gem-schd's config, one per GPU.
 pub const CONFIG_FILE: &str = "resource-config.txt";
+/// The kubelet's PodResources socket (its default `--root-dir` is /var/lib/kubelet):
+/// which device-plugin devices each pod holds (docs/device-plugin.md).
+pub const KUBELET_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+/// The kubelet's device-plugin directory: plugins put their sockets here and register
+/// through `kubelet.sock` in it.
+pub const KUBELET_DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
 /// Longest Unix socket path (`sun_path` is 108 bytes with its NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
 

@@ -14,6 +14,7 @@ pub mod layout;
 mod milli;
 mod quantity;
 pub mod resource_config;
+pub mod scheduler_name;
 pub mod um;
 pub mod usage;
 
@@ -24,10 +25,12 @@ pub use layout::Layout;
 pub use milli::{Milli, MilliParseError};
 pub use quantity::{ACCEPTED_FORMS, QuantityError, parse_bytes};
 pub use resource_config::{ResourceConfig, ResourceConfigError, ResourceEntry};
+pub use scheduler_name::{SCHEDULER_NAME_ENV, scheduler_name, set_scheduler_name};
 pub use um::UmSpec;
 pub use usage::{ClientUsage, USAGE_FILE, UsageError, UsageReport};
 
-/// The scheduler name that KubeShare pods run under.
+/// The default name of the scheduler that places KubeShare pods ([`scheduler_name`] is
+/// the one in force).
 pub const SCHEDULER_NAME: &str = "kubeshare-scheduler";
 
 /// The prefix of every KubeShare label and annotation.

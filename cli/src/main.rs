@@ -17,6 +17,9 @@ use kubectl_sharedgpu::{RenderOptions, render_table};
 #[derive(Parser, Debug)]
 #[command(name = "kubectl-sharedgpu", version, about, long_about)]
 struct Args {
+    /// Name of the scheduler that places KubeShare pods (the chart's `schedulerName`).
+    #[arg(long, env = kubeshare_api::SCHEDULER_NAME_ENV, default_value = kubeshare_api::SCHEDULER_NAME)]
+    scheduler_name: String,
     /// Only show pods of this namespace (GPU totals then count only them).
     /// Default: all namespaces.
     #[arg(short = 'n', long, conflicts_with = "all_namespaces")]
@@ -65,6 +68,7 @@ async fn client(args: &Args) -> anyhow::Result<Client> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    kubeshare_api::set_scheduler_name(&args.scheduler_name).context("--scheduler-name")?;
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(

@@ -53,6 +53,8 @@ pub struct Settings {
     pub usage_file: Option<PathBuf>,
     /// Hold cap under contention (see `Core::set_max_hold`).
     pub max_hold: Duration,
+    /// Virtual-time ranking's lag bound (see `Core::set_max_lag`).
+    pub max_lag: Duration,
 }
 
 enum Cmd {
@@ -104,6 +106,7 @@ pub async fn run(
     core.hold_grants_until(settings.quiet.as_micros() as Micros);
     core.set_max_wait(settings.max_wait.as_micros() as Micros);
     core.set_max_hold(settings.max_hold.as_micros() as Micros);
+    core.set_max_lag(settings.max_lag.as_micros() as Micros);
     let mut actor = Actor {
         core,
         settings,

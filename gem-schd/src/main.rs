@@ -65,6 +65,12 @@ struct Args {
     /// tenant is not stopped behind long turns. 0 = off.
     #[arg(long, default_value_t = 0)]
     max_hold_ms: u64,
+    /// Below their request, clients take turns by virtual time (charged time over
+    /// request); one that comes back after more than this many ms without the token may
+    /// be at most this far behind the others (it cannot bank idle time). 0 = rank by
+    /// usage over the window instead (Gemini's schd_priority).
+    #[arg(long, default_value_t = 10)]
+    max_lag_ms: u64,
     /// Poll the config's mtime this often as well as watching it, ms.
     #[arg(long, default_value_t = 1000)]
     poll_ms: u64,
@@ -119,6 +125,7 @@ fn main() -> Result<()> {
         max_wait: Duration::from_millis(args.max_wait_ms),
         usage_file: args.usage_file,
         max_hold: Duration::from_millis(args.max_hold_ms),
+        max_lag: Duration::from_millis(args.max_lag_ms),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -220,49 +220,31 @@ def stall(series):
 NATIVE = {}
 
 
-def train_infer_nopace(b, raw):
-    """train_infer with gem-schd's pacing off: is pacing what stalls the tenants?"""
-    b.extra = ["--pace-ms", "0"]
-    try:
-        return train_infer(b, raw)
-    finally:
-        b.extra = []
+def train_infer_with(extra):
+    """train_infer with more gem-schd arguments, as a scenario of its own."""
+    def scenario(b, raw):
+        b.extra = extra
+        try:
+            return train_infer(b, raw)
+        finally:
+            b.extra = []
+    return scenario
 
 
-def train_infer_nohold(b, raw):
-    """train_infer without the hold cap under contention (`--max-hold-ms 0`): the control."""
-    b.extra = ["--max-hold-ms", "0"]
-    try:
-        return train_infer(b, raw)
-    finally:
-        b.extra = []
-
-
-def train_infer_minq1(b, raw):
-    """train_infer with a 1 ms min quota: the holder's turn (and what it queues) shorter."""
-    b.extra = ["--min-quota-ms", "1"]
-    try:
-        return train_infer(b, raw)
-    finally:
-        b.extra = []
-
-
-def train_infer_wait10(b, raw):
-    """train_infer with a 10 ms starvation bound (`--max-wait-ms 10`, default 50)."""
-    b.extra = ["--max-wait-ms", "10"]
-    try:
-        return train_infer(b, raw)
-    finally:
-        b.extra = []
-
-
-def train_infer_wait5(b, raw):
-    """train_infer with a 5 ms starvation bound."""
-    b.extra = ["--max-wait-ms", "5"]
-    try:
-        return train_infer(b, raw)
-    finally:
-        b.extra = []
+# train_infer with gem-schd's pacing off: is pacing what stalls the tenants?
+train_infer_nopace = train_infer_with(["--pace-ms", "0"])
+# train_infer without the hold cap under contention (`--max-hold-ms 0`): the control.
+train_infer_nohold = train_infer_with(["--max-hold-ms", "0"])
+# train_infer with a 1 ms min quota: the holder's turn (and what it queues) shorter.
+train_infer_minq1 = train_infer_with(["--min-quota-ms", "1"])
+# train_infer with a 10 ms starvation bound (`--max-wait-ms 10`, default 50).
+train_infer_wait10 = train_infer_with(["--max-wait-ms", "10"])
+# train_infer with a 5 ms starvation bound.
+train_infer_wait5 = train_infer_with(["--max-wait-ms", "5"])
+# train_infer ranked by usage over the window (`--max-lag-ms 0`): the control.
+train_infer_lag0 = train_infer_with(["--max-lag-ms", "0"])
+# train_infer with the hold cap under contention at 10 ms (`--max-hold-ms 10`).
+train_infer_hold10 = train_infer_with(["--max-hold-ms", "10"])
 
 
 def train_infer_debug(b, raw):

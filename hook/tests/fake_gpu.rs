@@ -166,7 +166,9 @@ fn two_clients_get_their_shares_and_one_clients_processes_share_a_token() {
     let _s = serial();
     let env = Env::new();
     env.write_config(&[("a", 0.3, 0.3, GIB), ("b", 0.7, 0.7, GIB)]);
-    let _schd = env.start_schd(&["a", "b"]);
+    let usage = env.path().join("usage.txt");
+    let usage_arg = usage.to_string_lossy().into_owned();
+    let _schd = env.start_schd_with(&["a", "b"], &["--usage-file", &usage_arg]);
     let args = [
         "launch",
         "--kernel-us",
@@ -190,20 +192,49 @@ fn two_clients_get_their_shares_and_one_clients_processes_share_a_token() {
     let share_a = (ba1 + ba2) as f64 / total;
     let share_b = bb as f64 / total;
     let used = fa1 + fa2 + fb;
+    // gem-schd's charged token time over its window (which covers the whole run).
+    wait_until(
+        Duration::from_secs(3),
+        || usage.exists(),
+        "the usage report",
+    );
+    let report = std::fs::read_to_string(&usage).unwrap_or_default();
+    let charged = |id: &str| -> f64 {
+        report
+            .lines()
+            .skip(1)
+            .find_map(|l| {
+                let mut f = l.split_whitespace();
+                (f.next() == Some(id)).then(|| f.next().and_then(|v| v.parse().ok()))?
+            })
+            .unwrap_or(0.0)
+    };
+    let (ca, cb) = (charged("a"), charged("b"));
+    let charged_a = ca / (ca + cb).max(1.0);
     eprintln!(
-        "GPU time: a = {fa1:.3} + {fa2:.3}, b = {fb:.3} of wall time; shares a {share_a:.3}, b {share_b:.3}"
+        "GPU time: a = {fa1:.3} + {fa2:.3}, b = {fb:.3} of wall time; shares a {share_a:.3}, b {share_b:.3}; charged a {charged_a:.3}"
     );
     // The three processes share one simulated GPU (FAKE_CUDA_SHARED_DIR): without gating
     // each would get about a third. The GPU must not idle much while both clients are busy.
     assert!(used <= 1.02, "more GPU time than wall time: {used:.3}");
     assert!(used >= 0.85, "GPU mostly idle: {used:.3}");
+    // The scheduler's promise: token time in proportion to the shares.
     assert!(
-        (share_a - 0.3).abs() <= 0.03,
-        "client a got {share_a:.3}, not 0.3 ± 0.03"
+        (charged_a - 0.3).abs() <= 0.02,
+        "client a was charged {charged_a:.3} of the token time, not 0.3 ± 0.02"
+    );
+    // GPU time follows it, less what a process holding the token loses while the CPU runs
+    // something else: this 2-core machine runs four busy processes here, and a client of
+    // two processes loses more (it held 0.262 of the GPU time once in CI while 0.30 of
+    // the token time), so the GPU-time bound is looser than the token-time one. On a real
+    // GPU the same pair is within 1 pp (docs/gpu-benchmarks.md, "one client, two processes").
+    assert!(
+        (share_a - 0.3).abs() <= 0.045,
+        "client a got {share_a:.3} of the GPU time, not 0.3 ± 0.045"
     );
     assert!(
-        (share_b - 0.7).abs() <= 0.03,
-        "client b got {share_b:.3}, not 0.7 ± 0.03"
+        (share_b - 0.7).abs() <= 0.045,
+        "client b got {share_b:.3} of the GPU time, not 0.7 ± 0.045"
     );
 }
 

@@ -43,6 +43,18 @@ pub struct Config {
     /// Put the GPU-node taint `kubeshare.io/gpu=shared:NoSchedule` on the Node while it
     /// has GPUs (`--taint-node`, on by default). Off: the daemon leaves taints alone.
     pub taint: bool,
+    /// Learn from the kubelet which GPUs other device plugins gave whole to pods, and
+    /// publish them as held (docs/device-plugin.md). `None`: never asks.
+    pub device_plugins: Option<DevicePluginWatch>,
+}
+
+/// Where and how often to ask the kubelet's PodResources API.
+#[derive(Debug, Clone)]
+pub struct DevicePluginWatch {
+    pub socket: std::path::PathBuf,
+    /// Resource names whose devices are this node's GPUs (`nvidia.com/gpu`).
+    pub resources: Vec<String>,
+    pub interval: Duration,
 }
 
 /// State shared with the HTTP server.
@@ -89,8 +101,12 @@ pub async fn run(
             .with_context(|| format!("cannot install the hook library from {}", src.display()))?;
         tracing::info!(from = %src.display(), to = %layout.hook_lib().display(), written, "hook library installed");
     }
-    let mut inventory = cfg.inventory.load().context("GPU discovery failed")?;
-    tracing::info!(node = %cfg.node, gpus = inventory.gpus.len(), inventory = %inventory.to_json(), "inventory");
+    // As discovered; `inventory` is what is published: the same with the GPUs that
+    // device-plugin pods hold marked.
+    let mut discovered = cfg.inventory.load().context("GPU discovery failed")?;
+    tracing::info!(node = %cfg.node, gpus = discovered.gpus.len(), inventory = %discovered.to_json(), "inventory");
+    let mut inventory = discovered.clone();
+    let mut held_devices = Vec::new();
 
     let shared = Shared {
         supervised: cfg.gem_schd.is_some(),
@@ -156,6 +172,12 @@ pub async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut held_tick = cfg.device_plugins.as_ref().map(|w| {
+        let mut t = tokio::time::interval(w.interval);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    });
+    let mut socket_seen: Option<bool> = None;
 
     loop {
         let mut dirty = false;
@@ -180,11 +202,39 @@ pub async fn run(
                     }
                 }
             }
+            _ = async {
+                match held_tick.as_mut() {
+                    Some(t) => t.tick().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let Some(watch) = cfg.device_plugins.as_ref() else { continue };
+                if let Some(devices) = held_by_device_plugins(watch, &mut socket_seen, &shared).await {
+                    held_devices = devices;
+                }
+                let next = crate::held::mark_held(&discovered, &held_devices, &watch.resources);
+                if next != inventory {
+                    let held: Vec<String> = next
+                        .gpus
+                        .iter()
+                        .filter_map(|g| g.held_by.as_ref().map(|h| format!("{}={h}", g.uuid)))
+                        .collect();
+                    tracing::info!(held = ?held, "GPUs held by device-plugin pods changed");
+                    inventory = next;
+                    shared.update(|s| s.inventory = inventory.clone());
+                    daemon.publish(&inventory).await;
+                    dirty = true;
+                }
+            }
             _ = tick.tick() => {
                 match cfg.inventory.load() {
-                    Ok(inv) if inv != inventory => {
+                    Ok(inv) if inv != discovered => {
                         tracing::info!(inventory = %inv.to_json(), "inventory changed");
-                        inventory = inv;
+                        discovered = inv;
+                        inventory = match cfg.device_plugins.as_ref() {
+                            Some(w) => crate::held::mark_held(&discovered, &held_devices, &w.resources),
+                            None => discovered.clone(),
+                        };
                         shared.update(|s| s.inventory = inventory.clone());
                         if let Some(s) = supervisor.as_mut() {
                             s.ensure(&gpu_set(&inventory)).await;
@@ -213,6 +263,36 @@ pub async fn run(
     let _ = http_stop_tx.send(());
     let _ = http.await;
     Ok(())
+}
+
+/// The devices pods hold, as the kubelet lists them; `Some(empty)` when the node has
+/// no PodResources socket (no kubelet API to ask: nothing is held), `None` when the
+/// call failed (keep what was known).
+async fn held_by_device_plugins(
+    watch: &DevicePluginWatch,
+    socket_seen: &mut Option<bool>,
+    shared: &Shared,
+) -> Option<Vec<kubeshare_kubelet_rpc::podresources::HeldDevice>> {
+    let exists = watch.socket.exists();
+    if *socket_seen != Some(exists) {
+        *socket_seen = Some(exists);
+        if exists {
+            tracing::info!(socket = %watch.socket.display(), resources = ?watch.resources, "asking the kubelet which GPUs device-plugin pods hold");
+        } else {
+            tracing::info!(socket = %watch.socket.display(), "no kubelet PodResources socket: no GPU is held by another device plugin");
+        }
+    }
+    if !exists {
+        return Some(Vec::new());
+    }
+    match kubeshare_kubelet_rpc::podresources::list(&watch.socket).await {
+        Ok(d) => Some(d),
+        Err(e) => {
+            shared.counters(|c| c.errors += 1);
+            tracing::warn!(error = %e, "cannot list pod resources; keeping the GPUs held as they were");
+            None
+        }
+    }
 }
 
 fn gpu_set(inv: &NodeInventory) -> BTreeSet<String> {
@@ -363,6 +443,7 @@ impl Daemon {
             self.last_overcommit = desired.overcommitted.clone();
         }
         self.events(pods, &desired, &created);
+        self.conflicts(pods, inventory, &desired);
         self.shared.update(|s| {
             s.synced = true;
             s.counters.reconciles += 1;
@@ -409,6 +490,19 @@ impl Daemon {
                     "GpuNotConfigured",
                     prob.message.clone(),
                 );
+            }
+        }
+    }
+
+    /// A warning on each KubeShare pod whose GPU a device-plugin pod holds too.
+    fn conflicts(&mut self, pods: &[PodView], inventory: &NodeInventory, desired: &Desired) {
+        for (uid, why) in crate::held::conflicts(inventory, &desired.placements) {
+            if !self.reported.insert((uid.clone(), why.clone())) {
+                continue;
+            }
+            tracing::warn!(uid = %uid, problem = %why, "GPU shared with a device-plugin pod");
+            if let Some(pod) = pods.iter().find(|p| p.uid == uid) {
+                self.emit(pod, EventType::Warning, "GpuHeldByDevicePlugin", why);
             }
         }
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use kubeshare_node_daemon::daemon::{self, Config};
+use kubeshare_node_daemon::daemon::{self, Config, DevicePluginWatch};
 use kubeshare_node_daemon::disk::Layout;
 use kubeshare_node_daemon::nvml::DEFAULT_LIBRARY;
 use kubeshare_node_daemon::source::InventorySource;
@@ -69,6 +69,20 @@ struct Args {
     #[arg(long, env = "KUBESHARE_TAINT_NODE", default_value_t = true, action = clap::ArgAction::Set)]
     taint_node: bool,
 
+    /// The kubelet's PodResources socket: which GPUs NVIDIA's device plugin gave whole
+    /// to pods (published as held; the extender places no KubeShare pod on them). A node
+    /// without it has none (docs/device-plugin.md).
+    #[arg(long, default_value = kubeshare_api::layout::KUBELET_POD_RESOURCES_SOCKET, value_name = "PATH")]
+    pod_resources_socket: PathBuf,
+
+    /// Device-plugin resources whose devices are this node's GPUs (by UUID or index).
+    #[arg(long = "device-plugin-resource", value_name = "NAME", default_values_t = kubeshare_node_daemon::held::DEFAULT_RESOURCES.iter().map(|s| s.to_string()).collect::<Vec<_>>())]
+    device_plugin_resources: Vec<String>,
+
+    /// Seconds between PodResources lists; 0 never asks.
+    #[arg(long, default_value_t = 2)]
+    pod_resources_interval_secs: u64,
+
     /// Print the discovered inventory as JSON and exit (no API access).
     #[arg(long)]
     print_inventory: bool,
@@ -76,6 +90,9 @@ struct Args {
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
+    /// Name of the scheduler that places KubeShare pods (the chart's `schedulerName`).
+    #[arg(long, env = kubeshare_api::SCHEDULER_NAME_ENV, default_value = kubeshare_api::SCHEDULER_NAME)]
+    scheduler_name: String,
 }
 
 fn init_tracing(json: bool) {
@@ -128,6 +145,7 @@ async fn shutdown_signal() {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    kubeshare_api::set_scheduler_name(&args.scheduler_name).context("--scheduler-name")?;
     init_tracing(args.log_json);
     // kube's TLS uses the process-wide rustls provider: name ring, so that another
     // provider compiled into the workspace cannot make the choice ambiguous.
@@ -160,6 +178,11 @@ async fn main() -> anyhow::Result<()> {
         listen: args.listen,
         resync: Duration::from_secs(args.resync_secs.max(1)),
         taint: args.taint_node,
+        device_plugins: (args.pod_resources_interval_secs > 0).then(|| DevicePluginWatch {
+            socket: args.pod_resources_socket.clone(),
+            resources: args.device_plugin_resources.clone(),
+            interval: Duration::from_secs(args.pod_resources_interval_secs),
+        }),
     };
     let client = client(args.kubeconfig.as_ref()).await?;
     daemon::run(cfg, client, shutdown_signal()).await

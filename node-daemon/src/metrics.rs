@@ -91,6 +91,7 @@ pub fn render(
     let allocated = Family::<GpuLabels, Gauge>::default();
     let up = Family::<GpuLabels, Gauge>::default();
     let restarts = Family::<GpuLabels, Counter>::default();
+    let held = Family::<GpuLabels, Gauge>::default();
     for g in &s.inventory.gpus {
         let l = gpu_labels(g);
         let e = entries(&g.uuid);
@@ -105,6 +106,7 @@ pub fn render(
             .get_or_create(&l)
             .set(milli(e.iter().map(|e| u64::from(e.limit.get())).sum()));
         memory.get_or_create(&l).set(to_i64(g.memory));
+        held.get_or_create(&l).set(i64::from(g.held_by.is_some()));
         allocated
             .get_or_create(&l)
             .set(to_i64(e.iter().map(|e| e.gpu_mem).sum()));
@@ -133,6 +135,11 @@ pub fn render(
         limits,
     );
     reg.register_with_unit("gpu_memory", "Total memory of the GPU", Unit::Bytes, memory);
+    reg.register(
+        "gpu_held_by_device_plugin",
+        "1 while the kubelet has given the GPU whole to a pod through another device plugin (nvidia.com/gpu)",
+        held,
+    );
     reg.register_with_unit(
         "gpu_allocated_memory",
         "Sum of the memory caps of the GPU's time-shared pods",
@@ -287,6 +294,7 @@ mod tests {
                     memory: 1000,
                     numa_node: None,
                     nvlink_peers: vec![],
+                    held_by: None,
                 })
                 .collect(),
         };

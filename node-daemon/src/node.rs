@@ -152,6 +152,7 @@ mod tests {
                     memory: 1 << 30,
                     numa_node: None,
                     nvlink_peers: vec![],
+                    held_by: None,
                 })
                 .collect(),
         }

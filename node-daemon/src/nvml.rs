@@ -91,6 +91,7 @@ fn read_all(nvml: &Nvml) -> Result<NodeInventory, NvmlError> {
             memory,
             numa_node,
             nvlink_peers: vec![],
+            held_by: None,
         });
         devices.push(dev);
     }

@@ -10,7 +10,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use kubeshare_api::resource_config::is_valid_id;
 use kubeshare_api::{
     Allocation, GpuDemand, Granted, Milli, NodeInventory, ResourceConfig, ResourceEntry,
-    SCHEDULER_NAME,
 };
 
 /// What the daemon needs to know of a pod (taken from the API object by the caller).
@@ -118,10 +117,11 @@ fn plan(node: &str, inventory: &NodeInventory, pod: &PodView) -> PodPlan {
             alloc.node
         ));
     }
-    if pod.scheduler_name.as_deref() != Some(SCHEDULER_NAME) {
-        // Only kubeshare-scheduler's Bindings write a record: this one is forged.
+    let ours = kubeshare_api::scheduler_name();
+    if pod.scheduler_name.as_deref() != Some(ours) {
+        // Only our scheduler's Bindings write a record: this one is forged.
         return PodPlan::Bad(format!(
-            "has an allocation record but was not scheduled by {SCHEDULER_NAME}: not configured"
+            "has an allocation record but was not scheduled by {ours}: not configured"
         ));
     }
     if !is_valid_id(&pod.uid) {
@@ -307,6 +307,7 @@ mod tests {
                     memory: 80 << 30,
                     numa_node: None,
                     nvlink_peers: vec![],
+                    held_by: None,
                 })
                 .collect(),
         }

@@ -182,6 +182,7 @@ fn gpu(uuid: String, index: u32, model: &str, memory: u64) -> GpuInfo {
         memory,
         numa_node: Some(0),
         nvlink_peers: vec![],
+        held_by: None,
     }
 }
 

@@ -96,6 +96,7 @@ fn inventory() -> NodeInventory {
                 memory: 1 << 34,
                 numa_node: None,
                 nvlink_peers: vec![],
+                held_by: None,
             })
             .collect(),
     }

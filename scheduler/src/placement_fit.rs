@@ -145,6 +145,16 @@ impl Cluster {
                 for &i in &eligible {
                     let g = &node.gpus[i];
                     let idx = g.info.index;
+                    if let Some(holder) = &g.info.held_by {
+                        // Ranked above a full GPU: it says why a GPU with room is not used.
+                        note(GpuFail {
+                            rank: (1, 1000),
+                            why: Why::Text(format!(
+                                "{node_name}/gpu {idx}: given whole to pod {holder} by the NVIDIA device plugin"
+                            )),
+                        });
+                        continue;
+                    }
                     if let Some(m) = tag_fail(i) {
                         note(GpuFail {
                             rank: (0, 0),
@@ -287,12 +297,24 @@ impl Cluster {
                     .copied()
                     .filter(|&i| {
                         let (u, m, h) = usage(i);
-                        u == 0 && m == 0 && h == 0
+                        u == 0 && m == 0 && h == 0 && node.gpus[i].info.held_by.is_none()
                     })
                     .collect();
                 if free.len() < want {
+                    let held = eligible
+                        .iter()
+                        .filter(|&&i| node.gpus[i].info.held_by.is_some())
+                        .count();
+                    let by_plugin = if held > 0 {
+                        format!(" ({held} given whole to pods by the NVIDIA device plugin)")
+                    } else {
+                        String::new()
+                    };
                     return Err((
-                        format!("{node_name}: {} of {want} whole GPUs free", free.len()),
+                        format!(
+                            "{node_name}: {} of {want} whole GPUs free{by_plugin}",
+                            free.len()
+                        ),
                         false,
                     ));
                 }

@@ -34,6 +34,7 @@ fn inv(node: u32, n: u32, model: &str, mem_gib: u64, links: &[(u32, u32)]) -> No
                         }
                     })
                     .collect(),
+                held_by: None,
             })
             .collect(),
     }
@@ -1631,4 +1632,53 @@ fn the_demo_gives_the_same_table_for_the_same_order() {
         schedule_group(&mut c, &mut m, 0)
     };
     assert_eq!(run(), run());
+}
+
+#[test]
+fn a_gpu_held_by_the_device_plugin_takes_no_pod_until_it_is_freed() {
+    let mut held = inv(1, 2, "A", 40, &[]);
+    held.gpus[0].held_by = Some("team/trainer".into());
+    let mut c = cluster(&[("n1", held.clone())]);
+    let a = schedule(&mut c, &mut frac("a", "0.5"), 0).unwrap();
+    let b = schedule(&mut c, &mut frac("b", "0.5"), 0).unwrap();
+    assert_eq!(a.gpu_uuids, vec![uuid(1, 1)]);
+    assert_eq!(b.gpu_uuids, vec![uuid(1, 1)]);
+    // The only GPU with room is the device plugin's: the reason says so.
+    let f = schedule(&mut c, &mut frac("c", "0.5"), 0).unwrap_err();
+    assert!(f.passed.is_empty());
+    assert!(
+        f.failed["n1"].contains("n1/gpu 0: given whole to pod team/trainer"),
+        "{}",
+        f.failed["n1"]
+    );
+    let mut solo = frac("solo", "0.5");
+    let mut only_held = inv(2, 1, "A", 40, &[]);
+    only_held.gpus[0].held_by = Some("team/trainer".into());
+    c.apply_node("n2", Ok(Some(only_held.clone())));
+    let f = c.filter(&solo, &["n2".to_string()], 0);
+    let why = &f.failed["n2"];
+    assert!(
+        why.contains("gpu 0: given whole to pod team/trainer by the NVIDIA device plugin"),
+        "{why}"
+    );
+    let whole = pod("whole", &[("gpu_request", "2"), ("gpu_limit", "2")]);
+    let f = c.filter(&whole, &["n1".to_string()], 0);
+    assert!(
+        f.failed["n1"]
+            .contains("0 of 2 whole GPUs free (1 given whole to pods by the NVIDIA device plugin)"),
+        "{}",
+        f.failed["n1"]
+    );
+    // Freed: the node daemon republishes the inventory without the holder.
+    only_held.gpus[0].held_by = None;
+    c.apply_node("n2", Ok(Some(only_held)));
+    let a = schedule(&mut c, &mut solo, 0).unwrap();
+    assert_eq!(a.gpu_uuids, vec![uuid(2, 0)]);
+    held.gpus[0].held_by = None;
+    c.apply_node("n1", Ok(Some(held)));
+    // Packing fills n2's GPU first; then only the freed GPU has room.
+    let x = schedule(&mut c, &mut frac("c", "0.5"), 0).unwrap();
+    assert_eq!(x.gpu_uuids, vec![uuid(2, 0)]);
+    let y = schedule(&mut c, &mut frac("d", "0.5"), 0).unwrap();
+    assert_eq!(y.gpu_uuids, vec![uuid(1, 0)]);
 }

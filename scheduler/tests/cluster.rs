@@ -115,6 +115,7 @@ fn inventory(node: &str, gpus: u32, model: &str, mem_gib: u64) -> NodeInventory 
                 memory: mem_gib * GIB,
                 numa_node: Some(0),
                 nvlink_peers: vec![],
+                held_by: None,
             })
             .collect(),
     }

@@ -52,6 +52,7 @@ fn extender() -> Extender {
                     memory: 1 << 34,
                     numa_node: None,
                     nvlink_peers: vec![],
+                    held_by: None,
                 }],
             };
             c.apply_node(n, Ok(Some(inv)));

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation};
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, PodSpec, Volume, VolumeMount};
-use kubeshare_api::{GpuDemand, LabelError, PREFIX, SCHEDULER_NAME, is_kubeshare_pod};
+use kubeshare_api::{GpuDemand, LabelError, PREFIX, is_kubeshare_pod, scheduler_name};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -177,24 +177,31 @@ fn admit_create(pod: &Pod) -> Result<Verdict, Denial> {
     };
     let mut plan = Plan::default();
     if !is_kubeshare_pod(spec.scheduler_name.as_deref(), &labels) {
-        // Not ours: none of its containers may see a GPU KubeShare manages.
+        // Not ours: none of its containers may see a GPU KubeShare manages, unless the
+        // kubelet gives it GPUs through NVIDIA's device plugin. Such a pod may also run
+        // on KubeShare nodes: their daemon publishes the GPUs it holds, and the extender
+        // keeps off them (docs/device-plugin.md).
+        if guard::uses_device_plugin(spec) {
+            guard::plan_toleration(spec, &mut plan);
+        }
         guard::plan_no_gpu(spec, &mut plan);
         return Ok(plan.into_verdict());
     }
+    let ours = scheduler_name();
     match spec.scheduler_name.as_deref() {
-        Some(SCHEDULER_NAME) => {}
+        Some(name) if name == ours => {}
         None | Some("") | Some(DEFAULT_SCHEDULER) => {
-            plan.add(&["spec", "schedulerName"], Value::from(SCHEDULER_NAME));
+            plan.add(&["spec", "schedulerName"], Value::from(ours));
         }
         Some(other) => {
             return Err(Denial::invalid(format!(
-                "spec.schedulerName={other}: a pod with sharedgpu/gpu_* labels is placed by {SCHEDULER_NAME}; leave schedulerName unset or set it to {SCHEDULER_NAME}"
+                "spec.schedulerName={other}: a pod with sharedgpu/gpu_* labels is placed by {ours}; leave schedulerName unset or set it to {ours}"
             )));
         }
     }
     if let Some(node) = spec.node_name.as_deref().filter(|n| !n.is_empty()) {
         return Err(Denial::invalid(format!(
-            "spec.nodeName={node}: a KubeShare pod must be placed by {SCHEDULER_NAME}, which picks its GPU; leave nodeName unset (use a nodeSelector or affinity instead)"
+            "spec.nodeName={node}: a KubeShare pod must be placed by {ours}, which picks its GPU; leave nodeName unset (use a nodeSelector or affinity instead)"
         )));
     }
     // A pod on kubeshare-scheduler without GPU labels asks for no GPU: it gets none.

@@ -25,6 +25,9 @@ struct Cli {
         env = "KUBESHARE_LOG_FORMAT"
     )]
     log_format: LogFormat,
+    /// Name of the scheduler that places KubeShare pods (the chart's `schedulerName`).
+    #[arg(long, global = true, env = kubeshare_api::SCHEDULER_NAME_ENV, default_value = kubeshare_api::SCHEDULER_NAME)]
+    scheduler_name: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -79,6 +82,7 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    kubeshare_api::set_scheduler_name(&cli.scheduler_name).context("--scheduler-name")?;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()

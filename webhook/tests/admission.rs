@@ -337,15 +337,16 @@ fn pods_kubeshare_gives_no_gpu_get_void_in_every_container() {
         got["spec"]["containers"][0]["env"],
         json!([void_env(), {"name": "B", "value": "2"}, void_env()])
     );
-    // A pod that gets its GPUs from the NVIDIA device plugin is left alone: the device
-    // plugin's own NVIDIA_VISIBLE_DEVICES must not be overridden.
+    // A pod that gets its GPUs from the NVIDIA device plugin keeps its env (the device
+    // plugin's NVIDIA_VISIBLE_DEVICES must not be overridden) and may run on KubeShare
+    // nodes beside their shared GPUs (device-plugin mode): it gets the toleration.
     let plugin = pod_with(
         json!({"app": "legacy"}),
         json!({"containers": [{"name": "a", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}),
     );
-    let r = review("CREATE", &plugin, None, Mode::Mutate);
-    assert_eq!(r["allowed"], true);
-    assert!(r.get("patch").is_none(), "{r}");
+    let got = mutate_idempotent(&plugin);
+    assert_eq!(got["spec"]["tolerations"], json!([toleration()]));
+    assert!(got["spec"]["containers"][0].get("env").is_none(), "{got}");
 }
 
 #[test]
@@ -739,10 +740,7 @@ fn which_tolerations_reach_a_gpu_node() {
             json!([{"key": "kubeshare.io/gpu", "operator": "Exists"}]),
             true,
         ),
-        (
-            json!([{"key": "kubeshare.io/gpu", "operator": "Equal", "value": "shared", "effect": "NoSchedule"}]),
-            true,
-        ),
+        (json!([toleration()]), true),
         (
             json!([{"key": "kubeshare.io/gpu", "operator": "Equal", "value": "other"}]),
             false,

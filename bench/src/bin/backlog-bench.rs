@@ -143,6 +143,7 @@ fn inventory(node: u32, gpus: u32) -> NodeInventory {
                 memory: 80 * GIB,
                 numa_node: Some(0),
                 nvlink_peers: vec![],
+                held_by: None,
             })
             .collect(),
     }

@@ -1,20 +1,14 @@
 //! Who gets the token next and for how long: the ranking (Gemini's `schd_priority`), the
 //! starvation bound, the quota estimate, the overrun allowance and the hold cap under contention.
 
+use super::window::stride;
 use super::*;
 
 impl Core {
     /// The shortest quota estimate among the clients other than `key` that wait for the
     /// token or held it recently (`None`: no contention).
     pub(super) fn contenders_quota(&self, key: Key, now: Micros) -> Option<Micros> {
-        let recent = now.saturating_sub(CONTENDED_US);
-        let held: Vec<Key> = self
-            .history
-            .iter()
-            .rev()
-            .take_while(|e| e.end > recent)
-            .map(|e| e.client)
-            .collect();
+        let held = self.recent_holders(now);
         self.clients
             .iter()
             .filter(|(k, c)| **k != key && (!c.waiting.is_empty() || held.contains(k)))
@@ -46,8 +40,27 @@ impl Core {
         if let Some(cs) = self.conns.get_mut(&conn) {
             cs.waiting = true;
         }
+        let lag = self.max_lag_us;
+        // Back after more than `lag` without the token: it may be no more than `lag`
+        // behind the others that compete (a client that has just held it keeps its place:
+        // its lead or lag is what the ranking is still evening out).
+        let idle = self.clients[&key].waiting.is_empty()
+            && self.clients[&key]
+                .last_entry
+                .and_then(|s| self.entry(s))
+                .is_none_or(|e| e.end.saturating_add(lag) <= now);
+        let floor = if idle {
+            self.pass_floor(key, now)
+        } else {
+            None
+        };
         let c = self.clients.get_mut(&key).expect("conn client exists");
         if c.waiting.is_empty() {
+            if let Some(f) = floor {
+                c.pass = c
+                    .pass
+                    .max(f.saturating_sub(stride(lag, c.spec.request_milli)));
+            }
             c.waiting_since = self.next_wait;
             c.waiting_at = now;
             self.next_wait += 1;
@@ -71,6 +84,8 @@ impl Core {
         // (a FIFO bound there hands spare time out per turn, so the client with the longer
         // bursts took 0.80 of an elastic pair instead of 0.50).
         let mut starved: Option<(Key, Micros, u64, u64)> = None;
+        // Clients held back now, and clients eligible again after being held back.
+        let (mut held_back, mut back) = (Vec::new(), Vec::new());
         for (&key, c) in &self.clients {
             if c.waiting.is_empty() {
                 continue;
@@ -78,6 +93,7 @@ impl Core {
             let usage = u128::from(self.usage(key, now));
             let allowed_milli = u128::from(c.spec.limit_milli) * w_eff;
             if usage * 1000 >= allowed_milli {
+                held_back.push(key);
                 continue; // at its limit: waits
             }
             let headroom = ((allowed_milli - usage * 1000).div_ceil(1000)) as u64;
@@ -87,6 +103,7 @@ impl Core {
                 Some(budget) => {
                     let room = self.pace_headroom(key, now, budget);
                     if room < self.pace_need(c, budget) {
+                        held_back.push(key);
                         continue;
                     }
                     // The grant leaves room for the client's usual overrun.
@@ -94,13 +111,35 @@ impl Core {
                 }
             };
             let require_milli = u128::from(c.spec.request_milli) * w_eff;
+            // A client held back by its limit or pacing did not fall behind by choice: like
+            // one back from idle, it is at most the lag behind the others. (Otherwise it
+            // catches up in a run of turns, uses its allowance early in the next pacing
+            // window, and is held back again at the same phase: a 0.28 s wait of a batch-1
+            // inference tenant beside training recurred every second on an H100.)
+            let mut pass = c.pass;
+            if c.blocked {
+                if let Some(f) = self.pass_floor(key, now) {
+                    pass =
+                        pass.max(f.saturating_sub(stride(self.max_lag_us, c.spec.request_milli)));
+                }
+                back.push((key, pass));
+            }
             let rank = if usage * 1000 < require_milli {
-                // Below its request: the smaller usage/require goes first (the
-                // larger missing/(missing+usage) in Gemini's words).
-                Rank::Below {
-                    usage,
-                    require: require_milli,
-                    order: c.waiting_since,
+                if self.max_lag_us > 0 {
+                    // Below its request: the smaller virtual time goes first.
+                    Rank::Below {
+                        usage: pass,
+                        require: 1,
+                        order: c.waiting_since,
+                    }
+                } else {
+                    // The smaller usage/require goes first (the larger
+                    // missing/(missing+usage) in Gemini's words).
+                    Rank::Below {
+                        usage,
+                        require: require_milli,
+                        order: c.waiting_since,
+                    }
                 }
             } else {
                 Rank::Above {
@@ -127,6 +166,17 @@ impl Core {
                     .is_none_or(|(_, at, _, _)| c.waiting_at < *at)
             {
                 starved = Some((key, c.waiting_at, headroom, pace_room));
+            }
+        }
+        for key in held_back {
+            if let Some(c) = self.clients.get_mut(&key) {
+                c.blocked = true;
+            }
+        }
+        for (key, pass) in back {
+            if let Some(c) = self.clients.get_mut(&key) {
+                c.blocked = false;
+                c.pass = pass;
             }
         }
         let pick = match starved {
@@ -173,7 +223,9 @@ impl Core {
             grant: now,
             quota_end,
         });
-        self.clients.get_mut(&key).expect("picked").usage_sum += quota;
+        let c = self.clients.get_mut(&key).expect("picked");
+        c.usage_sum += quota;
+        c.pass += stride(quota, c.spec.request_milli);
         self.holder = Some(Hold {
             client: key,
             conns: conns.clone(),

@@ -122,6 +122,8 @@ type Key = u32;
 pub const DEFAULT_MAX_WAIT_US: Micros = 50_000;
 /// Default of [`Core::set_max_hold`].
 pub const DEFAULT_MAX_HOLD_US: Micros = 10_000;
+/// Default of [`Core::set_max_lag`].
+pub const DEFAULT_MAX_LAG_US: Micros = 10_000;
 /// Another client that held the token this recently still competes for it (a batch-1
 /// inference tenant between two requests has given the token back for its CPU time).
 const CONTENDED_US: Micros = 100_000;
@@ -139,6 +141,13 @@ struct ClientState {
     overrun_us: Micros,
     /// Sum of `end - start` of this client's entries still in `history`.
     usage_sum: Micros,
+    /// Virtual time (stride scheduling): the time charged to the client since its
+    /// account began, divided by its request. Among clients below their request the
+    /// smallest pass goes first; see [`Core::set_max_lag`].
+    pass: u128,
+    /// Held back by its limit or pacing allowance at the last dispatch: when it is eligible
+    /// again it comes back like a client back from idle (see `Core::set_max_lag`).
+    blocked: bool,
     /// Connections with an unanswered TokenRequest, in arrival order.
     waiting: Vec<ConnId>,
     /// Order of the first waiting request, for FIFO tie-breaks.
@@ -199,6 +208,8 @@ pub struct Core {
     max_wait_us: Micros,
     /// See [`Core::set_max_hold`].
     max_hold_us: Micros,
+    /// See [`Core::set_max_lag`].
+    max_lag_us: Micros,
 }
 
 impl Core {
@@ -219,6 +230,7 @@ impl Core {
             quiet_until: 0,
             max_wait_us: DEFAULT_MAX_WAIT_US,
             max_hold_us: DEFAULT_MAX_HOLD_US,
+            max_lag_us: DEFAULT_MAX_LAG_US,
         };
         let _ = c.set_config(now, specs);
         c
@@ -252,6 +264,18 @@ impl Core {
     /// charged time); only the turns are shorter. 0 = off.
     pub fn set_max_hold(&mut self, us: Micros) {
         self.max_hold_us = us;
+    }
+
+    /// Order among clients below their request: by virtual time (stride scheduling, each
+    /// client's charged time over its request since its account began), where a client that
+    /// comes back to the queue may be at most this much GPU time (at its share) behind the
+    /// others that compete: it cannot bank what it did not use while idle. Ranking by usage
+    /// over the 10 s window instead (Gemini's `schd_priority`, `0` here) replays the window:
+    /// a block of turns leaves the window 10 s later as a block of credit, and beside a
+    /// training tenant a batch-1 inference tenant then waited ~60–70 ms behind runs of
+    /// six or more 5 ms turns on an H100 (docs/gpu-benchmarks.md, issue 14 round 2).
+    pub fn set_max_lag(&mut self, us: Micros) {
+        self.max_lag_us = us;
     }
 
     pub fn params(&self) -> &Params {
@@ -531,7 +555,7 @@ impl Core {
                         c.spec = spec.clone();
                     }
                     if changed {
-                        self.forget_usage(k);
+                        self.forget_usage(now, k);
                     }
                 }
                 None => {
@@ -545,6 +569,8 @@ impl Core {
                             quota_us: self.params.base_quota_us,
                             overrun_us: 0,
                             usage_sum: 0,
+                            pass: 0,
+                            blocked: false,
                             waiting: Vec::new(),
                             waiting_since: 0,
                             waiting_at: 0,
@@ -565,7 +591,7 @@ impl Core {
     /// limit, a client that shrinks from 0.7 to 0.3 would otherwise wait seconds at zero
     /// until its window forgot the old usage. Its old entries stay in the history (they still
     /// keep later holds from overlapping), re-keyed to no client.
-    fn forget_usage(&mut self, key: Key) {
+    fn forget_usage(&mut self, now: Micros, key: Key) {
         let hold = self
             .holder
             .as_ref()
@@ -582,8 +608,10 @@ impl Core {
                 e.client = FORGOTTEN;
             }
         }
+        let floor = self.pass_floor(key, now);
         if let Some(c) = self.clients.get_mut(&key) {
             c.usage_sum = kept;
+            c.pass = floor.unwrap_or(0);
         }
     }
 

@@ -385,19 +385,32 @@ fn reload_keeps_stayers_and_errors_leavers() {
 }
 
 /// b used 300 ms just before; a and b then both always want the token, a re-asking every
-/// 10 ms. Ranked by usage alone, a (below b) would keep the token until their usages
-/// cross, 300 ms; with the starvation bound b waits at most the bound plus one hold.
-fn longest_wait_of_b(max_wait: Micros) -> Micros {
-    let mut c = two();
+/// 10 ms. Ranked by usage over the window alone, a (below b) would keep the token until
+/// their usages cross, 300 ms; with the starvation bound b waits at most the bound plus one
+/// hold; ranked by virtual time, a comes back at most the lag behind b and they alternate.
+fn longest_wait_of_b(max_wait: Micros, max_lag: Micros, window: Micros) -> Micros {
+    let mut c = Core::new(
+        Params {
+            window_us: window,
+            ..params()
+        },
+        &[spec("a", 500, 1000, 100), spec("b", 500, 1000, 100)],
+        0,
+    );
+    c.hello(1, "a").unwrap();
+    c.hello(3, "b").unwrap();
+    // Start once the window is full, so that it holds 10 s of history.
+    let t0 = window;
     c.set_max_wait(max_wait);
-    let acts = c.token_request(t(0), 3, 0, 0);
+    c.set_max_lag(max_lag);
+    let acts = c.token_request(t0 + t(0), 3, 0, 0);
     assert_eq!(grant(&acts).map(|g| g.0), Some("b"));
-    let _ = c.release(t(300), 3, 300 * MS);
-    let _ = c.token_request(t(300), 1, 0, 0);
-    let _ = c.token_request(t(300), 3, 0, 0);
-    let (mut b_since, mut longest, mut now) = (t(300), 0, t(300));
+    let _ = c.release(t0 + t(300), 3, 300 * MS);
+    let _ = c.token_request(t0 + t(300), 1, 0, 0);
+    let _ = c.token_request(t0 + t(300), 3, 0, 0);
+    let (mut b_since, mut longest, mut now) = (t0 + t(300), 0, t0 + t(300));
     let mut holder = c.holder().map(str::to_owned);
-    while now < t(1300) {
+    while now < t0 + t(1300) {
         now += 10 * MS;
         let conn = if holder.as_deref() == Some("a") { 1 } else { 3 };
         let _ = c.token_request(now, conn, 0, 10 * MS);
@@ -413,14 +426,26 @@ fn longest_wait_of_b(max_wait: Micros) -> Micros {
 
 #[test]
 fn a_waiting_client_is_served_within_the_starvation_bound() {
-    let off = longest_wait_of_b(0);
-    let on = longest_wait_of_b(50 * MS);
+    let off = longest_wait_of_b(0, 0, 1000 * MS);
+    let on = longest_wait_of_b(50 * MS, 0, 1000 * MS);
     assert!(
         off >= 250 * MS,
         "without the bound b waited only {} ms",
         off / MS
     );
     assert!(on <= 60 * MS, "b waited {} ms with a 50 ms bound", on / MS);
+}
+
+#[test]
+fn a_client_back_from_idle_cannot_bank_its_idle_time() {
+    // Virtual-time ranking, no starvation bound, gem-schd's 10 s window (b's 300 ms leave
+    // both below their request): a comes back 10 ms (the lag) behind b, so b waits for at
+    // most the lag plus a hold, then they alternate.
+    let wait = longest_wait_of_b(0, 10 * MS, 10_000 * MS);
+    assert!(wait <= 30 * MS, "b waited {} ms", wait / MS);
+    // Ranked by usage over the window instead: a keeps the token until the usages cross.
+    let window = longest_wait_of_b(0, 0, 10_000 * MS);
+    assert!(window >= 250 * MS, "b waited only {} ms", window / MS);
 }
 
 #[test]
@@ -449,4 +474,63 @@ fn shutdown_errors_every_waiter() {
             ..
         }]
     ));
+}
+
+/// a and b both capped at 0.5 (request 0.5) and always wanting the token, re-asking when
+/// each hold ends (a every 2 ms of its hold, b after 8 ms of work per hold); pacing over
+/// 100 ms, from a start where a was alone for 60 ms (so it is held back by pacing first).
+/// Returns the longest time b waited for the token after 1 s.
+fn longest_wait_after_a_pacing_block() -> Micros {
+    let p = Params {
+        window_us: 10_000 * MS,
+        pace_us: 100 * MS,
+        ..params()
+    };
+    let mut c = Core::new(p, &[spec("a", 500, 500, 0), spec("b", 500, 500, 0)], 0);
+    c.hello(1, "a").unwrap();
+    c.hello(3, "b").unwrap();
+    let mut now = 10_000 * MS;
+    // a alone: back-to-back holds until pacing holds it back.
+    while let Some((_, _, q)) = grant(&c.token_request(now, 1, 0, 0)) {
+        now += q;
+        c.release(now, 1, q);
+    }
+    let _ = c.token_request(now, 3, 0, 0);
+    let (mut b_since, mut longest) = (now, 0);
+    let end = now + 3_000 * MS;
+    while now < end {
+        now += MS;
+        let holder = c.holder().map(str::to_owned);
+        match holder.as_deref() {
+            None => {
+                let _ = c.tick(now);
+            }
+            Some("a") => {
+                let _ = c.token_request(now, 1, 0, 2 * MS);
+            }
+            Some(_) => {
+                if now.is_multiple_of(8 * MS) {
+                    let _ = c.token_request(now, 3, 0, 8 * MS);
+                    b_since = now;
+                } else {
+                    continue;
+                }
+            }
+        }
+        if c.holder() == Some("b")
+            && holder.as_deref() != Some("b")
+            && now > 10_000 * MS + 1_000 * MS
+        {
+            longest = longest.max(now - b_since);
+        }
+    }
+    longest
+}
+
+#[test]
+fn a_client_held_back_by_pacing_does_not_catch_up_in_a_run_of_turns() {
+    // Without the rule: 42 ms (a, back from its pacing block, catches up in a run of
+    // turns); with it: 8 ms, one of b's holds.
+    let wait = longest_wait_after_a_pacing_block();
+    assert!(wait <= 20 * MS, "b waited {} ms", wait / MS);
 }

@@ -241,7 +241,35 @@ impl Core {
     pub(super) fn adjust(&mut self, key: Key, old: Micros, new: Micros) {
         if let Some(c) = self.clients.get_mut(&key) {
             c.usage_sum = c.usage_sum - old + new;
+            let req = c.spec.request_milli;
+            c.pass = (c.pass + stride(new, req)).saturating_sub(stride(old, req));
         }
+    }
+
+    /// The clients that held the token in the last 100 ms (they still compete for it: a
+    /// batch-1 inference tenant between two requests has given it back for its CPU time).
+    pub(super) fn recent_holders(&self, now: Micros) -> Vec<Key> {
+        let recent = now.saturating_sub(CONTENDED_US);
+        self.history
+            .iter()
+            .rev()
+            .take_while(|e| e.end > recent)
+            .map(|e| e.client)
+            .collect()
+    }
+
+    /// The smallest virtual time among the clients other than `key` that compete: wait
+    /// for the token, hold it, or held it in the last 100 ms (`None`: no one else).
+    pub(super) fn pass_floor(&self, key: Key, now: Micros) -> Option<u128> {
+        let holder = self.holder.as_ref().map(|h| h.client);
+        let held = self.recent_holders(now);
+        self.clients
+            .iter()
+            .filter(|(k, c)| {
+                **k != key && (!c.waiting.is_empty() || holder == Some(**k) || held.contains(k))
+            })
+            .map(|(_, c)| c.pass)
+            .min()
     }
 
     /// The holder's quota and grace ran out without a report: the token is free
@@ -279,4 +307,9 @@ impl Core {
             self.set_end(seq, end);
         }
     }
+}
+
+/// `us` of GPU time in virtual time at a request of `request_milli`.
+pub(super) fn stride(us: Micros, request_milli: u16) -> u128 {
+    u128::from(us) * 1_000_000 / u128::from(request_milli.max(1))
 }

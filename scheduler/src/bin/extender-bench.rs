@@ -89,6 +89,7 @@ fn inventory(n: u32, gpus: u32) -> NodeInventory {
                 memory: 80 << 30,
                 numa_node: Some(g / 4),
                 nvlink_peers: vec![],
+                held_by: None,
             })
             .collect(),
     }

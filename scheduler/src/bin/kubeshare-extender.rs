@@ -16,6 +16,9 @@ use tracing_subscriber::EnvFilter;
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
+    /// Name of the scheduler that places KubeShare pods (the chart's `schedulerName`).
+    #[arg(long, env = kubeshare_api::SCHEDULER_NAME_ENV, default_value = kubeshare_api::SCHEDULER_NAME)]
+    scheduler_name: String,
     /// Address to serve the extender verbs, /healthz, /readyz and /metrics on.
     #[arg(
         long,
@@ -91,6 +94,7 @@ async fn shutdown_signal() {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    kubeshare_api::set_scheduler_name(&args.scheduler_name).context("--scheduler-name")?;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     if args.log_json {
         tracing_subscriber::fmt()
