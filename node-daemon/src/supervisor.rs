@@ -279,6 +279,9 @@ fn alive(pid: u32) -> bool {
     }
 }
 
+/// How long to wait for a SIGKILLed leftover to disappear.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
 /// Stops a gem-schd for `gpu` left running by an earlier daemon (its pid file).
 pub async fn kill_leftover(layout: &Layout, gpu: &str, grace: Duration) {
     let pid_file = layout.pid_file(gpu);
@@ -294,9 +297,20 @@ pub async fn kill_leftover(layout: &Layout, gpu: &str, grace: Duration) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         if alive(pid) {
+            // SAFETY: as above; it outlived SIGTERM's grace.
             unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-            while alive(pid) {
+            // SIGKILL ends it unless it sits in an uninterruptible wait; never
+            // hang the daemon's start on that, say so and go on.
+            let deadline = Instant::now() + KILL_WAIT;
+            while alive(pid) && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if alive(pid) {
+                tracing::error!(
+                    gpu,
+                    pid,
+                    "a leftover gem-schd survived SIGKILL; starting anyway"
+                );
             }
         }
     }
@@ -405,14 +419,39 @@ mod tests {
         );
         assert!(!layout.pid_file(gpu).exists());
 
-        std::fs::write(layout.pid_file(gpu), format!("{}\n", leftover.id())).unwrap();
         let pid = leftover.id();
-        // Reap it from another thread so `alive` sees it gone rather than a zombie.
-        let reaper = std::thread::spawn(move || leftover.wait().unwrap());
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(
+            is_our_gem_schd(pid, gpu),
+            "the stand-in must look like a gem-schd for {gpu}: cmdline {:?}",
+            String::from_utf8_lossy(&cmdline)
+        );
+        std::fs::write(layout.pid_file(gpu), format!("{}\n", pid)).unwrap();
+        // Reap it from another thread so `alive` sees it gone rather than a
+        // zombie; the thread polls, so a stand-in that is not stopped fails the
+        // test instead of hanging it.
+        let reaper = std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                if let Some(status) = leftover.try_wait().unwrap() {
+                    return Some(status);
+                }
+                if Instant::now() > deadline {
+                    let _ = leftover.kill();
+                    let _ = leftover.wait();
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
         kill_leftover(&layout, gpu, Duration::from_secs(2)).await;
-        assert!(!reaper.join().unwrap().success());
-        assert!(!alive(pid));
         let _ = stranger.kill();
         let _ = stranger.wait();
+        let status = reaper.join().unwrap();
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "the leftover was stopped: {status:?}"
+        );
+        assert!(!alive(pid));
     }
 }

@@ -508,6 +508,9 @@ impl Cluster {
         let mut out = FilterOutcome::default();
         let demand = match &pod.demand {
             Ok(None) => {
+                // Remembered so that its bind needs no GET of the pod when the
+                // watch has not shown it yet (the watch forgets it once bound).
+                self.note_pod(pod);
                 out.passed = names.to_vec();
                 return out;
             }

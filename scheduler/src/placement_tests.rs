@@ -108,6 +108,24 @@ fn gpu_of(a: &Allocation) -> (String, Vec<String>) {
     (a.node.clone(), a.gpu_uuids.clone())
 }
 
+/// A plain pod the watch has not shown yet binds from what filter saw (no GET
+/// of the pod), gets no record, and is forgotten once the watch shows it bound.
+#[test]
+fn a_plain_pod_binds_from_its_filter_and_is_forgotten_once_bound() {
+    let mut c = cluster(&[("n1", inv(1, 1, "A", 40, &[]))]);
+    let mut p = pod("plain", &[]);
+    p.kubeshare = false;
+    assert!(!c.knows_pod("plain"));
+    let f = c.filter(&p, &c.node_names(), 0);
+    assert_eq!(f.passed, vec!["n1".to_string()]);
+    let d = go(c.bind("plain", "n1", 0).expect("bind after filter"));
+    assert_eq!(d.allocation, None);
+    p.node_name = Some("n1".into());
+    c.apply_pod(&p);
+    assert!(!c.knows_pod("plain"));
+    c.check_invariants().unwrap();
+}
+
 #[test]
 fn two_halves_share_a_gpu_and_a_third_goes_elsewhere() {
     let mut c = cluster(&[("n1", inv(1, 2, "A", 40, &[]))]);

@@ -316,7 +316,10 @@ async fn main() -> Result<()> {
             hp.0.push(t3 - t2);
             ht.0.push((t1 - t0) + (t3 - t2));
         }
-        println!("over HTTP (JSON with 1000 NodeNames, loopback, keep-alive):");
+        println!(
+            "over HTTP (JSON with {} NodeNames, loopback, keep-alive):",
+            a.nodes
+        );
         println!("  {}", hf.line("filter"));
         println!("  {}", hp.line("prioritize"));
         println!("  {}", ht.line("filter+prioritize"));
