@@ -420,6 +420,12 @@ mod tests {
         assert!(!layout.pid_file(gpu).exists());
 
         let pid = leftover.id();
+        // spawn returns once exec has begun; the kernel fills in the new command
+        // line a moment later (empty until then), so wait for it to show.
+        let shown = Instant::now() + Duration::from_secs(10);
+        while !is_our_gem_schd(pid, gpu) && Instant::now() < shown {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         assert!(
             is_our_gem_schd(pid, gpu),
