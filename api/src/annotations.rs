@@ -82,6 +82,9 @@ pub struct Allocation {
     pub gpu_mem: u64,
     pub gpu_model: String,
     pub granted: Granted,
+    /// Unified-memory mode (docs/um.md): the GPU-resident share per GPU, booked against the
+    /// GPU; `gpu_mem` is then the managed ceiling gem-schd enforces. `None`: device mode.
+    pub gpu_mem_resident: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -131,7 +134,7 @@ impl Allocation {
                 (n.clone(), n)
             }
         };
-        BTreeMap::from([
+        let mut m = BTreeMap::from([
             (NODE.to_string(), self.node.clone()),
             (GPU_UUID.to_string(), self.gpu_uuids.join(",")),
             (GPU_MEM.to_string(), self.gpu_mem.to_string()),
@@ -142,7 +145,11 @@ impl Allocation {
                 RECORD_VERSION.to_string(),
                 CURRENT_RECORD_VERSION.to_string(),
             ),
-        ])
+        ]);
+        if let Some(r) = self.gpu_mem_resident {
+            m.insert(crate::um::GPU_MEM_RESIDENT.to_string(), r.to_string());
+        }
+        m
     }
 
     /// `Ok(None)` when the pod has no record (no `sharedgpu/*` record annotation at
@@ -150,7 +157,11 @@ impl Allocation {
     pub fn from_annotations(
         annotations: &BTreeMap<String, String>,
     ) -> Result<Option<Allocation>, AllocationError> {
-        if !RECORD_KEYS.iter().any(|k| annotations.contains_key(*k)) {
+        if !RECORD_KEYS
+            .iter()
+            .chain([&crate::um::GPU_MEM_RESIDENT])
+            .any(|k| annotations.contains_key(*k))
+        {
             return Ok(None);
         }
         let get = |key: &'static str| {
@@ -213,12 +224,21 @@ impl Allocation {
             }
             Granted::Whole
         };
+        let gpu_mem_resident = crate::um::resident_from_annotations(annotations, gpu_mem)?;
+        if let (Some(r), Granted::Whole) = (gpu_mem_resident, granted) {
+            return Err(invalid(
+                crate::um::GPU_MEM_RESIDENT,
+                &r.to_string(),
+                "whole GPUs are never in unified-memory mode",
+            ));
+        }
         Ok(Some(Allocation {
             node: node.to_string(),
             gpu_uuids,
             gpu_mem,
             gpu_model: get(GPU_MODEL)?.to_string(),
             granted,
+            gpu_mem_resident,
         }))
     }
 }
@@ -241,6 +261,7 @@ mod tests {
                 request: Milli::new(500).unwrap(),
                 limit: Milli::ONE,
             },
+            gpu_mem_resident: None,
         }
     }
 
@@ -261,6 +282,34 @@ mod tests {
         assert_eq!(m[GRANTED_REQUEST], "2");
         assert_eq!(Allocation::from_annotations(&m), Ok(Some(w)));
         assert_eq!(Allocation::from_annotations(&BTreeMap::new()), Ok(None));
+    }
+
+    /// A unified-memory record carries its resident share beside the ceiling; a resident
+    /// share alone, above the ceiling or on whole GPUs is an error naming it.
+    #[test]
+    fn unified_records_round_trip_and_bad_ones_are_errors() {
+        let um = Allocation {
+            gpu_mem: 4 << 30,
+            gpu_mem_resident: Some(2 << 30),
+            ..half()
+        };
+        let m = um.to_annotations();
+        assert_eq!(m[crate::um::GPU_MEM_RESIDENT], (2u64 << 30).to_string());
+        assert_eq!(Allocation::from_annotations(&m), Ok(Some(um.clone())));
+        let key = crate::um::GPU_MEM_RESIDENT;
+        let lone = BTreeMap::from([(key.to_string(), "1".to_string())]);
+        assert!(Allocation::from_annotations(&lone).is_err());
+        let mut above = m.clone();
+        above.insert(key.to_string(), ((4u64 << 30) + 1).to_string());
+        let e = Allocation::from_annotations(&above).unwrap_err();
+        assert!(e.to_string().contains(key), "{e}");
+        let whole = Allocation {
+            gpu_uuids: vec![u(0), u(1)],
+            granted: Granted::Whole,
+            ..um
+        };
+        let e = Allocation::from_annotations(&whole.to_annotations()).unwrap_err();
+        assert!(e.to_string().contains(key), "{e}");
     }
 
     fn with(k: &str, v: Option<&str>) -> Result<Option<Allocation>, AllocationError> {

@@ -236,18 +236,7 @@ pub fn build(nodes: &[Node], pods: &[Pod]) -> ClusterView {
             }
         };
         let tags = demand.as_ref().map(tags_of).unwrap_or_default();
-        let resident = match &alloc {
-            Some(a) => match kubeshare_api::um::resident_from_annotations(annotations, a.gpu_mem) {
-                Ok(r) => r,
-                Err(e) => {
-                    if !is_finished(pod) {
-                        view.broken.push(broken(format!("annotations: {e}")));
-                    }
-                    continue;
-                }
-            },
-            None => None,
-        };
+        let resident = alloc.as_ref().and_then(|a| a.gpu_mem_resident);
         let Some(alloc) = alloc else {
             // Names our scheduler but asks for no GPU: nothing to show.
             let Some(demand) = demand else {

@@ -56,6 +56,7 @@ fn pod(
             gpu_mem: mem,
             gpu_model: "NVIDIA-H100-80GB-HBM3".into(),
             granted,
+            gpu_mem_resident: None,
         };
         for (k, v) in record.to_annotations() {
             annotations.insert(k, json!(v));

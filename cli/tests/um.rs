@@ -28,6 +28,7 @@ fn pod(name: &str, ceiling: u64, resident: Option<&str>) -> Pod {
             request: kubeshare_api::Milli::new(300).unwrap(),
             limit: kubeshare_api::Milli::ONE,
         },
+        gpu_mem_resident: None,
     };
     let mut annotations = serde_json::Map::new();
     for (k, v) in record.to_annotations() {

@@ -415,6 +415,28 @@ fn gem_share_runs_schd_and_a_command_wired_to_its_socket() {
         .output()
         .unwrap();
     assert!(!bad.status.success());
+    // Unified-memory mode: the hook's switch and resident share are set; a bad
+    // quantity is refused naming the flag.
+    let run_um = |q: &str| {
+        Command::new(share)
+            .args(["run", "--name", "b", "--dir"])
+            .arg(&sockets)
+            .arg("--hook")
+            .arg(&hook)
+            .arg(format!("--unified-resident={q}"))
+            .args(["--", "sh", "-c"])
+            .arg("echo \"$KUBESHARE_HOOK_UM|$KUBESHARE_UM_RESIDENT_BYTES\"")
+            .output()
+            .unwrap()
+    };
+    let um = run_um("8Gi");
+    assert_eq!(String::from_utf8_lossy(&um.stdout).trim(), "1|8589934592");
+    for q in ["0", "8Gx", "-1Gi"] {
+        let bad = run_um(q);
+        assert!(!bad.status.success(), "{q}");
+        let err = String::from_utf8_lossy(&bad.stderr);
+        assert!(err.contains("--unified-resident"), "{q}: {err}");
+    }
     // gem-share exec'd gem-schd: SIGTERM reaches it and it cleans up.
     // SAFETY: kill(2) on our own child's pid.
     unsafe { libc::kill(schd.id() as i32, libc::SIGTERM) };

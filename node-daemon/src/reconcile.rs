@@ -339,6 +339,7 @@ mod tests {
                 gpu_mem: mem,
                 gpu_model: "NVIDIA-H100-80GB-HBM3".into(),
                 granted,
+                gpu_mem_resident: None,
             }
             .to_annotations();
         }

@@ -493,6 +493,7 @@ async fn node_daemons_on_kwok_nodes() -> anyhow::Result<()> {
                     request: kubeshare_api::Milli::new(200).unwrap_or(kubeshare_api::Milli::ZERO),
                     limit: kubeshare_api::Milli::new(200).unwrap_or(kubeshare_api::Milli::ZERO),
                 },
+                gpu_mem_resident: None,
             }
             .to_annotations()
         };

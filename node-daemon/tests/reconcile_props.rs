@@ -81,6 +81,7 @@ fn view(p: &PodSpec) -> PodView {
                     limit: Milli::new(limit).unwrap_or(Milli::ONE),
                 }
             },
+            gpu_mem_resident: None,
         }
         .to_annotations(),
     }

@@ -176,7 +176,7 @@ impl Metrics {
     ) -> String {
         let mut books = Registry::default();
         let gauge = || Family::<GpuLabels, Gauge<i64, std::sync::atomic::AtomicI64>>::default();
-        let (share, mem, total, pods) = (gauge(), gauge(), gauge(), gauge());
+        let (share, mem, um, total, pods) = (gauge(), gauge(), gauge(), gauge(), gauge());
         let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         for g in gpus {
             let l = GpuLabels {
@@ -187,6 +187,7 @@ impl Metrics {
             };
             share.get_or_create(&l).set(i64::from(g.used_milli));
             mem.get_or_create(&l).set(to_i64(g.mem_used));
+            um.get_or_create(&l).set(to_i64(g.um_resident));
             total.get_or_create(&l).set(to_i64(g.mem_total));
             pods.get_or_create(&l).set(i64::from(g.holders));
         }
@@ -197,9 +198,15 @@ impl Metrics {
         );
         books.register_with_unit(
             "kubeshare_gpu_memory_allocated",
-            "GPU memory booked",
+            "GPU memory booked as device-mode pods' caps",
             Unit::Bytes,
             mem,
+        );
+        books.register_with_unit(
+            "kubeshare_gpu_memory_unified_resident",
+            "GPU memory booked as unified-memory pods' resident shares (may overcommit: docs/um.md)",
+            Unit::Bytes,
+            um,
         );
         books.register_with_unit(
             "kubeshare_gpu_memory",
@@ -261,6 +268,7 @@ mod tests {
             model: "M".into(),
             used_milli: 500,
             mem_used: 7,
+            um_resident: 11,
             mem_total: 9,
             holders: 1,
         };
@@ -279,6 +287,7 @@ mod tests {
         assert!(t.contains("kubeshare_gpu_allocated_share{node=\"n\\\"1\",gpu=\"2\",uuid=\"GPU-x\",model=\"M\"} 500"));
         assert!(t.contains("kubeshare_extender_bookings{kind=\"reserved\"} 3"));
         assert!(t.contains("kubeshare_gpu_memory_allocated_bytes{node=\"n\\\"1\",gpu=\"2\",uuid=\"GPU-x\",model=\"M\"} 7"));
+        assert!(t.contains("kubeshare_gpu_memory_unified_resident_bytes{node=\"n\\\"1\",gpu=\"2\",uuid=\"GPU-x\",model=\"M\"} 11"));
         assert!(t.contains("kubeshare_extender_synced 1"));
         assert_eq!(t.matches("# EOF").count(), 1, "{t}");
     }

@@ -60,12 +60,16 @@ impl fmt::Display for GroupKey {
 pub struct Config {
     /// How long capacity reserved for an admitted group's member is held.
     pub reservation_timeout_ms: u64,
+    /// How far unified-memory pods may overcommit a GPU's memory, in thousandths
+    /// (`--um-overcommit`; [`crate::um_fit`]).
+    pub um_overcommit_milli: u32,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Config {
             reservation_timeout_ms: 30_000,
+            um_overcommit_milli: crate::um_fit::DEFAULT_UM_OVERCOMMIT_MILLI,
         }
     }
 }
@@ -141,7 +145,10 @@ pub struct GpuUsage {
     pub uuid: String,
     pub model: String,
     pub used_milli: u32,
+    /// Memory caps of device-mode pods.
     pub mem_used: u64,
+    /// Resident shares of unified-memory pods (may overcommit: docs/um.md).
+    pub um_resident: u64,
     pub mem_total: u64,
     pub holders: u32,
 }
@@ -177,7 +184,11 @@ struct Booking {
     node: String,
     gpus: Vec<String>,
     milli: u32,
+    /// What is booked against each GPU's memory: the cap, or a unified-memory pod's
+    /// resident share.
     mem: u64,
+    /// Unified-memory mode: the managed ceiling (the record's `gpu_mem`); `None`: device mode.
+    managed: Option<u64>,
     model: String,
     granted: Granted,
     tags: Tags,
@@ -193,9 +204,12 @@ impl Booking {
             &self.gpus,
             self.milli,
             self.mem,
+            self.managed,
             &self.model,
             self.granted,
-        ) == (&o.node, &o.gpus, o.milli, o.mem, &o.model, o.granted)
+        ) == (
+            &o.node, &o.gpus, o.milli, o.mem, o.managed, &o.model, o.granted,
+        )
     }
     fn on(&self, node: &str, uuid: &str) -> bool {
         self.node == node && self.gpus.iter().any(|u| u == uuid)
@@ -226,7 +240,10 @@ struct PodEntry {
 struct Gpu {
     info: GpuInfo,
     used: u32,
+    /// Caps of device-mode pods.
     mem_used: u64,
+    /// Resident shares of unified-memory pods.
+    um_used: u64,
     holders: u32,
     affinity: BTreeMap<String, u32>,
     anti: BTreeMap<String, u32>,
@@ -284,6 +301,8 @@ struct Choice {
     /// Indexes into the node's GPU list, in device order.
     gpus: Vec<usize>,
     mem: u64,
+    /// Unified-memory mode: the managed ceiling.
+    managed: Option<u64>,
     raw: u64,
 }
 
@@ -406,6 +425,7 @@ impl Cluster {
                         info,
                         used: 0,
                         mem_used: 0,
+                        um_used: 0,
                         holders: 0,
                         affinity: BTreeMap::new(),
                         anti: BTreeMap::new(),
@@ -640,6 +660,7 @@ impl Cluster {
                 .collect(),
             milli: u32::from(req.demand.request_per_gpu().get()),
             mem: c.mem,
+            managed: c.managed,
             granted: match req.demand.share {
                 GpuShare::Whole { .. } => Granted::Whole,
                 GpuShare::Fraction { request, limit, .. } => Granted::Fraction { request, limit },
@@ -669,6 +690,7 @@ impl Cluster {
                     model: g.info.model.clone(),
                     used_milli: g.used,
                     mem_used: g.mem_used,
+                    um_resident: g.um_used,
                     mem_total: g.info.memory,
                     holders: g.holders,
                 })
@@ -699,7 +721,7 @@ impl Cluster {
     /// Checks the books: they equal a recount from the bookings, and no GPU is
     /// over its share or memory. For tests and debugging.
     pub fn check_invariants(&self) -> Result<(), String> {
-        let mut fresh: HashMap<(String, String), (u64, u128, u64)> = HashMap::new();
+        let mut fresh: HashMap<(String, String), (u64, u128, u128, u64)> = HashMap::new();
         for b in self.bookings.values() {
             let Some(node) = self.nodes.get(&b.node) else {
                 continue;
@@ -708,8 +730,11 @@ impl Cluster {
                 if node.by_uuid.contains_key(u) {
                     let e = fresh.entry((b.node.clone(), u.clone())).or_default();
                     e.0 += u64::from(b.milli);
-                    e.1 += u128::from(b.mem);
-                    e.2 += 1;
+                    match b.managed {
+                        None => e.1 += u128::from(b.mem),
+                        Some(_) => e.2 += u128::from(b.mem),
+                    }
+                    e.3 += 1;
                 }
             }
         }
@@ -722,13 +747,13 @@ impl Cluster {
                 let have = (
                     u64::from(g.used),
                     u128::from(g.mem_used),
+                    u128::from(g.um_used),
                     u64::from(g.holders),
                 );
                 if have != want {
                     return Err(format!(
-                        "{n}/gpu {}: books {:?} != recount {want:?}",
-                        g.info.index,
-                        (g.used, g.mem_used, g.holders)
+                        "{n}/gpu {}: books {have:?} != recount {want:?}",
+                        g.info.index
                     ));
                 }
                 if g.used > 1000 {
@@ -738,6 +763,20 @@ impl Cluster {
                     return Err(format!(
                         "{n}/gpu {}: {} of {} bytes booked",
                         g.info.index, g.mem_used, g.info.memory
+                    ));
+                }
+                // Unified-memory pods share, factor-fold, what device-mode pods leave.
+                let um_budget = u128::from(g.info.memory - g.mem_used)
+                    * u128::from(self.cfg.um_overcommit_milli.max(1000))
+                    / 1000;
+                if u128::from(g.um_used) > um_budget {
+                    return Err(format!(
+                        "{n}/gpu {}: {} bytes of unified-memory shares booked beside {} of device caps on {} (factor {})",
+                        g.info.index,
+                        g.um_used,
+                        g.mem_used,
+                        g.info.memory,
+                        self.cfg.um_overcommit_milli
                     ));
                 }
             }

@@ -336,16 +336,26 @@ impl Cluster {
             allocation: Some(Allocation {
                 node: node.to_string(),
                 gpu_uuids: b.gpus.clone(),
-                gpu_mem: b.mem,
+                gpu_mem: b.managed.unwrap_or(b.mem),
                 gpu_model: b.model.clone(),
                 granted: b.granted,
+                gpu_mem_resident: b.managed.map(|_| b.mem),
             }),
-            summary: format!(
-                "{node}/gpu {} ({}): {share}, {} memory per GPU",
-                idx.join(","),
-                b.model,
-                gib(b.mem)
-            ),
+            summary: match b.managed {
+                None => format!(
+                    "{node}/gpu {} ({}): {share}, {} memory per GPU",
+                    idx.join(","),
+                    b.model,
+                    gib(b.mem)
+                ),
+                Some(ceiling) => format!(
+                    "{node}/gpu {} ({}): {share}, unified memory: {} resident, {} managed ceiling per GPU",
+                    idx.join(","),
+                    b.model,
+                    gib(b.mem),
+                    gib(ceiling)
+                ),
+            },
         }
     }
 }

@@ -175,7 +175,9 @@ impl Cluster {
             node: a.node.clone(),
             gpus: a.gpu_uuids.clone(),
             milli: u32::from(a.granted.request_per_gpu().get()),
-            mem: a.gpu_mem,
+            // A unified-memory pod books its resident share; its `gpu_mem` is the ceiling.
+            mem: a.gpu_mem_resident.unwrap_or(a.gpu_mem),
+            managed: a.gpu_mem_resident.map(|_| a.gpu_mem),
             model: a.gpu_model.clone(),
             granted: a.granted,
             tags: tags_of(&p.namespace, demand),
@@ -331,13 +333,18 @@ impl Cluster {
                     continue;
                 };
                 let g = &node.gpus[i];
+                let mem = if b.managed.is_some() {
+                    g.um_used
+                } else {
+                    g.mem_used
+                };
                 if g.used.checked_add(b.milli).is_none()
-                    || g.mem_used.checked_add(b.mem).is_none()
+                    || mem.checked_add(b.mem).is_none()
                     || g.holders.checked_add(1).is_none()
                 {
                     return Err(format!(
                         "bad allocation record: {} of memory cannot be added to the {} already booked on {}/gpu {} (not booked)",
-                        b.mem, g.mem_used, b.node, g.info.index
+                        b.mem, mem, b.node, g.info.index
                     ));
                 }
             }
@@ -347,13 +354,18 @@ impl Cluster {
                 continue;
             };
             let g = &mut node.gpus[i];
+            let mem = if b.managed.is_some() {
+                &mut g.um_used
+            } else {
+                &mut g.mem_used
+            };
             if add {
                 g.used += b.milli;
-                g.mem_used += b.mem;
+                *mem += b.mem;
                 g.holders += 1;
             } else {
                 g.used = g.used.saturating_sub(b.milli);
-                g.mem_used = g.mem_used.saturating_sub(b.mem);
+                *mem = mem.saturating_sub(b.mem);
                 g.holders = g.holders.saturating_sub(1);
             }
             super::bump(&mut g.affinity, &b.tags.affinity, add);

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use kubeshare_api::GpuShare;
 
 use super::{Choice, Cluster, Gpu, GpuFail, Req, Why, gib, milli};
+use crate::um_fit;
 
 impl Cluster {
     /// Whether and how the pod fits on `node`. `Err((reason, unresolvable))`.
@@ -70,18 +71,28 @@ impl Cluster {
                 false,
             ));
         }
-        // Usage of GPU i, leaving out the pod's own booking.
-        let usage = |i: usize| -> (u32, u64, u32) {
+        // Usage of GPU i, leaving out the pod's own booking: (share, device-mode
+        // caps, unified-memory resident shares, holders).
+        let usage = |i: usize| -> (u32, u64, u64, u32) {
             let g = &node.gpus[i];
             match own.filter(|b| b.on(node_name, &g.info.uuid)) {
-                Some(b) => (
-                    g.used.saturating_sub(b.milli),
-                    g.mem_used.saturating_sub(b.mem),
-                    g.holders.saturating_sub(1),
-                ),
-                None => (g.used, g.mem_used, g.holders),
+                Some(b) => {
+                    let (dev, um) = match b.managed {
+                        None => (g.mem_used.saturating_sub(b.mem), g.um_used),
+                        Some(_) => (g.mem_used, g.um_used.saturating_sub(b.mem)),
+                    };
+                    (
+                        g.used.saturating_sub(b.milli),
+                        dev,
+                        um,
+                        g.holders.saturating_sub(1),
+                    )
+                }
+                None => (g.used, g.mem_used, g.um_used, g.holders),
             }
         };
+        let unified = d.um.is_some();
+        let factor = self.cfg.um_overcommit_milli;
         let count_tag = |m: &BTreeMap<String, u32>, k: &str, i: usize, own_has: bool| -> u32 {
             let c = m.get(k).copied().unwrap_or(0);
             if own_has && mine(&node.gpus[i].info.uuid) {
@@ -162,7 +173,7 @@ impl Cluster {
                         });
                         continue;
                     }
-                    let (used, mem_used, _) = usage(i);
+                    let (used, dev_mem, um_mem, _) = usage(i);
                     let free = 1000u32.saturating_sub(used);
                     if free < r {
                         note(GpuFail {
@@ -190,7 +201,9 @@ impl Cluster {
                         });
                         continue;
                     }
-                    let mem_free = g.info.memory.saturating_sub(mem_used);
+                    // What this pod's kind may still take: device-mode pods never
+                    // overcommit, unified-memory pods share what they leave, factor-fold.
+                    let mem_free = um_fit::room(g.info.memory, dev_mem, um_mem, unified, factor);
                     if mem_free < need {
                         note(GpuFail {
                             rank: (2, free),
@@ -214,6 +227,12 @@ impl Cluster {
                         Some(Why::Share { idx, free }) => format!(
                             "{node_name}/gpu {idx}: {} free < {request} requested",
                             milli(free)
+                        ),
+                        Some(Why::Mem { idx, free, need }) if unified => format!(
+                            "{node_name}/gpu {idx}: {} of unified-memory room ({} × what device-mode pods leave) < {} resident requested",
+                            gib(free),
+                            um_fit::factor_str(factor),
+                            gib(need)
                         ),
                         Some(Why::Mem { idx, free, need }) => format!(
                             "{node_name}/gpu {idx}: {} memory free < {} requested",
@@ -258,10 +277,11 @@ impl Cluster {
                 });
                 let chosen = &fits[..want];
                 let mem = chosen.iter().map(|c| c.3).min().unwrap_or(0);
+                let managed = d.um.map(|u| u.ceiling(mem));
                 let avg_used = chosen.iter().map(|c| u64::from(c.1)).sum::<u64>() / want as u64;
                 let (mut node_busy, mut node_used) = (0u64, 0u64);
                 for i in 0..node.gpus.len() {
-                    let (u, _, h) = usage(i);
+                    let (u, _, _, h) = usage(i);
                     node_busy += u64::from(h > 0);
                     node_used += u64::from(u);
                 }
@@ -276,6 +296,7 @@ impl Cluster {
                 Ok(Choice {
                     gpus,
                     mem,
+                    managed,
                     raw: group_bonus + raw,
                 })
             }
@@ -296,8 +317,8 @@ impl Cluster {
                     .iter()
                     .copied()
                     .filter(|&i| {
-                        let (u, m, h) = usage(i);
-                        u == 0 && m == 0 && h == 0 && node.gpus[i].info.held_by.is_none()
+                        let (u, m, um, h) = usage(i);
+                        u == 0 && m == 0 && um == 0 && h == 0 && node.gpus[i].info.held_by.is_none()
                     })
                     .collect();
                 if free.len() < want {
@@ -335,6 +356,7 @@ impl Cluster {
                 Ok(Choice {
                     gpus: chosen,
                     mem,
+                    managed: None,
                     raw: group_bonus + nvq * 1001 + pack,
                 })
             }

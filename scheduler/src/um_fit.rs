@@ -11,8 +11,8 @@
 //!
 //! So at all times `device ≤ memory` and `um ≤ factor × (memory − device) ≤ factor × memory`.
 //! `factor` is in thousandths (1000 = no overcommit), configured per extender (default
-//! [`DEFAULT_UM_OVERCOMMIT_MILLI`], conservative). Not yet wired into `placement_fit.rs`
-//! (see docs/um.md, "Not done").
+//! [`DEFAULT_UM_OVERCOMMIT_MILLI`], conservative, flag `--um-overcommit`); `placement_fit.rs`
+//! decides every fraction with [`room`].
 
 /// Default overcommit of a GPU's memory by UM pods: 1.5 ×.
 pub const DEFAULT_UM_OVERCOMMIT_MILLI: u32 = 1500;
@@ -53,6 +53,17 @@ pub fn fits(
         Ok(())
     } else {
         Err(MemShort { free, need })
+    }
+}
+
+/// A factor in thousandths as the flag writes it: `1500` → `1.5`.
+pub fn factor_str(milli: u32) -> String {
+    let frac = format!("{:03}", milli % 1000);
+    let frac = frac.trim_end_matches('0');
+    if frac.is_empty() {
+        format!("{}.0", milli / 1000)
+    } else {
+        format!("{}.{frac}", milli / 1000)
     }
 }
 
@@ -123,6 +134,10 @@ mod tests {
         assert_eq!(parse_factor("1.5"), Ok(1500));
         assert_eq!(parse_factor("1"), Ok(1000));
         assert_eq!(parse_factor("8.000"), Ok(8000));
+        for m in [1000, 1500, 1250, 1001, 8000] {
+            assert_eq!(parse_factor(&factor_str(m)), Ok(m));
+        }
+        assert_eq!(factor_str(1500), "1.5");
         for bad in [
             "0.9",
             "8.001",

@@ -253,7 +253,8 @@ impl Rig {
 
     /// The truth, from the API: per GPU, the requests and memory of bound pods.
     async fn check_no_overcommit(&self, mem_per_gpu: u64) -> Result<usize> {
-        let mut per_gpu: HashMap<String, (u32, u64)> = HashMap::new();
+        // Per GPU: milli, device-mode caps, unified-memory resident shares.
+        let mut per_gpu: HashMap<String, (u32, u64, u64)> = HashMap::new();
         let mut bound = 0;
         for p in self.pods().list(&ListParams::default()).await?.items {
             if p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none() {
@@ -270,12 +271,17 @@ impl Rig {
             for u in &a.gpu_uuids {
                 let e = per_gpu.entry(u.clone()).or_default();
                 e.0 += u32::from(a.granted.request_per_gpu().get());
-                e.1 += a.gpu_mem;
+                match a.gpu_mem_resident {
+                    None => e.1 += a.gpu_mem,
+                    Some(r) => e.2 += r,
+                }
             }
         }
-        for (u, (m, b)) in per_gpu {
-            if m > 1000 || b > mem_per_gpu {
-                bail!("{u} over-committed: {m} milli, {b} bytes");
+        for (u, (m, d, um)) in per_gpu {
+            // Unified-memory shares may reach the default factor (1.5) of what device
+            // caps leave; nothing else overcommits.
+            if m > 1000 || d > mem_per_gpu || um > (mem_per_gpu - d) / 2 * 3 {
+                bail!("{u} over-committed: {m} milli, {d} bytes of caps, {um} of unified shares");
             }
         }
         Ok(bound)
@@ -372,6 +378,46 @@ async fn memory_decides_where_requests_alone_would_fit() -> Result<()> {
         "packing would pick the busy GPU if memory were ignored"
     );
     assert_eq!(small.gpu_mem, 8 * GIB);
+    rig.cleanup().await
+}
+
+/// Unified-memory pods overcommit a GPU's memory up to the extender's factor (default 1.5)
+/// through the real kube-scheduler; their records carry the managed ceiling as `gpu_mem`
+/// and the resident share beside it; past the factor a unified pod and a device-mode pod
+/// are refused, each with its reason.
+#[tokio::test]
+async fn unified_memory_pods_overcommit_up_to_the_factor() -> Result<()> {
+    let _g = serial().await;
+    let mut rig = Rig::new("um").await?;
+    rig.node("n", 1, "A", 40).await?;
+    let um = |mem: &'static str| {
+        [
+            ("gpu_request", "0.1"),
+            ("gpu_limit", "1.0"),
+            ("gpu_mem", mem),
+            ("gpu_mem_mode", "unified"),
+        ]
+    };
+    for name in ["u1", "u2", "u3"] {
+        rig.create(name, &um("20Gi")).await?;
+        let a = rig.bound(name).await?;
+        assert_eq!((a.gpu_mem, a.gpu_mem_resident), (40 * GIB, Some(20 * GIB)));
+    }
+    rig.create("u4", &um("1Gi")).await?;
+    rig.failed_with("u4", "of unified-memory room (1.5 ×")
+        .await?;
+    rig.create(
+        "dev",
+        &[
+            ("gpu_request", "0.1"),
+            ("gpu_limit", "1.0"),
+            ("gpu_mem", "1Gi"),
+        ],
+    )
+    .await?;
+    rig.failed_with("dev", "memory free < 1.0 GiB requested")
+        .await?;
+    assert_eq!(rig.check_no_overcommit(40 * GIB).await?, 3);
     rig.cleanup().await
 }
 
@@ -813,6 +859,7 @@ async fn a_restarted_extender_completes_a_partly_bound_group() -> Result<()> {
                 request: kubeshare_api::Milli::new(500).context("milli")?,
                 limit: kubeshare_api::Milli::ONE,
             },
+            gpu_mem_resident: None,
         };
         let uid = rig.pods().get(name).await?.metadata.uid.context("uid")?;
         let b = json!({"apiVersion": "v1", "kind": "Binding",

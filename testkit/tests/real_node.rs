@@ -332,6 +332,49 @@ async fn memory_cap_holds_inside_the_container() -> Result<()> {
     Ok(())
 }
 
+/// Unified-memory mode end to end (docs/um.md): the extender records the managed ceiling as
+/// `gpu_mem` and the resident share beside it, the webhook hands the resident share to the
+/// hook through the downward API, the node daemon makes the ceiling gem-schd's cap, and the
+/// hook's managed allocations run past the resident share up to the ceiling, not beyond.
+#[tokio::test]
+#[ignore = "needs the real node: make node-test"]
+async fn unified_memory_pod_allocates_past_its_resident_share_up_to_its_ceiling() -> Result<()> {
+    let r = rig("rn-um").await?;
+    let labels = [
+        ("sharedgpu/gpu_request", "0.2"),
+        ("sharedgpu/gpu_limit", "0.2"),
+        ("sharedgpu/gpu_mem", "512Mi"),
+        ("sharedgpu/gpu_mem_mode", "unified"),
+        ("sharedgpu/gpu_mem_managed", "1Gi"),
+    ];
+    let script = "echo UM=$KUBESHARE_HOOK_UM; echo RESIDENT=$KUBESHARE_UM_RESIDENT_BYTES; \
+        cuda-workload alloc --bytes 419430400 --count 3; echo DONE; sleep 3600";
+    create(&r.pods, &workload_pod("um", &labels, script)?).await?;
+    let pod = running(&r.pods, "um").await?;
+    assert_eq!(
+        pod_annotation(&pod, "sharedgpu/gpu_mem"),
+        Some("1073741824")
+    );
+    assert_eq!(
+        pod_annotation(&pod, "sharedgpu/gpu_mem_resident"),
+        Some("536870912")
+    );
+    let log = wait_for_log(&r.pods, "um", "main", "DONE", WAIT).await?;
+    assert_eq!(field(&log, "UM"), Some("1"), "{log}");
+    assert_eq!(field(&log, "RESIDENT"), Some("536870912"), "{log}");
+    // 2 × 400 MiB is past the 512 MiB resident share (device mode would refuse the
+    // second) and within the 1 GiB ceiling; the third is beyond the ceiling.
+    let out = json_lines(&log);
+    let alloc = out
+        .iter()
+        .find(|l| l["phase"] == "allocated")
+        .with_context(|| format!("no allocation line: {log}"))?;
+    assert_eq!(alloc["codes"], json!([0, 0, 2]), "{log}");
+    delete_pods_and_wait(&r.pods, "", WAIT).await?;
+    r.ns.delete().await?;
+    Ok(())
+}
+
 async fn node_daemon_pod(client: &kube::Client) -> Result<Pod> {
     let api: Api<Pod> = Api::namespaced(client.clone(), KUBESHARE_NS);
     let l = api

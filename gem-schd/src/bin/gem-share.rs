@@ -54,6 +54,12 @@ enum Cmd {
         /// gem-share, else libgemhook.so there).
         #[arg(long)]
         hook: Option<PathBuf>,
+        /// Unified-memory mode (docs/um.md) with this GPU-resident share, a Kubernetes
+        /// quantity such as `8Gi`: the hook makes allocations managed memory and
+        /// prefetches up to this much at each grant. The client's GPU_MEM in the
+        /// resource-config is then its managed ceiling.
+        #[arg(long, value_name = "QUANTITY", value_parser = parse_resident)]
+        unified_resident: Option<u64>,
         /// The command and its arguments, after `--`.
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -97,6 +103,7 @@ fn main() -> Result<()> {
             name,
             dir,
             hook,
+            unified_resident,
             command,
         } => {
             if !kubeshare_api::resource_config::is_valid_id(&name) {
@@ -137,12 +144,25 @@ fn main() -> Result<()> {
             let existing = std::env::var("LD_PRELOAD").ok();
             let preload = ld_preload(existing.as_deref(), &hook.to_string_lossy());
             let (prog, rest) = command.split_first().context("no command given")?;
-            let err = Command::new(prog)
-                .args(rest)
+            let mut cmd = Command::new(prog);
+            cmd.args(rest)
                 .env("LD_PRELOAD", preload)
-                .env(gem_proto::SOCKET_DIR_ENV, &sockets)
-                .exec();
+                .env(gem_proto::SOCKET_DIR_ENV, &sockets);
+            if let Some(bytes) = unified_resident {
+                cmd.env(kubeshare_api::um::HOOK_UM_ENV, "1")
+                    .env(kubeshare_api::um::HOOK_UM_RESIDENT_ENV, bytes.to_string());
+            }
+            let err = cmd.exec();
             Err(err).with_context(|| format!("running {prog}"))
         }
+    }
+}
+
+/// `--unified-resident`: a positive byte quantity.
+fn parse_resident(s: &str) -> Result<u64, String> {
+    match kubeshare_api::parse_bytes(s) {
+        Ok(0) => Err("must be above 0".into()),
+        Ok(b) => Ok(b),
+        Err(e) => Err(e.to_string()),
     }
 }

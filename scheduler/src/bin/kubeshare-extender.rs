@@ -38,6 +38,11 @@ struct Args {
     /// Seconds capacity reserved for an admitted group's members is held for them.
     #[arg(long, default_value_t = 30)]
     group_reservation_timeout: u64,
+    /// How far unified-memory pods (`sharedgpu/gpu_mem_mode=unified`) may overcommit a
+    /// GPU's memory with their resident shares: a factor from 1.0 (none) to 8.0 of what
+    /// device-mode pods leave. Device-mode pods never overcommit (docs/um.md).
+    #[arg(long, default_value = "1.5", value_parser = kubeshare_scheduler::um_fit::parse_factor)]
+    um_overcommit: u32,
     /// Milliseconds a bind call may take, API retries and a group member's wait
     /// included; keep it below kube-scheduler's extender httpTimeout (10 s).
     #[arg(long, default_value_t = 8000)]
@@ -118,6 +123,7 @@ async fn main() -> anyhow::Result<()> {
         },
         placement: Config {
             reservation_timeout_ms: args.group_reservation_timeout.saturating_mul(1000),
+            um_overcommit_milli: args.um_overcommit,
         },
         timing: Timing {
             bind_timeout: Duration::from_millis(args.bind_timeout_ms),
