@@ -127,6 +127,12 @@ pub struct Client {
     pub holding: bool,
     pub grant_at: Micros,
     pub deadline: Micros,
+    /// The quota of the current grant.
+    pub quota: Micros,
+    /// When the client wanted to launch its current burst (a request's arrival).
+    pub want_at: Micros,
+    /// Time from wanting to launch a burst to its end, per burst (a request's latency).
+    pub latencies: Vec<Micros>,
     pub waiting: bool,
     pub overuse: Micros,
     pub launched_at: Micros,
@@ -153,6 +159,11 @@ impl Client {
 }
 
 pub struct Sim {
+    /// Resolution of the clock the client's deadline check reads, like the hook's
+    /// CLOCK_MONOTONIC_COARSE (one kernel tick, 1–4 ms); 0 = exact. With a tick, a client
+    /// notices the end of its quota at its first launch after the tick past the deadline and
+    /// reports the time held past the quota (the hook's `used − quota`) as overuse.
+    pub tick: Micros,
     pub core: Core,
     pub clients: Vec<Client>,
     pub queue: BinaryHeap<Reverse<(Micros, u64, Ev)>>,
@@ -188,6 +199,9 @@ impl Sim {
                     holding: false,
                     grant_at: 0,
                     deadline: 0,
+                    quota: 0,
+                    want_at: 0,
+                    latencies: vec![],
                     waiting: false,
                     overuse: 0,
                     launched_at: 0,
@@ -204,6 +218,7 @@ impl Sim {
             queue: BinaryHeap::new(),
             seq: 0,
             gpu_busy: 0,
+            tick: 0,
             latency: 20,
             release_idle: MS,
             last_wake: None,
@@ -244,8 +259,10 @@ impl Sim {
     }
 
     pub fn run(&mut self, horizon: Micros) {
-        while let Some(Reverse((t, _, ev))) = self.queue.pop() {
+        while let Some(Reverse((t, seq, ev))) = self.queue.pop() {
             if t > horizon {
+                // Kept for a later `run` (a test may run the clock in steps).
+                self.queue.push(Reverse((t, seq, ev)));
                 break;
             }
             self.step(t, ev);
@@ -277,13 +294,21 @@ impl Sim {
                     }
                     return;
                 }
-                if c.holding && t >= c.deadline {
+                c.want_at = t;
+                let tick = self.tick;
+                let now = if tick > 0 { t - t % tick } else { t };
+                if c.holding && now >= c.deadline {
                     c.holding = false; // the quota ran out during the CPU gap
+                    if tick > 0 {
+                        // Noticed at this launch: held past the quota until now (the last
+                        // burst has been synchronised already).
+                        c.overuse = (t - c.grant_at).saturating_sub(c.quota);
+                    }
                 }
                 let fits = if c.pattern.blind {
-                    t < c.deadline
+                    now < c.deadline
                 } else {
-                    t - c.grant_at + c.predicted() < c.deadline - c.grant_at
+                    t - c.grant_at + c.predicted() < c.deadline.saturating_sub(c.grant_at)
                 };
                 if c.holding && fits {
                     self.launch(t, i);
@@ -310,7 +335,8 @@ impl Sim {
                 while c.samples.front().is_some_and(|s| s.0 + 3 * S < t) {
                     c.samples.pop_front();
                 }
-                if c.holding && t > c.deadline {
+                c.latencies.push(t - c.want_at);
+                if self.tick == 0 && c.holding && t > c.deadline {
                     // The hook synchronised at the deadline and measured this overrun.
                     c.overuse = t - c.deadline;
                     c.holding = false;
@@ -330,7 +356,7 @@ impl Sim {
                     let used = t - c.grant_at;
                     self.send(t, i, Msg::Release { used });
                 } else if c.overuse > 0 {
-                    let used = c.deadline - c.grant_at + c.overuse;
+                    let used = c.quota + c.overuse;
                     c.overuse = 0;
                     self.send(t, i, Msg::Release { used });
                 }
@@ -349,7 +375,9 @@ impl Sim {
                 c.waiting = false;
                 c.holding = true;
                 c.grant_at = t;
-                c.deadline = t + quota;
+                c.quota = quota;
+                let tick = self.tick;
+                c.deadline = if tick > 0 { t - t % tick } else { t } + quota;
                 // The launch that asked for the token goes now.
                 self.launch(t, i);
             }
