@@ -96,6 +96,13 @@ fn training_beside_inference_gets_its_share_with_bounded_waits() {
         "inference {:.3}",
         o.infer_of_native
     );
+    // An inference request waits at most about one training turn (a 5 ms quota plus its
+    // drain and the coarse clock's lateness, ~12 ms here), never for pacing: paced while
+    // both waited (`set_unpaced_when_full(false)`), the longest was 25.8 ms and training's
+    // longest wait 38.7 ms.
+    assert!(o.p99 <= 15 * MS, "inference p99 {} µs", o.p99);
+    assert!(o.max <= 20 * MS, "inference max {} µs", o.max);
+    assert!(o.train_gap <= 25 * MS, "training waited {} µs", o.train_gap);
 }
 
 /// Variants: `cargo test -p gem-schd --release --test sim_latency table -- --ignored --nocapture`.
