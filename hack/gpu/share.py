@@ -259,6 +259,15 @@ def train_infer_debug(b, raw):
         b.debug = False
 
 
+def train_infer_schdlog(b, raw):
+    """train_infer with gem-schd's debug log (every grant, with the client's charged time)."""
+    b.schd_debug = True
+    try:
+        return train_infer(b, raw)
+    finally:
+        b.schd_debug = False
+
+
 def train_infer(b, raw):
     if not NATIVE:
         NATIVE["train"] = b.run([("train", ["--mode", "train50"], None)], 8)["train"]

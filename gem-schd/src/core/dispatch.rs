@@ -75,6 +75,7 @@ impl Core {
             return;
         }
         self.prune(now);
+        let full = self.fully_contended();
         let w_eff = u128::from(self.w_eff(now));
         let window = u128::from(self.params.window_us);
         // (key, rank, headroom under the limit, headroom under the pacing allowance)
@@ -205,6 +206,14 @@ impl Core {
         quota = quota.min(pace_room.max(p.min_quota_us)).max(1);
         if let Some(cap) = hold_cap {
             quota = quota.min(cap.max(p.min_quota_us)).max(1);
+        }
+        // Unpaced under full contention, a capped client takes min-quota turns, as it did
+        // when its pacing allowance cut every grant to the min quota: a turn of its usual
+        // quota (the base 50 ms for a hook that never goes idle, which reports the quota as
+        // its burst) left the other tenants 50 ms and more without the GPU, and made its
+        // share over a second swing by a whole turn (0.15–0.22 for a 0.2 tenant on an H100).
+        if full && c.spec.limit_milli < 1000 {
+            quota = quota.min(p.min_quota_us).max(1);
         }
         let conns = std::mem::take(&mut c.waiting);
         let seq = self.first_seq + self.history.len() as u64;

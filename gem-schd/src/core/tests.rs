@@ -550,8 +550,8 @@ fn an_early_release_is_not_charged_again_by_the_next_request() {
 }
 
 /// a and b (0.5, 0.5) paced over 100 ms; a runs alone until its allowance is spent, then b
-/// asks, holds one turn and asks again. Returns who gets the token then.
-fn next_after_full_contention(unpaced_when_full: bool) -> String {
+/// asks and takes turns, asking again at the end of each. Returns when a gets the token back.
+fn a_back_after_full_contention(unpaced_when_full: bool) -> Micros {
     let p = Params {
         pace_us: 100 * MS,
         ..params()
@@ -561,19 +561,26 @@ fn next_after_full_contention(unpaced_when_full: bool) -> String {
     c.hello(1, "a").unwrap();
     c.hello(3, "b").unwrap();
     // Alone, a is paced: five 10 ms holds, then it waits.
-    assert_eq!(run_until_paced(&mut c, t(0)), t(50));
-    // b joins; its one turn later, both wait and their requests add up to the whole GPU.
-    let g = c.token_request(t(50), 3, 0, 0);
-    assert_eq!(grant(&g).map(|g| g.0), Some("b"));
-    let g = c.token_request(t(60), 3, 0, 10 * MS);
-    grant(&g).map(|g| g.0.to_owned()).unwrap_or_default()
+    let mut now = run_until_paced(&mut c, t(0));
+    assert_eq!(now, t(50));
+    let mut g = c.token_request(now, 3, 0, 0);
+    while let Some(("b", _, q)) = grant(&g) {
+        now += q;
+        g = c.token_request(now, 3, 0, q);
+        assert!(now < t(200), "a never came back");
+    }
+    assert_eq!(grant(&g).map(|g| g.0), Some("a"));
+    now
 }
 
 #[test]
 fn pacing_is_not_applied_while_the_waiting_clients_request_the_whole_gpu() {
-    // The turns by virtual time hold each to its request: a, its allowance over the last
-    // 100 ms spent, still takes its turn after b's.
-    assert_eq!(next_after_full_contention(true), "a");
-    // Paced regardless (before issue 14's round 4): a waits for its usage to slide out.
-    assert_eq!(next_after_full_contention(false), "b");
+    // The turns by virtual time hold each to its request: once b has caught up (it came
+    // back at most the lag behind a), a takes its turn, its allowance over the last 100 ms
+    // spent or not; the turns are min-quota long (2 ms).
+    let back = a_back_after_full_contention(true);
+    assert!(back <= t(62), "a back at {} ms", (back - T0) / MS);
+    // Paced regardless (before issue 14's round 4): a waits until its usage slides out.
+    let back = a_back_after_full_contention(false);
+    assert!(back >= t(90), "a back at {} ms", (back - T0) / MS);
 }

@@ -133,6 +133,9 @@ pub struct Client {
     pub want_at: Micros,
     /// Time from wanting to launch a burst to its end, per burst (a request's latency).
     pub latencies: Vec<Micros>,
+    /// With a coarse clock, the burst the hook reports with its next request: the quota
+    /// when its hold ended at the deadline, the time held when it released on idle.
+    pub hook_burst: Micros,
     pub waiting: bool,
     pub overuse: Micros,
     pub launched_at: Micros,
@@ -202,6 +205,7 @@ impl Sim {
                     quota: 0,
                     want_at: 0,
                     latencies: vec![],
+                    hook_burst: 0,
                     waiting: false,
                     overuse: 0,
                     launched_at: 0,
@@ -303,6 +307,7 @@ impl Sim {
                         // Noticed at this launch: held past the quota until now (the last
                         // burst has been synchronised already).
                         c.overuse = (t - c.grant_at).saturating_sub(c.quota);
+                        c.hook_burst = (t - c.grant_at).min(c.quota);
                     }
                 }
                 let fits = if c.pattern.blind {
@@ -316,7 +321,11 @@ impl Sim {
                     // No token, or the next burst does not fit what is left of it.
                     let m = Msg::Request {
                         overuse: c.overuse,
-                        burst: c.predicted(),
+                        burst: if tick > 0 {
+                            c.hook_burst
+                        } else {
+                            c.predicted()
+                        },
                     };
                     c.overuse = 0;
                     c.holding = false;
@@ -354,6 +363,7 @@ impl Sim {
                 if c.holding {
                     c.holding = false;
                     let used = t - c.grant_at;
+                    c.hook_burst = used;
                     self.send(t, i, Msg::Release { used });
                 } else if c.overuse > 0 {
                     let used = c.quota + c.overuse;
