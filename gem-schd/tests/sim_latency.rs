@@ -57,13 +57,21 @@ fn train_infer(params: Params, setup: impl Fn(&mut Core)) -> Outcome {
     let mut sim = Sim::new(
         params,
         vec![
-            // Training warms up alone for 2 s first, as in the GPU benchmark (its window
-            // then holds more than inference's, and 10 s later it reached its limit first).
+            // As in the GPU benchmark, each warms up alone (training longer), then both wait
+            // for a common start: training's window then holds more than inference's (10 s
+            // later it reached its limit first), and its virtual time is further ahead.
             (
                 spec("train", 500, 500),
-                training().idle_during(0, ARRIVE - 2 * S),
+                training()
+                    .idle_during(0, ARRIVE - 2_500 * MS)
+                    .idle_during(ARRIVE - 300 * MS, ARRIVE + MS),
             ),
-            (spec("infer", 500, 500), inference().idle_during(0, ARRIVE)),
+            (
+                spec("infer", 500, 500),
+                inference()
+                    .idle_during(0, ARRIVE - 3 * S)
+                    .idle_during(ARRIVE - 2_800 * MS, ARRIVE),
+            ),
         ],
     );
     sim.tick = 4 * MS;
@@ -77,7 +85,14 @@ fn train_infer(params: Params, setup: impl Fn(&mut Core)) -> Outcome {
         p50: pct(&lat, 0.5),
         p99: pct(&lat, 0.99),
         max: *lat.iter().max().unwrap_or(&0),
-        train_gap: longest_gap(&sim, 0, a, b),
+        // Including its wait for the first turn after the common start.
+        train_gap: longest_gap(&sim, 0, ARRIVE, b).max(
+            sim.clients[0]
+                .segments
+                .iter()
+                .find(|s| s.0 >= ARRIVE)
+                .map_or(b, |s| s.0 - ARRIVE),
+        ),
         idle: 1.0 - sim.share(0, a, b) - sim.share(1, a, b),
     };
     eprintln!(
@@ -112,7 +127,11 @@ fn training_beside_inference_gets_its_share_with_bounded_waits() {
     // longest wait 38.7 ms.
     assert!(o.p99 <= 15 * MS, "inference p99 {} µs", o.p99);
     assert!(o.max <= 20 * MS, "inference max {} µs", o.max);
-    assert!(o.train_gap <= 25 * MS, "training waited {} µs", o.train_gap);
+    // Training waits at most the one grant inference got alone at the common start (the
+    // base quota, 50 ms): both came back from idle, training with the longer warm-up behind
+    // it; floored only against each other, inference (first back) kept its lower virtual
+    // time and training waited 1009 ms here (0.78 s on an H100) while it caught up.
+    assert!(o.train_gap <= 60 * MS, "training waited {} µs", o.train_gap);
 }
 
 /// Variants: `cargo test -p gem-schd --release --test sim_latency table -- --ignored --nocapture`.

@@ -212,6 +212,9 @@ pub struct Core {
     max_lag_us: Micros,
     /// See [`Core::set_unpaced_when_full`].
     unpaced_when_full: bool,
+    /// The system's virtual time: the largest virtual time a client had when granted. A
+    /// client back from idle when no one else competes starts at most the lag behind it.
+    vtime: u128,
 }
 
 impl Core {
@@ -234,6 +237,7 @@ impl Core {
             max_hold_us: DEFAULT_MAX_HOLD_US,
             max_lag_us: DEFAULT_MAX_LAG_US,
             unpaced_when_full: true,
+            vtime: 0,
         };
         let _ = c.set_config(now, specs);
         c
