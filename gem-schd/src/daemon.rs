@@ -55,6 +55,9 @@ pub struct Settings {
     pub max_hold: Duration,
     /// Virtual-time ranking's lag bound (see `Core::set_max_lag`).
     pub max_lag: Duration,
+    /// No pacing while the waiting clients' requests add up to the whole GPU (see
+    /// `Core::set_unpaced_when_full`).
+    pub unpaced_when_full: bool,
 }
 
 enum Cmd {
@@ -107,6 +110,7 @@ pub async fn run(
     core.set_max_wait(settings.max_wait.as_micros() as Micros);
     core.set_max_hold(settings.max_hold.as_micros() as Micros);
     core.set_max_lag(settings.max_lag.as_micros() as Micros);
+    core.set_unpaced_when_full(settings.unpaced_when_full);
     let mut actor = Actor {
         core,
         settings,

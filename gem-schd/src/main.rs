@@ -71,6 +71,13 @@ struct Args {
     /// usage over the window instead (Gemini's schd_priority).
     #[arg(long, default_value_t = 10)]
     max_lag_ms: u64,
+    /// Pacing is not applied while the clients waiting for the token request, together, the
+    /// whole GPU (their requests add up to 1): their turns by virtual time already hold each
+    /// to its request over short windows, and pacing on top made them wait for their own
+    /// usage of a second ago to slide out, with the GPU idle while all were held back.
+    /// `false`: pace capped clients always.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    unpaced_when_full: bool,
     /// Poll the config's mtime this often as well as watching it, ms.
     #[arg(long, default_value_t = 1000)]
     poll_ms: u64,
@@ -126,6 +133,7 @@ fn main() -> Result<()> {
         usage_file: args.usage_file,
         max_hold: Duration::from_millis(args.max_hold_ms),
         max_lag: Duration::from_millis(args.max_lag_ms),
+        unpaced_when_full: args.unpaced_when_full,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -245,6 +245,9 @@ train_infer_wait5 = train_infer_with(["--max-wait-ms", "5"])
 train_infer_lag0 = train_infer_with(["--max-lag-ms", "0"])
 # train_infer with the hold cap under contention at 10 ms (`--max-hold-ms 10`).
 train_infer_hold10 = train_infer_with(["--max-hold-ms", "10"])
+# train_infer with capped clients paced even while the waiting clients' requests add up to
+# the whole GPU (`--unpaced-when-full false`: the rule before issue 14's round 4): the control.
+train_infer_pacefull = train_infer_with(["--unpaced-when-full", "false"])
 
 
 def train_infer_debug(b, raw):
@@ -254,6 +257,15 @@ def train_infer_debug(b, raw):
         return train_infer(b, raw)
     finally:
         b.debug = False
+
+
+def train_infer_schdlog(b, raw):
+    """train_infer with gem-schd's debug log (every grant, with the client's charged time)."""
+    b.schd_debug = True
+    try:
+        return train_infer(b, raw)
+    finally:
+        b.schd_debug = False
 
 
 def train_infer(b, raw):

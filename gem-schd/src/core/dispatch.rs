@@ -49,8 +49,12 @@ impl Core {
                 .last_entry
                 .and_then(|s| self.entry(s))
                 .is_none_or(|e| e.end.saturating_add(lag) <= now);
+        // With no one else competing, against the system's virtual time: two clients that come
+        // back together after idling (tenants that warmed up, then waited for a common start)
+        // otherwise kept the difference of their warm-ups, and on an H100 a training tenant
+        // waited 0.78 s while inference caught up with its warm-up.
         let floor = if idle {
-            self.pass_floor(key, now)
+            Some(self.pass_floor(key, now).unwrap_or(self.vtime))
         } else {
             None
         };
@@ -75,6 +79,7 @@ impl Core {
             return;
         }
         self.prune(now);
+        let full = self.fully_contended();
         let w_eff = u128::from(self.w_eff(now));
         let window = u128::from(self.params.window_us);
         // (key, rank, headroom under the limit, headroom under the pacing allowance)
@@ -92,11 +97,16 @@ impl Core {
             }
             let usage = u128::from(self.usage(key, now));
             let allowed_milli = u128::from(c.spec.limit_milli) * w_eff;
-            if usage * 1000 >= allowed_milli {
+            // Under full contention the window's limit is not checked either, for the reason
+            // pacing is not (`fully_contended`): on an H100 a (0.5, 0.5) training tenant whose
+            // window still held its warm-up sat at its 10 s limit, each of its turns waiting for
+            // an old hold to leave the window (the inference tenant's turns likewise, up to
+            // 0.3 s), while their shares were already even.
+            if usage * 1000 >= allowed_milli && !full {
                 held_back.push(key);
                 continue; // at its limit: waits
             }
-            let headroom = ((allowed_milli - usage * 1000).div_ceil(1000)) as u64;
+            let headroom = (allowed_milli.saturating_sub(usage * 1000).div_ceil(1000)) as u64;
             // Pacing: wait until at least a min-quota grant fits the allowance.
             let pace_room = match self.pace_budget(c) {
                 None => Micros::MAX,
@@ -124,7 +134,11 @@ impl Core {
                 }
                 back.push((key, pass));
             }
-            let rank = if usage * 1000 < require_milli {
+            // Under full contention there is no spare time to rank by usage: every client is
+            // ranked by virtual time (one at its request over the window, ranked after the
+            // others by usage, otherwise waited ~2 s at a time while a window that still held
+            // an earlier block of its own slid by: the blocks then recurred every 10 s).
+            let rank = if full || usage * 1000 < require_milli {
                 if self.max_lag_us > 0 {
                     // Below its request: the smaller virtual time goes first.
                     Rank::Below {
@@ -158,7 +172,12 @@ impl Core {
             // even split.
             let share = u64::from(c.spec.request_milli).clamp(1, 1000);
             let bound = self.max_wait_us.saturating_mul(1000 - share) / share;
+            // Not under full contention: virtual time alone then gives proportional turns, and
+            // the bound (first come, first served past it) gave a training tenant with 100 ms
+            // non-preemptible steps a turn after every 50 ms wait, 0.64–0.69 of the GPU
+            // beside a 0.5 inference tenant (`inference_beside_training_...` in tests/sim.rs).
             if below
+                && !full
                 && self.max_wait_us > 0
                 && waited >= bound
                 && starved
@@ -206,6 +225,14 @@ impl Core {
         if let Some(cap) = hold_cap {
             quota = quota.min(cap.max(p.min_quota_us)).max(1);
         }
+        // Unpaced under full contention, a capped client takes min-quota turns, as it did
+        // when its pacing allowance cut every grant to the min quota: a turn of its usual
+        // quota (the base 50 ms for a hook that never goes idle, which reports the quota as
+        // its burst) left the other tenants 50 ms and more without the GPU, and made its
+        // share over a second swing by a whole turn (0.15–0.22 for a 0.2 tenant on an H100).
+        if full && c.spec.limit_milli < 1000 {
+            quota = quota.min(p.min_quota_us).max(1);
+        }
         let conns = std::mem::take(&mut c.waiting);
         let seq = self.first_seq + self.history.len() as u64;
         c.last_entry = Some(seq);
@@ -224,6 +251,7 @@ impl Core {
             quota_end,
         });
         let c = self.clients.get_mut(&key).expect("picked");
+        self.vtime = self.vtime.max(c.pass);
         c.usage_sum += quota;
         c.pass += stride(quota, c.spec.request_milli);
         self.holder = Some(Hold {

@@ -534,3 +534,53 @@ fn a_client_held_back_by_pacing_does_not_catch_up_in_a_run_of_turns() {
     let wait = longest_wait_after_a_pacing_block();
     assert!(wait <= 20 * MS, "b waited {} ms", wait / MS);
 }
+
+#[test]
+fn an_early_release_is_not_charged_again_by_the_next_request() {
+    let mut c = two();
+    assert_eq!(grant(&c.token_request(t(0), 1, 0, 0)).unwrap().0, "a");
+    // a goes idle after 3 ms of its 10 ms quota; b takes the token.
+    c.release(t(3), 1, 3 * MS);
+    assert_eq!(grant(&c.token_request(t(4), 3, 0, 0)).unwrap().0, "b");
+    // a asks again while b holds, with no overuse to report: its last hold ended at the
+    // release, and b's hold is not pushed back over a's unused quota.
+    assert!(grant(&c.token_request(t(5), 1, 0, 3 * MS)).is_none());
+    assert_eq!(c.usage_us(t(8), "a"), Some(3 * MS));
+    assert_eq!(c.usage_us(t(8), "b"), Some(4 * MS));
+}
+
+/// a and b (0.5, 0.5) paced over 100 ms; a runs alone until its allowance is spent, then b
+/// asks and takes turns, asking again at the end of each. Returns when a gets the token back.
+fn a_back_after_full_contention(unpaced_when_full: bool) -> Micros {
+    let p = Params {
+        pace_us: 100 * MS,
+        ..params()
+    };
+    let mut c = Core::new(p, &[spec("a", 500, 500, 0), spec("b", 500, 500, 0)], 0);
+    c.set_unpaced_when_full(unpaced_when_full);
+    c.hello(1, "a").unwrap();
+    c.hello(3, "b").unwrap();
+    // Alone, a is paced: five 10 ms holds, then it waits.
+    let mut now = run_until_paced(&mut c, t(0));
+    assert_eq!(now, t(50));
+    let mut g = c.token_request(now, 3, 0, 0);
+    while let Some(("b", _, q)) = grant(&g) {
+        now += q;
+        g = c.token_request(now, 3, 0, q);
+        assert!(now < t(200), "a never came back");
+    }
+    assert_eq!(grant(&g).map(|g| g.0), Some("a"));
+    now
+}
+
+#[test]
+fn pacing_is_not_applied_while_the_waiting_clients_request_the_whole_gpu() {
+    // The turns by virtual time hold each to its request: once b has caught up (it came
+    // back at most the lag behind a), a takes its turn, its allowance over the last 100 ms
+    // spent or not; the turns are min-quota long (2 ms).
+    let back = a_back_after_full_contention(true);
+    assert!(back <= t(62), "a back at {} ms", (back - T0) / MS);
+    // Paced regardless (before issue 14's round 4): a waits until its usage slides out.
+    let back = a_back_after_full_contention(false);
+    assert!(back >= t(90), "a back at {} ms", (back - T0) / MS);
+}

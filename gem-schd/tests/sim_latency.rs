@@ -1,0 +1,242 @@
+//! Issue 14's hardest pair in the virtual-clock simulation: ResNet-50-like training beside
+//! batch-1 ResNet-18-like inference, both (0.5, 0.5), with clients that behave like the real
+//! hook (they launch blind while their token is valid and notice its end on a coarse clock,
+//! so every hold runs past its quota) and report the time past the quota as overuse.
+//! Asserts each tenant's share of its native rate (±2 pp of 0.5) and bounded inference waits.
+
+mod harness;
+use harness::*;
+
+/// Training: the CPU queues ~6 ms of kernels ahead of the GPU between synchronisations
+/// (the hook drains it at a hand-over: on an H100 the drain past a 5 ms quota was 5.7 ms at
+/// the median); launched blind.
+fn training() -> Pattern {
+    Pattern {
+        kernel_us: 1_000,
+        kernels: 6,
+        gap_us: 100,
+        idle: vec![],
+        blind: true,
+    }
+}
+
+/// Batch-1 inference: a 1.2 ms request (GPU time ≈ the CPU's launch time), a sync, 0.6 ms of
+/// CPU before the next request; launched blind.
+fn inference() -> Pattern {
+    Pattern {
+        kernel_us: 1_200,
+        kernels: 1,
+        gap_us: 600,
+        idle: vec![],
+        blind: true,
+    }
+}
+
+/// The tenants start when gem-schd has been up for a while (as in the GPU benchmark, where
+/// they load their models first): their window is empty and no grant is cut by the growing
+/// window's headroom, so their quota estimates start from the base quota.
+const ARRIVE: Micros = 12 * S;
+
+fn pct(v: &[Micros], q: f64) -> Micros {
+    let mut v = v.to_vec();
+    v.sort_unstable();
+    v[((q * v.len() as f64) as usize).min(v.len() - 1)]
+}
+
+struct Outcome {
+    train_of_native: f64,
+    infer_of_native: f64,
+    p50: Micros,
+    p99: Micros,
+    max: Micros,
+    train_gap: Micros,
+    idle: f64,
+}
+
+fn train_infer(params: Params, setup: impl Fn(&mut Core)) -> Outcome {
+    let mut sim = Sim::new(
+        params,
+        vec![
+            // As in the GPU benchmark, each warms up alone (training longer), then both wait
+            // for a common start: training's window then holds more than inference's (10 s
+            // later it reached its limit first), and its virtual time is further ahead.
+            (
+                spec("train", 500, 500),
+                training()
+                    .idle_during(0, ARRIVE - 2_500 * MS)
+                    .idle_during(ARRIVE - 300 * MS, ARRIVE + MS),
+            ),
+            (
+                spec("infer", 500, 500),
+                inference()
+                    .idle_during(0, ARRIVE - 3 * S)
+                    .idle_during(ARRIVE - 2_800 * MS, ARRIVE),
+            ),
+        ],
+    );
+    sim.tick = 4 * MS;
+    setup(&mut sim.core);
+    sim.run(ARRIVE + 60 * S);
+    let (a, b) = (ARRIVE + S, ARRIVE + 60 * S);
+    let lat: Vec<Micros> = sim.clients[1].latencies[100..].to_vec();
+    let o = Outcome {
+        train_of_native: sim.share(0, a, b) / sim.clients[0].pattern.duty(),
+        infer_of_native: sim.share(1, a, b) / sim.clients[1].pattern.duty(),
+        p50: pct(&lat, 0.5),
+        p99: pct(&lat, 0.99),
+        max: *lat.iter().max().unwrap_or(&0),
+        // Including its wait for the first turn after the common start.
+        train_gap: longest_gap(&sim, 0, ARRIVE, b).max(
+            sim.clients[0]
+                .segments
+                .iter()
+                .find(|s| s.0 >= ARRIVE)
+                .map_or(b, |s| s.0 - ARRIVE),
+        ),
+        idle: 1.0 - sim.share(0, a, b) - sim.share(1, a, b),
+    };
+    eprintln!(
+        "training {:.3} / inference {:.3} of native; inference latency p50 {:.1} p99 {:.1} max {:.1} ms (native 1.2); training's longest wait {:.1} ms; GPU idle {:.3}",
+        o.train_of_native,
+        o.infer_of_native,
+        o.p50 as f64 / 1e3,
+        o.p99 as f64 / 1e3,
+        o.max as f64 / 1e3,
+        o.train_gap as f64 / 1e3,
+        o.idle
+    );
+    o
+}
+
+#[test]
+fn training_beside_inference_gets_its_share_with_bounded_waits() {
+    let o = train_infer(Params::default(), |_| {});
+    assert!(
+        (o.train_of_native - 0.5).abs() <= 0.02,
+        "training {:.3}",
+        o.train_of_native
+    );
+    assert!(
+        (o.infer_of_native - 0.5).abs() <= 0.02,
+        "inference {:.3}",
+        o.infer_of_native
+    );
+    // An inference request waits at most about one training turn (a 5 ms quota plus its
+    // drain and the coarse clock's lateness, ~12 ms here), never for pacing: paced while
+    // both waited (`set_unpaced_when_full(false)`), the longest was 25.8 ms and training's
+    // longest wait 38.7 ms.
+    assert!(o.p99 <= 15 * MS, "inference p99 {} µs", o.p99);
+    assert!(o.max <= 20 * MS, "inference max {} µs", o.max);
+    // Training waits at most the one grant inference got alone at the common start (the
+    // base quota, 50 ms): both came back from idle, training with the longer warm-up behind
+    // it; floored only against each other, inference (first back) kept its lower virtual
+    // time and training waited 1009 ms here (0.78 s on an H100) while it caught up.
+    assert!(o.train_gap <= 60 * MS, "training waited {} µs", o.train_gap);
+}
+
+/// Variants: `cargo test -p gem-schd --release --test sim_latency table -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn table() {
+    for (name, params) in [
+        ("default", Params::default()),
+        (
+            "pacing off",
+            Params {
+                pace_us: 0,
+                ..Params::default()
+            },
+        ),
+    ] {
+        eprint!("{name}: ");
+        train_infer(params, |_| {});
+        eprint!("{name}, max wait 5 ms: ");
+        train_infer(params, |c| c.set_max_wait(5 * MS));
+        eprint!("{name}, max wait 0: ");
+        train_infer(params, |c| c.set_max_wait(0));
+        eprint!("{name}, paced when full: ");
+        train_infer(params, |c| c.set_unpaced_when_full(false));
+    }
+}
+
+/// The rule that drops pacing while the waiting clients request the whole GPU must not let a
+/// capped client past its limit over a second when its neighbour asks only now and then: the
+/// neighbour's requests add up with the capped client's to 1 only while it waits, and then the
+/// turns hold the capped client to its share; between them it is paced. Neighbours: 2 ms
+/// requests with 5 or 30 ms of CPU between them (the hook releases after 1 ms idle), and the
+/// GPU-like tenants above, on the coarse clock.
+#[test]
+fn capped_beside_an_intermittent_neighbour_stays_within_its_limit_every_second() {
+    let sometimes = |gap_us| Pattern {
+        kernel_us: 2_000,
+        kernels: 1,
+        gap_us,
+        idle: vec![],
+        blind: true,
+    };
+    for (lim, a, b) in [
+        (500u16, Pattern::long(), sometimes(5 * MS)),
+        (500, Pattern::long(), sometimes(30 * MS)),
+        (300, Pattern::blind_50ms(2 * MS), sometimes(5 * MS)),
+        (300, Pattern::blind_50ms(2 * MS), sometimes(30 * MS)),
+        (500, training(), sometimes(5 * MS)),
+        (500, training(), inference().idle_during(20 * S, 30 * S)),
+    ] {
+        let mut sim = Sim::new(
+            Params::default(),
+            vec![
+                (spec("a", lim, lim), a),
+                (spec("b", 1000 - lim, 1000 - lim), b),
+            ],
+        );
+        sim.tick = 4 * MS;
+        sim.run(60 * S);
+        let l = f64::from(lim) / 1000.0;
+        let worst = sim.max_window_share(0, S, 60 * S);
+        let mean = sim.share(0, 0, 60 * S);
+        eprintln!(
+            "a at {l}: worst 1 s window {worst:.4}, mean {mean:.4}; b mean {:.4}",
+            sim.share(1, 0, 60 * S)
+        );
+        assert!(
+            worst <= l + 0.01,
+            "a at {l}: a 1 s window reached {worst:.4}"
+        );
+    }
+}
+
+/// The GPU benchmark's three tenants (0.2, 0.3, 0.5; limit = request; 16 ms bursts of 0.18 ms
+/// kernels launched blind, 0.5 ms of CPU between bursts, arriving after gem-schd has been up a
+/// while) on the coarse clock: their requests add up to the GPU, so they are not paced and take
+/// min-quota turns. Each gets its share ±2 pp and stays within its limit + 1 pp over every
+/// second (with 50 ms turns, a 0.2 tenant's second swung between 0.15 and 0.22 on an H100).
+#[test]
+fn three_capped_tenants_split_the_gpu_and_stay_within_their_limits_every_second() {
+    let burst = || Pattern {
+        kernel_us: 178,
+        kernels: 90,
+        gap_us: 500,
+        idle: vec![(0, ARRIVE)],
+        blind: true,
+    };
+    let mut sim = Sim::new(
+        Params::default(),
+        vec![
+            (spec("a", 200, 200), burst()),
+            (spec("b", 300, 300), burst()),
+            (spec("c", 500, 500), burst()),
+        ],
+    );
+    sim.tick = 4 * MS;
+    sim.run(ARRIVE + 30 * S);
+    for (i, want) in [(0, 0.2), (1, 0.3), (2, 0.5)] {
+        let got = sim.share(i, ARRIVE + 2 * S, ARRIVE + 30 * S);
+        let (_, hi) = slice_shares(&sim, i, S, ARRIVE + 2 * S, ARRIVE + 30 * S);
+        eprintln!("{want}: share {got:.4}, highest 1 s {hi:.4}");
+        assert!(
+            (got - held(&sim, i, want)).abs() <= 0.02,
+            "{want}: {got:.4}"
+        );
+        assert!(hi <= want + 0.01, "{want}: a second at {hi:.4}");
+    }
+}
