@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use kubeshare_api::GpuShare;
+use smallvec::SmallVec;
 
 use super::{Choice, Cluster, Gpu, GpuFail, Req, Why, gib, milli};
 use crate::um_fit;
@@ -24,7 +25,8 @@ impl Cluster {
         let own = req.own;
         // The pod's own stale booking (an interrupted bind) does not count against it.
         let mine = |uuid: &str| own.is_some_and(|b| b.on(node_name, uuid));
-        let eligible: Vec<usize> = (0..node.gpus.len())
+        // Inline up to 16 GPUs: no allocation per node evaluated (issue 17).
+        let eligible: SmallVec<[usize; 16]> = (0..node.gpus.len())
             .filter(|&i| {
                 d.model
                     .as_ref()
@@ -145,7 +147,7 @@ impl Cluster {
         match d.share {
             GpuShare::Fraction { request, count, .. } => {
                 let r = u32::from(request.get());
-                let mut fits: Vec<(usize, u32, u64, u64)> = Vec::with_capacity(eligible.len()); // (i, used, mem_free, need)
+                let mut fits: SmallVec<[(usize, u32, u64, u64); 16]> = SmallVec::new(); // (i, used, mem_free, need)
                 let mut best_fail: Option<GpuFail> = None;
                 let mut note = |f: GpuFail| {
                     if best_fail.as_ref().is_none_or(|b| f.rank > b.rank) {
@@ -291,7 +293,7 @@ impl Cluster {
                 } else {
                     avg_used.min(1000) * 1001 + node_busy * 1000 / n_gpus
                 };
-                let mut gpus: Vec<usize> = chosen.iter().map(|c| c.0).collect();
+                let mut gpus: SmallVec<[usize; 8]> = chosen.iter().map(|c| c.0).collect();
                 gpus.sort_unstable();
                 Ok(Choice {
                     gpus,
@@ -354,7 +356,7 @@ impl Cluster {
                     .min()
                     .unwrap_or(0);
                 Ok(Choice {
-                    gpus: chosen,
+                    gpus: SmallVec::from_vec(chosen),
                     mem,
                     managed: None,
                     raw: group_bonus + nvq * 1001 + pack,
