@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 
 use kubeshare_api::{Allocation, GpuDemand, GpuInfo, GpuShare, Granted, Milli, NodeInventory};
+use memo::Verdict;
 
 #[path = "placement_bind.rs"]
 mod bind;
@@ -19,6 +20,8 @@ mod bind;
 mod books;
 #[path = "placement_fit.rs"]
 mod fit;
+#[path = "placement_memo.rs"]
+mod memo;
 pub use books::RecordProblem;
 
 /// What the watch (or a filter request) tells us about one pod.
@@ -252,16 +255,29 @@ struct Gpu {
 
 #[derive(Debug, Clone)]
 struct Node {
+    /// Small and dense (freed ids are reused), so per-decision tables are
+    /// vectors indexed by it rather than maps keyed by the name (issue 17).
+    id: u32,
+    /// The books' version when this node or its books last changed: a
+    /// verdict judged at this stamp still holds (`placement_memo.rs`).
+    stamp: u64,
     /// In NVML index order.
     gpus: Vec<Gpu>,
     by_uuid: HashMap<String, usize>,
 }
 
+/// foldhash: node names are hashed once or twice per node per decision, where
+/// SipHash or a `BTreeMap`'s string compares were a tenth of the time (issue 17).
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// The cluster as the extender sees it, and every decision it makes.
 #[derive(Debug, Clone, Default)]
 pub struct Cluster {
     cfg: Config,
-    nodes: BTreeMap<String, Node>,
+    nodes: FastMap<String, Node>,
+    /// Node ids given back by deleted nodes, reused first.
+    free_ids: Vec<u32>,
+    next_id: u32,
     /// Nodes we know but cannot place on, with the reason.
     node_problems: BTreeMap<String, String>,
     pods: HashMap<String, PodEntry>,
@@ -278,6 +294,8 @@ pub struct Cluster {
     /// The last filter's raw scores, reused by the prioritize call that
     /// follows it when nothing changed in between.
     scores: Option<ScoreCache>,
+    /// Verdicts of recent demands per node, reused while the node is unchanged.
+    memo: memo::Memo,
     /// Record problems not yet reported.
     problems: Vec<RecordProblem>,
     /// Unbound members of groups whose places were freed, not yet woken.
@@ -292,10 +310,11 @@ struct ScoreCache {
     uid: String,
     version: u64,
     demand: GpuDemand,
-    /// foldhash: one entry per node that passed, hashed twice per decision;
-    /// SipHash was ~7 % of a decision at 10,000 nodes (issue 17).
-    raw: HashMap<String, u64, foldhash::fast::RandomState>,
+    /// Raw score by node id; `NO_SCORE` for nodes that did not pass.
+    raw: Vec<u64>,
 }
+
+const NO_SCORE: u64 = u64::MAX;
 
 /// One candidate answer for a pod on a node.
 #[derive(Debug, Clone)]
@@ -381,21 +400,25 @@ fn bump(m: &mut BTreeMap<String, u32>, k: &Option<String>, add: bool) {
     }
 }
 
-/// Maps raw node scores to the extender's 0..=10: the best node (first by name
-/// on ties) gets 10, the others at most 9, so our preference is never a coin toss.
-fn scale_scores(raw: &[(String, Option<u64>)]) -> Vec<(String, i64)> {
-    let fits: Vec<u64> = raw.iter().filter_map(|(_, r)| *r).collect();
-    let (Some(&min), Some(&max)) = (fits.iter().min(), fits.iter().max()) else {
-        return raw.iter().map(|(n, _)| (n.clone(), 0)).collect();
+/// Maps raw node scores (aligned with `names`) to the extender's 0..=10: the
+/// best node (first by name on ties) gets 10, the others at most 9, so our
+/// preference is never a coin toss.
+fn scale_scores(names: &[String], raw: &[Option<u64>]) -> Vec<(String, i64)> {
+    let fits = raw.iter().filter_map(|r| *r);
+    let (Some(min), Some(max)) = (fits.clone().min(), fits.max()) else {
+        return names.iter().map(|n| (n.clone(), 0)).collect();
     };
-    let best = raw
+    let best = names
         .iter()
-        .filter(|(_, r)| *r == Some(max))
+        .zip(raw)
+        .filter(|(_, r)| **r == Some(max))
         .map(|(n, _)| n.as_str())
         .min();
-    raw.iter()
+    names
+        .iter()
+        .zip(raw)
         .map(|(n, r)| {
-            let s = match r {
+            let s = match *r {
                 None => 0,
                 Some(_) if Some(n.as_str()) == best => 10,
                 Some(_) if max == min => 9,
@@ -441,7 +464,17 @@ impl Cluster {
                     .enumerate()
                     .map(|(i, g)| (g.info.uuid.clone(), i))
                     .collect();
-                self.nodes.insert(name.to_string(), Node { gpus, by_uuid });
+                let id = self.free_ids.pop().unwrap_or_else(|| {
+                    self.next_id += 1;
+                    self.next_id - 1
+                });
+                let node = Node {
+                    id,
+                    stamp: self.version,
+                    gpus,
+                    by_uuid,
+                };
+                self.nodes.insert(name.to_string(), node);
                 let uids: Vec<String> = self
                     .by_node
                     .get(name)
@@ -514,7 +547,8 @@ impl Cluster {
     fn detach_node(&mut self, name: &str) {
         self.version += 1;
         self.node_problems.remove(name);
-        if self.nodes.remove(name).is_some() {
+        if let Some(node) = self.nodes.remove(name) {
+            self.free_ids.push(node.id);
             for locs in self.affinity.values_mut() {
                 locs.retain(|(n, _), _| n != name);
             }
@@ -564,24 +598,29 @@ impl Cluster {
                 Ok(None) => {}
             }
         }
+        let mut memo = std::mem::take(&mut self.memo);
         let req = self.req(&pod.uid, &pod.namespace, &demand);
-        let mut raw = HashMap::with_capacity_and_hasher(names.len(), Default::default());
+        let slot = memo.slot(&req);
+        let mut raw = vec![NO_SCORE; self.next_id as usize];
         out.passed.reserve(names.len());
         for n in names {
-            match self.evaluate(&req, n) {
-                Ok(c) => {
-                    raw.insert(n.clone(), c.raw);
+            match memo.judge(self, &req, n, slot) {
+                (Verdict::Fits(r), id) => {
+                    if let Some(slot) = id.and_then(|id| raw.get_mut(id)) {
+                        *slot = r;
+                    }
                     out.passed.push(n.clone());
                 }
-                Err((msg, unresolvable)) => {
-                    if unresolvable {
-                        out.unresolvable.insert(n.clone(), msg);
-                    } else {
-                        out.failed.insert(n.clone(), msg);
-                    }
+                (Verdict::Fails(msg, true), _) => {
+                    out.unresolvable.insert(n.clone(), msg);
+                }
+                (Verdict::Fails(msg, false), _) => {
+                    out.failed.insert(n.clone(), msg);
                 }
             }
         }
+        drop(req);
+        self.memo = memo;
         out.kind = if out.passed.is_empty() {
             FilterKind::NoFit
         } else {
@@ -639,17 +678,17 @@ impl Cluster {
             .scores
             .as_ref()
             .filter(|c| c.uid == pod.uid && c.version == self.version && c.demand == *demand);
-        let raw: Vec<(String, Option<u64>)> = names
+        let raw: Vec<Option<u64>> = names
             .iter()
             .map(|n| {
-                let r = match cached.and_then(|c| c.raw.get(n)) {
-                    Some(r) => Some(*r),
-                    None => self.evaluate(&req, n).ok().map(|c| c.raw),
-                };
-                (n.clone(), r)
+                let id = self.nodes.get(n).map(|node| node.id as usize);
+                match cached.zip(id).and_then(|(c, id)| c.raw.get(id)) {
+                    Some(&r) if r != NO_SCORE => Some(r),
+                    _ => self.evaluate(&req, n).ok().map(|c| c.raw),
+                }
             })
             .collect();
-        scale_scores(&raw)
+        scale_scores(names, &raw)
     }
 
     fn booking_for(&self, req: &Req, node: &str, c: &Choice, kind: Kind) -> Booking {
@@ -683,8 +722,10 @@ impl Cluster {
 
     /// Every GPU with its allocation, in node and index order.
     pub fn usage(&self) -> Vec<GpuUsage> {
-        self.nodes
-            .iter()
+        let mut nodes: Vec<(&String, &Node)> = self.nodes.iter().collect();
+        nodes.sort_unstable_by_key(|(n, _)| *n);
+        nodes
+            .into_iter()
             .flat_map(|(n, node)| {
                 node.gpus.iter().map(move |g| GpuUsage {
                     node: n.clone(),
@@ -741,7 +782,11 @@ impl Cluster {
                 }
             }
         }
+        let mut ids = HashSet::new();
         for (n, node) in &self.nodes {
+            if node.id >= self.next_id || self.free_ids.contains(&node.id) || !ids.insert(node.id) {
+                return Err(format!("{n}: node id {} reused or out of range", node.id));
+            }
             for g in &node.gpus {
                 let want = fresh
                     .get(&(n.clone(), g.info.uuid.clone()))

@@ -327,6 +327,7 @@ impl Cluster {
         let Some(node) = self.nodes.get_mut(&b.node) else {
             return Ok(());
         };
+        node.stamp = self.version;
         if add {
             for uuid in &b.gpus {
                 let Some(&i) = node.by_uuid.get(uuid) else {

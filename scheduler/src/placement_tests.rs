@@ -401,6 +401,49 @@ fn prioritize_gives_one_node_ten_and_non_gpu_pods_zero() {
     assert_eq!(f.kind, FilterKind::NotGpu);
 }
 
+/// Node ids are reused after a delete, and the scores filter caches by id
+/// never leak from a deleted node to the one that takes its id.
+#[test]
+fn node_ids_are_reused_and_cached_scores_follow_the_node() {
+    let mut c = cluster(&[
+        ("a", inv(1, 1, "A", 40, &[])),
+        ("b", inv(2, 1, "A", 40, &[])),
+        ("c", inv(3, 1, "A", 40, &[])),
+    ]);
+    schedule(&mut c, &mut frac("1", "0.3"), 0).unwrap();
+    schedule(&mut c, &mut frac("2", "0.3"), 0).unwrap();
+    for round in 0..5 {
+        c.delete_node("b");
+        c.apply_node("d", Ok(Some(inv(4, 1, "A", 40, &[]))));
+        c.apply_node("d", Ok(Some(inv(4, 1, "A", 40, &[]))));
+        c.apply_node("b", Ok(Some(inv(2, 1, "A", 40, &[]))));
+        c.delete_node("d");
+        assert_eq!(c.next_id, 4, "round {round}: ids stay dense");
+        c.check_invariants().unwrap();
+    }
+    c.apply_node("d", Ok(Some(inv(4, 1, "A", 40, &[]))));
+    let names = c.node_names();
+    let p = frac("3", "0.3");
+    let f = c.filter(&p, &names, 0);
+    assert_eq!(f.passed, names);
+    let cached = c.prioritize(&p, &names);
+    let mut fresh = c.clone();
+    fresh.scores = None;
+    assert_eq!(cached, fresh.prioritize(&p, &names));
+    // Pack: the GPU holding both pods gets the top score.
+    let top: Vec<&str> = cached
+        .iter()
+        .filter(|(_, s)| *s == 10)
+        .map(|(n, _)| n.as_str())
+        .collect();
+    assert_eq!(top.len(), 1);
+    assert!(
+        c.usage()
+            .iter()
+            .any(|g| g.node == top[0] && g.used_milli == 600)
+    );
+}
+
 #[test]
 fn affinity_anti_affinity_and_exclusion() {
     let mut c = cluster(&[
@@ -1520,6 +1563,21 @@ impl World {
     /// The truth: what bound pods' records say, summed per GPU.
     fn check(&self) -> Result<(), String> {
         self.c.check_invariants()?;
+        // The filter's memo never changes an answer: every pending pod gets the
+        // same verdicts with the memo as from a cluster that never memoised.
+        let names = self.c.node_names();
+        for p in self.api.values().filter(|p| p.node_name.is_none()) {
+            let mut fresh = self.c.clone();
+            fresh.memo = Default::default();
+            let want = fresh.filter(p, &names, self.now);
+            let got = self.c.clone().filter(p, &names, self.now);
+            if got != want {
+                return Err(format!(
+                    "{}: memoised filter {got:?} != fresh {want:?}",
+                    p.uid
+                ));
+            }
+        }
         let caps: HashMap<String, u64> = nodes()
             .into_iter()
             .flat_map(|(_, i)| i.gpus.into_iter().map(|g| (g.uuid, g.memory)))

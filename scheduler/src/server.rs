@@ -201,10 +201,11 @@ impl Shared {
         }
         let now = self.now_ms();
         let out = self.lock().filter(&pod, &names, now);
-        let mut r = ExtenderFilterResult::passing(args, &out.passed);
+        let passed = out.passed.len();
+        let mut r = ExtenderFilterResult::passing(args, out.passed);
         r.failed_nodes = out.failed;
         r.failed_and_unresolvable_nodes = out.unresolvable;
-        debug!(pod = %pod.name, ns = %pod.namespace, passed = out.passed.len(), kind = out.kind.as_str(), "filter");
+        debug!(pod = %pod.name, ns = %pod.namespace, passed, kind = out.kind.as_str(), "filter");
         Ok((r, out.kind))
     }
 

@@ -36,10 +36,15 @@ struct Args {
     /// Also measure filter + prioritize over HTTP with JSON bodies.
     #[arg(long)]
     http: bool,
+    /// Give every fractional pod its own `gpu_mem` so that no two demands are
+    /// equal and the filter's memo never helps (its worst case).
+    #[arg(long)]
+    distinct_demands: bool,
 }
 
-/// A mix of demands: mostly fractions, some with memory, some spread, some multi-GPU.
-fn labels(i: u32) -> BTreeMap<String, String> {
+/// A mix of demands: mostly fractions, some with memory, some spread, some
+/// multi-GPU; with `distinct`, each fractional pod's memory differs.
+fn labels(i: u32, distinct: bool) -> BTreeMap<String, String> {
     let kv: &[(&str, &str)] = match i % 10 {
         0..=2 => &[("gpu_request", "0.25"), ("gpu_limit", "0.5")],
         3 | 4 => &[("gpu_request", "0.5"), ("gpu_limit", "1.0")],
@@ -65,15 +70,20 @@ fn labels(i: u32) -> BTreeMap<String, String> {
         ],
         _ => &[("gpu_request", "1.0"), ("gpu_limit", "1.0")],
     };
-    kv.iter()
+    let mut m: BTreeMap<String, String> = kv
+        .iter()
         .map(|(k, v)| (format!("sharedgpu/{k}"), v.to_string()))
-        .collect()
+        .collect();
+    if distinct && i % 10 != 9 {
+        m.insert("sharedgpu/gpu_mem".into(), format!("{}Mi", 1024 + i % 4096));
+    }
+    m
 }
 
-fn wire_pod(i: u32) -> WirePod {
+fn wire_pod(i: u32, distinct: bool) -> WirePod {
     serde_json::from_value(json!({
         "metadata": {"name": format!("p{i}"), "namespace": "bench", "uid": format!("uid-{i}"),
-                     "labels": labels(i)},
+                     "labels": labels(i, distinct)},
         "spec": {"schedulerName": "kubeshare-scheduler"}
     }))
     .unwrap_or_default()
@@ -136,9 +146,10 @@ fn decide(
     ext: &Extender,
     i: u32,
     names: &[String],
+    distinct: bool,
 ) -> Result<Option<(Duration, Duration, Duration)>> {
     let s = &ext.shared;
-    let pod = wire_pod(i);
+    let pod = wire_pod(i, distinct);
     let args = ExtenderArgs {
         pod: Some(pod.clone()),
         nodes: None,
@@ -216,6 +227,7 @@ async fn http_call(
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
     let a = Args::parse();
+    let distinct = a.distinct_demands;
     let ext = Extender::offline(Config::default());
     let setup = Instant::now();
     ext.shared.with_cluster(|c| {
@@ -227,7 +239,7 @@ async fn main() -> Result<()> {
     let names = ext.shared.with_cluster(|c| c.node_names());
     let mut live: VecDeque<u32> = VecDeque::new();
     for i in 0..a.placed {
-        if decide(&ext, i, &names)?.is_some() {
+        if decide(&ext, i, &names, distinct)?.is_some() {
             live.push_back(i);
         }
     }
@@ -236,12 +248,17 @@ async fn main() -> Result<()> {
         .shared
         .with_cluster(|c| c.usage().iter().map(|g| u64::from(g.used_milli)).sum());
     println!(
-        "cluster: {} nodes x {} GPUs, {} pods placed ({obs} allocations, {:.1}% of GPU share booked), setup {:.1} s",
+        "cluster: {} nodes x {} GPUs, {} pods placed ({obs} allocations, {:.1}% of GPU share booked), setup {:.1} s{}",
         a.nodes,
         a.gpus,
         live.len(),
         used as f64 / (f64::from(a.nodes * a.gpus) * 10.0),
-        setup.elapsed().as_secs_f64()
+        setup.elapsed().as_secs_f64(),
+        if distinct {
+            ", every demand distinct"
+        } else {
+            ""
+        }
     );
 
     let (mut f, mut p, mut b, mut total) = Default::default();
@@ -251,7 +268,7 @@ async fn main() -> Result<()> {
     let mut next = a.placed;
     for _ in 0..a.decisions {
         let c0 = thread_cpu();
-        let r = decide(&ext, next, &names)?;
+        let r = decide(&ext, next, &names, distinct)?;
         cpu.0.push(thread_cpu().saturating_sub(c0));
         if let Some((x, y, z)) = r {
             fs.0.push(x);
@@ -293,7 +310,7 @@ async fn main() -> Result<()> {
             next += 1;
             let body = serde_json::to_vec(&json!({
                 "Pod": {"metadata": {"name": format!("p{i}"), "namespace": "bench",
-                        "uid": format!("uid-{i}"), "labels": labels(i)},
+                        "uid": format!("uid-{i}"), "labels": labels(i, distinct)},
                         "spec": {"schedulerName": "kubeshare-scheduler",
                                  "containers": [{"name": "main", "image": "x"}]}},
                 "Nodes": null,
@@ -306,7 +323,7 @@ async fn main() -> Result<()> {
             let passed = v["NodeNames"].clone();
             let pbody = serde_json::to_vec(&json!({
                 "Pod": {"metadata": {"name": format!("p{i}"), "namespace": "bench",
-                        "uid": format!("uid-{i}"), "labels": labels(i)}},
+                        "uid": format!("uid-{i}"), "labels": labels(i, distinct)}},
                 "Nodes": null, "NodeNames": passed}))?;
             let t2 = Instant::now();
             let pr = http_call(&mut conn, "/prioritize", &pbody).await?;
