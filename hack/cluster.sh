@@ -19,7 +19,11 @@
 #      KUBESHARE_APISERVER_BIND (address the apiserver listens on, default 127.0.0.1;
 #        0.0.0.0 lets a real node's network namespace reach it, see hack/node.sh),
 #      KUBESHARE_LOCAL_SCHEDULER (1, default: run the kubeshare-scheduler process
-#        here; 0: leave that to KubeShare deployed from manifests/ on a real node).
+#        here; 0: leave that to KubeShare deployed from manifests/ on a real node),
+#      KUBESHARE_SCHED_QPS, KUBESHARE_SCHED_BURST (both schedulers' client limits,
+#        alike; unset: upstream's 50 / 100),
+#      KUBESHARE_MANAGED_RESOURCES (1: the extender sees only pods marked
+#        kubeshare.io/gpu-pod, as manifests/ configure it; default 0: every pod).
 set -euo pipefail
 
 HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -278,24 +282,42 @@ EOF
 write_configs() {
   local c="$RUN/config"
   mkdir -p "$c"
+  # Both schedulers' client limits, alike (hack/bench-scale.sh raises them so
+  # that neither scheduler is throttled by its client; upstream: 50 / 100).
+  local client_limits=""
+  if [[ -n "${KUBESHARE_SCHED_QPS:-}" ]]; then
+    client_limits="  qps: $KUBESHARE_SCHED_QPS
+  burst: ${KUBESHARE_SCHED_BURST:-$KUBESHARE_SCHED_QPS}"
+  fi
+  # As manifests/ configure it: only pods marked kubeshare.io/gpu-pod (the
+  # webhook marks GPU pods) go through the extender. Off by default: most tests
+  # create GPU pods without the webhook, and so without the mark.
+  local managed=""
+  if [[ "${KUBESHARE_MANAGED_RESOURCES:-0}" == 1 ]]; then
+    managed="  managedResources:
+  - name: kubeshare.io/gpu-pod
+    ignoredByScheduler: true"
+  fi
   cat >"$c/kube-scheduler.yaml" <<EOF
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 clientConnection:
   kubeconfig: $RUN/kubeconfig/kube-scheduler.kubeconfig
+$client_limits
 leaderElection:
   leaderElect: false
 profiles:
 - schedulerName: default-scheduler
 EOF
   # Our scheduler: its only profile is kubeshare-scheduler, and every pod it
-  # schedules goes through the extender (no managedResources filter). Short
+  # schedules goes through the extender (unless KUBESHARE_MANAGED_RESOURCES). Short
   # backoffs so tests do not wait long after the extender rejects a pod.
   cat >"$c/kubeshare-scheduler.yaml" <<EOF
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 clientConnection:
   kubeconfig: $RUN/kubeconfig/kube-scheduler.kubeconfig
+$client_limits
 leaderElection:
   leaderElect: false
 podInitialBackoffSeconds: 1
@@ -310,6 +332,7 @@ extenders:
   weight: 1
   nodeCacheCapable: true
   httpTimeout: 10s
+$managed
 EOF
   cp "$HACK/cluster-stages.yaml" "$c/kwok-stages.yaml"
 }

@@ -2,6 +2,8 @@
 #   make k8s-binaries    build or reuse kube-apiserver & co. (hack/build-k8s.sh)
 #   make cluster-up      start a cluster in $(CLUSTER_RUN_DIR); `. $(CLUSTER_RUN_DIR)/cluster.env`
 #   make cluster-down    stop it
+#   make bench-scale     pods/s and CPU per pod at 1,000 nodes, KubeShare profile vs the
+#                        default one, side by side (hack/bench-scale.sh; docs/extender.md)
 # `make test` runs `cargo test` through $(CARGO_TEST_WRAPPER), which brings one
 # cluster up for the whole test run and always brings it down afterwards.
 #
@@ -17,7 +19,7 @@ CARGO_TEST_WRAPPER := hack/with-cluster.sh
 
 TEST_PREREQS += k8s-binaries
 
-.PHONY: k8s-binaries cluster-up cluster-down k8s-newest-test
+.PHONY: k8s-binaries cluster-up cluster-down k8s-newest-test bench-scale
 
 k8s-binaries:
 	hack/build-k8s.sh
@@ -27,6 +29,10 @@ cluster-up: k8s-binaries
 
 cluster-down:
 	hack/cluster.sh down $(CLUSTER_RUN_DIR)
+
+BENCH_ROUNDS ?= 2
+bench-scale:
+	hack/bench-scale.sh $(BENCH_ROUNDS)
 
 k8s-newest-test:
 	$(MAKE) cargo-test node-test K8S_VERSION=$(K8S_NEWEST)

@@ -42,3 +42,11 @@ pub const PREFIX: &str = "sharedgpu/";
 pub const GPU_TAINT_KEY: &str = "kubeshare.io/gpu";
 pub const GPU_TAINT_VALUE: &str = "shared";
 pub const GPU_TAINT_EFFECT: &str = "NoSchedule";
+
+/// The extended resource that marks a pod for the extender: the webhook adds
+/// `kubeshare.io/gpu-pod: 1` to the first container of every pod with a GPU
+/// demand, and kube-scheduler's `managedResources` sends only pods that ask for
+/// it to the extender (`ignoredByScheduler`: no node advertises it, and the
+/// kubelet drops extended resources its node does not have). Pods without GPUs
+/// are then placed by kube-scheduler alone, at its own speed (issue 17).
+pub const GPU_POD_RESOURCE: &str = "kubeshare.io/gpu-pod";

@@ -3,6 +3,9 @@
 //! 1.0, and every bound KubeShare pod carries a record that names its node.
 //!
 //! Pure functions over `Pod` objects, so the check itself is unit-tested.
+//! `rig` holds what the bench binaries share (processes, nodes, lists).
+
+pub mod rig;
 
 use std::collections::BTreeMap;
 

@@ -1,12 +1,13 @@
 //! Placement: which node and which GPU(s) a KubeShare pod gets.
 //!
 //! Pure decision logic: no I/O and no clock (callers pass `now_ms`), and
-//! deterministic (ordered maps, explicit tie-breaks), so it is unit- and
-//! property-tested on its own. The books are integers (milli-units, bytes) held
-//! per GPU and updated incrementally from *bookings*: one per pod, either
-//! observed (the pod's allocation annotations, the source of truth), assumed
-//! (bound by us, not yet seen in the watch) or reserved (coscheduling: capacity
-//! held for a group member that has not been bound yet).
+//! deterministic (explicit tie-breaks; no answer depends on a hash map's
+//! order), so it is unit- and property-tested on its own. The books are
+//! integers (milli-units, bytes) held per GPU and updated incrementally from
+//! *bookings*: one per pod, either observed (the pod's allocation annotations,
+//! the source of truth), assumed (bound by us, not yet seen in the watch) or
+//! reserved (coscheduling: capacity held for a group member that has not been
+//! bound yet).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;

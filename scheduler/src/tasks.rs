@@ -152,8 +152,13 @@ async fn watch_pods(client: Client, s: Arc<Shared>) {
 async fn timer(s: Arc<Shared>) {
     let mut tick = tokio::time::interval(s.timing.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut trimmed = Instant::now();
     loop {
         tick.tick().await;
+        if trimmed.elapsed() >= TRIM_EVERY {
+            release_free_memory();
+            trimmed = Instant::now();
+        }
         let now = s.now_ms();
         let after = s.timing.assume_check.as_millis() as u64;
         let (wake, due, problems) = s.with_cluster(|c| {
@@ -189,6 +194,20 @@ async fn timer(s: Arc<Shared>) {
             let (s, client) = (s.clone(), client.clone());
             tokio::spawn(async move { wake_member(&s, client, &ns, &name, now).await });
         }
+    }
+}
+
+/// How often freed heap memory is given back to the system.
+const TRIM_EVERY: Duration = Duration::from_secs(30);
+
+/// Gives the heap's free pages back to the system. glibc keeps what a burst
+/// freed in its per-thread arenas: after a 2,000-pod backlog, with every pod
+/// gone, the extender's RSS stayed at 2.7x what it was before (issue 17).
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

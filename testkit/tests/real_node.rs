@@ -156,6 +156,18 @@ async fn fractional_pod_gets_its_gpu_the_hook_and_only_its_own_sockets() -> Resu
     let b = running(&r.pods, "b").await?;
     let gpu = gpu_of(&a)?;
     ensure!(gpu == gpu_of(&b)?, "affinity put a and b on different GPUs");
+    // The webhook marked it for the extender (manifests/kube-scheduler.yaml's
+    // managedResources; it got its GPU above, so the extender placed it), and the
+    // kubelet admitted it although no node advertises the mark.
+    let mark = a
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.resources.as_ref())
+        .and_then(|r| r.limits.as_ref())
+        .and_then(|l| l.get(kubeshare_api::GPU_POD_RESOURCE))
+        .map(|q| q.0.clone());
+    assert_eq!(mark.as_deref(), Some("1"), "{:?}", a.spec);
 
     let log = wait_for_log(&r.pods, "a", "main", "DONE", WAIT).await?;
     assert_eq!(field(&log, "NVD"), Some(gpu.as_str()), "{log}");

@@ -15,7 +15,10 @@ use std::collections::BTreeMap;
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation};
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, PodSpec, Volume, VolumeMount};
-use kubeshare_api::{GpuDemand, LabelError, PREFIX, is_kubeshare_pod, scheduler_name};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kubeshare_api::{
+    GPU_POD_RESOURCE, GpuDemand, LabelError, PREFIX, is_kubeshare_pod, scheduler_name,
+};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -211,6 +214,7 @@ fn admit_create(pod: &Pod) -> Result<Verdict, Denial> {
     };
     guard::refuse_device_plugin_gpus(spec)?;
     guard::plan_toleration(spec, &mut plan);
+    plan_gpu_pod_marker(spec, &mut plan)?;
     let hook = !demand.is_whole();
     if hook {
         plan_volumes(spec, &mut plan)?;
@@ -237,6 +241,62 @@ fn admit_create(pod: &Pod) -> Result<Verdict, Denial> {
         }
     }
     Ok(plan.into_verdict())
+}
+
+/// `kubeshare.io/gpu-pod: 1` in the first container's limits and requests: the
+/// mark by which kube-scheduler sends the pod to the extender (its
+/// `managedResources`; see [`GPU_POD_RESOURCE`]). A pod that sets it itself
+/// must set it to 1 there, and nowhere else.
+fn plan_gpu_pod_marker(spec: &PodSpec, plan: &mut Plan) -> Result<(), Denial> {
+    let one = Quantity("1".into());
+    let init = spec.init_containers.as_deref().unwrap_or_default();
+    for (i, c) in init.iter().chain(&spec.containers).enumerate() {
+        let r = c.resources.as_ref();
+        let maps = [
+            r.and_then(|r| r.limits.as_ref()),
+            r.and_then(|r| r.requests.as_ref()),
+        ];
+        let first = i == init.len();
+        for q in maps
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m.get(GPU_POD_RESOURCE))
+        {
+            if !first || *q != one {
+                return Err(Denial::invalid(format!(
+                    "container {:?}: resource {GPU_POD_RESOURCE} is KubeShare's mark for its scheduler; leave it out (the webhook sets it to 1 on the first container)",
+                    c.name
+                )));
+            }
+        }
+    }
+    let Some(c) = spec.containers.first() else {
+        return Ok(());
+    };
+    let at = ContainerAt {
+        field: "containers",
+        index: 0,
+        label: String::new(),
+    };
+    let r = c.resources.as_ref();
+    let mark = || serde_json::json!({ GPU_POD_RESOURCE: "1" });
+    let Some(r) = r else {
+        plan.add(
+            &at.path(&["resources"]),
+            serde_json::json!({"limits": mark(), "requests": mark()}),
+        );
+        return Ok(());
+    };
+    for (key, map) in [("limits", &r.limits), ("requests", &r.requests)] {
+        match map {
+            None => plan.add(&at.path(&["resources", key]), mark()),
+            Some(m) if !m.contains_key(GPU_POD_RESOURCE) => {
+                plan.add(&at.path(&["resources", key, GPU_POD_RESOURCE]), "1".into())
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// Where a container sits in the pod, for patch paths and messages.

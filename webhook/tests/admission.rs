@@ -121,6 +121,7 @@ fn fractional_pod_with_generate_name_gets_everything() {
         frac_labels(),
         json!({"schedulerName": "kubeshare-scheduler",
                "containers": [{"name": "main", "image": "cuda",
+                   "resources": marked(),
                    "env": [gpu_env(), uid_env(), sock_env(), preload_env(HOOK)],
                    "volumeMounts": [lib_mount(), run_mount()]}],
                "tolerations": [toleration()],
@@ -278,10 +279,69 @@ fn whole_gpu_pod_gets_gpu_env_but_no_hook() {
         labels,
         json!({"schedulerName": "kubeshare-scheduler",
                "initContainers": [{"name": "i", "image": "x", "env": [gpu_env()]}],
-               "containers": [{"name": "a", "image": "x", "env": [{"name": "LD_PRELOAD", "value": "/keep.so"}, gpu_env()]}],
+               "containers": [{"name": "a", "image": "x", "resources": marked(),
+                   "env": [{"name": "LD_PRELOAD", "value": "/keep.so"}, gpu_env()]}],
                "tolerations": [toleration()]}),
     );
     assert_eq!(got, want);
+}
+
+/// What the webhook adds for kube-scheduler's `managedResources`.
+fn marked() -> Value {
+    json!({"limits": {"kubeshare.io/gpu-pod": "1"}, "requests": {"kubeshare.io/gpu-pod": "1"}})
+}
+
+#[test]
+fn gpu_pods_get_the_schedulers_mark_beside_their_own_resources() {
+    let main = |resources: Value| {
+        json!({"containers": [{"name": "main", "image": "x", "resources": resources},
+                              {"name": "side", "image": "x"}]})
+    };
+    for (have, want) in [
+        (json!({}), marked()),
+        (
+            json!({"limits": {"cpu": "2"}}),
+            json!({"limits": {"cpu": "2", "kubeshare.io/gpu-pod": "1"},
+                   "requests": {"kubeshare.io/gpu-pod": "1"}}),
+        ),
+        (
+            json!({"limits": {"cpu": "2"}, "requests": {"cpu": "1", "memory": "1Gi"}}),
+            json!({"limits": {"cpu": "2", "kubeshare.io/gpu-pod": "1"},
+                   "requests": {"cpu": "1", "memory": "1Gi", "kubeshare.io/gpu-pod": "1"}}),
+        ),
+        // Already marked (the apiserver defaulted requests from limits): kept.
+        (marked(), marked()),
+    ] {
+        let got = mutate_idempotent(&pod_with(frac_labels(), main(have.clone())));
+        assert_eq!(
+            got["spec"]["containers"][0]["resources"], want,
+            "from {have}"
+        );
+        assert!(got["spec"]["containers"][1].get("resources").is_none());
+    }
+    // Pods without a GPU demand are not marked: kube-scheduler places them alone.
+    for labels in [json!({"app": "x"}), json!({})] {
+        let spec = json!({"schedulerName": "kubeshare-scheduler",
+                          "containers": [{"name": "main", "image": "x"}]});
+        let got = mutate(&pod_with(labels, spec));
+        assert!(
+            got["spec"]["containers"][0].get("resources").is_none(),
+            "{got}"
+        );
+    }
+    // The mark is KubeShare's: another value, or on another container, is refused.
+    let msg = "resource kubeshare.io/gpu-pod is KubeShare's mark for its scheduler; leave it out (the webhook sets it to 1 on the first container)";
+    let two = json!({"limits": {"kubeshare.io/gpu-pod": "2"}});
+    assert_eq!(
+        denial(&pod_with(frac_labels(), main(two))),
+        format!("container \"main\": {msg}")
+    );
+    let side = json!({"containers": [{"name": "main", "image": "x"},
+        {"name": "side", "image": "x", "resources": {"requests": {"kubeshare.io/gpu-pod": "1"}}}]});
+    assert_eq!(
+        denial(&pod_with(frac_labels(), side)),
+        format!("container \"side\": {msg}")
+    );
 }
 
 #[test]

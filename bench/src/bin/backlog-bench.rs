@@ -13,23 +13,20 @@ use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
 use futures::{StreamExt, TryStreamExt, stream};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Api;
-use kube::api::{ListParams, PostParams};
-use kubeshare_api::inventory::INVENTORY_ANNOTATION;
-use kubeshare_api::{GpuInfo, NodeInventory};
+use kube::api::PostParams;
 use kubeshare_bench::check_books;
-use kubeshare_testkit::{Cluster, Identity, KwokNode, create_kwok_node, node_is_ready};
+use kubeshare_bench::rig::{
+    BENCH_LABEL, Extender, component_pid, create_gpu_nodes, list_all, signal,
+};
+use kubeshare_testkit::{Cluster, Identity};
 use serde_json::json;
-
-const GIB: u64 = 1 << 30;
-const BENCH_LABEL: &str = "kubeshare.io/bench";
 
 /// Reproduce the scheduling backlog and check that no GPU is booked above 1.0.
 #[derive(Debug, Parser)]
@@ -65,103 +62,6 @@ struct Args {
     /// Directory for the extender's logs (default: the cluster's logs dir).
     #[arg(long)]
     log_dir: Option<PathBuf>,
-}
-
-/// The extender as a child process, restarted when the bench kills it.
-struct Extender {
-    child: Child,
-    bin: PathBuf,
-    kubeconfig: PathBuf,
-    port: u16,
-    log: PathBuf,
-}
-
-impl Extender {
-    fn spawn(bin: &Path, kubeconfig: &Path, port: u16, log: &Path) -> anyhow::Result<Child> {
-        let out = OpenOptions::new().create(true).append(true).open(log)?;
-        Command::new(bin)
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))
-    }
-
-    fn start(bin: &Path, kubeconfig: &Path, port: u16, log: &Path) -> anyhow::Result<Extender> {
-        let child = Self::spawn(bin, kubeconfig, port, log)?;
-        Ok(Extender {
-            child,
-            bin: bin.to_owned(),
-            kubeconfig: kubeconfig.to_owned(),
-            port,
-            log: log.to_owned(),
-        })
-    }
-
-    fn kill_and_restart(&mut self) -> anyhow::Result<()> {
-        self.child.kill().context("killing the extender")?;
-        self.child.wait()?;
-        self.child = Self::spawn(&self.bin, &self.kubeconfig, self.port, &self.log)?;
-        Ok(())
-    }
-}
-
-impl Drop for Extender {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn signal(pid: &str, sig: &str) -> anyhow::Result<()> {
-    let ok = Command::new("kill")
-        .args([&format!("-{sig}"), pid])
-        .status()
-        .context("running kill")?
-        .success();
-    if !ok {
-        bail!("kill -{sig} {pid} failed");
-    }
-    Ok(())
-}
-
-fn uuid(node: u32, gpu: u32) -> String {
-    format!("GPU-{node:08x}-0000-0000-0000-{gpu:012x}")
-}
-
-fn inventory(node: u32, gpus: u32) -> NodeInventory {
-    NodeInventory {
-        gpus: (0..gpus)
-            .map(|i| GpuInfo {
-                uuid: uuid(node, i),
-                index: i,
-                model: "NVIDIA-H100-80GB-HBM3".into(),
-                memory: 80 * GIB,
-                numa_node: Some(0),
-                nvlink_peers: vec![],
-                held_by: None,
-            })
-            .collect(),
-    }
-}
-
-/// Every pod of the bench, in pages (one list of thousands of pods is slow to
-/// serve on a loaded apiserver and is cut off by its request timeout).
-async fn list_all(pods: &Api<Pod>) -> anyhow::Result<Vec<Pod>> {
-    let mut all = Vec::new();
-    let mut lp = ListParams::default().limit(500);
-    loop {
-        let page = pods.list(&lp).await?;
-        all.extend(page.items);
-        match page.metadata.continue_ {
-            Some(c) if !c.is_empty() => lp = lp.continue_token(&c),
-            _ => return Ok(all),
-        }
-    }
 }
 
 /// Bound and total, from one list of the bench's pods.
@@ -203,39 +103,7 @@ async fn main() -> anyhow::Result<()> {
 
     // Nodes.
     let t = Instant::now();
-    stream::iter(0..args.nodes)
-        .map(|i| {
-            let admin = admin.clone();
-            let inv = inventory(i, args.gpus);
-            async move {
-                let spec = KwokNode::new(format!("bench-{i:05}"))
-                    .label(BENCH_LABEL, "backlog")
-                    .annotation(INVENTORY_ANNOTATION, inv.to_json());
-                create_kwok_node(&admin, &spec).await
-            }
-        })
-        .buffer_unordered(args.concurrency)
-        .try_collect::<Vec<_>>()
-        .await
-        .context("creating nodes")?;
-    let nodes: Api<Node> = Api::all(admin.clone());
-    let lp = ListParams::default().labels(&format!("{BENCH_LABEL}=backlog"));
-    loop {
-        let ready = nodes
-            .list(&lp)
-            .await?
-            .items
-            .iter()
-            .filter(|n| node_is_ready(n))
-            .count();
-        if ready as u32 >= args.nodes {
-            break;
-        }
-        if t.elapsed() > Duration::from_secs(300) {
-            bail!("only {ready} of {} nodes Ready after 300 s", args.nodes);
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
+    create_gpu_nodes(&admin, "backlog", args.nodes, args.gpus, args.concurrency).await?;
     eprintln!(
         "backlog-bench: {} nodes x {} GPUs ready in {:.1} s",
         args.nodes,
@@ -252,11 +120,8 @@ async fn main() -> anyhow::Result<()> {
     )
     .await
     .context("creating the namespace")?;
-    let sched_pid = std::fs::read_to_string(run_dir.join("pids/kubeshare-scheduler.pid"))
-        .context("reading the kubeshare-scheduler pid")?
-        .trim()
-        .to_string();
-    signal(&sched_pid, "STOP")?;
+    let sched_pid = component_pid(&run_dir, "kubeshare-scheduler")?;
+    signal(sched_pid, "STOP")?;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), ns_name);
     let t = Instant::now();
     let created = stream::iter(0..args.pods)
@@ -281,7 +146,7 @@ async fn main() -> anyhow::Result<()> {
         .try_collect::<Vec<_>>()
         .await;
     // Resume the scheduler whatever happened, so the cluster can go down cleanly.
-    signal(&sched_pid, "CONT")?;
+    signal(sched_pid, "CONT")?;
     created.context("creating pods")?;
     eprintln!(
         "backlog-bench: {} pods created in {:.1} s while the scheduler was stopped; resumed",

@@ -1,0 +1,523 @@
+//! `scale-bench`: scheduling throughput and control-plane CPU per pod of the
+//! KubeShare profile against the default scheduler, side by side on one
+//! cluster (issue 17).
+//!
+//! On a running local cluster (hack/bench-scale.sh starts one with both
+//! schedulers' client limits raised alike) it creates N kwok nodes with G
+//! simulated GPUs each, then, per round, runs each configuration in each mode:
+//!
+//! - `a2`: plain pods, `default-scheduler` (the default profile);
+//! - `b`: GPU pods (`gpu_request = gpu_limit = --share`), `kubeshare-scheduler`
+//!   (filter, prioritize and bind through the extender);
+//! - `c`: plain pods, `kubeshare-scheduler` (the extender passes them through);
+//!
+//! `stream`: `--clients` concurrent clients create the pods as fast as the
+//! apiserver takes them; `backlog`: the pods are created while that scheduler is
+//! stopped (SIGSTOP), then it is resumed. Pods/s = pods / (last bind seen by a
+//! watch − first create, or the resume). CPU per pod = the CPU time the
+//! control-plane processes (etcd, apiserver, controller-manager, both
+//! schedulers, the extender; not kwok, which plays the kubelets) used during the
+//! run / pods. Every `b` run ends with the check of the API's records (no GPU
+//! above 1.0, every bound pod with its record); the bench fails if one fails.
+//! Each run's pods are deleted (and gone) before the next run starts.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Parser, ValueEnum};
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{DeleteParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use kubeshare_api::GPU_POD_RESOURCE;
+use kubeshare_bench::check_books;
+use kubeshare_bench::rig::{
+    BENCH_LABEL, Extender, component_pid, cpu_time, create_gpu_nodes, list_all, rss, signal,
+};
+use kubeshare_testkit::{Cluster, Identity};
+use serde_json::json;
+use tokio::sync::Mutex;
+
+/// The control-plane processes whose CPU time a run is charged.
+const CONTROL_PLANE: [&str; 5] = [
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubeshare-scheduler",
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+enum Config {
+    A2,
+    B,
+    C,
+}
+
+impl Config {
+    fn name(self) -> &'static str {
+        match self {
+            Config::A2 => "a2",
+            Config::B => "b",
+            Config::C => "c",
+        }
+    }
+
+    /// The kube-scheduler process (hack/cluster.sh component) that schedules its pods.
+    fn scheduler(self) -> &'static str {
+        match self {
+            Config::A2 => "kube-scheduler",
+            Config::B | Config::C => "kubeshare-scheduler",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+enum Mode {
+    Stream,
+    Backlog,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Stream => "stream",
+            Mode::Backlog => "backlog",
+        }
+    }
+}
+
+/// Scheduling throughput and CPU per pod: default profile vs KubeShare, one cluster.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// kwok nodes to create.
+    #[arg(long, default_value_t = 1000)]
+    nodes: u32,
+    /// Simulated GPUs per node.
+    #[arg(long, default_value_t = 8)]
+    gpus: u32,
+    /// Pods per run.
+    #[arg(long, default_value_t = 2000)]
+    pods: u32,
+    /// gpu_request = gpu_limit of the GPU pods (configuration b).
+    #[arg(long, default_value = "0.25")]
+    share: String,
+    /// Concurrent clients creating the pods.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// Rounds; each runs every configuration in every mode, interleaved.
+    #[arg(long, default_value_t = 1)]
+    rounds: u32,
+    /// Configurations to run.
+    #[arg(long, value_delimiter = ',', default_value = "a2,b,c")]
+    configs: Vec<Config>,
+    /// Modes to run.
+    #[arg(long, value_delimiter = ',', default_value = "stream,backlog")]
+    modes: Vec<Mode>,
+    /// The extender binary to run.
+    #[arg(long, default_value = "target/release/kubeshare-extender")]
+    extender: PathBuf,
+    /// Give up on a run whose pods are not all bound after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+    /// Append each run as one JSON line to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// What one run measured.
+#[derive(Debug, Clone)]
+struct Run {
+    config: Config,
+    mode: Mode,
+    round: u32,
+    pods_per_second: f64,
+    seconds: f64,
+    cpu_ms_per_pod: f64,
+    cpu_ms_by_process: BTreeMap<String, f64>,
+    extender_rss_mib: f64,
+    check: String,
+}
+
+/// Counts the pods of a namespace that a watch has seen bound, with the time of the last.
+struct BindWatch {
+    bound: Arc<AtomicUsize>,
+    last: Arc<Mutex<Option<Instant>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl BindWatch {
+    fn start(pods: Api<Pod>) -> BindWatch {
+        let bound = Arc::new(AtomicUsize::new(0));
+        let last = Arc::new(Mutex::new(None));
+        let (b, l) = (bound.clone(), last.clone());
+        let task = tokio::spawn(async move {
+            let mut seen = HashSet::new();
+            let mut s = watcher(pods, watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            while let Some(ev) = s.next().await {
+                let Ok(p) = ev else { continue };
+                let is_bound = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
+                if is_bound
+                    && let Some(name) = p.metadata.name
+                    && seen.insert(name)
+                {
+                    *l.lock().await = Some(Instant::now());
+                    b.store(seen.len(), Ordering::Release);
+                }
+            }
+        });
+        BindWatch { bound, last, task }
+    }
+
+    /// Waits until `n` pods are bound; the time of the last bind.
+    async fn wait(&self, n: usize, timeout: Duration) -> anyhow::Result<Instant> {
+        let t = Instant::now();
+        let mut shown = 0;
+        loop {
+            let b = self.bound.load(Ordering::Acquire);
+            if b >= n {
+                return (*self.last.lock().await).context("no bind time");
+            }
+            if t.elapsed() > timeout {
+                bail!("only {b} of {n} pods bound after {} s", timeout.as_secs());
+            }
+            if b >= shown + n / 4 {
+                eprintln!("scale-bench:   {b}/{n} bound");
+                shown = b;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for BindWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A pod of the configuration; a GPU pod carries what the webhook would have
+/// added for the scheduler (the mark `managedResources` selects on).
+fn pod(config: Config, i: u32, share: &str) -> anyhow::Result<Pod> {
+    let mark = json!({GPU_POD_RESOURCE: "1"});
+    let (scheduler, labels, resources) = match config {
+        Config::A2 => ("default-scheduler", json!({}), json!({})),
+        Config::B => (
+            "kubeshare-scheduler",
+            json!({"sharedgpu/gpu_request": share, "sharedgpu/gpu_limit": share}),
+            json!({"limits": mark, "requests": mark}),
+        ),
+        Config::C => ("kubeshare-scheduler", json!({}), json!({})),
+    };
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": format!("p-{i:05}"), "labels": labels},
+        "spec": {
+            "schedulerName": scheduler,
+            "nodeSelector": {BENCH_LABEL: "scale"},
+            "containers": [{"name": "main", "image": "registry.invalid/cuda:1",
+                            "resources": resources}]
+        }
+    }))?)
+}
+
+/// CPU time used so far by each control-plane process and the extender.
+fn cpu_snapshot(pids: &BTreeMap<String, u32>) -> anyhow::Result<BTreeMap<String, Duration>> {
+    pids.iter()
+        .map(|(n, &p)| Ok((n.clone(), cpu_time(p)?)))
+        .collect()
+}
+
+async fn create_pods(
+    pods: &Api<Pod>,
+    config: Config,
+    n: u32,
+    share: &str,
+    clients: usize,
+) -> anyhow::Result<()> {
+    stream::iter(0..n)
+        .map(|i| {
+            let pods = pods.clone();
+            let p = pod(config, i, share);
+            async move {
+                pods.create(&PostParams::default(), &p?).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(clients)
+        .try_collect::<Vec<_>>()
+        .await
+        .context("creating pods")?;
+    Ok(())
+}
+
+/// Deletes the namespace and waits until it is gone, so that its deletion
+/// does not load the next run.
+async fn delete_namespace(admin: &Client, ns: &str) -> anyhow::Result<()> {
+    let nss: Api<Namespace> = Api::all(admin.clone());
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    // Pods first, with no grace period: kwok's nodes have nothing to stop.
+    pods.delete_collection(
+        &DeleteParams::default().grace_period(0),
+        &Default::default(),
+    )
+    .await
+    .context("deleting pods")?;
+    nss.delete(ns, &DeleteParams::default()).await.ok();
+    let t = Instant::now();
+    while nss.get_opt(ns).await?.is_some() {
+        if t.elapsed() > Duration::from_secs(600) {
+            bail!("namespace {ns} still there after 600 s");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_one(
+    args: &Args,
+    admin: &Client,
+    run_dir: &Path,
+    pids: &BTreeMap<String, u32>,
+    extender_pid: u32,
+    config: Config,
+    mode: Mode,
+    round: u32,
+) -> anyhow::Result<Run> {
+    let ns = format!("scale-{}-{}-{round}", config.name(), mode.name());
+    let nss: Api<Namespace> = Api::all(admin.clone());
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+    )
+    .await
+    .with_context(|| format!("creating namespace {ns}"))?;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
+    let watch = BindWatch::start(pods.clone());
+    // Let the watch list the (empty) namespace before the first create.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let cpu0 = cpu_snapshot(pids)?;
+    let t0 = match mode {
+        Mode::Stream => {
+            let t0 = Instant::now();
+            create_pods(&pods, config, args.pods, &args.share, args.clients).await?;
+            t0
+        }
+        Mode::Backlog => {
+            let sched = component_pid(run_dir, config.scheduler())?;
+            signal(sched, "STOP")?;
+            let created = create_pods(&pods, config, args.pods, &args.share, args.clients).await;
+            // Resume whatever happened, so the cluster can go down cleanly.
+            let t0 = Instant::now();
+            signal(sched, "CONT")?;
+            created?;
+            t0
+        }
+    };
+    let end = watch
+        .wait(args.pods as usize, Duration::from_secs(args.timeout))
+        .await
+        .with_context(|| ns.clone())?;
+    let cpu1 = cpu_snapshot(pids)?;
+    drop(watch);
+    let seconds = end.saturating_duration_since(t0).as_secs_f64();
+    let by: BTreeMap<String, f64> = cpu1
+        .iter()
+        .map(|(n, c)| {
+            let used = c.saturating_sub(cpu0.get(n).copied().unwrap_or_default());
+            (n.clone(), used.as_secs_f64() * 1000.0)
+        })
+        .collect();
+    let total: f64 = by.values().sum();
+
+    let all = list_all(&pods).await?;
+    let check = match config {
+        Config::B => {
+            let c = check_books(&all);
+            if !c.ok() {
+                bail!(
+                    "{ns}: {} GPUs above 1.0 (max {:.3}), {} bad records, {} pending: {:?}",
+                    c.overcommitted().len(),
+                    f64::from(c.max_milli()) / 1000.0,
+                    c.bad_records.len(),
+                    c.pending,
+                    c.bad_records.iter().take(5).collect::<Vec<_>>()
+                );
+            }
+            format!(
+                "ok: {} bound, {} GPUs used, max booking {:.2}",
+                c.bound,
+                c.booked_milli.len(),
+                f64::from(c.max_milli()) / 1000.0
+            )
+        }
+        Config::A2 | Config::C => {
+            let bound = all
+                .iter()
+                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+                .count();
+            if bound != args.pods as usize {
+                bail!("{ns}: {bound} of {} pods bound", args.pods);
+            }
+            format!("ok: {bound} bound")
+        }
+    };
+    delete_namespace(admin, &ns).await?;
+    Ok(Run {
+        config,
+        mode,
+        round,
+        pods_per_second: f64::from(args.pods) / seconds.max(1e-9),
+        seconds,
+        cpu_ms_per_pod: total / f64::from(args.pods),
+        cpu_ms_by_process: by
+            .into_iter()
+            .map(|(n, v)| (n, v / f64::from(args.pods)))
+            .collect(),
+        extender_rss_mib: rss(extender_pid)? as f64 / f64::from(1u32 << 20),
+        check,
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// The summary: per mode, each configuration's median pods/s and CPU per pod,
+/// and the ratios the issue sets targets for.
+fn summary(runs: &[Run], modes: &[Mode]) -> String {
+    let mut s = String::from(
+        "| mode | config | pods/s (median) | CPU ms/pod (median) | ratio to a2: pods/s | ratio to a2: CPU/pod |\n|---|---|---|---|---|---|\n",
+    );
+    for &m in modes {
+        let stat = |c: Config| {
+            let of = |f: fn(&Run) -> f64| {
+                median(
+                    runs.iter()
+                        .filter(|r| r.mode == m && r.config == c)
+                        .map(f)
+                        .collect(),
+                )
+            };
+            (of(|r| r.pods_per_second), of(|r| r.cpu_ms_per_pod))
+        };
+        let (a_rate, a_cpu) = stat(Config::A2);
+        for c in [Config::A2, Config::B, Config::C] {
+            let (rate, cpu) = stat(c);
+            if rate.is_nan() {
+                continue;
+            }
+            s.push_str(&format!(
+                "| {} | {} | {rate:.1} | {cpu:.2} | {:.2} | {:.2} |\n",
+                m.name(),
+                c.name(),
+                rate / a_rate,
+                cpu / a_cpu
+            ));
+        }
+    }
+    s
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let cluster = Cluster::shared().context("no cluster: run under hack/with-cluster.sh")?;
+    let admin = cluster.client(Identity::Admin).await?;
+    let run_dir = cluster.run_dir().to_owned();
+    let ext = Extender::start(
+        &args.extender,
+        cluster.kubeconfig(Identity::Extender)?,
+        cluster.extender_port(),
+        &run_dir.join("logs/extender.log"),
+    )?;
+    let mut pids: BTreeMap<String, u32> = CONTROL_PLANE
+        .iter()
+        .map(|n| Ok((n.to_string(), component_pid(&run_dir, n)?)))
+        .collect::<anyhow::Result<_>>()?;
+    pids.insert("kubeshare-extender".into(), ext.pid());
+
+    let t = Instant::now();
+    create_gpu_nodes(&admin, "scale", args.nodes, args.gpus, 16).await?;
+    let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
+    let rss_nodes = mib(rss(ext.pid())?);
+    eprintln!(
+        "scale-bench: {} nodes x {} GPUs ready in {:.1} s; extender RSS {rss_nodes:.1} MiB",
+        args.nodes,
+        args.gpus,
+        t.elapsed().as_secs_f64(),
+    );
+
+    let mut runs = Vec::new();
+    for round in 1..=args.rounds {
+        for &mode in &args.modes {
+            for &config in &args.configs {
+                eprintln!(
+                    "scale-bench: round {round}, {} {}",
+                    config.name(),
+                    mode.name()
+                );
+                let r = run_one(
+                    &args,
+                    &admin,
+                    &run_dir,
+                    &pids,
+                    ext.pid(),
+                    config,
+                    mode,
+                    round,
+                )
+                .await?;
+                let line = json!({
+                    "config": r.config.name(), "mode": r.mode.name(), "round": r.round,
+                    "nodes": args.nodes, "gpus_per_node": args.gpus, "pods": args.pods,
+                    "clients": args.clients,
+                    "seconds": (r.seconds * 100.0).round() / 100.0,
+                    "pods_per_second": (r.pods_per_second * 10.0).round() / 10.0,
+                    "cpu_ms_per_pod": (r.cpu_ms_per_pod * 100.0).round() / 100.0,
+                    "cpu_ms_per_pod_by_process": r.cpu_ms_by_process.iter()
+                        .map(|(k, v)| (k.clone(), json!((v * 100.0).round() / 100.0)))
+                        .collect::<serde_json::Map<_, _>>(),
+                    "extender_rss_mib_after": (r.extender_rss_mib * 10.0).round() / 10.0,
+                    "check": r.check,
+                });
+                println!("{line}");
+                if let Some(path) = &args.out {
+                    let mut f = OpenOptions::new().create(true).append(true).open(path)?;
+                    writeln!(f, "{line}")?;
+                }
+                runs.push(r);
+            }
+        }
+    }
+    eprintln!("{}", summary(&runs, &args.modes));
+    // Every pod is gone: the extender should be back near where it started.
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    let line = json!({"extender_rss_mib": {
+        "after_nodes": (rss_nodes * 10.0).round() / 10.0,
+        "after_runs_max": runs.iter().map(|r| r.extender_rss_mib).fold(0.0, f64::max),
+        "idle_40s_after_last_run": (mib(rss(ext.pid())?) * 10.0).round() / 10.0,
+    }});
+    println!("{line}");
+    if let Some(path) = &args.out {
+        let mut f = OpenOptions::new().create(true).append(true).open(path)?;
+        writeln!(f, "{line}")?;
+    }
+    Ok(())
+}

@@ -1,0 +1,213 @@
+//! The pieces every scale run shares: the extender as a child process, kwok
+//! nodes with simulated GPUs, signals to a control-plane process, paged lists,
+//! and the CPU time and memory of a process read from /proc.
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::ListParams;
+use kube::{Api, Client};
+use kubeshare_api::inventory::INVENTORY_ANNOTATION;
+use kubeshare_api::{GpuInfo, NodeInventory};
+use kubeshare_testkit::{KwokNode, create_kwok_node, node_is_ready};
+
+const GIB: u64 = 1 << 30;
+
+/// The label every node and pod of a bench carries (value: the bench's name).
+pub const BENCH_LABEL: &str = "kubeshare.io/bench";
+
+/// The extender as a child process, restarted when a bench kills it.
+pub struct Extender {
+    child: Child,
+    bin: PathBuf,
+    kubeconfig: PathBuf,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Extender {
+    fn spawn(bin: &Path, kubeconfig: &Path, port: u16, log: &Path) -> anyhow::Result<Child> {
+        let out = OpenOptions::new().create(true).append(true).open(log)?;
+        Command::new(bin)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))
+    }
+
+    pub fn start(bin: &Path, kubeconfig: &Path, port: u16, log: &Path) -> anyhow::Result<Extender> {
+        let child = Self::spawn(bin, kubeconfig, port, log)?;
+        Ok(Extender {
+            child,
+            bin: bin.to_owned(),
+            kubeconfig: kubeconfig.to_owned(),
+            port,
+            log: log.to_owned(),
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn kill_and_restart(&mut self) -> anyhow::Result<()> {
+        self.child.kill().context("killing the extender")?;
+        self.child.wait()?;
+        self.child = Self::spawn(&self.bin, &self.kubeconfig, self.port, &self.log)?;
+        Ok(())
+    }
+}
+
+impl Drop for Extender {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `kill -SIG pid`.
+pub fn signal(pid: u32, sig: &str) -> anyhow::Result<()> {
+    let ok = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .context("running kill")?
+        .success();
+    if !ok {
+        bail!("kill -{sig} {pid} failed");
+    }
+    Ok(())
+}
+
+/// The pid of a component of the local cluster (hack/cluster.sh writes them).
+pub fn component_pid(run_dir: &Path, name: &str) -> anyhow::Result<u32> {
+    let f = run_dir.join(format!("pids/{name}.pid"));
+    std::fs::read_to_string(&f)
+        .with_context(|| format!("reading {}", f.display()))?
+        .trim()
+        .parse()
+        .with_context(|| format!("{}: not a pid", f.display()))
+}
+
+/// User + system CPU time a process has used so far.
+pub fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    // The command name may hold spaces; the fields after it are plain.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .context("malformed /proc stat")?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the name.
+    let ticks = |i: usize| -> anyhow::Result<u64> {
+        f.get(i)
+            .context("short /proc stat")?
+            .parse::<u64>()
+            .context("bad /proc stat field")
+    };
+    // Linux reports in USER_HZ, 100 on every architecture it runs on here.
+    Ok(Duration::from_millis((ticks(11)? + ticks(12)?) * 10))
+}
+
+/// Resident memory of a process, bytes.
+pub fn rss(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status"))?;
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .context("no VmRSS")?;
+    Ok(kb * 1024)
+}
+
+fn uuid(node: u32, gpu: u32) -> String {
+    format!("GPU-{node:08x}-0000-0000-0000-{gpu:012x}")
+}
+
+/// `gpus` simulated H100s.
+pub fn inventory(node: u32, gpus: u32) -> NodeInventory {
+    NodeInventory {
+        gpus: (0..gpus)
+            .map(|i| GpuInfo {
+                uuid: uuid(node, i),
+                index: i,
+                model: "NVIDIA-H100-80GB-HBM3".into(),
+                memory: 80 * GIB,
+                numa_node: Some(0),
+                nvlink_peers: vec![],
+                held_by: None,
+            })
+            .collect(),
+    }
+}
+
+/// Creates `n` kwok nodes `bench-00000…` with `gpus` simulated GPUs each,
+/// labelled `BENCH_LABEL=bench`, and waits until all are Ready.
+pub async fn create_gpu_nodes(
+    admin: &Client,
+    bench: &str,
+    n: u32,
+    gpus: u32,
+    concurrency: usize,
+) -> anyhow::Result<()> {
+    let t = Instant::now();
+    stream::iter(0..n)
+        .map(|i| {
+            let admin = admin.clone();
+            let inv = inventory(i, gpus);
+            async move {
+                let spec = KwokNode::new(format!("bench-{i:05}"))
+                    .label(BENCH_LABEL, bench)
+                    .annotation(INVENTORY_ANNOTATION, inv.to_json());
+                create_kwok_node(&admin, &spec).await
+            }
+        })
+        .buffer_unordered(concurrency)
+        .try_collect::<Vec<_>>()
+        .await
+        .context("creating nodes")?;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let lp = ListParams::default().labels(&format!("{BENCH_LABEL}={bench}"));
+    loop {
+        let ready = nodes
+            .list(&lp)
+            .await?
+            .items
+            .iter()
+            .filter(|n| node_is_ready(n))
+            .count();
+        if ready as u32 >= n {
+            return Ok(());
+        }
+        if t.elapsed() > Duration::from_secs(300) {
+            bail!("only {ready} of {n} nodes Ready after 300 s");
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// Every pod of `pods`, in pages (one list of thousands of pods is slow to
+/// serve on a loaded apiserver and is cut off by its request timeout).
+pub async fn list_all(pods: &Api<Pod>) -> anyhow::Result<Vec<Pod>> {
+    let mut all = Vec::new();
+    let mut lp = ListParams::default().limit(500);
+    loop {
+        let page = pods.list(&lp).await?;
+        all.extend(page.items);
+        match page.metadata.continue_ {
+            Some(c) if !c.is_empty() => lp = lp.continue_token(&c),
+            _ => return Ok(all),
+        }
+    }
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Scheduling at scale, side by side (issue 17; results in docs/extender.md):
+# a fresh local control plane whose two kube-schedulers have the same raised
+# client limits, 1,000 kwok nodes x 8 simulated GPUs, and per round 2,000 pods
+# for each configuration (a2: default profile, plain pods; b: KubeShare profile,
+# GPU pods at 0.25; c: KubeShare profile, plain pods), streamed by 8 clients and
+# as a backlog. Prints one JSON line per run and a summary table; fails if a
+# run's records break the books (a GPU above 1.0, a bound pod without a record).
+#
+# Usage: hack/bench-scale.sh [ROUNDS] [-- scale-bench args...]
+# Env:   OUT (default target/bench-scale/results.jsonl), QPS (default 1000),
+#        MANAGED (1, default: the extender sees only GPU pods, as manifests/
+#        configure it; 0: every pod of the kubeshare profile)
+set -euo pipefail
+HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$HACK/.."
+ROUNDS="${1:-2}"
+shift || true
+[[ "${1:-}" != "--" ]] || shift
+OUT="${OUT:-target/bench-scale/results.jsonl}"
+mkdir -p "$(dirname "$OUT")"
+
+cargo build --release --locked -p kubeshare-scheduler --bin kubeshare-extender \
+  -p kubeshare-bench --bin scale-bench
+hack/build-k8s.sh >/dev/null
+
+KUBESHARE_SCHED_QPS="${QPS:-1000}" KUBESHARE_SCHED_BURST="${QPS:-1000}" \
+  KUBESHARE_MANAGED_RESOURCES="${MANAGED:-1}" \
+  hack/with-cluster.sh target/release/scale-bench --rounds "$ROUNDS" --out "$OUT" "$@"
+echo "bench-scale: results in $OUT" >&2
