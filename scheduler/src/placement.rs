@@ -67,6 +67,10 @@ pub struct Config {
     /// How far unified-memory pods may overcommit a GPU's memory, in thousandths
     /// (`--um-overcommit`; [`crate::um_fit`]).
     pub um_overcommit_milli: u32,
+    /// Filter passes only the best this many fitting nodes (0: every fitting
+    /// node). With 1, kube-scheduler takes the extender's node without scoring
+    /// and without calling prioritize (`--filter-top`).
+    pub filter_top: usize,
 }
 
 impl Default for Config {
@@ -74,6 +78,7 @@ impl Default for Config {
         Config {
             reservation_timeout_ms: 30_000,
             um_overcommit_milli: crate::um_fit::DEFAULT_UM_OVERCOMMIT_MILLI,
+            filter_top: 0,
         }
     }
 }
@@ -622,6 +627,7 @@ impl Cluster {
         }
         drop(req);
         self.memo = memo;
+        self.keep_best(&mut out.passed, &raw);
         out.kind = if out.passed.is_empty() {
             FilterKind::NoFit
         } else {
@@ -634,6 +640,29 @@ impl Cluster {
             raw,
         });
         out
+    }
+
+    /// With `filter_top` set, keeps only the best fitting nodes: by raw score,
+    /// then by name, as prioritize ranks them. The others are left out of the
+    /// answer altogether (not failed): kube-scheduler drops them silently.
+    fn keep_best(&self, passed: &mut Vec<String>, raw: &[u64]) {
+        let top = self.cfg.filter_top;
+        if top == 0 || passed.len() <= top {
+            return;
+        }
+        let score = |n: &String| {
+            self.nodes
+                .get(n)
+                .and_then(|node| raw.get(node.id as usize))
+                .copied()
+                .unwrap_or(0)
+        };
+        let mut ranked: Vec<(u64, String)> = passed.drain(..).map(|n| (score(&n), n)).collect();
+        let by_rank = |a: &(u64, String), b: &(u64, String)| b.0.cmp(&a.0).then(a.1.cmp(&b.1));
+        ranked.select_nth_unstable_by(top - 1, by_rank);
+        ranked.truncate(top);
+        ranked.sort_unstable_by(by_rank);
+        passed.extend(ranked.into_iter().map(|(_, n)| n));
     }
 
     fn reserved_node(&self, uid: &str) -> Option<String> {

@@ -401,6 +401,73 @@ fn prioritize_gives_one_node_ten_and_non_gpu_pods_zero() {
     assert_eq!(f.kind, FilterKind::NotGpu);
 }
 
+/// With `filter_top: 1`, filter passes exactly the node prioritize would give 10
+/// (kube-scheduler then binds it without scoring), and the placements are those
+/// of a filter that passes every fitting node.
+#[test]
+fn filter_top_passes_the_node_prioritize_would_pick() {
+    let nodes = [
+        ("a", inv(1, 2, "A", 40, &[])),
+        ("b", inv(2, 2, "A", 40, &[])),
+        ("c", inv(3, 4, "B", 80, &[])),
+    ];
+    let mut all = cluster(&nodes);
+    let mut top = Cluster::new(Config {
+        filter_top: 1,
+        ..Config::default()
+    });
+    for (n, i) in &nodes {
+        top.apply_node(n, Ok(Some(i.clone())));
+    }
+    let shapes: [&[(&str, &str)]; 5] = [
+        &[("gpu_request", "0.3"), ("gpu_limit", "1")],
+        &[
+            ("gpu_request", "0.5"),
+            ("gpu_limit", "1"),
+            ("priority", "50"),
+        ],
+        &[
+            ("gpu_request", "0.2"),
+            ("gpu_limit", "0.2"),
+            ("gpu_count", "2"),
+        ],
+        &[
+            ("gpu_request", "0.4"),
+            ("gpu_limit", "0.8"),
+            ("gpu_mem", "30Gi"),
+        ],
+        &[("gpu_request", "1"), ("gpu_limit", "1")],
+    ];
+    let mut placed = 0;
+    for i in 0..40 {
+        let mut p = pod(&format!("p{i}"), shapes[i % shapes.len()]);
+        let names = all.node_names();
+        let f = all.filter(&p, &names, 0);
+        let t = top.filter(&p, &names, 0);
+        if f.passed.is_empty() {
+            assert_eq!(t, f, "{i}: no node fits either way");
+            continue;
+        }
+        let best: Vec<String> = all
+            .prioritize(&p, &f.passed)
+            .into_iter()
+            .filter(|(_, s)| *s == 10)
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(t.passed, best, "{i}");
+        assert!(t.failed.len() <= f.failed.len() && t.unresolvable == f.unresolvable);
+        let mut q = p.clone();
+        let a = schedule(&mut all, &mut p, 0).unwrap();
+        assert_eq!(schedule(&mut top, &mut q, 0).unwrap(), a, "{i}");
+        placed += 1;
+    }
+    assert!(
+        placed > 10 && placed < 40,
+        "{placed} placed: the cluster should fill up"
+    );
+    assert_eq!(all.usage(), top.usage());
+}
+
 /// Node ids are reused after a delete, and the scores filter caches by id
 /// never leak from a deleted node to the one that takes its id.
 #[test]

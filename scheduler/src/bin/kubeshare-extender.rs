@@ -43,6 +43,12 @@ struct Args {
     /// device-mode pods leave. Device-mode pods never overcommit (docs/um.md).
     #[arg(long, default_value = "1.5", value_parser = kubeshare_scheduler::um_fit::parse_factor)]
     um_overcommit: u32,
+    /// Filter passes only the best N fitting nodes (0: every fitting node). With 1,
+    /// kube-scheduler takes the extender's choice without scoring the nodes or
+    /// calling prioritize; its own soft preferences (preferred affinity, spreading
+    /// scores) then do not apply among GPU nodes, its hard constraints still do.
+    #[arg(long, env = "KUBESHARE_EXTENDER_FILTER_TOP", default_value_t = 0)]
+    filter_top: usize,
     /// Milliseconds a bind call may take, API retries and a group member's wait
     /// included; keep it below kube-scheduler's extender httpTimeout (10 s).
     #[arg(long, default_value_t = 8000)]
@@ -124,6 +130,7 @@ async fn main() -> anyhow::Result<()> {
         placement: Config {
             reservation_timeout_ms: args.group_reservation_timeout.saturating_mul(1000),
             um_overcommit_milli: args.um_overcommit,
+            filter_top: args.filter_top,
         },
         timing: Timing {
             bind_timeout: Duration::from_millis(args.bind_timeout_ms),
