@@ -6,7 +6,7 @@
 //! kube-scheduler sends them (1,000 NodeNames as JSON over loopback HTTP/1.1 with
 //! keep-alive). Bind's API writes are not part of the decision and not measured.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -15,7 +15,7 @@ use clap::Parser;
 use kubeshare_api::{GpuInfo, NodeInventory};
 use kubeshare_scheduler::convert::WirePod;
 use kubeshare_scheduler::wire::{ExtenderArgs, HostPriority};
-use kubeshare_scheduler::{Config, Extender};
+use kubeshare_scheduler::{Config, Extender, PodInfo};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
@@ -40,6 +40,11 @@ struct Args {
     /// equal and the filter's memo never helps (its worst case).
     #[arg(long)]
     distinct_demands: bool,
+    /// Also time a restart's rebuild: a fresh extender given the nodes and every
+    /// placed pod's record, as its watches would list them; its books must equal
+    /// the live ones.
+    #[arg(long)]
+    rebuild: bool,
 }
 
 /// A mix of demands: mostly fractions, some with memory, some spread, some
@@ -147,7 +152,7 @@ fn decide(
     i: u32,
     names: &[String],
     distinct: bool,
-) -> Result<Option<(Duration, Duration, Duration)>> {
+) -> Result<Option<((Duration, Duration, Duration), PodInfo)>> {
     let s = &ext.shared;
     let pod = wire_pod(i, distinct);
     let args = ExtenderArgs {
@@ -187,7 +192,7 @@ fn decide(
     info.node_name = Some(best);
     info.allocation = Ok(d.allocation);
     s.with_cluster(|c| c.apply_pod(&info));
-    Ok(Some((t1 - t0, t2 - t1, t3 - t2)))
+    Ok(Some(((t1 - t0, t2 - t1, t3 - t2), info)))
 }
 
 async fn http_call(
@@ -238,9 +243,11 @@ async fn main() -> Result<()> {
     ext.shared.mark_synced();
     let names = ext.shared.with_cluster(|c| c.node_names());
     let mut live: VecDeque<u32> = VecDeque::new();
+    let mut records: HashMap<u32, PodInfo> = HashMap::new();
     for i in 0..a.placed {
-        if decide(&ext, i, &names, distinct)?.is_some() {
+        if let Some((_, info)) = decide(&ext, i, &names, distinct)? {
             live.push_back(i);
+            records.insert(i, info);
         }
     }
     let (obs, _, _) = ext.shared.with_cluster(|c| c.booking_counts());
@@ -270,17 +277,19 @@ async fn main() -> Result<()> {
         let c0 = thread_cpu();
         let r = decide(&ext, next, &names, distinct)?;
         cpu.0.push(thread_cpu().saturating_sub(c0));
-        if let Some((x, y, z)) = r {
+        if let Some(((x, y, z), info)) = r {
             fs.0.push(x);
             ps.0.push(y);
             bs.0.push(z);
             ts.0.push(x + y + z);
             live.push_back(next);
+            records.insert(next, info);
         }
         next += 1;
         if let Some(old) = live.pop_front() {
             ext.shared
                 .with_cluster(|c| c.delete_pod(&format!("uid-{old}")));
+            records.remove(&old);
         }
     }
     println!("in-process (decoded request, lock held, no JSON):");
@@ -292,6 +301,34 @@ async fn main() -> Result<()> {
     ext.shared
         .with_cluster(|c| c.check_invariants())
         .map_err(|e| anyhow::anyhow!(e))?;
+    if a.rebuild {
+        let fresh = Extender::offline(Config::default());
+        fresh.shared.with_cluster(|c| {
+            for n in 0..a.nodes {
+                c.apply_node(&format!("node-{n:04}"), Ok(Some(inventory(n, a.gpus))));
+            }
+        });
+        let t = Instant::now();
+        fresh.shared.with_cluster(|c| {
+            for info in records.values() {
+                c.apply_pod(info);
+            }
+        });
+        let took = t.elapsed();
+        let (live_books, rebuilt) = (
+            ext.shared.with_cluster(|c| c.usage()),
+            fresh.shared.with_cluster(|c| c.usage()),
+        );
+        if live_books != rebuilt {
+            bail!("the rebuilt books differ from the live ones");
+        }
+        println!(
+            "rebuild (a restart's relist): {} pods with records onto {} nodes in {:.3} s; books equal the live ones",
+            records.len(),
+            a.nodes,
+            took.as_secs_f64()
+        );
+    }
 
     if a.http {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
