@@ -3,6 +3,7 @@
 //! and the CPU time and memory of a process read from /proc.
 
 use std::fs::OpenOptions;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -33,8 +34,16 @@ pub struct Extender {
 impl Extender {
     fn spawn(bin: &Path, kubeconfig: &Path, port: u16, log: &Path) -> anyhow::Result<Child> {
         let out = OpenOptions::new().create(true).append(true).open(log)?;
-        Command::new(bin)
-            .args(["--listen", &format!("127.0.0.1:{port}")])
+        let mut cmd = Command::new(bin);
+        // SAFETY: prctl is async-signal-safe; the child dies with the bench, even
+        // when the bench is killed and its destructors never run.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        cmd.args(["--listen", &format!("127.0.0.1:{port}")])
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .env("RUST_LOG", "info")
