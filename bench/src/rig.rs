@@ -2,6 +2,7 @@
 //! nodes with simulated GPUs, signals to a control-plane process, paged lists,
 //! and the CPU time and memory of a process read from /proc.
 
+use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -218,5 +219,69 @@ pub async fn list_all(pods: &Api<Pod>) -> anyhow::Result<Vec<Pod>> {
             Some(c) if !c.is_empty() => lp = lp.continue_token(&c),
             _ => return Ok(all),
         }
+    }
+}
+
+/// `apiserver_request_total`, summed by "VERB resource[/subresource]", from the
+/// apiserver's Prometheus text.
+pub fn api_requests(metrics: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let Ok(v) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        let label = |k: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(k)?.strip_prefix("=\""))
+                .map(|v| v.trim_end_matches('"'))
+                .unwrap_or("")
+        };
+        let sub = label("subresource");
+        let key = format!(
+            "{} {}{}{}",
+            label("verb"),
+            label("resource"),
+            if sub.is_empty() { "" } else { "/" },
+            sub
+        );
+        *out.entry(key).or_default() += v;
+    }
+    out
+}
+
+/// The apiserver's metrics text.
+pub async fn apiserver_metrics(admin: &Client) -> anyhow::Result<String> {
+    let req = http::Request::get("/metrics")
+        .body(Vec::new())
+        .context("building the metrics request")?;
+    admin
+        .request_text(req)
+        .await
+        .context("reading the apiserver's /metrics")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_summed_by_verb_and_resource() {
+        let m = r#"# HELP apiserver_request_total x
+apiserver_request_total{code="201",component="apiserver",dry_run="",group="",resource="pods",scope="resource",subresource="binding",verb="POST",version="v1"} 7
+apiserver_request_total{code="409",component="apiserver",dry_run="",group="",resource="pods",scope="resource",subresource="binding",verb="POST",version="v1"} 2
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="pods",scope="namespace",subresource="",verb="LIST",version="v1"} 3.5
+apiserver_request_total{broken 1
+"#;
+        let r = api_requests(m);
+        assert_eq!(r.get("POST pods/binding"), Some(&9.0));
+        assert_eq!(r.get("LIST pods"), Some(&3.5));
+        assert_eq!(r.len(), 2);
     }
 }

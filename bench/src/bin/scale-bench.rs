@@ -39,7 +39,8 @@ use kube::{Api, Client};
 use kubeshare_api::GPU_POD_RESOURCE;
 use kubeshare_bench::check_books;
 use kubeshare_bench::rig::{
-    BENCH_LABEL, Extender, component_pid, cpu_time, create_gpu_nodes, list_all, rss, signal,
+    BENCH_LABEL, Extender, api_requests, apiserver_metrics, component_pid, cpu_time,
+    create_gpu_nodes, list_all, rss, signal,
 };
 use kubeshare_testkit::{Cluster, Identity};
 use serde_json::json;
@@ -144,6 +145,7 @@ struct Run {
     cpu_ms_per_pod: f64,
     cpu_ms_by_process: BTreeMap<String, f64>,
     extender_rss_mib: f64,
+    api_requests_per_pod: BTreeMap<String, f64>,
     check: String,
 }
 
@@ -307,6 +309,7 @@ async fn run_one(
     let watch = BindWatch::start(pods.clone());
     // Let the watch list the (empty) namespace before the first create.
     tokio::time::sleep(Duration::from_millis(500)).await;
+    let api0 = api_requests(&apiserver_metrics(admin).await?);
     let cpu0 = cpu_snapshot(pids)?;
     let t0 = match mode {
         Mode::Stream => {
@@ -331,6 +334,14 @@ async fn run_one(
         .with_context(|| ns.clone())?;
     let cpu1 = cpu_snapshot(pids)?;
     drop(watch);
+    let api1 = api_requests(&apiserver_metrics(admin).await?);
+    let per_pod = |v: f64| v / f64::from(args.pods);
+    // Requests per pod that the run made (this bench's own two metrics reads aside).
+    let api_per_pod: BTreeMap<String, f64> = api1
+        .iter()
+        .map(|(k, v)| (k.clone(), per_pod(v - api0.get(k).copied().unwrap_or(0.0))))
+        .filter(|(_, v)| *v >= 0.05)
+        .collect();
     let seconds = end.saturating_duration_since(t0).as_secs_f64();
     let by: BTreeMap<String, f64> = cpu1
         .iter()
@@ -386,6 +397,7 @@ async fn run_one(
             .map(|(n, v)| (n, v / f64::from(args.pods)))
             .collect(),
         extender_rss_mib: rss(extender_pid)? as f64 / f64::from(1u32 << 20),
+        api_requests_per_pod: api_per_pod,
         check,
     })
 }
@@ -495,6 +507,9 @@ async fn main() -> anyhow::Result<()> {
                         .map(|(k, v)| (k.clone(), json!((v * 100.0).round() / 100.0)))
                         .collect::<serde_json::Map<_, _>>(),
                     "extender_rss_mib_after": (r.extender_rss_mib * 10.0).round() / 10.0,
+                    "api_requests_per_pod": r.api_requests_per_pod.iter()
+                        .map(|(k, v)| (k.clone(), json!((v * 100.0).round() / 100.0)))
+                        .collect::<serde_json::Map<_, _>>(),
                     "check": r.check,
                 });
                 println!("{line}");
