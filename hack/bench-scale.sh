@@ -24,7 +24,9 @@ cargo build --release --locked -p kubeshare-scheduler --bin kubeshare-extender \
   -p kubeshare-bench --bin scale-bench
 hack/build-k8s.sh >/dev/null
 
+extra=()
+[[ "${MANAGED:-1}" == 1 ]] || extra=(--unmarked)
 KUBESHARE_SCHED_QPS="${QPS:-1000}" KUBESHARE_SCHED_BURST="${QPS:-1000}" \
   KUBESHARE_MANAGED_RESOURCES="${MANAGED:-1}" \
-  hack/with-cluster.sh target/release/scale-bench --rounds "$ROUNDS" --out "$OUT" "$@"
+  hack/with-cluster.sh target/release/scale-bench --rounds "$ROUNDS" --out "$OUT" "${extra[@]}" "$@"
 echo "bench-scale: results in $OUT" >&2

@@ -132,6 +132,11 @@ struct Args {
     /// Append each run as one JSON line to this file.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// GPU pods without KubeShare's mark, for a kubeshare profile without
+    /// `managedResources` (there kube-scheduler would look for nodes that have
+    /// the resource, and find none).
+    #[arg(long)]
+    unmarked: bool,
 }
 
 /// What one run measured.
@@ -211,14 +216,18 @@ impl Drop for BindWatch {
 
 /// A pod of the configuration; a GPU pod carries what the webhook would have
 /// added for the scheduler (the mark `managedResources` selects on).
-fn pod(config: Config, i: u32, share: &str) -> anyhow::Result<Pod> {
+fn pod(config: Config, i: u32, share: &str, marked: bool) -> anyhow::Result<Pod> {
     let mark = json!({GPU_POD_RESOURCE: "1"});
     let (scheduler, labels, resources) = match config {
         Config::A2 => ("default-scheduler", json!({}), json!({})),
         Config::B => (
             "kubeshare-scheduler",
             json!({"sharedgpu/gpu_request": share, "sharedgpu/gpu_limit": share}),
-            json!({"limits": mark, "requests": mark}),
+            if marked {
+                json!({"limits": mark, "requests": mark})
+            } else {
+                json!({})
+            },
         ),
         Config::C => ("kubeshare-scheduler", json!({}), json!({})),
     };
@@ -240,23 +249,17 @@ fn cpu_snapshot(pids: &BTreeMap<String, u32>) -> anyhow::Result<BTreeMap<String,
         .collect()
 }
 
-async fn create_pods(
-    pods: &Api<Pod>,
-    config: Config,
-    n: u32,
-    share: &str,
-    clients: usize,
-) -> anyhow::Result<()> {
-    stream::iter(0..n)
+async fn create_pods(pods: &Api<Pod>, config: Config, args: &Args) -> anyhow::Result<()> {
+    stream::iter(0..args.pods)
         .map(|i| {
             let pods = pods.clone();
-            let p = pod(config, i, share);
+            let p = pod(config, i, &args.share, !args.unmarked);
             async move {
                 pods.create(&PostParams::default(), &p?).await?;
                 anyhow::Ok(())
             }
         })
-        .buffer_unordered(clients)
+        .buffer_unordered(args.clients)
         .try_collect::<Vec<_>>()
         .await
         .context("creating pods")?;
@@ -314,13 +317,13 @@ async fn run_one(
     let t0 = match mode {
         Mode::Stream => {
             let t0 = Instant::now();
-            create_pods(&pods, config, args.pods, &args.share, args.clients).await?;
+            create_pods(&pods, config, args).await?;
             t0
         }
         Mode::Backlog => {
             let sched = component_pid(run_dir, config.scheduler())?;
             signal(sched, "STOP")?;
-            let created = create_pods(&pods, config, args.pods, &args.share, args.clients).await;
+            let created = create_pods(&pods, config, args).await;
             // Resume whatever happened, so the cluster can go down cleanly.
             let t0 = Instant::now();
             signal(sched, "CONT")?;

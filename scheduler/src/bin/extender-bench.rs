@@ -146,13 +146,16 @@ fn thread_cpu() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// Filter, prioritize and bind latencies of one decision.
+type Latencies = (Duration, Duration, Duration);
+
 /// Filter → prioritize → bind → the watch confirms; returns the three latencies.
 fn decide(
     ext: &Extender,
     i: u32,
     names: &[String],
     distinct: bool,
-) -> Result<Option<((Duration, Duration, Duration), PodInfo)>> {
+) -> Result<Option<(Latencies, PodInfo)>> {
     let s = &ext.shared;
     let pod = wire_pod(i, distinct);
     let args = ExtenderArgs {
