@@ -27,6 +27,9 @@ pub struct Settings {
     pub idle_release_us: u64,
     /// How long any reply of gem-schd is awaited (`KUBESHARE_HOOK_TIMEOUT_MS`).
     pub io_timeout_ms: u64,
+    /// Read the precise clock in the last coarse tick before a hold's deadline
+    /// (`KUBESHARE_HOOK_PRECISE_DEADLINE`, default on; `0` = the coarse clock alone).
+    pub precise_deadline: bool,
 }
 
 pub const DEFAULT_IO_TIMEOUT_MS: u64 = 5000;
@@ -68,6 +71,17 @@ pub fn parse_idle_ms(v: Option<&str>) -> Result<u64, String> {
     }
 }
 
+pub fn parse_flag(name: &str, v: Option<&str>, default: bool) -> Result<bool, String> {
+    match v.map(str::trim) {
+        None | Some("") => Ok(default),
+        Some("1" | "true" | "on") => Ok(true),
+        Some("0" | "false" | "off") => Ok(false),
+        Some(other) => Err(format!(
+            "{name}={other:?} is not 0/1/true/false/on/off; using {default}"
+        )),
+    }
+}
+
 pub fn settings() -> &'static Settings {
     static S: OnceLock<Settings> = OnceLock::new();
     S.get_or_init(|| {
@@ -87,6 +101,12 @@ pub fn settings() -> &'static Settings {
                 crate::info!("{e}");
                 DEFAULT_IO_TIMEOUT_MS
             });
+        const PRECISE: &str = "KUBESHARE_HOOK_PRECISE_DEADLINE";
+        let precise_deadline =
+            parse_flag(PRECISE, get(PRECISE).as_deref(), true).unwrap_or_else(|e| {
+                crate::info!("{e}");
+                true
+            });
         let socket_dir = get(gem_proto::SOCKET_DIR_ENV)
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| gem_proto::DEFAULT_SOCKET_DIR.to_string())
@@ -96,6 +116,7 @@ pub fn settings() -> &'static Settings {
             on_unreachable,
             idle_release_us,
             io_timeout_ms,
+            precise_deadline,
         }
     })
 }
@@ -157,6 +178,15 @@ mod tests {
         assert!(parse_timeout_ms(Some("0")).is_err());
         assert!(parse_timeout_ms(Some("1.5")).is_err());
         assert!(parse_timeout_ms(Some("18446744073709551616")).is_err());
+    }
+
+    #[test]
+    fn flags() {
+        assert_eq!(parse_flag("X", None, true), Ok(true));
+        assert_eq!(parse_flag("X", Some("0"), true), Ok(false));
+        assert_eq!(parse_flag("X", Some(" off "), true), Ok(false));
+        assert_eq!(parse_flag("X", Some("1"), false), Ok(true));
+        assert!(parse_flag("X", Some("maybe"), true).is_err());
     }
 
     #[test]

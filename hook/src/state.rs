@@ -41,6 +41,9 @@ pub struct MemConn {
 pub struct Gpu {
     /// Coarse-clock time until which launches pass without any check (0: no token).
     pub deadline: AtomicU64,
+    /// Precise-clock time until which launches past `deadline` still pass (0: none): the
+    /// last coarse tick of a hold is checked on the precise clock (see `clock::deadlines`).
+    pub deadline_precise: AtomicU64,
     pub last_launch: AtomicU64,
     /// Coarse time at which the idle thread saw this process's queued work finished (with no
     /// launch since it looked): the GPU has been idle for this process since then.
@@ -60,9 +63,36 @@ pub struct Gpu {
 }
 
 impl Gpu {
+    /// Launches pass until these deadlines (see `clock::deadlines`); the precise one is stored
+    /// first, so that a launcher that sees the new coarse deadline sees it too.
+    pub fn set_deadlines(&self, coarse: u64, precise: u64) {
+        self.deadline_precise.store(precise, Ordering::Release);
+        self.deadline.store(coarse, Ordering::Release);
+    }
+
+    /// No launch passes without going through the token lock.
+    pub fn stop_launches(&self) {
+        self.deadline.store(0, Ordering::Release);
+        self.deadline_precise.store(0, Ordering::Release);
+    }
+
+    /// Whether a launch at coarse time `now` may pass: before the coarse deadline (no other
+    /// clock read), or in the last tick before the precise one.
+    #[inline]
+    pub fn may_launch(&self, now: u64) -> bool {
+        now < self.deadline.load(Ordering::Acquire) || self.in_last_tick()
+    }
+
+    #[inline]
+    fn in_last_tick(&self) -> bool {
+        let p = self.deadline_precise.load(Ordering::Acquire);
+        p != 0 && crate::clock::precise_ns() < p
+    }
+
     const fn new() -> Self {
         Gpu {
             deadline: AtomicU64::new(0),
+            deadline_precise: AtomicU64::new(0),
             last_launch: AtomicU64::new(0),
             drained_at: AtomicU64::new(0),
             holding: AtomicBool::new(false),
