@@ -257,6 +257,10 @@ train_infer_r4_debug = train_infer_with(*R4, debug=True)
 # Round 5's parts on their own: the precise deadline only, the drain-aware turns only.
 train_infer_clock = train_infer_with(["--turn-includes-drain", "false"])
 train_infer_drain = train_infer_with([], {"KUBESHARE_HOOK_PRECISE_DEADLINE": "0"})
+# Round 5's queue-ahead bound in the hook (KUBESHARE_HOOK_MAX_AHEAD_US, off by default).
+train_infer_ahead200 = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "200"})
+train_infer_ahead500 = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "500"})
+train_infer_ahead200_debug = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "200"}, debug=True)
 
 
 def train_infer_debug(b, raw):

@@ -30,6 +30,8 @@ pub struct Settings {
     /// Read the precise clock in the last coarse tick before a hold's deadline
     /// (`KUBESHARE_HOOK_PRECISE_DEADLINE`, default on; `0` = the coarse clock alone).
     pub precise_deadline: bool,
+    /// The queue-ahead bound in ns (`KUBESHARE_HOOK_MAX_AHEAD_US`, 0 = off; see `ahead.rs`).
+    pub max_ahead_ns: u64,
 }
 
 pub const DEFAULT_IO_TIMEOUT_MS: u64 = 5000;
@@ -82,6 +84,18 @@ pub fn parse_flag(name: &str, v: Option<&str>, default: bool) -> Result<bool, St
     }
 }
 
+pub fn parse_max_ahead_us(v: Option<&str>) -> Result<u64, String> {
+    match v.map(str::trim) {
+        None | Some("") | Some("0") => Ok(0),
+        Some(s) => match s.parse::<u64>() {
+            Ok(us) if (100..=1_600).contains(&us) => Ok(us),
+            _ => Err(format!(
+                "KUBESHARE_HOOK_MAX_AHEAD_US={s:?} is not 0 or a whole number of µs in 100..=1600; off"
+            )),
+        },
+    }
+}
+
 pub fn settings() -> &'static Settings {
     static S: OnceLock<Settings> = OnceLock::new();
     S.get_or_init(|| {
@@ -107,6 +121,11 @@ pub fn settings() -> &'static Settings {
                 crate::info!("{e}");
                 true
             });
+        let max_ahead_us = parse_max_ahead_us(get("KUBESHARE_HOOK_MAX_AHEAD_US").as_deref())
+            .unwrap_or_else(|e| {
+                crate::info!("{e}");
+                0
+            });
         let socket_dir = get(gem_proto::SOCKET_DIR_ENV)
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| gem_proto::DEFAULT_SOCKET_DIR.to_string())
@@ -117,6 +136,7 @@ pub fn settings() -> &'static Settings {
             idle_release_us,
             io_timeout_ms,
             precise_deadline,
+            max_ahead_ns: max_ahead_us * 1000,
         }
     })
 }
@@ -178,6 +198,15 @@ mod tests {
         assert!(parse_timeout_ms(Some("0")).is_err());
         assert!(parse_timeout_ms(Some("1.5")).is_err());
         assert!(parse_timeout_ms(Some("18446744073709551616")).is_err());
+    }
+
+    #[test]
+    fn max_ahead() {
+        assert_eq!(parse_max_ahead_us(None), Ok(0));
+        assert_eq!(parse_max_ahead_us(Some("1000")), Ok(1000));
+        assert!(parse_max_ahead_us(Some("50")).is_err());
+        assert!(parse_max_ahead_us(Some("5000")).is_err());
+        assert!(parse_max_ahead_us(Some("x")).is_err());
     }
 
     #[test]

@@ -24,11 +24,12 @@
 //! (fail closed) launches keep waiting on a fresh connection. Memory calls never wait longer
 //! than the timeout: see `memory.rs`.
 
+use crate::ahead;
 use crate::clock::{coarse_ns, coarse_resolution_ns, deadlines, precise_ns};
 use crate::config::{Unreachable, active, settings};
 use crate::cuda::*;
 use crate::state::{
-    Gpu, MAX_DEVICES, Token, contexts, gpu, lock, note_context, state, watch_forks,
+    Gpu, LastTick, MAX_DEVICES, Token, contexts, gpu, lock, note_context, state, watch_forks,
 };
 use crate::{debug, info, real};
 use gem_proto::{Client, ClientError, socket_path};
@@ -52,6 +53,11 @@ mod r {
         cuThreadExchangeStreamCaptureMode,
         cuDeviceGetUuid_v2,
         cuDeviceGetUuid,
+        cuEventCreate,
+        cuEventDestroy_v2,
+        cuEventRecord,
+        cuEventQuery,
+        cuEventSynchronize,
     );
 }
 
@@ -64,6 +70,14 @@ type FnSync = unsafe extern "C" fn() -> CUresult;
 type FnIsCapturing = unsafe extern "C" fn(CUstream, *mut c_int) -> CUresult;
 type FnCaptureMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
 type FnUuid = unsafe extern "C" fn(*mut [u8; 16], CUdevice) -> CUresult;
+type CUevent = *mut std::ffi::c_void;
+type FnEventCreate = unsafe extern "C" fn(*mut CUevent, std::ffi::c_uint) -> CUresult;
+type FnEvent = unsafe extern "C" fn(CUevent) -> CUresult;
+type FnEventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
+/// `CUDA_ERROR_NOT_READY`: the event's work is not done yet.
+const NOT_READY: CUresult = 600;
+/// `CU_EVENT_DISABLE_TIMING`: the cheapest events.
+const EVENT_NO_TIMING: std::ffi::c_uint = 2;
 
 /// Runs `f`, turning a panic into `fallback`: no panic may cross the C ABI.
 pub fn guard<R>(fallback: R, f: impl FnOnce() -> R) -> R {
@@ -276,11 +290,85 @@ pub fn gate(stream: CUstream) {
     let Some(dev) = current_device() else { return };
     let g = gpu(dev);
     let now = coarse_ns();
-    if g.may_launch(now) {
+    if now < g.deadline.load(Ordering::Acquire) {
         g.last_launch.store(now, Ordering::Relaxed);
         return;
     }
+    match g.last_tick() {
+        LastTick::Pass => {
+            g.last_launch.store(now, Ordering::Relaxed);
+            return;
+        }
+        LastTick::PassAt(p) => {
+            g.last_launch.store(now, Ordering::Relaxed);
+            if p.saturating_sub(g.last_probe.load(Ordering::Relaxed)) >= ahead::PROBE_EVERY_NS {
+                guard((), || bound_ahead(g, stream, p));
+            }
+            return;
+        }
+        LastTick::Past => {}
+    }
     guard((), || acquire(dev, stream));
+}
+
+/// The queue-ahead bound (`ahead.rs`): at most one probe per `PROBE_EVERY_NS`, by whichever
+/// launching thread gets there (others pass). Never during a graph capture.
+#[cold]
+fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
+    let bound = settings().max_ahead_ns;
+    g.last_probe.store(now, Ordering::Relaxed);
+    if bound == 0 || capturing(stream) {
+        return;
+    }
+    let Ok(mut ring) = g.ahead.try_lock() else {
+        return;
+    };
+    let ctx = current_ctx();
+    if ctx == 0 {
+        return;
+    }
+    if ring.ctx != ctx {
+        // Events belong to the context they were made in: start over in this one.
+        for e in ring.events.iter_mut() {
+            if *e != 0 {
+                let _ = real!(r::cuEventDestroy_v2, FnEvent, *e as CUevent);
+                *e = 0;
+            }
+        }
+        ring.clear();
+        ring.ctx = ctx;
+    }
+    let events = ring.events;
+    let mut made = [0usize; ahead::RING];
+    let waited = ring.probe(
+        now,
+        bound,
+        |s| match real!(r::cuEventQuery, FnEvent, events[s] as CUevent) {
+            CUDA_SUCCESS => ahead::Done::Yes,
+            NOT_READY => ahead::Done::NotYet,
+            _ => ahead::Done::Broken,
+        },
+        |s| real!(r::cuEventSynchronize, FnEvent, events[s] as CUevent) == CUDA_SUCCESS,
+        |s| {
+            let mut e = events[s] as CUevent;
+            if e.is_null() {
+                if real!(r::cuEventCreate, FnEventCreate, &mut e, EVENT_NO_TIMING) != CUDA_SUCCESS {
+                    return false;
+                }
+                made[s] = e as usize;
+            }
+            real!(r::cuEventRecord, FnEventRecord, e, stream) == CUDA_SUCCESS
+        },
+        precise_ns,
+    );
+    for (slot, e) in made.iter().enumerate() {
+        if *e != 0 {
+            ring.events[slot] = *e;
+        }
+    }
+    if waited > 0 {
+        g.last_probe.store(now + waited, Ordering::Relaxed);
+    }
 }
 
 fn capturing(stream: CUstream) -> bool {

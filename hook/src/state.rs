@@ -50,6 +50,9 @@ pub struct Gpu {
     pub deadline_precise: AtomicU64,
     /// Launches left that pass in the precise stretch without reading the precise clock.
     pub precise_skip: AtomicU32,
+    /// The queue-ahead bound's probes (`ahead.rs`), and the precise time of the last probe.
+    pub ahead: Mutex<crate::ahead::Ring>,
+    pub last_probe: AtomicU64,
     pub last_launch: AtomicU64,
     /// Coarse time at which the idle thread saw this process's queued work finished (with no
     /// launch since it looked): the GPU has been idle for this process since then.
@@ -87,7 +90,7 @@ impl Gpu {
     /// clock read), or in the last tick before the precise one.
     #[inline]
     pub fn may_launch(&self, now: u64) -> bool {
-        now < self.deadline.load(Ordering::Acquire) || self.in_last_tick()
+        now < self.deadline.load(Ordering::Acquire) || self.last_tick() != LastTick::Past
     }
 
     /// The precise clock is read at every `PRECISE_EVERY`th launch only: on the H100 machine
@@ -95,24 +98,25 @@ impl Gpu {
     /// than two ticks, every launch is in the precise stretch. A hold then ends at most that
     /// many launches (tens of µs of a framework's CPU time) past its deadline.
     #[inline]
-    fn in_last_tick(&self) -> bool {
+    pub fn last_tick(&self) -> LastTick {
         let p = self.deadline_precise.load(Ordering::Acquire);
         if p == 0 {
-            return false;
+            return LastTick::Past;
         }
         // Racy between threads on purpose (a plain load and store, no read-modify-write): a
         // lost update only moves the next precise read by a launch or two.
         let n = self.precise_skip.load(Ordering::Relaxed);
         if n > 0 {
             self.precise_skip.store(n - 1, Ordering::Relaxed);
-            return true;
+            return LastTick::Pass;
         }
-        if crate::clock::precise_ns() < p {
+        let now = crate::clock::precise_ns();
+        if now < p {
             self.precise_skip
                 .store(PRECISE_EVERY - 1, Ordering::Relaxed);
-            true
+            LastTick::PassAt(now)
         } else {
-            false
+            LastTick::Past
         }
     }
 
@@ -121,6 +125,8 @@ impl Gpu {
             deadline: AtomicU64::new(0),
             deadline_precise: AtomicU64::new(0),
             precise_skip: AtomicU32::new(0),
+            ahead: Mutex::new(crate::ahead::Ring::new()),
+            last_probe: AtomicU64::new(0),
             last_launch: AtomicU64::new(0),
             drained_at: AtomicU64::new(0),
             holding: AtomicBool::new(false),
@@ -141,6 +147,15 @@ impl Gpu {
             uuid: OnceLock::new(),
         }
     }
+}
+
+/// A launch past the coarse deadline: in the precise stretch without a clock read, in it at
+/// the precise time read, or past the deadline (or no token).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LastTick {
+    Pass,
+    PassAt(u64),
+    Past,
 }
 
 /// What kind of object an allocation record is keyed by.
