@@ -251,13 +251,14 @@ train_infer_hold10 = train_infer_with(["--max-hold-ms", "10"])
 train_infer_pacefull = train_infer_with(["--unpaced-when-full", "false"])
 # Issue 14 round 5's same-session control: round 4's turns (a capped client's grant under full
 # contention is the min quota; the hook's deadline on the coarse clock alone).
-R4 = (["--turn-includes-drain", "false"], {"KUBESHARE_HOOK_PRECISE_DEADLINE": "0"})
+R4 = (["--turn-includes-drain", "false"], {"KUBESHARE_HOOK_PRECISE_DEADLINE": "0", "KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
 train_infer_r4 = train_infer_with(*R4)
 train_infer_r4_debug = train_infer_with(*R4, debug=True)
 # Round 5's parts on their own: the precise deadline only, the drain-aware turns only.
-train_infer_clock = train_infer_with(["--turn-includes-drain", "false"])
-train_infer_drain = train_infer_with([], {"KUBESHARE_HOOK_PRECISE_DEADLINE": "0"})
-# Round 5's queue-ahead bound in the hook (KUBESHARE_HOOK_MAX_AHEAD_US, off by default).
+train_infer_clock = train_infer_with(["--turn-includes-drain", "false"], {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
+train_infer_drain = train_infer_with([], {"KUBESHARE_HOOK_PRECISE_DEADLINE": "0", "KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
+# Round 5's queue-ahead bound in the hook (KUBESHARE_HOOK_MAX_AHEAD_US, default 200; off: noahead).
+train_infer_noahead = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
 train_infer_ahead200 = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "200"})
 train_infer_ahead500 = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "500"})
 train_infer_ahead200_debug = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "200"}, debug=True)

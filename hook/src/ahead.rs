@@ -1,5 +1,5 @@
 //! A bound on how far ahead of the GPU a holder's CPU queues work (`KUBESHARE_HOOK_MAX_AHEAD_US`,
-//! issue 14's fifth round; off by default).
+//! default 200 µs, 0 = off; issue 14's fifth round).
 //!
 //! The gate acts at launch time, so everything queued before the deadline runs after it: the
 //! hook drains it at the hand-over, and the next holder waits for it. A framework's CPU can
