@@ -58,6 +58,9 @@ pub struct Settings {
     /// No pacing while the waiting clients' requests add up to the whole GPU (see
     /// `Core::set_unpaced_when_full`).
     pub unpaced_when_full: bool,
+    /// A capped client's turn under full contention includes its drain (see
+    /// `Core::set_turn_includes_drain`).
+    pub turn_includes_drain: bool,
 }
 
 enum Cmd {
@@ -111,6 +114,7 @@ pub async fn run(
     core.set_max_hold(settings.max_hold.as_micros() as Micros);
     core.set_max_lag(settings.max_lag.as_micros() as Micros);
     core.set_unpaced_when_full(settings.unpaced_when_full);
+    core.set_turn_includes_drain(settings.turn_includes_drain);
     let mut actor = Actor {
         core,
         settings,

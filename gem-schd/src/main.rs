@@ -78,6 +78,11 @@ struct Args {
     /// `false`: pace capped clients always.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     unpaced_when_full: bool,
+    /// Under full contention, a capped client's grant is the min quota less its usual drain
+    /// (the work its CPU queued ahead, drained past the deadline), so that its turn with the
+    /// drain is about the min quota. `false`: the grant is the min quota.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    turn_includes_drain: bool,
     /// Poll the config's mtime this often as well as watching it, ms.
     #[arg(long, default_value_t = 1000)]
     poll_ms: u64,
@@ -134,6 +139,7 @@ fn main() -> Result<()> {
         max_hold: Duration::from_millis(args.max_hold_ms),
         max_lag: Duration::from_millis(args.max_lag_ms),
         unpaced_when_full: args.unpaced_when_full,
+        turn_includes_drain: args.turn_includes_drain,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

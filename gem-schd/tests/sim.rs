@@ -538,6 +538,7 @@ fn inference() -> Pattern {
         gap_us: 300,
         idle: vec![],
         blind: false,
+        launch_us: 0,
     }
 }
 
@@ -549,6 +550,7 @@ fn training() -> Pattern {
         gap_us: 1_000,
         idle: vec![],
         blind: false,
+        launch_us: 0,
     }
 }
 

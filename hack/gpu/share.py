@@ -31,6 +31,7 @@ class ShareBench(Bench):
     extra = []  # more gem-schd arguments, for a variant of a scenario
     debug = False  # gem-schd and hook debug logs (every grant, with its wait) into bench.log
     schd_debug = False  # gem-schd's debug log only (every grant with the client's charged time)
+    hook_env = {}  # more environment for the hooked tenants, for a variant of a scenario
 
     @contextlib.contextmanager
     def schd(self, clients):
@@ -62,7 +63,7 @@ class ShareBench(Bench):
         e = dict(os.environ, PYTHONUNBUFFERED="1")
         if client is not None:
             e.update(LD_PRELOAD=self.hook, KUBESHARE_SOCKET_DIR=self.sock_dir(client),
-                     KUBESHARE_HOOK_LOG="debug" if self.debug else "info")
+                     KUBESHARE_HOOK_LOG="debug" if self.debug else "info", **self.hook_env)
         e.update(env or {})
         return subprocess.Popen([sys.executable, os.path.join(HERE, "share_tenant.py")] + args, env=e,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.logs, text=True)
@@ -220,14 +221,14 @@ def stall(series):
 NATIVE = {}
 
 
-def train_infer_with(extra):
-    """train_infer with more gem-schd arguments, as a scenario of its own."""
+def train_infer_with(extra, hook_env=None, debug=False):
+    """train_infer with more gem-schd arguments (and hook environment), as a scenario of its own."""
     def scenario(b, raw):
-        b.extra = extra
+        b.extra, b.hook_env, b.debug = extra, hook_env or {}, debug
         try:
             return train_infer(b, raw)
         finally:
-            b.extra = []
+            b.extra, b.hook_env, b.debug = [], {}, False
     return scenario
 
 
@@ -248,6 +249,19 @@ train_infer_hold10 = train_infer_with(["--max-hold-ms", "10"])
 # train_infer with capped clients paced even while the waiting clients' requests add up to
 # the whole GPU (`--unpaced-when-full false`: the rule before issue 14's round 4): the control.
 train_infer_pacefull = train_infer_with(["--unpaced-when-full", "false"])
+# Issue 14 round 5's same-session control: round 4's turns (a capped client's grant under full
+# contention is the min quota; the hook's deadline on the coarse clock alone).
+R4 = (["--turn-includes-drain", "false"], {"KUBESHARE_HOOK_PRECISE_DEADLINE": "0", "KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
+train_infer_r4 = train_infer_with(*R4)
+train_infer_r4_debug = train_infer_with(*R4, debug=True)
+# Round 5's parts on their own: the precise deadline only, the drain-aware turns only.
+train_infer_clock = train_infer_with(["--turn-includes-drain", "false"], {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
+train_infer_drain = train_infer_with([], {"KUBESHARE_HOOK_PRECISE_DEADLINE": "0", "KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
+# Round 5's queue-ahead bound in the hook (KUBESHARE_HOOK_MAX_AHEAD_US, default 200; off: noahead).
+train_infer_noahead = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
+train_infer_ahead200 = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "200"})
+train_infer_ahead500 = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "500"})
+train_infer_ahead200_debug = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "200"}, debug=True)
 
 
 def train_infer_debug(b, raw):

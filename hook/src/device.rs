@@ -5,7 +5,10 @@
 //! memory requests must not queue behind it.
 //!
 //! Launch gate. While the token is valid, a launch reads the current context's device, the
-//! coarse clock (vDSO) and one atomic deadline: no lock, no system call. When the deadline has
+//! coarse clock (vDSO) and one atomic deadline: no lock, no system call; in the last coarse
+//! tick before the deadline it also reads the precise clock (vDSO too), so that a hold ends
+//! at its quota (`KUBESHARE_HOOK_PRECISE_DEADLINE=0`: the coarse clock alone, as before issue
+//! 14's fifth round; on a 4 ms tick a 5 ms hold then ran 1–9 ms). When the deadline has
 //! passed, the launching thread takes the device's token lock, waits for the work the process
 //! queued on the device in every context it uses (a hand-over must not leave work of this
 //! process running under the next holder), reports how far it overran the quota, and asks
@@ -21,11 +24,12 @@
 //! (fail closed) launches keep waiting on a fresh connection. Memory calls never wait longer
 //! than the timeout: see `memory.rs`.
 
-use crate::clock::{coarse_ns, precise_ns};
+use crate::ahead;
+use crate::clock::{coarse_ns, coarse_resolution_ns, deadlines, precise_ns};
 use crate::config::{Unreachable, active, settings};
 use crate::cuda::*;
 use crate::state::{
-    Gpu, MAX_DEVICES, Token, contexts, gpu, lock, note_context, state, watch_forks,
+    Gpu, LastTick, MAX_DEVICES, Token, contexts, gpu, lock, note_context, state, watch_forks,
 };
 use crate::{debug, info, real};
 use gem_proto::{Client, ClientError, socket_path};
@@ -49,6 +53,11 @@ mod r {
         cuThreadExchangeStreamCaptureMode,
         cuDeviceGetUuid_v2,
         cuDeviceGetUuid,
+        cuEventCreate,
+        cuEventDestroy_v2,
+        cuEventRecord,
+        cuEventQuery,
+        cuEventSynchronize,
     );
 }
 
@@ -61,6 +70,14 @@ type FnSync = unsafe extern "C" fn() -> CUresult;
 type FnIsCapturing = unsafe extern "C" fn(CUstream, *mut c_int) -> CUresult;
 type FnCaptureMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
 type FnUuid = unsafe extern "C" fn(*mut [u8; 16], CUdevice) -> CUresult;
+type CUevent = *mut std::ffi::c_void;
+type FnEventCreate = unsafe extern "C" fn(*mut CUevent, std::ffi::c_uint) -> CUresult;
+type FnEvent = unsafe extern "C" fn(CUevent) -> CUresult;
+type FnEventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
+/// `CUDA_ERROR_NOT_READY`: the event's work is not done yet.
+const NOT_READY: CUresult = 600;
+/// `CU_EVENT_DISABLE_TIMING`: the cheapest events.
+const EVENT_NO_TIMING: std::ffi::c_uint = 2;
 
 /// Runs `f`, turning a panic into `fallback`: no panic may cross the C ABI.
 pub fn guard<R>(fallback: R, f: impl FnOnce() -> R) -> R {
@@ -277,7 +294,81 @@ pub fn gate(stream: CUstream) {
         g.last_launch.store(now, Ordering::Relaxed);
         return;
     }
+    match g.last_tick() {
+        LastTick::Pass => {
+            g.last_launch.store(now, Ordering::Relaxed);
+            return;
+        }
+        LastTick::PassAt(p) => {
+            g.last_launch.store(now, Ordering::Relaxed);
+            if p.saturating_sub(g.last_probe.load(Ordering::Relaxed)) >= ahead::PROBE_EVERY_NS {
+                guard((), || bound_ahead(g, stream, p));
+            }
+            return;
+        }
+        LastTick::Past => {}
+    }
     guard((), || acquire(dev, stream));
+}
+
+/// The queue-ahead bound (`ahead.rs`): at most one probe per `PROBE_EVERY_NS`, by whichever
+/// launching thread gets there (others pass). Never during a graph capture.
+#[cold]
+fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
+    let bound = settings().max_ahead_ns;
+    g.last_probe.store(now, Ordering::Relaxed);
+    if bound == 0 || capturing(stream) {
+        return;
+    }
+    let Ok(mut ring) = g.ahead.try_lock() else {
+        return;
+    };
+    let ctx = current_ctx();
+    if ctx == 0 {
+        return;
+    }
+    if ring.ctx != ctx {
+        // Events belong to the context they were made in: start over in this one.
+        for e in ring.events.iter_mut() {
+            if *e != 0 {
+                let _ = real!(r::cuEventDestroy_v2, FnEvent, *e as CUevent);
+                *e = 0;
+            }
+        }
+        ring.clear();
+        ring.ctx = ctx;
+    }
+    let events = ring.events;
+    let mut made = [0usize; ahead::RING];
+    let waited = ring.probe(
+        now,
+        bound,
+        |s| match real!(r::cuEventQuery, FnEvent, events[s] as CUevent) {
+            CUDA_SUCCESS => ahead::Done::Yes,
+            NOT_READY => ahead::Done::NotYet,
+            _ => ahead::Done::Broken,
+        },
+        |s| real!(r::cuEventSynchronize, FnEvent, events[s] as CUevent) == CUDA_SUCCESS,
+        |s| {
+            let mut e = events[s] as CUevent;
+            if e.is_null() {
+                if real!(r::cuEventCreate, FnEventCreate, &mut e, EVENT_NO_TIMING) != CUDA_SUCCESS {
+                    return false;
+                }
+                made[s] = e as usize;
+            }
+            real!(r::cuEventRecord, FnEventRecord, e, stream) == CUDA_SUCCESS
+        },
+        precise_ns,
+    );
+    for (slot, e) in made.iter().enumerate() {
+        if *e != 0 {
+            ring.events[slot] = *e;
+        }
+    }
+    if waited > 0 {
+        g.last_probe.store(now + waited, Ordering::Relaxed);
+    }
 }
 
 fn capturing(stream: CUstream) -> bool {
@@ -298,7 +389,7 @@ fn acquire(dev: usize, stream: CUstream) {
     let mut t = lock(&g.token);
     loop {
         let now = coarse_ns();
-        if now < g.deadline.load(Ordering::Acquire) {
+        if g.may_launch(now) {
             g.last_launch.store(now, Ordering::Relaxed);
             return; // another thread renewed it, or the device runs unmanaged for now
         }
@@ -312,7 +403,7 @@ fn acquire(dev: usize, stream: CUstream) {
         if t.client.is_none() {
             t.client = connect(dev, Purpose::Token);
             if t.client.is_none() {
-                g.deadline.store(coarse_ns() + BYPASS_NS, Ordering::Release);
+                g.set_deadlines(coarse_ns() + BYPASS_NS, 0);
                 return;
             }
         }
@@ -325,16 +416,21 @@ fn acquire(dev: usize, stream: CUstream) {
                 g.holding.store(true, Ordering::Release);
                 let now = coarse_ns();
                 g.last_launch.store(now, Ordering::Relaxed);
-                g.deadline.store(
-                    now.saturating_add(quota_us.saturating_mul(1000)),
-                    Ordering::Release,
+                let (coarse, precise) = deadlines(
+                    t.grant_ns,
+                    now,
+                    quota_us,
+                    coarse_resolution_ns(),
+                    settings().precise_deadline,
                 );
+                g.set_deadlines(coarse, precise);
                 state().devices_seen.fetch_max(dev + 1, Ordering::Relaxed);
                 start_idle_thread();
                 crate::um::on_grant(dev, stream);
                 debug!(
-                    "device {dev}: granted {quota_us} µs after waiting {} µs (reported overuse {overuse_us} µs)",
-                    (t.grant_ns - asked) / 1000
+                    "device {dev}: granted {quota_us} µs after waiting {} µs (reported overuse {overuse_us} µs); launches pass on the coarse clock for {} µs",
+                    (t.grant_ns - asked) / 1000,
+                    coarse.saturating_sub(now) / 1000
                 );
                 return;
             }
@@ -342,7 +438,7 @@ fn acquire(dev: usize, stream: CUstream) {
                 drop_client(&mut t.client, &g.token_fd);
                 if settings().on_unreachable == Unreachable::Run {
                     info!("device {dev}: gem-schd does not answer; running unmanaged for a while");
-                    g.deadline.store(coarse_ns() + BYPASS_NS, Ordering::Release);
+                    g.set_deadlines(coarse_ns() + BYPASS_NS, 0);
                     return;
                 }
                 info!("device {dev}: gem-schd does not answer; reconnecting (launches wait)");
@@ -391,7 +487,7 @@ fn wait_for_token(
 /// Ends a hold whose quota ran out, in the launching thread: waits for the queued work and
 /// returns (overuse, burst) to report with the next request.
 fn end_hold(dev: usize, g: &Gpu, t: &Token) -> (u64, u64) {
-    g.deadline.store(0, Ordering::Release);
+    g.stop_launches();
     drain(dev);
     g.holding.store(false, Ordering::Release);
     let used_us = precise_ns().saturating_sub(t.grant_ns) / 1000;
@@ -457,8 +553,12 @@ fn watch_hangup(dev: usize) {
     };
     // SAFETY: one valid pollfd, no wait.
     let n = unsafe { libc::poll(&mut p, 1, 0) };
-    if n > 0 && p.revents != 0 && g.deadline.load(Ordering::Acquire) != 0 {
-        g.deadline.store(0, Ordering::Release);
+    if n > 0
+        && p.revents != 0
+        && (g.deadline.load(Ordering::Acquire) != 0
+            || g.deadline_precise.load(Ordering::Acquire) != 0)
+    {
+        g.stop_launches();
         info!("device {dev}: gem-schd hung up during a hold; launches stop until a new grant");
     }
 }
@@ -495,12 +595,12 @@ fn release_if_idle(dev: usize, idle_ns: u64) {
         return;
     }
     // Idle for long enough: stop launches, make sure nothing slipped in, give the token back.
-    g.deadline.store(0, Ordering::Release);
+    g.stop_launches();
     drain(dev);
     if g.last_launch.load(Ordering::Relaxed) != last {
         // A launch raced with the check: it ran on the token still held; the next launch
         // ends the hold the usual way (overuse report and a new request).
-        g.deadline.store(coarse_ns() + 1, Ordering::Release);
+        g.set_deadlines(coarse_ns() + 1, 0);
         return;
     }
     g.holding.store(false, Ordering::Release);

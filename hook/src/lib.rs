@@ -8,6 +8,7 @@
 // `real!` forwards a wrapper's own arguments to the driver inside `unsafe`: that is its job.
 #![allow(clippy::macro_metavars_in_unsafe)]
 
+pub mod ahead;
 pub mod clock;
 pub mod config;
 pub mod cuda;

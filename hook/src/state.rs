@@ -15,10 +15,14 @@
 use crate::cuda::CUcontext;
 use gem_proto::Client;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 pub const MAX_DEVICES: usize = 64;
+/// In the precise stretch of a hold, one launch in this many reads the precise clock.
+pub const PRECISE_EVERY: u32 = 8;
 /// Contexts the hook drains at a hand-over (a process rarely has more than one per device).
 pub const MAX_CONTEXTS: usize = 32;
 
@@ -41,6 +45,14 @@ pub struct MemConn {
 pub struct Gpu {
     /// Coarse-clock time until which launches pass without any check (0: no token).
     pub deadline: AtomicU64,
+    /// Precise-clock time until which launches past `deadline` still pass (0: none): the
+    /// last coarse tick of a hold is checked on the precise clock (see `clock::deadlines`).
+    pub deadline_precise: AtomicU64,
+    /// Launches left that pass in the precise stretch without reading the precise clock.
+    pub precise_skip: AtomicU32,
+    /// The queue-ahead bound's probes (`ahead.rs`), and the precise time of the last probe.
+    pub ahead: Mutex<crate::ahead::Ring>,
+    pub last_probe: AtomicU64,
     pub last_launch: AtomicU64,
     /// Coarse time at which the idle thread saw this process's queued work finished (with no
     /// launch since it looked): the GPU has been idle for this process since then.
@@ -60,9 +72,61 @@ pub struct Gpu {
 }
 
 impl Gpu {
+    /// Launches pass until these deadlines (see `clock::deadlines`); the precise one is stored
+    /// first, so that a launcher that sees the new coarse deadline sees it too.
+    pub fn set_deadlines(&self, coarse: u64, precise: u64) {
+        self.precise_skip.store(0, Ordering::Relaxed);
+        self.deadline_precise.store(precise, Ordering::Release);
+        self.deadline.store(coarse, Ordering::Release);
+    }
+
+    /// No launch passes without going through the token lock.
+    pub fn stop_launches(&self) {
+        self.deadline.store(0, Ordering::Release);
+        self.deadline_precise.store(0, Ordering::Release);
+    }
+
+    /// Whether a launch at coarse time `now` may pass: before the coarse deadline (no other
+    /// clock read), or in the last tick before the precise one.
+    #[inline]
+    pub fn may_launch(&self, now: u64) -> bool {
+        now < self.deadline.load(Ordering::Acquire) || self.last_tick() != LastTick::Past
+    }
+
+    /// The precise clock is read at every `PRECISE_EVERY`th launch only: on the H100 machine
+    /// it cost ~45 ns a read (the coarse one a few ns), and with min-quota turns, shorter
+    /// than two ticks, every launch is in the precise stretch. A hold then ends at most that
+    /// many launches (tens of µs of a framework's CPU time) past its deadline.
+    #[inline]
+    pub fn last_tick(&self) -> LastTick {
+        let p = self.deadline_precise.load(Ordering::Acquire);
+        if p == 0 {
+            return LastTick::Past;
+        }
+        // Racy between threads on purpose (a plain load and store, no read-modify-write): a
+        // lost update only moves the next precise read by a launch or two.
+        let n = self.precise_skip.load(Ordering::Relaxed);
+        if n > 0 {
+            self.precise_skip.store(n - 1, Ordering::Relaxed);
+            return LastTick::Pass;
+        }
+        let now = crate::clock::precise_ns();
+        if now < p {
+            self.precise_skip
+                .store(PRECISE_EVERY - 1, Ordering::Relaxed);
+            LastTick::PassAt(now)
+        } else {
+            LastTick::Past
+        }
+    }
+
     const fn new() -> Self {
         Gpu {
             deadline: AtomicU64::new(0),
+            deadline_precise: AtomicU64::new(0),
+            precise_skip: AtomicU32::new(0),
+            ahead: Mutex::new(crate::ahead::Ring::new()),
+            last_probe: AtomicU64::new(0),
             last_launch: AtomicU64::new(0),
             drained_at: AtomicU64::new(0),
             holding: AtomicBool::new(false),
@@ -83,6 +147,15 @@ impl Gpu {
             uuid: OnceLock::new(),
         }
     }
+}
+
+/// A launch past the coarse deadline: in the precise stretch without a clock read, in it at
+/// the precise time read, or past the deadline (or no token).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LastTick {
+    Pass,
+    PassAt(u64),
+    Past,
 }
 
 /// What kind of object an allocation record is keyed by.
@@ -226,4 +299,33 @@ pub fn contexts() -> Vec<usize> {
         .map(|x| x.load(Ordering::Acquire))
         .filter(|c| *c != 0)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_precise_stretch_reads_the_clock_every_few_launches_and_ends_at_the_deadline() {
+        let g = Gpu::new();
+        assert!(!g.may_launch(0), "no token: no launch");
+        // Coarse deadline past, precise deadline 1 s ahead: launches pass, and the clock is
+        // read at the first and then every PRECISE_EVERY-th.
+        let now = crate::clock::precise_ns();
+        g.set_deadlines(1, now + 1_000_000_000);
+        assert!(g.may_launch(5));
+        assert_eq!(g.precise_skip.load(Ordering::Relaxed), PRECISE_EVERY - 1);
+        for _ in 0..PRECISE_EVERY - 1 {
+            assert!(g.may_launch(5));
+        }
+        assert_eq!(g.precise_skip.load(Ordering::Relaxed), 0);
+        // Precise deadline past: the next launch that reads the clock stops.
+        g.set_deadlines(1, now.saturating_sub(1).max(1));
+        assert!(!g.may_launch(5));
+        // Stopped: nothing passes, whatever was left to skip.
+        g.set_deadlines(1, now + 1_000_000_000);
+        assert!(g.may_launch(5));
+        g.stop_launches();
+        assert!(!g.may_launch(0));
+    }
 }

@@ -313,6 +313,7 @@ impl Core {
     /// End the running hold, charging it up to `end_of(&entry)` but never past `now`.
     pub(super) fn end_hold(&mut self, now: Micros, end_of: impl Fn(&Entry) -> Micros) {
         let Some(h) = self.holder.take() else { return };
+        self.asked_again = None;
         let Some(e) = self.entry(h.seq).copied() else {
             return;
         };

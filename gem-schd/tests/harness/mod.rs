@@ -26,6 +26,11 @@ pub struct Pattern {
     /// (the gate acts per launch and the CPU queues a burst far faster than the GPU runs
     /// it), instead of asking again when the burst does not fit what is left.
     pub blind: bool,
+    /// CPU time per kernel launch (0: a burst is queued at once). With it, each kernel of a
+    /// burst is launched on its own through the gate, like PyTorch through the hook: the CPU
+    /// runs ahead of the GPU (when this is shorter than a kernel) and the queue grows with
+    /// the hold; a launch past the deadline drains the queue, then asks again.
+    pub launch_us: Micros,
 }
 
 impl Pattern {
@@ -36,6 +41,7 @@ impl Pattern {
             gap_us: 50,
             idle: vec![],
             blind: false,
+            launch_us: 0,
         }
     }
     pub fn tiny() -> Self {
@@ -45,6 +51,7 @@ impl Pattern {
             gap_us: 10,
             idle: vec![],
             blind: false,
+            launch_us: 0,
         }
     }
     pub fn medium() -> Self {
@@ -54,6 +61,7 @@ impl Pattern {
             gap_us: 30,
             idle: vec![],
             blind: false,
+            launch_us: 0,
         }
     }
     /// Like the GPU benchmark's matmul tenant: 20 × 1.7 ms kernels, then a sync.
@@ -64,6 +72,7 @@ impl Pattern {
             gap_us: 300,
             idle: vec![],
             blind: false,
+            launch_us: 0,
         }
     }
     pub fn absent() -> Self {
@@ -89,6 +98,7 @@ impl Pattern {
             gap_us,
             idle: vec![],
             blind: true,
+            launch_us: 0,
         }
     }
     pub fn idle_during(mut self, from: Micros, to: Micros) -> Self {
@@ -101,6 +111,8 @@ impl Pattern {
 pub enum Ev {
     /// The client's CPU wants to launch its next burst.
     Ready(usize),
+    /// The client's CPU launches the next kernel of its burst (`Pattern::launch_us` > 0).
+    Launch(usize),
     /// The client's burst finished on the GPU (its sync returns).
     SyncDone(usize),
     /// Release the token if nothing was launched since epoch `1`.
@@ -139,6 +151,10 @@ pub struct Client {
     pub waiting: bool,
     pub overuse: Micros,
     pub launched_at: Micros,
+    /// Kernels of the current burst launched so far, and the GPU end of the last one
+    /// (`Pattern::launch_us` > 0).
+    pub next_kernel: u32,
+    pub last_end: Micros,
     pub epoch: u64,
     /// (time, measured burst) over the last 3 s: the prediction is their maximum.
     /// Kept as a monotonic queue (decreasing bursts), so the maximum is the front.
@@ -167,6 +183,10 @@ pub struct Sim {
     /// notices the end of its quota at its first launch after the tick past the deadline and
     /// reports the time held past the quota (the hook's `used − quota`) as overuse.
     pub tick: Micros,
+    /// The hook reads the precise clock in the last tick before its deadline: the deadline
+    /// is noticed at the first launch past it, exactly (the overuse is still reported the
+    /// hook's way, as with a tick).
+    pub precise: bool,
     pub core: Core,
     pub clients: Vec<Client>,
     pub queue: BinaryHeap<Reverse<(Micros, u64, Ev)>>,
@@ -209,6 +229,8 @@ impl Sim {
                     waiting: false,
                     overuse: 0,
                     launched_at: 0,
+                    next_kernel: 0,
+                    last_end: 0,
                     epoch: 0,
                     samples: VecDeque::new(),
                     segments: vec![],
@@ -223,6 +245,7 @@ impl Sim {
             seq: 0,
             gpu_busy: 0,
             tick: 0,
+            precise: false,
             latency: 20,
             release_idle: MS,
             last_wake: None,
@@ -273,6 +296,60 @@ impl Sim {
         }
     }
 
+    /// The time the client's deadline check reads at `t`.
+    fn seen(&self, t: Micros) -> Micros {
+        if self.tick > 0 && !self.precise {
+            t - t % self.tick
+        } else {
+            t
+        }
+    }
+
+    /// Whether clients measure and report overuse the hook's way (`used − quota`, noticed
+    /// at a launch), rather than at the end of the burst that overran.
+    fn hooklike(&self) -> bool {
+        self.tick > 0 || self.precise
+    }
+
+    /// One kernel through the gate at `t` (`Pattern::launch_us` > 0): launched while the
+    /// token is valid; past the deadline the hook drains the queue (the CPU blocks until the
+    /// client's last kernel ends), then asks again reporting `used − quota`.
+    fn launch_one(&mut self, t: Micros, i: usize) {
+        let seen = self.seen(t);
+        let c = &mut self.clients[i];
+        if c.holding && seen < c.deadline {
+            c.epoch += 1;
+            c.launched_at = t;
+            let start = self.gpu_busy.max(t);
+            let end = start + c.pattern.kernel_us;
+            self.gpu_busy = end;
+            match c.segments.last_mut() {
+                Some(last) if last.1 == start => last.1 = end,
+                _ => c.segments.push((start, end)),
+            }
+            c.last_end = end;
+            c.next_kernel += 1;
+            if c.next_kernel >= c.pattern.kernels {
+                self.push(end, Ev::SyncDone(i));
+            } else {
+                let next = t + c.pattern.launch_us;
+                self.push(next, Ev::Launch(i));
+            }
+            return;
+        }
+        let (at, overuse, burst) = if c.holding {
+            let drained = t.max(c.last_end);
+            let used = drained - c.grant_at;
+            (drained, used.saturating_sub(c.quota), used.min(c.quota))
+        } else {
+            (t, std::mem::take(&mut c.overuse), c.hook_burst)
+        };
+        c.holding = false;
+        c.waiting = true;
+        c.epoch += 1;
+        self.send(at, i, Msg::Request { overuse, burst });
+    }
+
     pub fn send(&mut self, t: Micros, i: usize, m: Msg) {
         self.push(t + self.latency, Ev::ToSched(i, m));
     }
@@ -299,11 +376,17 @@ impl Sim {
                     return;
                 }
                 c.want_at = t;
-                let tick = self.tick;
-                let now = if tick > 0 { t - t % tick } else { t };
+                if c.pattern.launch_us > 0 {
+                    c.next_kernel = 0;
+                    self.launch_one(t, i);
+                    return;
+                }
+                let now = self.seen(t);
+                let hooklike = self.hooklike();
+                let c = &mut self.clients[i];
                 if c.holding && now >= c.deadline {
                     c.holding = false; // the quota ran out during the CPU gap
-                    if tick > 0 {
+                    if hooklike {
                         // Noticed at this launch: held past the quota until now (the last
                         // burst has been synchronised already).
                         c.overuse = (t - c.grant_at).saturating_sub(c.quota);
@@ -321,7 +404,7 @@ impl Sim {
                     // No token, or the next burst does not fit what is left of it.
                     let m = Msg::Request {
                         overuse: c.overuse,
-                        burst: if tick > 0 {
+                        burst: if hooklike {
                             c.hook_burst
                         } else {
                             c.predicted()
@@ -334,7 +417,9 @@ impl Sim {
                     self.send(t, i, m);
                 }
             }
+            Ev::Launch(i) => self.launch_one(t, i),
             Ev::SyncDone(i) => {
+                let hooklike = self.hooklike();
                 let c = &mut self.clients[i];
                 let burst = t - c.launched_at;
                 while c.samples.back().is_some_and(|s| s.1 <= burst) {
@@ -345,7 +430,7 @@ impl Sim {
                     c.samples.pop_front();
                 }
                 c.latencies.push(t - c.want_at);
-                if self.tick == 0 && c.holding && t > c.deadline {
+                if !hooklike && c.holding && t > c.deadline {
                     // The hook synchronised at the deadline and measured this overrun.
                     c.overuse = t - c.deadline;
                     c.holding = false;
@@ -386,10 +471,16 @@ impl Sim {
                 c.holding = true;
                 c.grant_at = t;
                 c.quota = quota;
-                let tick = self.tick;
-                c.deadline = if tick > 0 { t - t % tick } else { t } + quota;
+                let per_kernel = c.pattern.launch_us > 0;
+                let seen = self.seen(t);
+                let c = &mut self.clients[i];
+                c.deadline = seen + quota;
                 // The launch that asked for the token goes now.
-                self.launch(t, i);
+                if per_kernel {
+                    self.launch_one(t, i);
+                } else {
+                    self.launch(t, i);
+                }
             }
             Ev::Wake => {
                 if self.last_wake.is_some_and(|l| l <= t) {
