@@ -10,7 +10,8 @@
 # Usage: hack/bench-scale.sh [ROUNDS] [-- scale-bench args...]
 # Env:   OUT (default target/bench-scale/results.jsonl), QPS (default 1000),
 #        MANAGED (1, default: the extender sees only GPU pods, as manifests/
-#        configure it; 0: every pod of the kubeshare profile)
+#        configure it; 0: every pod of the kubeshare profile), FILTER_TOP (1,
+#        default, as the chart sets it: filter passes only its best node; 0: all)
 set -euo pipefail
 HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HACK/.."
@@ -26,7 +27,8 @@ hack/build-k8s.sh >/dev/null
 
 extra=()
 [[ "${MANAGED:-1}" == 1 ]] || extra=(--unmarked)
-KUBESHARE_SCHED_QPS="${QPS:-1000}" KUBESHARE_SCHED_BURST="${QPS:-1000}" \
+KUBESHARE_EXTENDER_FILTER_TOP="${FILTER_TOP:-1}" \
+  KUBESHARE_SCHED_QPS="${QPS:-1000}" KUBESHARE_SCHED_BURST="${QPS:-1000}" \
   KUBESHARE_MANAGED_RESOURCES="${MANAGED:-1}" \
   hack/with-cluster.sh target/release/scale-bench --rounds "$ROUNDS" --out "$OUT" "${extra[@]}" "$@"
 echo "bench-scale: results in $OUT" >&2

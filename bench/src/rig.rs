@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::ListParams;
+use kube::api::{DeleteParams, ListParams};
 use kube::{Api, Client};
 use kubeshare_api::inventory::INVENTORY_ANNOTATION;
 use kubeshare_api::{GpuInfo, NodeInventory};
@@ -172,6 +172,15 @@ pub async fn create_gpu_nodes(
     concurrency: usize,
 ) -> anyhow::Result<()> {
     let t = Instant::now();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    // Nodes an earlier bench left in this cluster (same names, maybe other GPUs).
+    nodes
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(BENCH_LABEL),
+        )
+        .await
+        .context("deleting an earlier bench's nodes")?;
     stream::iter(0..n)
         .map(|i| {
             let admin = admin.clone();
@@ -187,7 +196,6 @@ pub async fn create_gpu_nodes(
         .try_collect::<Vec<_>>()
         .await
         .context("creating nodes")?;
-    let nodes: Api<Node> = Api::all(admin.clone());
     let lp = ListParams::default().labels(&format!("{BENCH_LABEL}={bench}"));
     loop {
         let ready = nodes

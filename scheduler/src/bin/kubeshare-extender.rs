@@ -64,7 +64,7 @@ struct Args {
     #[arg(long, default_value_t = 15)]
     assume_check: u64,
     /// Most concurrent API calls (Bindings, checks).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, env = "KUBESHARE_EXTENDER_API_CONCURRENCY", default_value_t = 16)]
     api_concurrency: usize,
     /// Log as JSON lines.
     #[arg(long)]
