@@ -11,7 +11,9 @@
 # Env:   OUT (default target/bench-scale/results.jsonl), QPS (default 1000),
 #        MANAGED (1, default: the extender sees only GPU pods, as manifests/
 #        configure it; 0: every pod of the kubeshare profile), FILTER_TOP (1,
-#        default, as the chart sets it: filter passes only its best node; 0: all)
+#        default, as the chart sets it: filter passes only its best node; 0: all),
+#        HTTPS (0, default: kube-scheduler calls the extender over plain HTTP/1.1;
+#        1: over TLS, hence HTTP/2, with the rig's 127.0.0.1 certificate)
 set -euo pipefail
 HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HACK/.."
@@ -27,8 +29,13 @@ hack/build-k8s.sh >/dev/null
 
 extra=()
 [[ "${MANAGED:-1}" == 1 ]] || extra=(--unmarked)
-KUBESHARE_EXTENDER_FILTER_TOP="${FILTER_TOP:-1}" \
+# The serving certificate exists once the cluster is up, hence the inner shell.
+KUBESHARE_EXTENDER_FILTER_TOP="${FILTER_TOP:-1}" KUBESHARE_EXTENDER_HTTPS="${HTTPS:-0}" \
   KUBESHARE_SCHED_QPS="${QPS:-1000}" KUBESHARE_SCHED_BURST="${QPS:-1000}" \
   KUBESHARE_MANAGED_RESOURCES="${MANAGED:-1}" \
-  hack/with-cluster.sh target/release/scale-bench --rounds "$ROUNDS" --out "$OUT" "${extra[@]}" "$@"
+  hack/with-cluster.sh bash -c 'if [[ $KUBESHARE_EXTENDER_HTTPS == 1 ]]; then
+      export KUBESHARE_EXTENDER_TLS_CERT=$KUBESHARE_TEST_CLUSTER/pki/webhook-serving.crt
+      export KUBESHARE_EXTENDER_TLS_KEY=$KUBESHARE_TEST_CLUSTER/pki/webhook-serving.key
+    fi
+    exec "$@"' scale-bench target/release/scale-bench --rounds "$ROUNDS" --out "$OUT" "${extra[@]}" "$@"
 echo "bench-scale: results in $OUT" >&2

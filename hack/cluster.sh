@@ -298,6 +298,15 @@ write_configs() {
   - name: kubeshare.io/gpu-pod
     ignoredByScheduler: true"
   fi
+  # KUBESHARE_EXTENDER_HTTPS=1: the extender over TLS (then HTTP/2, one connection
+  # for every concurrent call), with the rig's 127.0.0.1 serving certificate.
+  local ext_url="http://127.0.0.1:$P_EXTENDER" ext_tls=""
+  if [[ "${KUBESHARE_EXTENDER_HTTPS:-0}" == 1 ]]; then
+    ext_url="https://127.0.0.1:$P_EXTENDER"
+    ext_tls="  enableHTTPS: true
+  tlsConfig:
+    caFile: $RUN/pki/ca.crt"
+  fi
   cat >"$c/kube-scheduler.yaml" <<EOF
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
@@ -325,7 +334,7 @@ podMaxBackoffSeconds: 2
 profiles:
 - schedulerName: kubeshare-scheduler
 extenders:
-- urlPrefix: http://127.0.0.1:$P_EXTENDER
+- urlPrefix: $ext_url
   filterVerb: filter
   prioritizeVerb: prioritize
   bindVerb: bind
@@ -333,6 +342,7 @@ extenders:
   nodeCacheCapable: true
   httpTimeout: 10s
 $managed
+$ext_tls
 EOF
   cp "$HACK/cluster-stages.yaml" "$c/kwok-stages.yaml"
 }

@@ -1950,3 +1950,46 @@ fn a_gpu_held_by_the_device_plugin_takes_no_pod_until_it_is_freed() {
     let y = schedule(&mut c, &mut frac("d", "0.5"), 0).unwrap();
     assert_eq!(y.gpu_uuids, vec![uuid(1, 0)]);
 }
+
+/// After a burst of pods came and went, `compact` gives the per-pod tables'
+/// space back, and the books still work (the next pod places as before).
+#[test]
+fn compact_gives_back_what_a_drained_burst_left() {
+    let nodes: Vec<(String, NodeInventory)> = (0..64)
+        .map(|n| {
+            (
+                format!("n{n:02}"),
+                inv(n, 8, "NVIDIA H100 80GB HBM3", 80, &[]),
+            )
+        })
+        .collect();
+    let refs: Vec<(&str, NodeInventory)> =
+        nodes.iter().map(|(n, i)| (n.as_str(), i.clone())).collect();
+    let mut c = cluster(&refs);
+    for i in 0..2000 {
+        let mut p = frac(&format!("u{i}"), "0.25");
+        schedule(&mut c, &mut p, 0).expect("room for 2,048 quarters");
+    }
+    let full = (c.pods.capacity(), c.bookings.capacity());
+    for i in 0..2000 {
+        c.delete_pod(&format!("u{i}"));
+    }
+    // A HashMap keeps (nearly all of) its table when its entries leave.
+    assert!(c.pods.capacity() > 2000 && c.bookings.capacity() > 2000);
+    c.compact();
+    assert!(
+        c.pods.capacity() < full.0 / 4,
+        "{} of {}",
+        c.pods.capacity(),
+        full.0
+    );
+    assert!(
+        c.bookings.capacity() < full.1 / 4,
+        "{} of {}",
+        c.bookings.capacity(),
+        full.1
+    );
+    c.check_invariants().unwrap();
+    let mut p = frac("after", "0.25");
+    schedule(&mut c, &mut p, 0).expect("places after compaction");
+}

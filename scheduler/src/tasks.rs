@@ -156,6 +156,7 @@ async fn timer(s: Arc<Shared>) {
     loop {
         tick.tick().await;
         if trimmed.elapsed() >= TRIM_EVERY {
+            s.with_cluster(|c| c.compact());
             release_free_memory();
             trimmed = Instant::now();
         }

@@ -27,10 +27,10 @@ struct Args {
     )]
     listen: SocketAddr,
     /// Serve HTTPS with this PEM certificate (chain); needs --tls-key.
-    #[arg(long, requires = "tls_key")]
+    #[arg(long, env = "KUBESHARE_EXTENDER_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
     /// PEM private key of --tls-cert.
-    #[arg(long, requires = "tls_cert")]
+    #[arg(long, env = "KUBESHARE_EXTENDER_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
     /// Kubeconfig file; default: $KUBECONFIG, ~/.kube/config, then in-cluster.
     #[arg(long, env = "KUBESHARE_EXTENDER_KUBECONFIG")]
