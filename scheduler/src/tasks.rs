@@ -204,7 +204,7 @@ const TRIM_EVERY: Duration = Duration::from_secs(30);
 /// Gives the heap's free pages back to the system. glibc keeps what a burst
 /// freed in its per-thread arenas: after a 2,000-pod backlog, with every pod
 /// gone, the extender's RSS stayed at 2.7x what it was before (issue 17).
-fn release_free_memory() {
+pub fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks the allocator's own free lists.
     unsafe {

@@ -158,15 +158,6 @@ fn rss_mib() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-/// Gives free heap back to the system, as the extender's timer does every 30 s.
-fn trim_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only walks the allocator's own free lists.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 /// Filter, prioritize and bind latencies of one decision.
 type Latencies = (Duration, Duration, Duration);
 
@@ -413,7 +404,7 @@ async fn main() -> Result<()> {
     });
     drop(records);
     ext.shared.with_cluster(|c| c.compact());
-    trim_heap();
+    kubeshare_scheduler::tasks::release_free_memory();
     println!(
         "RSS: {rss_nodes:.1} MiB with the nodes, {rss_pods:.1} MiB with {} pods placed, {:.1} MiB after every pod was deleted (heap trimmed as the extender's timer does)",
         live.len(),
