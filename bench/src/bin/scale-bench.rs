@@ -19,7 +19,9 @@
 //! schedulers, the extender; not kwok, which plays the kubelets) used during the
 //! run / pods. Every `b` run ends with the check of the API's records (no GPU
 //! above 1.0, every bound pod with its record); the bench fails if one fails.
-//! Each run's pods are deleted (and gone) before the next run starts.
+//! Each run's pods are deleted (and gone) before the next run starts, and a run
+//! starts once the processes are back near their CPU at rest (measured after the
+//! nodes are ready, reported as `idle_cpu_ms_per_s`; at most 30 s of waiting).
 
 use std::collections::{BTreeMap, HashSet};
 use std::fs::OpenOptions;
@@ -247,6 +249,46 @@ fn cpu_snapshot(pids: &BTreeMap<String, u32>) -> anyhow::Result<BTreeMap<String,
     pids.iter()
         .map(|(n, &p)| Ok((n.clone(), cpu_time(p)?)))
         .collect()
+}
+
+/// CPU the processes used together over the last second.
+async fn cpu_per_second(pids: &BTreeMap<String, u32>) -> anyhow::Result<Duration> {
+    let a = cpu_snapshot(pids)?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let b = cpu_snapshot(pids)?;
+    Ok(b.iter()
+        .map(|(n, t)| t.saturating_sub(a.get(n).copied().unwrap_or_default()))
+        .sum())
+}
+
+/// The control plane's CPU per second at rest with the nodes (kwok's heartbeats,
+/// leases): the least of three seconds.
+async fn idle_cpu(pids: &BTreeMap<String, u32>) -> anyhow::Result<Duration> {
+    let mut least = Duration::MAX;
+    for _ in 0..3 {
+        least = least.min(cpu_per_second(pids).await?);
+    }
+    Ok(least)
+}
+
+/// Waits until the processes are back near their rest level (the previous run's
+/// deletions, garbage collection and timers settled), at most 30 s: a run must
+/// not pay for the one before it.
+async fn quiesce(pids: &BTreeMap<String, u32>, idle: Duration) -> anyhow::Result<()> {
+    let t = Instant::now();
+    let enough = idle + idle / 4 + Duration::from_millis(50);
+    loop {
+        let used = cpu_per_second(pids).await?;
+        if used <= enough {
+            return Ok(());
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            eprintln!(
+                "scale-bench: the control plane still uses {used:?} of CPU per second (at rest {idle:?}); starting anyway"
+            );
+            return Ok(());
+        }
+    }
 }
 
 async fn create_pods(pods: &Api<Pod>, config: Config, args: &Args) -> anyhow::Result<()> {
@@ -478,6 +520,8 @@ async fn main() -> anyhow::Result<()> {
         args.gpus,
         t.elapsed().as_secs_f64(),
     );
+    let idle = idle_cpu(&pids).await?;
+    eprintln!("scale-bench: the control plane at rest uses {idle:?} of CPU per second");
 
     let mut runs = Vec::new();
     for round in 1..=args.rounds {
@@ -488,6 +532,7 @@ async fn main() -> anyhow::Result<()> {
                     config.name(),
                     mode.name()
                 );
+                quiesce(&pids, idle).await?;
                 let r = run_one(
                     &args,
                     &admin,
@@ -503,6 +548,7 @@ async fn main() -> anyhow::Result<()> {
                     "config": r.config.name(), "mode": r.mode.name(), "round": r.round,
                     "nodes": args.nodes, "gpus_per_node": args.gpus, "pods": args.pods,
                     "clients": args.clients,
+                    "idle_cpu_ms_per_s": idle.as_millis(),
                     "seconds": (r.seconds * 100.0).round() / 100.0,
                     "pods_per_second": (r.pods_per_second * 10.0).round() / 10.0,
                     "cpu_ms_per_pod": (r.cpu_ms_per_pod * 100.0).round() / 100.0,
