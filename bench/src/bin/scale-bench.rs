@@ -150,6 +150,9 @@ struct Run {
     pods_per_second: f64,
     seconds: f64,
     cpu_ms_per_pod: f64,
+    /// The same less the CPU the processes use at rest over the run's window:
+    /// what the pods themselves cost (at-rest work grows with a run's length).
+    cpu_ms_per_pod_above_rest: f64,
     cpu_ms_by_process: BTreeMap<String, f64>,
     extender_rss_mib: f64,
     api_requests_per_pod: BTreeMap<String, f64>,
@@ -341,6 +344,7 @@ async fn run_one(
     config: Config,
     mode: Mode,
     round: u32,
+    idle: Duration,
 ) -> anyhow::Result<Run> {
     let ns = format!("scale-{}-{}-{round}", config.name(), mode.name());
     let nss: Api<Namespace> = Api::all(admin.clone());
@@ -356,6 +360,7 @@ async fn run_one(
     tokio::time::sleep(Duration::from_millis(500)).await;
     let api0 = api_requests(&apiserver_metrics(admin).await?);
     let cpu0 = cpu_snapshot(pids)?;
+    let w0 = Instant::now();
     let t0 = match mode {
         Mode::Stream => {
             let t0 = Instant::now();
@@ -378,6 +383,7 @@ async fn run_one(
         .await
         .with_context(|| ns.clone())?;
     let cpu1 = cpu_snapshot(pids)?;
+    let window = w0.elapsed();
     drop(watch);
     let api1 = api_requests(&apiserver_metrics(admin).await?);
     let per_pod = |v: f64| v / f64::from(args.pods);
@@ -437,6 +443,8 @@ async fn run_one(
         pods_per_second: f64::from(args.pods) / seconds.max(1e-9),
         seconds,
         cpu_ms_per_pod: total / f64::from(args.pods),
+        cpu_ms_per_pod_above_rest: (total - idle.as_secs_f64() * window.as_secs_f64() * 1000.0)
+            / f64::from(args.pods),
         cpu_ms_by_process: by
             .into_iter()
             .map(|(n, v)| (n, v / f64::from(args.pods)))
@@ -460,7 +468,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// and the ratios the issue sets targets for.
 fn summary(runs: &[Run], modes: &[Mode]) -> String {
     let mut s = String::from(
-        "| mode | config | pods/s (median) | CPU ms/pod (median) | ratio to a2: pods/s | ratio to a2: CPU/pod |\n|---|---|---|---|---|---|\n",
+        "| mode | config | pods/s (median) | CPU ms/pod (median) | ratio to a2: pods/s | ratio to a2: CPU/pod | ratio to a2: CPU/pod above rest |\n|---|---|---|---|---|---|---|\n",
     );
     for &m in modes {
         let stat = |c: Config| {
@@ -472,20 +480,25 @@ fn summary(runs: &[Run], modes: &[Mode]) -> String {
                         .collect(),
                 )
             };
-            (of(|r| r.pods_per_second), of(|r| r.cpu_ms_per_pod))
+            (
+                of(|r| r.pods_per_second),
+                of(|r| r.cpu_ms_per_pod),
+                of(|r| r.cpu_ms_per_pod_above_rest),
+            )
         };
-        let (a_rate, a_cpu) = stat(Config::A2);
+        let (a_rate, a_cpu, a_above) = stat(Config::A2);
         for c in [Config::A2, Config::B, Config::C] {
-            let (rate, cpu) = stat(c);
+            let (rate, cpu, above) = stat(c);
             if rate.is_nan() {
                 continue;
             }
             s.push_str(&format!(
-                "| {} | {} | {rate:.1} | {cpu:.2} | {:.2} | {:.2} |\n",
+                "| {} | {} | {rate:.1} | {cpu:.2} | {:.2} | {:.2} | {:.2} |\n",
                 m.name(),
                 c.name(),
                 rate / a_rate,
-                cpu / a_cpu
+                cpu / a_cpu,
+                above / a_above
             ));
         }
     }
@@ -542,6 +555,7 @@ async fn main() -> anyhow::Result<()> {
                     config,
                     mode,
                     round,
+                    idle,
                 )
                 .await?;
                 let line = json!({
@@ -552,6 +566,7 @@ async fn main() -> anyhow::Result<()> {
                     "seconds": (r.seconds * 100.0).round() / 100.0,
                     "pods_per_second": (r.pods_per_second * 10.0).round() / 10.0,
                     "cpu_ms_per_pod": (r.cpu_ms_per_pod * 100.0).round() / 100.0,
+                    "cpu_ms_per_pod_above_rest": (r.cpu_ms_per_pod_above_rest * 100.0).round() / 100.0,
                     "cpu_ms_per_pod_by_process": r.cpu_ms_by_process.iter()
                         .map(|(k, v)| (k.clone(), json!((v * 100.0).round() / 100.0)))
                         .collect::<serde_json::Map<_, _>>(),
