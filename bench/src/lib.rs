@@ -5,6 +5,7 @@
 //! Pure functions over `Pod` objects, so the check itself is unit-tested.
 //! `rig` holds what the bench binaries share (processes, nodes, lists).
 
+pub mod binding_pb;
 pub mod rig;
 
 use std::collections::BTreeMap;

@@ -17,14 +17,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Api;
 use kube::api::PostParams;
-use kube::{Api, Client};
 use kubeshare_api::Allocation;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::binding_pb::{self, BindingSpec};
 use crate::convert::pod_info_of;
 use crate::placement::{BindDecision, BindStep};
 use crate::server::{BindAnswer, Shared};
@@ -163,7 +162,7 @@ async fn run_bind(s: &Shared, a: &ExtenderBindingArgs) -> Result<String, String>
         .client
         .clone()
         .ok_or_else(|| "extender has no Kubernetes client".to_string())?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &a.pod_namespace);
+    let pods: Api<Pod> = Api::namespaced(client, &a.pod_namespace);
     if !s.lock().knows_pod(&a.pod_uid) {
         // The watch has not delivered it yet: read it.
         let p = match call(s, deadline, "reading the pod", || pods.get(&a.pod_name)).await {
@@ -186,7 +185,7 @@ async fn run_bind(s: &Shared, a: &ExtenderBindingArgs) -> Result<String, String>
         BindStep::Go(d) => *d,
         BindStep::Wait => wait_at_gate(s, a, deadline).await?,
     };
-    let r = post_binding(s, &client, &pods, a, &decision, deadline).await;
+    let r = post_binding(s, &pods, a, &decision, deadline).await;
     let now = s.now_ms();
     match &r {
         Ok(_) => s.lock().settle(&a.pod_uid, now, true),
@@ -241,7 +240,6 @@ enum BindError {
 /// (retried with the newer `resourceVersion`).
 async fn post_binding(
     s: &Shared,
-    client: &Client,
     pods: &Api<Pod>,
     a: &ExtenderBindingArgs,
     d: &BindDecision,
@@ -269,42 +267,13 @@ async fn post_binding(
             },
         };
         let pp = PostParams::default();
-        let rv_text = rv.map(|v| v.to_string());
-        let annotations = binding.metadata.annotations.as_ref();
-        let r = call(s, deadline, "creating the Binding", || async {
-            if !s.timing.binding_protobuf {
-                return pods
-                    .create_subresource::<Binding, serde_json::Value>(
-                        "binding",
-                        &a.pod_name,
-                        &pp,
-                        &binding,
-                    )
-                    .await;
-            }
-            let body = binding_pb::encode(&BindingSpec {
-                name: &a.pod_name,
-                namespace: &a.pod_namespace,
-                uid: &a.pod_uid,
-                resource_version: rv_text.as_deref(),
-                annotations,
-                node: &a.node,
-            });
-            let Some(path) = binding_pb::path(&a.pod_namespace, &a.pod_name) else {
-                return Err(kube::Error::Api(Box::new(
-                    kube::core::Status::failure(
-                        &format!("{}/{} is not a pod name", a.pod_namespace, a.pod_name),
-                        "BadRequest",
-                    )
-                    .with_code(400),
-                )));
-            };
-            let req = http::Request::post(path)
-                .header(http::header::CONTENT_TYPE, binding_pb::CONTENT_TYPE)
-                .header(http::header::ACCEPT, "application/json")
-                .body(body)
-                .map_err(kube::Error::HttpError)?;
-            client.request::<serde_json::Value>(req).await
+        let r = call(s, deadline, "creating the Binding", || {
+            pods.create_subresource::<Binding, serde_json::Value>(
+                "binding",
+                &a.pod_name,
+                &pp,
+                &binding,
+            )
         })
         .await;
         match r {

@@ -14,7 +14,6 @@
 //! - [`tasks`]: the watches that feed the books and the timer, supervised.
 
 mod bind;
-pub mod binding_pb;
 pub mod convert;
 pub mod metrics;
 pub mod placement;

@@ -74,9 +74,6 @@ pub struct Timing {
     pub tick: Duration,
     /// Rate of the informational "GpuAllocated" events (burst [`ALLOCATED_EVENTS_BURST`]).
     pub allocated_events_per_s: f64,
-    /// Send the Binding in Kubernetes' protobuf encoding, as kube-scheduler does
-    /// (less work for the apiserver); `false`: JSON.
-    pub binding_protobuf: bool,
 }
 
 impl Default for Timing {
@@ -88,7 +85,6 @@ impl Default for Timing {
             api_concurrency: 16,
             tick: Duration::from_millis(500),
             allocated_events_per_s: ALLOCATED_EVENTS_PER_S,
-            binding_protobuf: true,
         }
     }
 }

@@ -63,11 +63,6 @@ struct Args {
     /// Seconds after which a bind not yet seen in the watch is checked with a GET.
     #[arg(long, default_value_t = 15)]
     assume_check: u64,
-    /// How the Binding is encoded: `protobuf` (as kube-scheduler sends it; less
-    /// work for the apiserver) or `json`.
-    #[arg(long, env = "KUBESHARE_EXTENDER_BINDING_ENCODING", default_value = "protobuf",
-          value_parser = ["protobuf", "json"])]
-    binding_encoding: String,
     /// Most concurrent API calls (Bindings, checks).
     #[arg(long, env = "KUBESHARE_EXTENDER_API_CONCURRENCY", default_value_t = 16)]
     api_concurrency: usize,
@@ -142,7 +137,6 @@ async fn main() -> anyhow::Result<()> {
             gang_wait: Duration::from_millis(args.gang_wait_ms),
             assume_check: Duration::from_secs(args.assume_check),
             api_concurrency: args.api_concurrency,
-            binding_protobuf: args.binding_encoding == "protobuf",
             allocated_events_per_s: args.allocated_events_per_second,
             ..Timing::default()
         },

@@ -1,0 +1,252 @@
+//! What one Binding costs the apiserver, JSON against protobuf (issue 17).
+//!
+//! Run under `hack/with-cluster.sh`. Per round: N pending pods (a scheduler name
+//! nobody serves), then each is bound with the extender's identity, the way the
+//! extender binds (the record's annotations on the Binding, `--concurrency` at
+//! once), in one encoding; the apiserver's and etcd's CPU time over the round,
+//! per Binding. Rounds alternate the encodings, so that drift in the machine hits
+//! both alike; the medians are printed.
+//!
+//!   hack/with-cluster.sh target/release/binding-bench [--pods 1000] [--rounds 6]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::core::v1::{Binding, Namespace, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client};
+use kubeshare_api::{Allocation, Granted, Milli};
+use kubeshare_bench::binding_pb::{self, BindingSpec};
+use kubeshare_bench::rig::{component_pid, cpu_time};
+use kubeshare_testkit::{Cluster, Identity};
+use serde_json::json;
+
+#[derive(Parser, Debug)]
+#[command(about = "CPU the apiserver and etcd spend per pods/binding, JSON against protobuf")]
+struct Args {
+    /// Pods bound per round.
+    #[arg(long, default_value_t = 1000)]
+    pods: u32,
+    /// Rounds (alternating JSON and protobuf).
+    #[arg(long, default_value_t = 6)]
+    rounds: u32,
+    /// Bindings in flight at once (the extender's `--api-concurrency`).
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+}
+
+const NS: &str = "binding-bench";
+const NODE: &str = "binding-bench-node";
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Encoding {
+    Json,
+    Protobuf,
+}
+
+/// The record the extender puts on a Binding, for a quarter of an H100.
+fn record() -> BTreeMap<String, String> {
+    Allocation {
+        node: NODE.into(),
+        gpu_uuids: vec!["GPU-0f5f1c1e-7b43-4c4e-9d8a-3b1a2c3d4e5f".into()],
+        gpu_mem: 21_474_836_480,
+        gpu_model: "NVIDIA H100 80GB HBM3".into(),
+        granted: Granted::Fraction {
+            request: Milli::new(250).unwrap_or(Milli::ONE),
+            limit: Milli::new(250).unwrap_or(Milli::ONE),
+        },
+        gpu_mem_resident: None,
+    }
+    .to_annotations()
+}
+
+async fn bind(client: &Client, pods: &Api<Pod>, p: &Pod, enc: Encoding) -> anyhow::Result<()> {
+    let name = p.metadata.name.clone().context("pod without a name")?;
+    let uid = p.metadata.uid.clone().context("pod without a uid")?;
+    let ann = record();
+    match enc {
+        Encoding::Json => {
+            let b = Binding {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    namespace: Some(NS.into()),
+                    uid: Some(uid),
+                    resource_version: p.metadata.resource_version.clone(),
+                    annotations: Some(ann),
+                    ..ObjectMeta::default()
+                },
+                target: ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Node".into()),
+                    name: Some(NODE.into()),
+                    ..ObjectReference::default()
+                },
+            };
+            pods.create_subresource::<Binding, serde_json::Value>(
+                "binding",
+                &name,
+                &PostParams::default(),
+                &b,
+            )
+            .await?;
+        }
+        Encoding::Protobuf => {
+            let body = binding_pb::encode(&BindingSpec {
+                name: &name,
+                namespace: NS,
+                uid: &uid,
+                resource_version: p.metadata.resource_version.as_deref(),
+                annotations: Some(&ann),
+                node: NODE,
+            });
+            let path = binding_pb::path(NS, &name).context("pod name")?;
+            let req = http::Request::post(path)
+                .header(http::header::CONTENT_TYPE, binding_pb::CONTENT_TYPE)
+                .header(http::header::ACCEPT, "application/json")
+                .body(body)?;
+            client.request::<serde_json::Value>(req).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn create_pending(admin: &Api<Pod>, n: u32) -> anyhow::Result<Vec<Pod>> {
+    stream::iter(0..n)
+        .map(|i| {
+            let admin = admin.clone();
+            async move {
+                let p: Pod = serde_json::from_value(json!({
+                    "metadata": {"name": format!("p-{i:05}")},
+                    "spec": {"schedulerName": "binding-bench-nobody",
+                             "containers": [{"name": "main", "image": "registry.invalid/x:1"}]}
+                }))?;
+                Ok::<_, anyhow::Error>(admin.create(&PostParams::default(), &p).await?)
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect()
+        .await
+}
+
+async fn delete_all(admin: &Api<Pod>) -> anyhow::Result<()> {
+    admin
+        .delete_collection(
+            &DeleteParams::default().grace_period(0),
+            &ListParams::default(),
+        )
+        .await?;
+    let t = Instant::now();
+    while !admin.list(&ListParams::default()).await?.items.is_empty() {
+        if t.elapsed() > Duration::from_secs(120) {
+            bail!("pods of {NS} still there after 120 s");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let cluster = Cluster::shared().context("no cluster: run under hack/with-cluster.sh")?;
+    let admin = cluster.client(Identity::Admin).await?;
+    let ext = cluster.client(Identity::Extender).await?;
+    let run_dir = cluster.run_dir().to_owned();
+    let pids: Vec<(&str, u32)> = ["kube-apiserver", "etcd"]
+        .into_iter()
+        .map(|n| Ok((n, component_pid(&run_dir, n)?)))
+        .collect::<anyhow::Result<_>>()?;
+    let nss: Api<Namespace> = Api::all(admin.clone());
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
+    )
+    .await
+    .context("creating the namespace")?;
+    let admin_pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+    let ext_pods: Api<Pod> = Api::namespaced(ext.clone(), NS);
+
+    let mut results: BTreeMap<&str, Vec<(f64, f64, f64)>> = BTreeMap::new();
+    for round in 0..args.rounds {
+        let enc = if round % 2 == 0 {
+            Encoding::Json
+        } else {
+            Encoding::Protobuf
+        };
+        let pending = create_pending(&admin_pods, args.pods).await?;
+        let cpu0: Vec<Duration> = pids
+            .iter()
+            .map(|(_, p)| cpu_time(*p))
+            .collect::<Result<_, _>>()?;
+        let t0 = Instant::now();
+        stream::iter(pending.iter())
+            .map(|p| bind(&ext, &ext_pods, p, enc))
+            .buffer_unordered(args.concurrency)
+            .try_collect::<Vec<_>>()
+            .await
+            .with_context(|| format!("binding, {enc:?}"))?;
+        let wall = t0.elapsed();
+        let cpu1: Vec<Duration> = pids
+            .iter()
+            .map(|(_, p)| cpu_time(*p))
+            .collect::<Result<_, _>>()?;
+        let per = |i: usize| (cpu1[i] - cpu0[i]).as_secs_f64() * 1000.0 / f64::from(args.pods);
+        let bound = admin_pods
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE)
+                    && p.metadata
+                        .annotations
+                        .as_ref()
+                        .is_some_and(|a| Allocation::from_annotations(a).ok().flatten().is_some())
+            })
+            .count();
+        if bound != args.pods as usize {
+            bail!(
+                "{enc:?}: {bound} of {} pods bound with their record",
+                args.pods
+            );
+        }
+        let line = json!({"round": round, "encoding": format!("{enc:?}"), "bindings": args.pods,
+            "apiserver_cpu_ms_per_binding": per(0), "etcd_cpu_ms_per_binding": per(1),
+            "wall_ms_per_binding": wall.as_secs_f64() * 1000.0 / f64::from(args.pods)});
+        println!("{line}");
+        let name = if enc == Encoding::Json {
+            "json"
+        } else {
+            "protobuf"
+        };
+        results.entry(name).or_default().push((
+            per(0),
+            per(1),
+            wall.as_secs_f64() * 1000.0 / f64::from(args.pods),
+        ));
+        delete_all(&admin_pods).await?;
+    }
+    nss.delete(NS, &DeleteParams::default()).await.ok();
+    println!(
+        "| encoding | apiserver CPU ms/binding (median) | etcd CPU ms/binding | wall ms/binding |"
+    );
+    println!("|---|---|---|---|");
+    for (name, v) in &results {
+        println!(
+            "| {name} | {:.3} | {:.3} | {:.3} |",
+            median(v.iter().map(|x| x.0).collect()),
+            median(v.iter().map(|x| x.1).collect()),
+            median(v.iter().map(|x| x.2).collect()),
+        );
+    }
+    Ok(())
+}
