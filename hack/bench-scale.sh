@@ -13,7 +13,9 @@
 #        configure it; 0: every pod of the kubeshare profile), FILTER_TOP (1,
 #        default, as the chart sets it: filter passes only its best node; 0: all),
 #        HTTPS (0, default: kube-scheduler calls the extender over plain HTTP/1.1;
-#        1: over TLS, hence HTTP/2, with the rig's 127.0.0.1 certificate)
+#        1: over TLS, hence HTTP/2, with the rig's 127.0.0.1 certificate),
+#        KUBESHARE_SCHED_PCT (unset: kube-scheduler's adaptive default; N: the
+#        kubeshare profile's percentageOfNodesToScore, as the chart value sets it)
 set -euo pipefail
 HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HACK/.."

@@ -307,6 +307,10 @@ write_configs() {
   tlsConfig:
     caFile: $RUN/pki/ca.crt"
   fi
+  # KUBESHARE_SCHED_PCT=N: the kubeshare profile's percentageOfNodesToScore
+  # (kube-scheduler's adaptive default when unset: ~42 % at 1,000 nodes).
+  local pct=""
+  [[ -z "${KUBESHARE_SCHED_PCT:-}" ]] || pct="  percentageOfNodesToScore: $KUBESHARE_SCHED_PCT"
   cat >"$c/kube-scheduler.yaml" <<EOF
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
@@ -333,6 +337,7 @@ podInitialBackoffSeconds: 1
 podMaxBackoffSeconds: 2
 profiles:
 - schedulerName: kubeshare-scheduler
+$pct
 extenders:
 - urlPrefix: $ext_url
   filterVerb: filter
