@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use futures::{StreamExt, TryStreamExt, stream};
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{DeleteParams, ListParams};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use kubeshare_api::inventory::INVENTORY_ANNOTATION;
 use kubeshare_api::{GpuInfo, NodeInventory};
@@ -127,6 +127,25 @@ pub fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
     };
     // Linux reports in USER_HZ, 100 on every architecture it runs on here.
     Ok(Duration::from_millis((ticks(11)? + ticks(12)?) * 10))
+}
+
+/// CPU time used so far by each named process.
+pub fn cpu_snapshot(pids: &BTreeMap<String, u32>) -> anyhow::Result<BTreeMap<String, Duration>> {
+    pids.iter()
+        .map(|(n, &p)| Ok((n.clone(), cpu_time(p)?)))
+        .collect()
+}
+
+/// Creates an empty namespace.
+pub async fn create_namespace(admin: &Client, name: &str) -> anyhow::Result<()> {
+    let nss: Api<Namespace> = Api::all(admin.clone());
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?,
+    )
+    .await
+    .with_context(|| format!("creating namespace {name}"))?;
+    Ok(())
 }
 
 /// Resident memory of a process, bytes.

@@ -18,12 +18,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Parser;
 use futures::{StreamExt, TryStreamExt, stream};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::PostParams;
 use kubeshare_bench::check_books;
 use kubeshare_bench::rig::{
-    BENCH_LABEL, Extender, component_pid, create_gpu_nodes, list_all, signal,
+    BENCH_LABEL, Extender, component_pid, create_gpu_nodes, create_namespace, list_all, signal,
 };
 use kubeshare_testkit::{Cluster, Identity};
 use serde_json::json;
@@ -113,13 +113,7 @@ async fn main() -> anyhow::Result<()> {
 
     // The backlog: pods created while the kubeshare scheduler is stopped.
     let ns_name = "backlog";
-    let nss: Api<Namespace> = Api::all(admin.clone());
-    nss.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": ns_name}}))?,
-    )
-    .await
-    .context("creating the namespace")?;
+    create_namespace(&admin, ns_name).await?;
     let sched_pid = component_pid(&run_dir, "kubeshare-scheduler")?;
     signal(sched_pid, "STOP")?;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), ns_name);

@@ -21,7 +21,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use kubeshare_api::{Allocation, Granted, Milli};
 use kubeshare_bench::binding_pb::{self, BindingSpec};
-use kubeshare_bench::rig::{component_pid, cpu_time};
+use kubeshare_bench::rig::{component_pid, cpu_snapshot, create_namespace};
 use kubeshare_testkit::{Cluster, Identity};
 use serde_json::json;
 
@@ -64,10 +64,15 @@ fn record() -> BTreeMap<String, String> {
     .to_annotations()
 }
 
-async fn bind(client: &Client, pods: &Api<Pod>, p: &Pod, enc: Encoding) -> anyhow::Result<()> {
+async fn bind(
+    client: &Client,
+    pods: &Api<Pod>,
+    p: &Pod,
+    ann: &BTreeMap<String, String>,
+    enc: Encoding,
+) -> anyhow::Result<()> {
     let name = p.metadata.name.clone().context("pod without a name")?;
     let uid = p.metadata.uid.clone().context("pod without a uid")?;
-    let ann = record();
     match enc {
         Encoding::Json => {
             let b = Binding {
@@ -76,7 +81,7 @@ async fn bind(client: &Client, pods: &Api<Pod>, p: &Pod, enc: Encoding) -> anyho
                     namespace: Some(NS.into()),
                     uid: Some(uid),
                     resource_version: p.metadata.resource_version.clone(),
-                    annotations: Some(ann),
+                    annotations: Some(ann.clone()),
                     ..ObjectMeta::default()
                 },
                 target: ObjectReference {
@@ -100,7 +105,7 @@ async fn bind(client: &Client, pods: &Api<Pod>, p: &Pod, enc: Encoding) -> anyho
                 namespace: NS,
                 uid: &uid,
                 resource_version: p.metadata.resource_version.as_deref(),
-                annotations: Some(&ann),
+                annotations: Some(ann),
                 node: NODE,
             });
             let path = binding_pb::path(NS, &name).context("pod name")?;
@@ -161,17 +166,12 @@ async fn main() -> anyhow::Result<()> {
     let admin = cluster.client(Identity::Admin).await?;
     let ext = cluster.client(Identity::Extender).await?;
     let run_dir = cluster.run_dir().to_owned();
-    let pids: Vec<(&str, u32)> = ["kube-apiserver", "etcd"]
+    let pids: BTreeMap<String, u32> = ["kube-apiserver", "etcd"]
         .into_iter()
-        .map(|n| Ok((n, component_pid(&run_dir, n)?)))
+        .map(|n| Ok((n.to_string(), component_pid(&run_dir, n)?)))
         .collect::<anyhow::Result<_>>()?;
-    let nss: Api<Namespace> = Api::all(admin.clone());
-    nss.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
-    )
-    .await
-    .context("creating the namespace")?;
+    create_namespace(&admin, NS).await?;
+    let ann = record();
     let admin_pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
     let ext_pods: Api<Pod> = Api::namespaced(ext.clone(), NS);
 
@@ -183,23 +183,19 @@ async fn main() -> anyhow::Result<()> {
             Encoding::Protobuf
         };
         let pending = create_pending(&admin_pods, args.pods).await?;
-        let cpu0: Vec<Duration> = pids
-            .iter()
-            .map(|(_, p)| cpu_time(*p))
-            .collect::<Result<_, _>>()?;
+        let cpu0 = cpu_snapshot(&pids)?;
         let t0 = Instant::now();
         stream::iter(pending.iter())
-            .map(|p| bind(&ext, &ext_pods, p, enc))
+            .map(|p| bind(&ext, &ext_pods, p, &ann, enc))
             .buffer_unordered(args.concurrency)
             .try_collect::<Vec<_>>()
             .await
             .with_context(|| format!("binding, {enc:?}"))?;
         let wall = t0.elapsed();
-        let cpu1: Vec<Duration> = pids
-            .iter()
-            .map(|(_, p)| cpu_time(*p))
-            .collect::<Result<_, _>>()?;
-        let per = |i: usize| (cpu1[i] - cpu0[i]).as_secs_f64() * 1000.0 / f64::from(args.pods);
+        let cpu1 = cpu_snapshot(&pids)?;
+        let per_binding = |d: Duration| d.as_secs_f64() * 1000.0 / f64::from(args.pods);
+        let cpu = |n: &str| per_binding(cpu1[n].saturating_sub(cpu0[n]));
+        let (api, etcd, wall) = (cpu("kube-apiserver"), cpu("etcd"), per_binding(wall));
         let bound = admin_pods
             .list(&ListParams::default())
             .await?
@@ -220,22 +216,21 @@ async fn main() -> anyhow::Result<()> {
             );
         }
         let line = json!({"round": round, "encoding": format!("{enc:?}"), "bindings": args.pods,
-            "apiserver_cpu_ms_per_binding": per(0), "etcd_cpu_ms_per_binding": per(1),
-            "wall_ms_per_binding": wall.as_secs_f64() * 1000.0 / f64::from(args.pods)});
+            "apiserver_cpu_ms_per_binding": api, "etcd_cpu_ms_per_binding": etcd,
+            "wall_ms_per_binding": wall});
         println!("{line}");
         let name = if enc == Encoding::Json {
             "json"
         } else {
             "protobuf"
         };
-        results.entry(name).or_default().push((
-            per(0),
-            per(1),
-            wall.as_secs_f64() * 1000.0 / f64::from(args.pods),
-        ));
+        results.entry(name).or_default().push((api, etcd, wall));
         delete_all(&admin_pods).await?;
     }
-    nss.delete(NS, &DeleteParams::default()).await.ok();
+    Api::<Namespace>::all(admin.clone())
+        .delete(NS, &DeleteParams::default())
+        .await
+        .ok();
     println!(
         "| encoding | apiserver CPU ms/binding (median) | etcd CPU ms/binding | wall ms/binding |"
     );

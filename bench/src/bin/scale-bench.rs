@@ -41,8 +41,8 @@ use kube::{Api, Client};
 use kubeshare_api::GPU_POD_RESOURCE;
 use kubeshare_bench::check_books;
 use kubeshare_bench::rig::{
-    BENCH_LABEL, Extender, api_requests, apiserver_metrics, component_pid, cpu_time,
-    create_gpu_nodes, list_all, rss, signal,
+    BENCH_LABEL, Extender, api_requests, apiserver_metrics, component_pid, cpu_snapshot,
+    create_gpu_nodes, create_namespace, list_all, rss, signal,
 };
 use kubeshare_testkit::{Cluster, Identity};
 use serde_json::json;
@@ -247,13 +247,6 @@ fn pod(config: Config, i: u32, share: &str, marked: bool) -> anyhow::Result<Pod>
     }))?)
 }
 
-/// CPU time used so far by each control-plane process and the extender.
-fn cpu_snapshot(pids: &BTreeMap<String, u32>) -> anyhow::Result<BTreeMap<String, Duration>> {
-    pids.iter()
-        .map(|(n, &p)| Ok((n.clone(), cpu_time(p)?)))
-        .collect()
-}
-
 /// CPU the processes used together over the last second.
 async fn cpu_per_second(pids: &BTreeMap<String, u32>) -> anyhow::Result<Duration> {
     let a = cpu_snapshot(pids)?;
@@ -347,13 +340,7 @@ async fn run_one(
     idle: Duration,
 ) -> anyhow::Result<Run> {
     let ns = format!("scale-{}-{}-{round}", config.name(), mode.name());
-    let nss: Api<Namespace> = Api::all(admin.clone());
-    nss.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-    )
-    .await
-    .with_context(|| format!("creating namespace {ns}"))?;
+    create_namespace(admin, &ns).await?;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
     let watch = BindWatch::start(pods.clone());
     // Let the watch list the (empty) namespace before the first create.

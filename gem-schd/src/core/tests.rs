@@ -593,9 +593,9 @@ fn a_full_contention_grant_is_the_min_quota_less_the_drain_down_to_a_fifth() {
     assert_eq!(dispatch::full_turn_grant(0, 3 * MS, true), 1);
 }
 
-/// a and b (0.5, 0.5), min quota 5 ms, both always asking again at the end of each grant;
-/// a's holds run `a_drain` past its grant (reported as overuse). Returns a's last grant.
-fn a_grant_with_drain(turn_includes_drain: bool, a_drain: Micros) -> Micros {
+/// a (connection 1) and b (connection 3) at (0.5, 0.5), min quota 5 ms: together they ask for
+/// the whole GPU.
+fn full_pair(turn_includes_drain: bool) -> Core {
     let p = Params {
         min_quota_us: 5 * MS,
         ..params()
@@ -604,6 +604,13 @@ fn a_grant_with_drain(turn_includes_drain: bool, a_drain: Micros) -> Micros {
     c.set_turn_includes_drain(turn_includes_drain);
     c.hello(1, "a").unwrap();
     c.hello(3, "b").unwrap();
+    c
+}
+
+/// a and b (0.5, 0.5), min quota 5 ms, both always asking again at the end of each grant;
+/// a's holds run `a_drain` past its grant (reported as overuse). Returns a's last grant.
+fn a_grant_with_drain(turn_includes_drain: bool, a_drain: Micros) -> Micros {
+    let mut c = full_pair(turn_includes_drain);
     let mut now = t(0);
     let mut g = c.token_request(now, 1, 0, 0);
     assert!(c.token_request(now, 3, 0, 0).is_empty());
@@ -639,14 +646,7 @@ fn under_full_contention_a_capped_clients_turn_with_its_drain_is_about_the_min_q
 /// `short` of its 5 ms grant, asking again at once). Returns who gets the next turn and for
 /// how long, then who gets the one after.
 fn after_a_short_turn(turn_includes_drain: bool, short: Micros) -> (String, Micros, String) {
-    let p = Params {
-        min_quota_us: 5 * MS,
-        ..params()
-    };
-    let mut c = Core::new(p, &[spec("a", 500, 500, 0), spec("b", 500, 500, 0)], 0);
-    c.set_turn_includes_drain(turn_includes_drain);
-    c.hello(1, "a").unwrap();
-    c.hello(3, "b").unwrap();
+    let mut c = full_pair(turn_includes_drain);
     let mut now = t(0);
     let g = c.token_request(now, 3, 0, 0);
     assert_eq!(grant(&g).map(|g| g.0), Some("b"));
