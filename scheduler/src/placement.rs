@@ -243,6 +243,21 @@ struct PodEntry {
     /// The scheduler has asked us to filter it: it passed kube-scheduler's own
     /// checks somewhere. A group is admitted only on members that did.
     filtered: bool,
+    /// The node we last asked kube-scheduler to try first for it (its
+    /// `status.nominatedNodeName`): asked once per node, so a node that
+    /// kube-scheduler's own filters reject cannot start a loop of retries.
+    nominated: Option<String>,
+}
+
+/// A pending pod tied to one node (its group's reserved place, its affinity
+/// tag's node) that kube-scheduler's search may not reach: the extender sets
+/// the pod's `status.nominatedNodeName`, which kube-scheduler evaluates before
+/// any other node, and wakes the pod.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Nomination {
+    pub namespace: String,
+    pub name: String,
+    pub node: String,
 }
 
 #[derive(Debug, Clone)]
@@ -306,6 +321,8 @@ pub struct Cluster {
     problems: Vec<RecordProblem>,
     /// Unbound members of groups whose places were freed, not yet woken.
     wake: Vec<(String, String)>,
+    /// Pods tied to a node that kube-scheduler did not send, not yet nominated.
+    nominate: Vec<Nomination>,
     /// Pods deleted or finished (bounded, oldest forgotten first).
     gone: HashSet<String>,
     gone_order: std::collections::VecDeque<String>,
@@ -321,6 +338,10 @@ struct ScoreCache {
 }
 
 const NO_SCORE: u64 = u64::MAX;
+
+/// kube-scheduler's `minFeasibleNodesToFind`: it looks for at least this many
+/// feasible nodes (when the cluster has them) before it calls the extender.
+const SEARCH_MIN_NODES: usize = 100;
 
 /// One candidate answer for a pod on a node.
 #[derive(Debug, Clone)]
@@ -392,6 +413,12 @@ fn tags_of(ns: &str, d: Option<&GpuDemand>) -> Tags {
         anti: d.anti_affinity.as_ref().map(|t| format!("{ns}/{t}")),
         exclusion: d.exclusion.clone(),
     }
+}
+
+/// The node of a set of (node, GPU) places, when they are all on one.
+fn single_node(l: &BTreeSet<(String, String)>) -> Option<String> {
+    let first = &l.first()?.0;
+    l.iter().all(|(n, _)| n == first).then(|| first.clone())
 }
 
 fn bump(m: &mut BTreeMap<String, u32>, k: &Option<String>, add: bool) {
@@ -591,6 +618,9 @@ impl Cluster {
         }
         // A member of an admitted group goes where its reservation is.
         if let Some(reserved) = self.reserved_node(&pod.uid) {
+            if !names.contains(&reserved) {
+                self.nominate_to(&pod.uid, &reserved);
+            }
             return self.hold_to(names, &reserved, &demand);
         }
         if let (Some(spec), Some(key)) = (&demand.group, group_key(&pod.namespace, &demand)) {
@@ -625,8 +655,19 @@ impl Cluster {
                 }
             }
         }
+        // Fits none of the names sent: tied by its affinity tag to one node that
+        // kube-scheduler did not send, or a fit outside the part of the cluster
+        // its search covered.
+        let elsewhere = match &req.tag_locs {
+            _ if !out.passed.is_empty() => None,
+            Some(l) => single_node(l).filter(|n| self.nodes.contains_key(n) && !names.contains(n)),
+            None => self.best_unsent(&mut memo, &req, slot, names),
+        };
         drop(req);
         self.memo = memo;
+        if let Some(n) = elsewhere {
+            self.nominate_to(&pod.uid, &n);
+        }
         self.keep_best(&mut out.passed, &raw);
         out.kind = if out.passed.is_empty() {
             FilterKind::NoFit
@@ -663,6 +704,58 @@ impl Cluster {
         ranked.truncate(top);
         ranked.sort_unstable_by(by_rank);
         passed.extend(ranked.into_iter().map(|(_, n)| n));
+    }
+
+    /// The best node outside `names` that fits, when kube-scheduler may have
+    /// stopped its search early: it stops once it has found
+    /// [`SEARCH_MIN_NODES`] (or `percentageOfNodesToScore` of the nodes)
+    /// feasible, so a pod that fits few nodes (a rare model, a large share) may
+    /// not be sent any of them. With fewer names it searched every node and the
+    /// others failed its own filters: nothing to suggest.
+    fn best_unsent(
+        &self,
+        memo: &mut memo::Memo,
+        req: &Req,
+        slot: Option<usize>,
+        names: &[String],
+    ) -> Option<String> {
+        if names.len() < SEARCH_MIN_NODES || names.len() >= self.nodes.len() {
+            return None;
+        }
+        let sent: HashSet<&str> = names.iter().map(String::as_str).collect();
+        let mut best: Option<(u64, &String)> = None;
+        for n in self.nodes.keys().filter(|n| !sent.contains(n.as_str())) {
+            if let (Verdict::Fits(r), _) = memo.judge(self, req, n, slot)
+                && best.is_none_or(|(br, bn)| r > br || (r == br && n < bn))
+            {
+                best = Some((r, n));
+            }
+        }
+        best.map(|(_, n)| n.clone())
+    }
+
+    /// Asks kube-scheduler to try `node` first for pod `uid`, once per node.
+    pub(super) fn nominate_to(&mut self, uid: &str, node: &str) {
+        let Some(e) = self.pods.get_mut(uid) else {
+            return;
+        };
+        if e.node_name.is_some() || e.nominated.as_deref() == Some(node) {
+            return;
+        }
+        e.nominated = Some(node.to_string());
+        self.nominate.push(Nomination {
+            namespace: e.namespace.clone(),
+            name: e.name.clone(),
+            node: node.to_string(),
+        });
+    }
+
+    /// Pods to nominate (and wake), since the last call.
+    pub fn take_nominations(&mut self) -> Vec<Nomination> {
+        let mut n = std::mem::take(&mut self.nominate);
+        n.sort();
+        n.dedup();
+        n
     }
 
     fn reserved_node(&self, uid: &str) -> Option<String> {

@@ -1,14 +1,14 @@
 //! The extender's background tasks: the node and pod watches that keep the books,
 //! and the timer that expires group reservations, checks assumed bookings against
-//! the API, wakes group members whose places were freed, and reports record
-//! problems (events, metrics).
+//! the API, wakes group members whose places were freed (nominating a pod tied to
+//! one node to that node), and reports record problems (events, metrics).
 //!
 //! Never blind: each task runs under a supervisor. If it ends or panics, the
 //! extender is not ready (`/readyz` 503, filter and bind refuse) until the task has
 //! been restarted and, for a watch, has listed again. A panic that left the books
 //! inconsistent ends the process instead (its restart rebuilds them from the API).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -21,10 +21,11 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::bind::{Call, call};
 use crate::convert::{node_inventory, pod_info_of};
+use crate::placement::Nomination;
 use crate::server::Shared;
 
 /// The annotation the extender bumps on a group member to make the scheduler
@@ -165,9 +166,11 @@ async fn timer(s: Arc<Shared>) {
         let (wake, due, problems) = s.with_cluster(|c| {
             let mut wake = c.expire(now);
             wake.extend(c.take_wake());
-            wake.sort();
-            wake.dedup();
-            (wake, c.due_checks(now, after), c.take_problems())
+            (
+                wake_list(wake, c.take_nominations()),
+                c.due_checks(now, after),
+                c.take_problems(),
+            )
         });
         s.gate.notify_waiters();
         for p in problems {
@@ -191,9 +194,11 @@ async fn timer(s: Arc<Shared>) {
             let (s, client) = (s.clone(), client.clone());
             tokio::spawn(async move { check_assumed(&s, client, &uid, &ns, &name).await });
         }
-        for (ns, name) in wake {
+        for ((ns, name), node) in wake {
             let (s, client) = (s.clone(), client.clone());
-            tokio::spawn(async move { wake_member(&s, client, &ns, &name, now).await });
+            tokio::spawn(
+                async move { wake_member(&s, client, &ns, &name, node.as_deref(), now).await },
+            );
         }
     }
 }
@@ -248,13 +253,51 @@ async fn check_assumed(s: &Shared, client: Client, uid: &str, ns: &str, name: &s
     }
 }
 
-/// Makes the scheduler retry a group member now rather than after its backoff.
-async fn wake_member(s: &Shared, client: Client, ns: &str, name: &str, now: u64) {
+/// One entry per pod to wake, with the node to nominate it to, if any: a
+/// nomination always comes with a wake, since a change of the pod's status alone
+/// does not move it out of kube-scheduler's unschedulable queue.
+fn wake_list(
+    wake: Vec<(String, String)>,
+    nominations: Vec<Nomination>,
+) -> BTreeMap<(String, String), Option<String>> {
+    let mut out: BTreeMap<_, _> = wake.into_iter().map(|k| (k, None)).collect();
+    for n in nominations {
+        out.insert((n.namespace, n.name), Some(n.node));
+    }
+    out
+}
+
+/// Makes the scheduler retry a pod now rather than after its backoff; first,
+/// when `node` is given, sets the pod's `status.nominatedNodeName` to it, so
+/// that the retry evaluates that node before any other (the status patch is
+/// sent first: the wake's event then reaches kube-scheduler after it).
+async fn wake_member(
+    s: &Shared,
+    client: Client,
+    ns: &str,
+    name: &str,
+    node: Option<&str>,
+    now: u64,
+) {
     let pods: Api<Pod> = Api::namespaced(client, ns);
-    let patch =
-        serde_json::json!({"metadata": {"annotations": {WAKE_ANNOTATION: now.to_string()}}});
     let deadline = Instant::now() + s.timing.bind_timeout;
     let pp = PatchParams::default();
+    if let Some(node) = node {
+        let status = serde_json::json!({"status": {"nominatedNodeName": node}});
+        let merge = Patch::Merge(&status);
+        match call(s, deadline, "nominating a pod's node", || {
+            pods.patch_status(name, &pp, &merge)
+        })
+        .await
+        {
+            Call::Ok(_) => debug!(pod = %name, %ns, %node, "nominated"),
+            Call::Refused(_, e) | Call::Unknown(e) => {
+                warn!(pod = %name, %ns, %node, error = %e, "could not nominate a pod's node")
+            }
+        }
+    }
+    let patch =
+        serde_json::json!({"metadata": {"annotations": {WAKE_ANNOTATION: now.to_string()}}});
     let merge = Patch::Merge(&patch);
     let r = call(s, deadline, "waking a group member", || {
         pods.patch(name, &pp, &merge)

@@ -534,6 +534,63 @@ async fn locality_tags() -> Result<()> {
     rig.cleanup().await
 }
 
+/// kube-scheduler stops searching after a fraction of a large cluster's nodes, so
+/// a pod tied to one node (here by its affinity tag) may be sent names without
+/// that node. The extender then sets the pod's `status.nominatedNodeName` (which
+/// kube-scheduler tries before any other node) and wakes it. Made deterministic
+/// here by cordoning the node: kube-scheduler's own filter leaves it out.
+#[tokio::test]
+async fn a_pod_tied_to_a_node_the_scheduler_did_not_send_is_nominated_there() -> Result<()> {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let _g = serial().await;
+    let mut rig = Rig::new("nominate").await?;
+    rig.node("x", 1, "A", 40).await?;
+    rig.node("y", 1, "A", 40).await?;
+    let aff = [
+        ("gpu_request", "0.2"),
+        ("gpu_limit", "1"),
+        ("sched_affinity", "t"),
+    ];
+    rig.create("aff1", &aff).await?;
+    let a1 = rig.bound("aff1").await?;
+    let nodes: Api<Node> = Api::all(rig.admin.clone());
+    let cordon = |on: bool| json!({"spec": {"unschedulable": on}});
+    let pp = PatchParams::default();
+    nodes
+        .patch(&a1.node, &pp, &Patch::Merge(&cordon(true)))
+        .await?;
+    // Every version of aff2 the API serves, watched from before it exists (a
+    // failed retry clears the nomination again, so a poll could miss it).
+    let cfg = watcher::Config::default().fields("metadata.name=aff2");
+    let first_nominated = tokio::spawn(
+        watcher(rig.pods(), cfg)
+            .applied_objects()
+            .filter_map(|p| async move {
+                p.ok()?
+                    .status?
+                    .nominated_node_name
+                    .filter(|n| !n.is_empty())
+            })
+            .boxed()
+            .into_future(),
+    );
+    rig.create("aff2", &aff).await?;
+    rig.failed_with("aff2", "affinity tag t lives on").await?;
+    let (nominated, _) = tokio::time::timeout(WAIT, first_nominated)
+        .await
+        .context("aff2 was never nominated")??;
+    assert_eq!(nominated.as_deref(), Some(a1.node.as_str()));
+    // Uncordoned, it goes there, onto its tag's GPU.
+    nodes
+        .patch(&a1.node, &pp, &Patch::Merge(&cordon(false)))
+        .await?;
+    let a2 = rig.bound("aff2").await?;
+    assert_eq!((&a2.node, &a2.gpu_uuids), (&a1.node, &a1.gpu_uuids));
+    rig.check_no_overcommit(40 * GIB).await?;
+    rig.cleanup().await
+}
+
 fn member_labels(head: &str, threshold: &'static str) -> Vec<(&'static str, String)> {
     vec![
         ("gpu_request", "0.5".into()),

@@ -139,6 +139,11 @@ struct Args {
     /// the resource, and find none).
     #[arg(long)]
     unmarked: bool,
+    /// GPU pods in sets of this many sharing an affinity tag (one GPU each set):
+    /// every pod after a set's first is tied to its node, which kube-scheduler's
+    /// search (a fraction of the nodes) may not reach. 0: no tags.
+    #[arg(long, default_value_t = 0)]
+    tied: u32,
 }
 
 /// What one run measured.
@@ -221,13 +226,18 @@ impl Drop for BindWatch {
 
 /// A pod of the configuration; a GPU pod carries what the webhook would have
 /// added for the scheduler (the mark `managedResources` selects on).
-fn pod(config: Config, i: u32, share: &str, marked: bool) -> anyhow::Result<Pod> {
+fn pod(config: Config, i: u32, args: &Args) -> anyhow::Result<Pod> {
+    let (share, marked) = (&args.share, !args.unmarked);
     let mark = json!({GPU_POD_RESOURCE: "1"});
+    let mut gpu_labels = json!({"sharedgpu/gpu_request": share, "sharedgpu/gpu_limit": share});
+    if let Some(set) = i.checked_div(args.tied) {
+        gpu_labels["sharedgpu/sched_affinity"] = json!(format!("t{set}"));
+    }
     let (scheduler, labels, resources) = match config {
         Config::A2 => ("default-scheduler", json!({}), json!({})),
         Config::B => (
             "kubeshare-scheduler",
-            json!({"sharedgpu/gpu_request": share, "sharedgpu/gpu_limit": share}),
+            gpu_labels,
             if marked {
                 json!({"limits": mark, "requests": mark})
             } else {
@@ -291,7 +301,7 @@ async fn create_pods(pods: &Api<Pod>, config: Config, args: &Args) -> anyhow::Re
     stream::iter(0..args.pods)
         .map(|i| {
             let pods = pods.clone();
-            let p = pod(config, i, &args.share, !args.unmarked);
+            let p = pod(config, i, args);
             async move {
                 pods.create(&PostParams::default(), &p?).await?;
                 anyhow::Ok(())
@@ -548,7 +558,8 @@ async fn main() -> anyhow::Result<()> {
                 let line = json!({
                     "config": r.config.name(), "mode": r.mode.name(), "round": r.round,
                     "nodes": args.nodes, "gpus_per_node": args.gpus, "pods": args.pods,
-                    "clients": args.clients,
+                    "clients": args.clients, "tied": args.tied,
+                    "extender": args.extender.display().to_string(),
                     "idle_cpu_ms_per_s": idle.as_millis(),
                     "seconds": (r.seconds * 100.0).round() / 100.0,
                     "pods_per_second": (r.pods_per_second * 10.0).round() / 10.0,
