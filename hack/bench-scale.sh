@@ -14,8 +14,8 @@
 #        default, as the chart sets it: filter passes only its best node; 0: all),
 #        HTTPS (0, default: kube-scheduler calls the extender over plain HTTP/1.1;
 #        1: over TLS, hence HTTP/2, with the rig's 127.0.0.1 certificate),
-#        KUBESHARE_SCHED_PCT (the kubeshare profile's percentageOfNodesToScore:
-#        unset, 5 as the chart sets it; empty, kube-scheduler's adaptive default)
+#        KUBESHARE_SCHED_PCT (unset: kube-scheduler's adaptive default, as the
+#        chart leaves it; N: the kubeshare profile's percentageOfNodesToScore)
 set -euo pipefail
 HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HACK/.."

@@ -307,11 +307,11 @@ write_configs() {
   tlsConfig:
     caFile: $RUN/pki/ca.crt"
   fi
-  # KUBESHARE_SCHED_PCT=N: the kubeshare profile's percentageOfNodesToScore, 5 as
-  # the chart sets it when unset; empty: kube-scheduler's adaptive default (~42 %
+  # KUBESHARE_SCHED_PCT=N: the kubeshare profile's percentageOfNodesToScore
+  # (kube-scheduler's adaptive default when unset, as the chart leaves it: ~42 %
   # at 1,000 nodes).
-  local pct="" pct_value="${KUBESHARE_SCHED_PCT-5}"
-  [[ -z "$pct_value" ]] || pct="  percentageOfNodesToScore: $pct_value"
+  local pct=""
+  [[ -z "${KUBESHARE_SCHED_PCT:-}" ]] || pct="  percentageOfNodesToScore: $KUBESHARE_SCHED_PCT"
   cat >"$c/kube-scheduler.yaml" <<EOF
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration

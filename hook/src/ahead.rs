@@ -7,8 +7,8 @@
 //! past a ~3.4 ms grant was 0.75 ms at the median but 4.8 ms at p90 and up to 14.7 ms, and a
 //! batch-1 inference request beside it waited that whole turn. Here, in the precise stretch of
 //! a hold (docs/hook.md, "The launch gate"), the hook records an event on the launching stream
-//! every `PROBE_EVERY_NS` of launching, and keeps at most `bound / PROBE_EVERY_NS` (at least
-//! one) pending: before recording another it waits for the oldest. So the GPU never runs
+//! every [`probe_every`] of launching (100 µs, or half a shorter bound), and keeps at most
+//! `bound / probe_every` pending: before recording another it waits for the oldest. So the GPU never runs
 //! further behind than the work the CPU queued in the bound's worth of its own launching time
 //! (the time it spent waiting does not count), whatever the phase of the program. A bound on
 //! the CPU's clock, not the GPU's: the GPU time queued is the bound times how much faster the
@@ -16,8 +16,17 @@
 //! time, which let the queue settle at 3.5 ms for a 1 ms bound in the test below). The GPU keeps
 //! the pending probes' work queued while the CPU waits, so it does not idle for it.
 
-/// How often (CPU time, at launches) a probe event is recorded.
+/// How often (at launches, precise time) a probe event is recorded, for bounds of 200 µs and
+/// more; shorter bounds probe twice per bound ([`probe_every`]).
 pub const PROBE_EVERY_NS: u64 = 100_000;
+/// The shortest probe interval: an event record costs ~1 µs.
+pub const MIN_PROBE_EVERY_NS: u64 = 10_000;
+
+/// The probe interval for a bound: [`PROBE_EVERY_NS`], or half the bound when that is shorter,
+/// so that at least two probes are pending and a short bound is not rounded up to 100 µs.
+pub fn probe_every(bound_ns: u64) -> u64 {
+    PROBE_EVERY_NS.min(bound_ns / 2).max(MIN_PROBE_EVERY_NS)
+}
 /// Probe events in flight at most.
 pub const RING: usize = 16;
 
@@ -86,7 +95,7 @@ impl Ring {
                 }
             }
         }
-        let keep = usize::try_from(bound_ns / PROBE_EVERY_NS)
+        let keep = usize::try_from(bound_ns / probe_every(bound_ns))
             .unwrap_or(RING)
             .clamp(1, RING);
         let mut t = now;
@@ -169,6 +178,14 @@ mod tests {
         assert!(waited > 0, "a GPU falling behind makes the CPU wait");
         assert!(deepest <= 1_200_000, "queue reached {deepest} ns");
         assert!(settled >= 900_000, "the GPU kept {settled} ns queued");
+    }
+
+    #[test]
+    fn short_bounds_probe_twice_per_bound() {
+        assert_eq!(probe_every(200_000), PROBE_EVERY_NS);
+        assert_eq!(probe_every(1_600_000), PROBE_EVERY_NS);
+        assert_eq!(probe_every(60_000), 30_000);
+        assert_eq!(probe_every(1_000), MIN_PROBE_EVERY_NS);
     }
 
     #[test]

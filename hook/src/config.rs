@@ -33,6 +33,8 @@ pub struct Settings {
     /// The queue-ahead bound in ns (`KUBESHARE_HOOK_MAX_AHEAD_US`, default 200 µs, 0 = off;
     /// see `ahead.rs`).
     pub max_ahead_ns: u64,
+    /// How often the bound records a probe (`ahead::probe_every`).
+    pub probe_every_ns: u64,
 }
 
 pub const DEFAULT_IO_TIMEOUT_MS: u64 = 5000;
@@ -94,9 +96,9 @@ pub fn parse_max_ahead_us(v: Option<&str>) -> Result<u64, String> {
         None | Some("") => Ok(DEFAULT_MAX_AHEAD_US),
         Some("0") => Ok(0),
         Some(s) => match s.parse::<u64>() {
-            Ok(us) if (100..=1_600).contains(&us) => Ok(us),
+            Ok(us) if (20..=1_600).contains(&us) => Ok(us),
             _ => Err(format!(
-                "KUBESHARE_HOOK_MAX_AHEAD_US={s:?} is not 0 or a whole number of µs in 100..=1600; using {DEFAULT_MAX_AHEAD_US}"
+                "KUBESHARE_HOOK_MAX_AHEAD_US={s:?} is not 0 or a whole number of µs in 20..=1600; using {DEFAULT_MAX_AHEAD_US}"
             )),
         },
     }
@@ -143,6 +145,7 @@ pub fn settings() -> &'static Settings {
             io_timeout_ms,
             precise_deadline,
             max_ahead_ns: max_ahead_us * 1000,
+            probe_every_ns: crate::ahead::probe_every(max_ahead_us * 1000),
         }
     })
 }
@@ -211,7 +214,8 @@ mod tests {
         assert_eq!(parse_max_ahead_us(None), Ok(DEFAULT_MAX_AHEAD_US));
         assert_eq!(parse_max_ahead_us(Some("0")), Ok(0));
         assert_eq!(parse_max_ahead_us(Some("1000")), Ok(1000));
-        assert!(parse_max_ahead_us(Some("50")).is_err());
+        assert_eq!(parse_max_ahead_us(Some("50")), Ok(50));
+        assert!(parse_max_ahead_us(Some("10")).is_err());
         assert!(parse_max_ahead_us(Some("5000")).is_err());
         assert!(parse_max_ahead_us(Some("x")).is_err());
     }

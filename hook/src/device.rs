@@ -301,7 +301,7 @@ pub fn gate(stream: CUstream) {
         }
         LastTick::PassAt(p) => {
             g.last_launch.store(now, Ordering::Relaxed);
-            if p.saturating_sub(g.last_probe.load(Ordering::Relaxed)) >= ahead::PROBE_EVERY_NS {
+            if p.saturating_sub(g.last_probe.load(Ordering::Relaxed)) >= settings().probe_every_ns {
                 guard((), || bound_ahead(g, stream, p));
             }
             return;
@@ -311,7 +311,7 @@ pub fn gate(stream: CUstream) {
     guard((), || acquire(dev, stream));
 }
 
-/// The queue-ahead bound (`ahead.rs`): at most one probe per `PROBE_EVERY_NS`, by whichever
+/// The queue-ahead bound (`ahead.rs`): at most one probe per `probe_every_ns`, by whichever
 /// launching thread gets there (others pass). Never during a graph capture.
 #[cold]
 fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {

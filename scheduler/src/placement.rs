@@ -775,7 +775,8 @@ impl Cluster {
             if n == node {
                 out.passed.push(n.clone());
             } else {
-                out.failed.insert(
+                // Unresolvable: kube-scheduler's preemption has nothing to try here.
+                out.unresolvable.insert(
                     n.clone(),
                     format!("group {g}: this member's place is reserved on {node}"),
                 );

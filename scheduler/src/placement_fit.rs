@@ -70,7 +70,8 @@ impl Cluster {
                     "{node_name}: affinity tag {} lives on {where_}",
                     d.affinity.as_deref().unwrap_or("")
                 ),
-                false,
+                // Unresolvable: no eviction on this node can bring the tag here.
+                true,
             ));
         }
         // Usage of GPU i, leaving out the pod's own booking: (share, device-mode

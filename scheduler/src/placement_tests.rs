@@ -533,7 +533,7 @@ fn affinity_anti_affinity_and_exclusion() {
     let y = schedule(&mut c, &mut aff("y"), 0).unwrap();
     assert_eq!(gpu_of(&x), gpu_of(&y));
     let f = c.filter(&aff("z"), &["b".into()], 0);
-    assert_eq!(f.failed["b"], "b: affinity tag t lives on a/gpu 0");
+    assert_eq!(f.unresolvable["b"], "b: affinity tag t lives on a/gpu 0");
 
     // Anti-affinity beats packing.
     let anti = |u: &str| {
