@@ -262,6 +262,10 @@ train_infer_noahead = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
 train_infer_ahead200 = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "200"})
 train_infer_ahead500 = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "500"})
 train_infer_ahead200_debug = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "200"}, debug=True)
+# Shorter bounds (probes twice per bound below 200 µs).
+train_infer_ahead50 = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "50"})
+train_infer_ahead100 = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "100"})
+train_infer_ahead50_debug = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "50"}, debug=True)
 
 
 def train_infer_debug(b, raw):

@@ -15,7 +15,10 @@
 //! again (gem-schd then hands the token to whoever is due). A background thread gives the
 //! token back (Release) when the process has launched nothing for `KUBESHARE_HOOK_IDLE_MS`,
 //! once its queued work is done, so an idle tenant does not hold the GPU; the same thread
-//! notices within 5 ms when gem-schd hangs up during a hold, and stops launches.
+//! ends a hold whose quota ran out while the process was not launching (blocked in its own
+//! synchronisation, or busy on the CPU), so that the next holder does not wait for this
+//! process's next launch; and it notices within 5 ms when gem-schd hangs up during a hold,
+//! and stops launches.
 //!
 //! Timeouts (`KUBESHARE_HOOK_TIMEOUT_MS`, default 5000): every reply is awaited at most that
 //! long. A token wait may be longer by right (others hold the token), so on each timeout
@@ -413,6 +416,8 @@ fn acquire(dev: usize, stream: CUstream) {
             Ok(quota_us) => {
                 t.grant_ns = precise_ns();
                 t.quota_us = quota_us;
+                g.hold_end
+                    .store(t.grant_ns + quota_us * 1000, Ordering::Release);
                 g.holding.store(true, Ordering::Release);
                 let now = coarse_ns();
                 g.last_launch.store(now, Ordering::Relaxed);
@@ -516,7 +521,7 @@ fn start_idle_thread() {
             let tick = Duration::from_nanos((idle_ns / 2).clamp(500_000, 5_000_000));
             let me = state() as *const _;
             loop {
-                std::thread::sleep(tick);
+                std::thread::sleep(next_wake(tick));
                 // In a forked child this thread does not exist; in the parent the state
                 // never changes. Stop if it somehow did.
                 if !std::ptr::eq(me, state()) {
@@ -524,6 +529,7 @@ fn start_idle_thread() {
                 }
                 for dev in 0..state().devices_seen.load(Ordering::Relaxed) {
                     guard((), || watch_hangup(dev));
+                    guard((), || release_if_expired(dev));
                     guard((), || release_if_idle(dev, idle_ns));
                 }
             }
@@ -561,6 +567,65 @@ fn watch_hangup(dev: usize) {
         g.stop_launches();
         info!("device {dev}: gem-schd hung up during a hold; launches stop until a new grant");
     }
+}
+
+/// How long after a hold's quota the idle thread ends it when no launch has: a launch in that
+/// time ends it the usual way.
+const EXPIRY_GRACE_NS: u64 = 100_000;
+/// The idle thread's shortest sleep (a hold it could not end yet is looked at again then).
+const MIN_NAP_NS: u64 = 50_000;
+
+/// The idle thread's next wake-up: its tick, or sooner when a hold's quota ends sooner.
+fn next_wake(tick: Duration) -> Duration {
+    let now = precise_ns();
+    let mut wake = tick;
+    for dev in 0..state().devices_seen.load(Ordering::Relaxed) {
+        let g = gpu(dev);
+        if g.holding.load(Ordering::Acquire) {
+            let at = g.hold_end.load(Ordering::Acquire) + EXPIRY_GRACE_NS;
+            wake = wake.min(Duration::from_nanos(at.saturating_sub(now).max(MIN_NAP_NS)));
+        }
+    }
+    wake
+}
+
+/// Ends a hold whose quota is over when the process has not launched since: it is blocked in
+/// its own synchronisation or busy on the CPU, and the hold would otherwise last until its next
+/// launch (or the idle release, 10 ms after its work is done), with the next holder waiting and
+/// the GPU idle meanwhile. The queued work is drained first, as at any hand-over; the use,
+/// overrun included, is reported in the Release (gem-schd charges it and learns the overrun),
+/// and the quota as the burst, since the quota cut it.
+fn release_if_expired(dev: usize) {
+    let g = gpu(dev);
+    if !g.holding.load(Ordering::Acquire)
+        || precise_ns() < g.hold_end.load(Ordering::Acquire) + EXPIRY_GRACE_NS
+    {
+        return;
+    }
+    let mut t = match g.token.try_lock() {
+        Ok(t) => t,
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return, // a launching thread ends it
+    };
+    if !g.holding.load(Ordering::Acquire) {
+        return;
+    }
+    g.stop_launches();
+    drain(dev);
+    g.holding.store(false, Ordering::Release);
+    let used_us = precise_ns().saturating_sub(t.grant_ns) / 1000;
+    t.idle_burst_us = used_us.min(t.quota_us);
+    if let Some(c) = t.client.as_mut()
+        && let Err(e) = c.release(used_us)
+    {
+        info!("device {dev}: release failed: {e}");
+        drop_client(&mut t.client, &g.token_fd);
+    }
+    debug!(
+        "device {dev}: hold expired without a launch; released after {used_us} µs of a {} µs grant",
+        t.quota_us
+    );
+    crate::um::on_hold_end(dev);
 }
 
 /// Idle means: no launch for `idle_ns` *after the queued work finished*. A program blocked in

@@ -48,6 +48,9 @@ pub struct Gpu {
     /// Precise-clock time until which launches past `deadline` still pass (0: none): the
     /// last coarse tick of a hold is checked on the precise clock (see `clock::deadlines`).
     pub deadline_precise: AtomicU64,
+    /// Precise-clock time at which the current hold's quota ends (meaningful while `holding`):
+    /// the idle thread ends a hold that nobody ends by launching (`device::release_if_expired`).
+    pub hold_end: AtomicU64,
     /// Launches left that pass in the precise stretch without reading the precise clock.
     pub precise_skip: AtomicU32,
     /// The queue-ahead bound's probes (`ahead.rs`), and the precise time of the last probe.
@@ -124,6 +127,7 @@ impl Gpu {
         Gpu {
             deadline: AtomicU64::new(0),
             deadline_precise: AtomicU64::new(0),
+            hold_end: AtomicU64::new(0),
             precise_skip: AtomicU32::new(0),
             ahead: Mutex::new(crate::ahead::Ring::new()),
             last_probe: AtomicU64::new(0),

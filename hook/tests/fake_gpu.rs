@@ -272,3 +272,63 @@ fn a_tenant_waiting_on_its_own_burst_is_not_idle() {
     );
     assert!(fe + ff >= 0.85, "GPU mostly idle: {:.3}", fe + ff);
 }
+
+#[test]
+fn a_hold_that_expires_while_the_process_thinks_is_given_back_at_its_quota() {
+    // e launches 2 ms of work, waits for it, then computes 8 ms on the CPU: its quota under
+    // contention ends during that pause, with no launch to end the hold. The idle thread ends it
+    // at the quota (plus its grace) instead of at e's next launch, 8 ms later, with f waiting
+    // and the GPU idle meanwhile.
+    let _s = serial();
+    let env = Env::new();
+    env.write_config(&[("e", 0.5, 0.5, GIB), ("f", 0.5, 0.5, GIB)]);
+    let _schd = env.start_schd(&["e", "f"]);
+    let think = [
+        "launch",
+        "--kernel-us",
+        "1000",
+        "--batch",
+        "2",
+        "--think-us",
+        "8000",
+        "--seconds",
+        "4",
+    ];
+    let busy = ["launch", "--kernel-us", "1000", "--seconds", "4"];
+    let e = env
+        .workload("e", "proc", &think)
+        .env("KUBESHARE_HOOK_LOG", "debug")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let f = Proc(env.workload("f", "dlsym", &busy).spawn().unwrap());
+    let e = e.wait_with_output().unwrap();
+    let f = f.finish(Duration::from_secs(30));
+    assert!(e.status.success(), "{e:?}");
+    let log = String::from_utf8_lossy(&e.stderr);
+    let expired: Vec<(u64, u64)> = log
+        .lines()
+        .filter_map(|l| {
+            let rest = l.split("released after ").nth(1)?;
+            let used = rest.split(' ').next()?.parse().ok()?;
+            let quota = rest
+                .split("of a ")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()?;
+            l.contains("hold expired").then_some((used, quota))
+        })
+        .collect();
+    assert!(expired.len() >= 5, "holds ended by expiry: {expired:?}");
+    for (used, quota) in &expired {
+        assert!(
+            *used <= quota + 3000,
+            "a hold of a {quota} µs grant lasted {used} µs: {expired:?}"
+        );
+    }
+    // f keeps its half of the GPU.
+    let (ff, _, _) = busy_fraction(&f[0], 1000);
+    assert!(ff >= 0.4, "f had the GPU {ff:.3} of the time");
+}

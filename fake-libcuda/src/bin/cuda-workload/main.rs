@@ -80,6 +80,10 @@ enum Cmd {
         /// Interval of the (time, busy) samples in the output.
         #[arg(long, default_value_t = 250)]
         sample_ms: u64,
+        /// CPU time (a sleep) after each batch's synchronisation, launching nothing: a
+        /// framework's work between GPU bursts.
+        #[arg(long, default_value_t = 0)]
+        think_us: u64,
     },
     /// Allocate `--count` blocks of `--bytes`, print the outcome and the memory info, hold them,
     /// free them and print the memory info again.
@@ -536,13 +540,14 @@ fn main() -> Result<()> {
             batch,
             kind,
             sample_ms,
+            think_us,
         } => run_launch(
             &api,
             dev,
             kernel_us,
             seconds,
             count,
-            batch.max(1),
+            (batch.max(1), think_us),
             kind,
             sample_ms,
         ),
@@ -583,7 +588,7 @@ fn main() -> Result<()> {
                 kernel_us,
                 Some(seconds),
                 None,
-                10,
+                (10, 0),
                 LaunchKind::Launch,
                 sample_ms,
             )?;
@@ -603,7 +608,7 @@ fn run_launch(
     kernel_us: u64,
     seconds: Option<f64>,
     count: Option<u64>,
-    batch: u64,
+    (batch, think_us): (u64, u64),
     kind: LaunchKind,
     sample_ms: u64,
 ) -> Result<()> {
@@ -649,6 +654,9 @@ fn run_launch(
         }
         // SAFETY: plain driver call.
         check(unsafe { (api.sync)() }, "cuCtxSynchronize")?;
+        if think_us > 0 {
+            std::thread::sleep(Duration::from_micros(think_us));
+        }
         if t0.elapsed() >= next_sample {
             samples.push(json!([t0.elapsed().as_millis() as u64, busy(dev) - busy0]));
             next_sample += Duration::from_millis(sample_ms);
