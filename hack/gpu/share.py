@@ -262,6 +262,9 @@ train_infer_noahead = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
 train_infer_ahead200 = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "200"})
 train_infer_ahead500 = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "500"})
 train_infer_ahead200_debug = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "200"}, debug=True)
+# Shorter turns: gem-schd's min quota at 3 and 2 ms (default 5).
+train_infer_minq3 = train_infer_with(["--min-quota-ms", "3"])
+train_infer_minq2 = train_infer_with(["--min-quota-ms", "2"])
 # Shorter bounds (probes twice per bound below 200 µs).
 train_infer_ahead50 = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "50"})
 train_infer_ahead100 = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "100"})
