@@ -5,9 +5,12 @@
 //! extender binds (the record's annotations on the Binding, `--concurrency` at
 //! once), in one encoding; the apiserver's and etcd's CPU time over the round,
 //! per Binding. Rounds alternate the encodings, so that drift in the machine hits
-//! both alike; the medians are printed.
+//! both alike; the medians are printed. `--compare record` alternates instead, in
+//! JSON, the extender's Binding with its record, the same without the record, and
+//! one without the record sent as kube-scheduler (the default scheduler's Binding,
+//! but for the encoding): what the record and the identity cost on their own.
 //!
-//!   hack/with-cluster.sh target/release/binding-bench [--pods 1000] [--rounds 6]
+//!   hack/with-cluster.sh target/release/binding-bench [--pods 1000] [--rounds 6] [--compare record]
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -37,6 +40,51 @@ struct Args {
     /// Bindings in flight at once (the extender's `--api-concurrency`).
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
+    /// What the rounds alternate.
+    #[arg(long, value_enum, default_value = "encoding")]
+    compare: Compare,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, clap::ValueEnum)]
+enum Compare {
+    /// JSON and protobuf, both with the record, as the extender.
+    Encoding,
+    /// JSON: with the record as the extender, without it, without it as kube-scheduler.
+    Record,
+}
+
+/// One round's kind of Binding.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Variant {
+    enc: Encoding,
+    record: bool,
+    as_scheduler: bool,
+}
+
+impl Variant {
+    fn of(compare: Compare, round: u32) -> Variant {
+        let v = |enc, record, as_scheduler| Variant {
+            enc,
+            record,
+            as_scheduler,
+        };
+        match (compare, round % 3) {
+            (Compare::Encoding, _) if round % 2 == 0 => v(Encoding::Json, true, false),
+            (Compare::Encoding, _) => v(Encoding::Protobuf, true, false),
+            (Compare::Record, 0) => v(Encoding::Json, true, false),
+            (Compare::Record, 1) => v(Encoding::Json, false, false),
+            (Compare::Record, _) => v(Encoding::Json, false, true),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match (self.enc, self.record, self.as_scheduler) {
+            (Encoding::Protobuf, _, _) => "protobuf, record, extender",
+            (Encoding::Json, true, _) => "json, record, extender",
+            (Encoding::Json, false, false) => "json, no record, extender",
+            (Encoding::Json, false, true) => "json, no record, kube-scheduler",
+        }
+    }
 }
 
 const NS: &str = "binding-bench";
@@ -165,28 +213,36 @@ async fn main() -> anyhow::Result<()> {
     let cluster = Cluster::shared().context("no cluster: run under hack/with-cluster.sh")?;
     let admin = cluster.client(Identity::Admin).await?;
     let ext = cluster.client(Identity::Extender).await?;
+    let sched = cluster.client(Identity::KubeScheduler).await?;
     let run_dir = cluster.run_dir().to_owned();
     let pids: BTreeMap<String, u32> = ["kube-apiserver", "etcd"]
         .into_iter()
         .map(|n| Ok((n.to_string(), component_pid(&run_dir, n)?)))
         .collect::<anyhow::Result<_>>()?;
     create_namespace(&admin, NS).await?;
-    let ann = record();
     let admin_pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
     let ext_pods: Api<Pod> = Api::namespaced(ext.clone(), NS);
+    let sched_pods: Api<Pod> = Api::namespaced(sched.clone(), NS);
 
     let mut results: BTreeMap<&str, Vec<(f64, f64, f64)>> = BTreeMap::new();
     for round in 0..args.rounds {
-        let enc = if round % 2 == 0 {
-            Encoding::Json
+        let variant = Variant::of(args.compare, round);
+        let enc = variant.enc;
+        let ann = if variant.record {
+            record()
         } else {
-            Encoding::Protobuf
+            BTreeMap::new()
+        };
+        let (client, pods) = if variant.as_scheduler {
+            (&sched, &sched_pods)
+        } else {
+            (&ext, &ext_pods)
         };
         let pending = create_pending(&admin_pods, args.pods).await?;
         let cpu0 = cpu_snapshot(&pids)?;
         let t0 = Instant::now();
         stream::iter(pending.iter())
-            .map(|p| bind(&ext, &ext_pods, p, &ann, enc))
+            .map(|p| bind(client, pods, p, &ann, enc))
             .buffer_unordered(args.concurrency)
             .try_collect::<Vec<_>>()
             .await
@@ -203,28 +259,27 @@ async fn main() -> anyhow::Result<()> {
             .iter()
             .filter(|p| {
                 p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE)
-                    && p.metadata
-                        .annotations
-                        .as_ref()
-                        .is_some_and(|a| Allocation::from_annotations(a).ok().flatten().is_some())
+                    && (!variant.record
+                        || p.metadata.annotations.as_ref().is_some_and(|a| {
+                            Allocation::from_annotations(a).ok().flatten().is_some()
+                        }))
             })
             .count();
         if bound != args.pods as usize {
             bail!(
-                "{enc:?}: {bound} of {} pods bound with their record",
+                "{}: {bound} of {} pods bound (with their record if sent)",
+                variant.name(),
                 args.pods
             );
         }
-        let line = json!({"round": round, "encoding": format!("{enc:?}"), "bindings": args.pods,
+        let line = json!({"round": round, "binding": variant.name(), "bindings": args.pods,
             "apiserver_cpu_ms_per_binding": api, "etcd_cpu_ms_per_binding": etcd,
             "wall_ms_per_binding": wall});
         println!("{line}");
-        let name = if enc == Encoding::Json {
-            "json"
-        } else {
-            "protobuf"
-        };
-        results.entry(name).or_default().push((api, etcd, wall));
+        results
+            .entry(variant.name())
+            .or_default()
+            .push((api, etcd, wall));
         delete_all(&admin_pods).await?;
     }
     Api::<Namespace>::all(admin.clone())
@@ -232,7 +287,7 @@ async fn main() -> anyhow::Result<()> {
         .await
         .ok();
     println!(
-        "| encoding | apiserver CPU ms/binding (median) | etcd CPU ms/binding | wall ms/binding |"
+        "| binding | apiserver CPU ms/binding (median) | etcd CPU ms/binding | wall ms/binding |"
     );
     println!("|---|---|---|---|");
     for (name, v) in &results {
