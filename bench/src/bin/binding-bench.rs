@@ -69,7 +69,7 @@ impl Variant {
             as_scheduler,
         };
         match (compare, round % 3) {
-            (Compare::Encoding, _) if round % 2 == 0 => v(Encoding::Json, true, false),
+            (Compare::Encoding, _) if round.is_multiple_of(2) => v(Encoding::Json, true, false),
             (Compare::Encoding, _) => v(Encoding::Protobuf, true, false),
             (Compare::Record, 0) => v(Encoding::Json, true, false),
             (Compare::Record, 1) => v(Encoding::Json, false, false),
