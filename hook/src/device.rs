@@ -401,7 +401,10 @@ fn acquire(dev: usize, stream: CUstream) {
             crate::um::on_hold_end(dev);
             r
         } else {
-            (0, std::mem::take(&mut t.idle_burst_us))
+            (
+                std::mem::take(&mut t.expired_overuse_us),
+                std::mem::take(&mut t.idle_burst_us),
+            )
         };
         if t.client.is_none() {
             t.client = connect(dev, Purpose::Token);
@@ -593,8 +596,9 @@ fn next_wake(tick: Duration) -> Duration {
 /// its own synchronisation or busy on the CPU, and the hold would otherwise last until its next
 /// launch (or the idle release, 10 ms after its work is done), with the next holder waiting and
 /// the GPU idle meanwhile. The queued work is drained first, as at any hand-over; the use,
-/// overrun included, is reported in the Release (gem-schd charges it and learns the overrun),
-/// and the quota as the burst, since the quota cut it.
+/// overrun included, is reported in the Release (gem-schd charges it), and with the next
+/// request, as for a hold a launch ended, the overrun as the overuse (gem-schd learns the
+/// drain from it; the charge it already has) and the quota as the burst.
 fn release_if_expired(dev: usize) {
     let g = gpu(dev);
     if !g.holding.load(Ordering::Acquire)
@@ -615,6 +619,7 @@ fn release_if_expired(dev: usize) {
     g.holding.store(false, Ordering::Release);
     let used_us = precise_ns().saturating_sub(t.grant_ns) / 1000;
     t.idle_burst_us = used_us.min(t.quota_us);
+    t.expired_overuse_us = used_us.saturating_sub(t.quota_us);
     if let Some(c) = t.client.as_mut()
         && let Err(e) = c.release(used_us)
     {

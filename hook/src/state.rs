@@ -33,6 +33,11 @@ pub struct Token {
     pub quota_us: u64,
     /// Length of the last burst that ended by going idle, reported with the next request.
     pub idle_burst_us: u64,
+    /// How far the last hold ran past its quota when the idle thread ended it (it expired with
+    /// no launch), reported with the next request as a launch-ended hold's overuse is: gem-schd
+    /// learns the holder's drain from it, and a zero there shortened nothing and lengthened
+    /// the next grants.
+    pub expired_overuse_us: u64,
 }
 
 pub struct MemConn {
@@ -143,6 +148,7 @@ impl Gpu {
                 grant_ns: 0,
                 quota_us: 0,
                 idle_burst_us: 0,
+                expired_overuse_us: 0,
             }),
             mem: Mutex::new(MemConn {
                 client: None,

@@ -328,6 +328,30 @@ fn a_hold_that_expires_while_the_process_thinks_is_given_back_at_its_quota() {
             "a hold of a {quota} µs grant lasted {used} µs: {expired:?}"
         );
     }
+    // The next request reports each expired hold's overrun as its overuse, as for a hold a
+    // launch ended (gem-schd learns the drain from it; a zero there lengthened the next grants).
+    let mut owed = None;
+    let mut reported = Vec::new();
+    for l in log.lines() {
+        if let Some(rest) = l.split("released after ").nth(1)
+            && l.contains("hold expired")
+        {
+            let num = |s: Option<&str>| s.and_then(|s| s.split(' ').next()?.parse::<u64>().ok());
+            let used = num(Some(rest));
+            let quota = num(rest.split("of a ").nth(1));
+            owed = used.zip(quota).map(|(u, q)| u.saturating_sub(q));
+        } else if let Some(rest) = l.split("(reported overuse ").nth(1)
+            && let Some(want) = owed.take()
+        {
+            let got: Option<u64> = rest.split(' ').next().and_then(|s| s.parse().ok());
+            reported.push((want, got));
+        }
+    }
+    assert!(reported.len() >= 5, "grants after an expiry: {reported:?}");
+    assert!(
+        reported.iter().all(|(want, got)| Some(*want) == *got),
+        "(overrun, reported overuse) after each expiry: {reported:?}"
+    );
     // f keeps its half of the GPU.
     let (ff, _, _) = busy_fraction(&f[0], 1000);
     assert!(ff >= 0.4, "f had the GPU {ff:.3} of the time");

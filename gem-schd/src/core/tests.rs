@@ -676,3 +676,18 @@ fn under_full_contention_a_short_turn_is_evened_out_without_a_double_turn() {
     // Round 4's rule: a, behind, takes the next turn too (a double turn for b to wait for).
     assert_eq!(after_a_short_turn(false, 2 * MS).0, "a");
 }
+
+/// A hold the hook ended at its expiry (no launch came): Release with the use past the quota,
+/// then, with the next request, that overrun as the overuse (gem-schd learns the drain from
+/// it). The time is charged once.
+#[test]
+fn an_expired_holds_release_then_its_overuse_report_charge_it_once() {
+    let mut c = two();
+    let q = grant(&c.token_request(t(0), 1, 0, 0)).map(|g| g.2);
+    assert_eq!(q, Some(10 * MS));
+    c.release(t(11), 1, 11 * MS);
+    assert_eq!(c.usage_us(t(12), "a"), Some(11 * MS));
+    // The next request reports the same overrun: no second charge.
+    c.token_request(t(12), 1, MS, 10 * MS);
+    assert_eq!(c.usage_us(t(12), "a"), Some(11 * MS));
+}
