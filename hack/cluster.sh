@@ -128,7 +128,11 @@ wait_for() {
   until "$@" >/dev/null 2>&1; do
     if [[ -f "$pidf" ]] && ! not_dead "$(cat "$pidf")"; then
       tail -n 30 "$RUN/logs/$name.log" >&2 || true
-      die "$name exited; see $RUN/logs/$name.log"
+      # Its exit status (128+N: killed by signal N): twice a component exited at start
+      # with an empty log, under load, and the status is the only clue left.
+      local rc=0
+      wait "$(cat "$pidf")" 2>/dev/null || rc=$?
+      die "$name exited (status $rc); see $RUN/logs/$name.log"
     fi
     if (( $(date +%s) > deadline )); then
       tail -n 30 "$RUN/logs/$name.log" >&2 || true

@@ -10,6 +10,8 @@
 //! - `b`: GPU pods (`gpu_request = gpu_limit = --share`), `kubeshare-scheduler`
 //!   (filter, prioritize and bind through the extender);
 //! - `c`: plain pods, `kubeshare-scheduler` (the extender passes them through);
+//! - `a2p` (only when asked for): `a2` with pods the size of `b`'s after its bind
+//!   (its labels and a record's annotations, under a prefix the extender ignores);
 //!
 //! `stream`: `--clients` concurrent clients create the pods as fast as the
 //! apiserver takes them; `backlog`: the pods are created while that scheduler is
@@ -60,6 +62,9 @@ const CONTROL_PLANE: [&str; 5] = [
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
 enum Config {
     A2,
+    /// `a2` with pods the size of `b`'s: its labels and a record's annotations under
+    /// another prefix (the extender ignores them), created with the annotations.
+    A2p,
     B,
     C,
 }
@@ -68,6 +73,7 @@ impl Config {
     fn name(self) -> &'static str {
         match self {
             Config::A2 => "a2",
+            Config::A2p => "a2p",
             Config::B => "b",
             Config::C => "c",
         }
@@ -76,7 +82,7 @@ impl Config {
     /// The kube-scheduler process (hack/cluster.sh component) that schedules its pods.
     fn scheduler(self) -> &'static str {
         match self {
-            Config::A2 => "kube-scheduler",
+            Config::A2 | Config::A2p => "kube-scheduler",
             Config::B | Config::C => "kubeshare-scheduler",
         }
     }
@@ -233,8 +239,24 @@ fn pod(config: Config, i: u32, args: &Args) -> anyhow::Result<Pod> {
     if let Some(set) = i.checked_div(args.tied) {
         gpu_labels["sharedgpu/sched_affinity"] = json!(format!("t{set}"));
     }
+    let mut annotations = json!({});
     let (scheduler, labels, resources) = match config {
         Config::A2 => ("default-scheduler", json!({}), json!({})),
+        Config::A2p => {
+            let pad = |m: &serde_json::Value| -> serde_json::Map<String, serde_json::Value> {
+                m.as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, v)| (k.replace("sharedgpu/", "bench.kubeshare.io/"), v.clone()))
+                    .collect()
+            };
+            annotations = serde_json::Value::Object(pad(&json!(record_like())));
+            (
+                "default-scheduler",
+                serde_json::Value::Object(pad(&gpu_labels)),
+                json!({}),
+            )
+        }
         Config::B => (
             "kubeshare-scheduler",
             gpu_labels,
@@ -247,7 +269,7 @@ fn pod(config: Config, i: u32, args: &Args) -> anyhow::Result<Pod> {
         Config::C => ("kubeshare-scheduler", json!({}), json!({})),
     };
     Ok(serde_json::from_value(json!({
-        "metadata": {"name": format!("p-{i:05}"), "labels": labels},
+        "metadata": {"name": format!("p-{i:05}"), "labels": labels, "annotations": annotations},
         "spec": {
             "schedulerName": scheduler,
             "nodeSelector": {BENCH_LABEL: "scale"},
@@ -255,6 +277,22 @@ fn pod(config: Config, i: u32, args: &Args) -> anyhow::Result<Pod> {
                             "resources": resources}]
         }
     }))?)
+}
+
+/// A record as the extender writes it for a quarter of an H100 (for `a2p`'s size).
+fn record_like() -> BTreeMap<String, String> {
+    kubeshare_api::Allocation {
+        node: "bench-node-0000".into(),
+        gpu_uuids: vec!["GPU-0f5f1c1e-7b43-4c4e-9d8a-3b1a2c3d4e5f".into()],
+        gpu_mem: 21_474_836_480,
+        gpu_model: "NVIDIA H100 80GB HBM3".into(),
+        granted: kubeshare_api::Granted::Fraction {
+            request: kubeshare_api::Milli::new(250).unwrap_or(kubeshare_api::Milli::ONE),
+            limit: kubeshare_api::Milli::new(250).unwrap_or(kubeshare_api::Milli::ONE),
+        },
+        gpu_mem_resident: None,
+    }
+    .to_annotations()
 }
 
 /// CPU the processes used together over the last second.
@@ -421,7 +459,7 @@ async fn run_one(
                 f64::from(c.max_milli()) / 1000.0
             )
         }
-        Config::A2 | Config::C => {
+        Config::A2 | Config::A2p | Config::C => {
             let bound = all
                 .iter()
                 .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
@@ -484,7 +522,7 @@ fn summary(runs: &[Run], modes: &[Mode]) -> String {
             )
         };
         let (a_rate, a_cpu, a_above) = stat(Config::A2);
-        for c in [Config::A2, Config::B, Config::C] {
+        for c in [Config::A2, Config::A2p, Config::B, Config::C] {
             let (rate, cpu, above) = stat(c);
             if rate.is_nan() {
                 continue;
