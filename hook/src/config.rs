@@ -33,8 +33,6 @@ pub struct Settings {
     /// The queue-ahead bound in ns (`KUBESHARE_HOOK_MAX_AHEAD_US`, default 200 µs, 0 = off;
     /// see `ahead.rs`).
     pub max_ahead_ns: u64,
-    /// How often the bound records a probe (`ahead::probe_every`).
-    pub probe_every_ns: u64,
 }
 
 pub const DEFAULT_IO_TIMEOUT_MS: u64 = 5000;
@@ -145,7 +143,6 @@ pub fn settings() -> &'static Settings {
             io_timeout_ms,
             precise_deadline,
             max_ahead_ns: max_ahead_us * 1000,
-            probe_every_ns: crate::ahead::probe_every(max_ahead_us * 1000),
         }
     })
 }

@@ -32,7 +32,8 @@ use crate::clock::{coarse_ns, coarse_resolution_ns, deadlines, precise_ns};
 use crate::config::{Unreachable, active, settings};
 use crate::cuda::*;
 use crate::state::{
-    Gpu, LastTick, MAX_DEVICES, Token, contexts, gpu, lock, note_context, state, watch_forks,
+    Gpu, LastTick, MAX_DEVICES, PRECISE_EVERY, Token, contexts, gpu, lock, note_context, state,
+    watch_forks,
 };
 use crate::{debug, info, real};
 use gem_proto::{Client, ClientError, socket_path};
@@ -304,7 +305,9 @@ pub fn gate(stream: CUstream) {
         }
         LastTick::PassAt(p) => {
             g.last_launch.store(now, Ordering::Relaxed);
-            if p.saturating_sub(g.last_probe.load(Ordering::Relaxed)) >= settings().probe_every_ns {
+            if p.saturating_sub(g.last_probe.load(Ordering::Relaxed))
+                >= g.probe_every.load(Ordering::Relaxed)
+            {
                 guard((), || bound_ahead(g, stream, p));
             }
             return;
@@ -314,13 +317,18 @@ pub fn gate(stream: CUstream) {
     guard((), || acquire(dev, stream));
 }
 
-/// The queue-ahead bound (`ahead.rs`): at most one probe per `probe_every_ns`, by whichever
+/// The queue-ahead bound (`ahead.rs`): at most one probe per `Gpu::probe_every`, by whichever
 /// launching thread gets there (others pass). Never during a graph capture.
 #[cold]
 fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
     let bound = settings().max_ahead_ns;
     g.last_probe.store(now, Ordering::Relaxed);
-    if bound == 0 || capturing(stream) {
+    if bound == 0 {
+        // Off: no launch comes here again.
+        g.probe_every.store(u64::MAX, Ordering::Relaxed);
+        return;
+    }
+    if capturing(stream) {
         return;
     }
     let Ok(mut ring) = g.ahead.try_lock() else {
@@ -369,6 +377,11 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
             ring.events[slot] = *e;
         }
     }
+    g.probe_every.store(ring.every_ns(bound), Ordering::Relaxed);
+    g.precise_every.store(
+        if ring.gpu_behind() { 1 } else { PRECISE_EVERY },
+        Ordering::Relaxed,
+    );
     if waited > 0 {
         g.last_probe.store(now + waited, Ordering::Relaxed);
     }

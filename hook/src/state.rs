@@ -58,9 +58,15 @@ pub struct Gpu {
     pub hold_end: AtomicU64,
     /// Launches left that pass in the precise stretch without reading the precise clock.
     pub precise_skip: AtomicU32,
+    /// Launches per precise read: [`PRECISE_EVERY`], or 1 while the queue-ahead bound has
+    /// measured the GPU running behind the CPU (its CPU has time to spare then, and a probe
+    /// every 8 launches let 8 long kernels queue at once).
+    pub precise_every: AtomicU32,
     /// The queue-ahead bound's probes (`ahead.rs`), and the precise time of the last probe.
     pub ahead: Mutex<crate::ahead::Ring>,
     pub last_probe: AtomicU64,
+    /// The probe interval in ns (`Ring::every_ns`; 0 until the first probe sets it).
+    pub probe_every: AtomicU64,
     pub last_launch: AtomicU64,
     /// Coarse time at which the idle thread saw this process's queued work finished (with no
     /// launch since it looked): the GPU has been idle for this process since then.
@@ -120,8 +126,10 @@ impl Gpu {
         }
         let now = crate::clock::precise_ns();
         if now < p {
-            self.precise_skip
-                .store(PRECISE_EVERY - 1, Ordering::Relaxed);
+            self.precise_skip.store(
+                self.precise_every.load(Ordering::Relaxed).saturating_sub(1),
+                Ordering::Relaxed,
+            );
             LastTick::PassAt(now)
         } else {
             LastTick::Past
@@ -134,8 +142,10 @@ impl Gpu {
             deadline_precise: AtomicU64::new(0),
             hold_end: AtomicU64::new(0),
             precise_skip: AtomicU32::new(0),
+            precise_every: AtomicU32::new(PRECISE_EVERY),
             ahead: Mutex::new(crate::ahead::Ring::new()),
             last_probe: AtomicU64::new(0),
+            probe_every: AtomicU64::new(0),
             last_launch: AtomicU64::new(0),
             drained_at: AtomicU64::new(0),
             holding: AtomicBool::new(false),

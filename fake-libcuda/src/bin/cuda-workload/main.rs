@@ -84,6 +84,10 @@ enum Cmd {
         /// framework's work between GPU bursts.
         #[arg(long, default_value_t = 0)]
         think_us: u64,
+        /// CPU time spent (spinning) before each launch: a framework's cost per kernel, so
+        /// that the CPU queues work at a known pace (`--kernel-us` / this = how far ahead).
+        #[arg(long, default_value_t = 0)]
+        launch_cpu_us: u64,
     },
     /// Allocate `--count` blocks of `--bytes`, print the outcome and the memory info, hold them,
     /// free them and print the memory info again.
@@ -541,13 +545,14 @@ fn main() -> Result<()> {
             kind,
             sample_ms,
             think_us,
+            launch_cpu_us,
         } => run_launch(
             &api,
             dev,
             kernel_us,
             seconds,
             count,
-            (batch.max(1), think_us),
+            (batch.max(1), think_us, launch_cpu_us),
             kind,
             sample_ms,
         ),
@@ -588,7 +593,7 @@ fn main() -> Result<()> {
                 kernel_us,
                 Some(seconds),
                 None,
-                (10, 0),
+                (10, 0, 0),
                 LaunchKind::Launch,
                 sample_ms,
             )?;
@@ -608,7 +613,7 @@ fn run_launch(
     kernel_us: u64,
     seconds: Option<f64>,
     count: Option<u64>,
-    (batch, think_us): (u64, u64),
+    (batch, think_us, launch_cpu_us): (u64, u64, u64),
     kind: LaunchKind,
     sample_ms: u64,
 ) -> Result<()> {
@@ -637,6 +642,10 @@ fn run_launch(
         }
         let n = count.map_or(batch, |c| batch.min(c - kernels));
         for _ in 0..n {
+            let spin = Instant::now();
+            while spin.elapsed() < Duration::from_micros(launch_cpu_us) {
+                std::hint::spin_loop();
+            }
             // SAFETY: the fake's calling convention; `params` outlives the call.
             let r = unsafe {
                 let p = params.as_mut_ptr();
