@@ -151,8 +151,9 @@ impl Ring {
 
     /// One probe at precise time `now`: drops the probes the GPU has passed, waits (`sync`)
     /// for the oldest pending ones until fewer than the bound's worth (at least one) are
-    /// pending, learning the GPU's pace from the waits, then records a new one (`record(slot)`, false: not recorded). `clock`
-    /// reads the time again after a wait. Returns how long it waited.
+    /// pending, learning the GPU's pace from the waits, then records a new one (`record(slot)`,
+    /// false: not recorded). `clock` reads the time again after a wait. Returns how long it
+    /// waited.
     pub fn probe(
         &mut self,
         now: u64,

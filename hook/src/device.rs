@@ -168,6 +168,11 @@ pub fn drain(dev: usize) {
     if !done_current && current != 0 && ctx_device() == Some(dev) {
         sync_here();
     }
+    // Every probe is passed now: forget them, so the next hold's first probe does not read
+    // them as the GPU having caught up (which fades the measured pace, `ahead.rs`).
+    if let Ok(mut ring) = gpu(dev).ahead.try_lock() {
+        ring.clear();
+    }
     if swapped {
         let _ = real!(
             r::cuThreadExchangeStreamCaptureMode,
@@ -437,13 +442,20 @@ fn acquire(dev: usize, stream: CUstream) {
                 g.holding.store(true, Ordering::Release);
                 let now = coarse_ns();
                 g.last_launch.store(now, Ordering::Relaxed);
-                let (coarse, precise) = deadlines(
+                let (mut coarse, precise) = deadlines(
                     t.grant_ns,
                     now,
                     quota_us,
                     coarse_resolution_ns(),
                     settings().precise_deadline,
                 );
+                // While the GPU runs behind this process's CPU (`ahead.rs`), the queue-ahead
+                // bound covers the whole hold: on the coarse clock alone a burst launched in
+                // the hold's first tick queued unprobed (18 ms past a 5 ms grant through the
+                // fake driver), and the CPU has time to spare for the precise reads.
+                if precise != 0 && g.precise_every.load(Ordering::Relaxed) == 1 {
+                    coarse = now;
+                }
                 g.set_deadlines(coarse, precise);
                 state().devices_seen.fetch_max(dev + 1, Ordering::Relaxed);
                 start_idle_thread();
