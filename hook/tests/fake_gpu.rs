@@ -364,9 +364,9 @@ fn a_tenant_far_ahead_of_the_gpu_drains_little_past_its_hold() {
     // Under contention every hold ends with the queued work drained, and the next request
     // reports that drain as overuse. The queue-ahead bound (200 µs) measures the GPU's pace and
     // keeps about that much GPU work queued: by the CPU's clock alone (two probes of 100 µs of
-    // launching, one per 8 launches) the drain here was p50 / p75 4.5 / 5.5 ms, and with the
-    // pace but no probe in a hold's first coarse tick 0.4 / 8.5–11 ms on an idle machine; now
-    // 0.4 / 0.45 ms, under a CPU hog too.
+    // launching, one per 8 launches) the drain here was p50 / p90 4.2–4.5 / 7.4 ms; with the
+    // pace but no probe in a hold's first coarse tick, p50 / p75 0.4–1.7 / 8.5–11 ms on an
+    // idle machine; now p50 / p75 0.35–0.4 / 0.42–0.45 ms, with two CPU hogs too.
     let _s = serial();
     let env = Env::new();
     env.write_config(&[("e", 0.5, 0.5, GIB), ("f", 0.5, 0.5, GIB)]);
