@@ -137,15 +137,25 @@ fn frames_before_hello_and_garbage_get_errors() {
     }
 }
 
+/// One read, again when a signal to the test process (another test's child exiting)
+/// interrupts it.
+fn read_some(s: &mut std::os::unix::net::UnixStream, chunk: &mut [u8]) -> usize {
+    loop {
+        match std::io::Read::read(s, chunk) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            r => return r.unwrap(),
+        }
+    }
+}
+
 fn read_reply(s: &mut std::os::unix::net::UnixStream) -> Reply {
-    use std::io::Read;
     let mut buf = Vec::new();
     let mut chunk = [0u8; 256];
     loop {
         if let Some((r, _)) = Reply::decode(&buf).unwrap() {
             return r;
         }
-        let n = s.read(&mut chunk).unwrap();
+        let n = read_some(s, &mut chunk);
         assert!(n > 0, "connection closed before a reply");
         buf.extend_from_slice(&chunk[..n]);
     }
@@ -512,7 +522,7 @@ fn a_flooding_connection_stalls_only_itself() {
         if got == n {
             break;
         }
-        let k = std::io::Read::read(&mut flood, &mut chunk).unwrap();
+        let k = read_some(&mut flood, &mut chunk);
         assert!(k > 0, "closed after {got} replies");
         buf.extend_from_slice(&chunk[..k]);
     }
