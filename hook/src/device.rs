@@ -168,8 +168,8 @@ pub fn drain(dev: usize) {
     if !done_current && current != 0 && ctx_device() == Some(dev) {
         sync_here();
     }
-    // Every probe is passed now: forget them, so the next hold's first probe does not read
-    // them as the GPU having caught up (which fades the measured pace, `ahead.rs`).
+    // Every probe is passed now: forget them (the measured pace stays), so the next hold's
+    // first probe does not query each.
     if let Ok(mut ring) = gpu(dev).ahead.try_lock() {
         ring.clear();
     }
