@@ -273,6 +273,32 @@ fn a_tenant_waiting_on_its_own_burst_is_not_idle() {
     assert!(fe + ff >= 0.85, "GPU mostly idle: {:.3}", fe + ff);
 }
 
+/// Client e running `cuda-workload e_args` with its hook's debug log captured, beside client f
+/// launching 1 ms kernels for 4 s, both at (0.5, 0.5): e's output (stderr: the log) and f's
+/// samples. The caller holds `serial()`.
+fn beside_a_busy_neighbour(e_args: &[&str]) -> (std::process::Output, Vec<serde_json::Value>) {
+    let env = Env::new();
+    env.write_config(&[("e", 0.5, 0.5, GIB), ("f", 0.5, 0.5, GIB)]);
+    let _schd = env.start_schd(&["e", "f"]);
+    let busy = ["launch", "--kernel-us", "1000", "--seconds", "4"];
+    let e = env
+        .workload("e", "proc", e_args)
+        .env("KUBESHARE_HOOK_LOG", "debug")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let f = Proc(env.workload("f", "dlsym", &busy).spawn().unwrap());
+    let e = e.wait_with_output().unwrap();
+    let f = f.finish(Duration::from_secs(30));
+    assert!(e.status.success(), "{e:?}");
+    (e, f)
+}
+
+/// The number right after `marker` in a hook log line.
+fn number_after(line: &str, marker: &str) -> Option<u64> {
+    line.split(marker).nth(1)?.split(' ').next()?.parse().ok()
+}
+
 #[test]
 fn a_hold_that_expires_while_the_process_thinks_is_given_back_at_its_quota() {
     // e launches 2 ms of work, waits for it, then computes 8 ms on the CPU: its quota under
@@ -280,9 +306,6 @@ fn a_hold_that_expires_while_the_process_thinks_is_given_back_at_its_quota() {
     // at the quota (plus its grace) instead of at e's next launch, 8 ms later, with f waiting
     // and the GPU idle meanwhile.
     let _s = serial();
-    let env = Env::new();
-    env.write_config(&[("e", 0.5, 0.5, GIB), ("f", 0.5, 0.5, GIB)]);
-    let _schd = env.start_schd(&["e", "f"]);
     let think = [
         "launch",
         "--kernel-us",
@@ -294,33 +317,26 @@ fn a_hold_that_expires_while_the_process_thinks_is_given_back_at_its_quota() {
         "--seconds",
         "4",
     ];
-    let busy = ["launch", "--kernel-us", "1000", "--seconds", "4"];
-    let e = env
-        .workload("e", "proc", &think)
-        .env("KUBESHARE_HOOK_LOG", "debug")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let f = Proc(env.workload("f", "dlsym", &busy).spawn().unwrap());
-    let e = e.wait_with_output().unwrap();
-    let f = f.finish(Duration::from_secs(30));
-    assert!(e.status.success(), "{e:?}");
+    let (e, f) = beside_a_busy_neighbour(&think);
     let log = String::from_utf8_lossy(&e.stderr);
-    let expired: Vec<(u64, u64)> = log
-        .lines()
-        .filter_map(|l| {
-            let rest = l.split("released after ").nth(1)?;
-            let used = rest.split(' ').next()?.parse().ok()?;
-            let quota = rest
-                .split("of a ")
-                .nth(1)?
-                .split(' ')
-                .next()?
-                .parse()
-                .ok()?;
-            l.contains("hold expired").then_some((used, quota))
-        })
-        .collect();
+    // (used, quota) of each hold ended by expiry and, for each, the overuse the next request
+    // reported: each expired hold's overrun, as for a hold a launch ended (gem-schd learns the
+    // drain from it; a zero there lengthened the next grants).
+    let mut expired = Vec::new();
+    let mut owed = None;
+    let mut reported = Vec::new();
+    for l in log.lines() {
+        if l.contains("hold expired") {
+            let used = number_after(l, "released after ");
+            let quota = number_after(l, "of a ");
+            expired.extend(used.zip(quota));
+            owed = used.zip(quota).map(|(u, q)| u.saturating_sub(q));
+        } else if l.contains("(reported overuse ")
+            && let Some(want) = owed.take()
+        {
+            reported.push((Some(want), number_after(l, "(reported overuse ")));
+        }
+    }
     assert!(expired.len() >= 5, "holds ended by expiry: {expired:?}");
     for (used, quota) in &expired {
         assert!(
@@ -328,28 +344,9 @@ fn a_hold_that_expires_while_the_process_thinks_is_given_back_at_its_quota() {
             "a hold of a {quota} µs grant lasted {used} µs: {expired:?}"
         );
     }
-    // The next request reports each expired hold's overrun as its overuse, as for a hold a
-    // launch ended (gem-schd learns the drain from it; a zero there lengthened the next grants).
-    let mut owed = None;
-    let mut reported = Vec::new();
-    for l in log.lines() {
-        if let Some(rest) = l.split("released after ").nth(1)
-            && l.contains("hold expired")
-        {
-            let num = |s: Option<&str>| s.and_then(|s| s.split(' ').next()?.parse::<u64>().ok());
-            let used = num(Some(rest));
-            let quota = num(rest.split("of a ").nth(1));
-            owed = used.zip(quota).map(|(u, q)| u.saturating_sub(q));
-        } else if let Some(rest) = l.split("(reported overuse ").nth(1)
-            && let Some(want) = owed.take()
-        {
-            let got: Option<u64> = rest.split(' ').next().and_then(|s| s.parse().ok());
-            reported.push((want, got));
-        }
-    }
     assert!(reported.len() >= 5, "grants after an expiry: {reported:?}");
     assert!(
-        reported.iter().all(|(want, got)| Some(*want) == *got),
+        reported.iter().all(|(want, got)| want == got),
         "(overrun, reported overuse) after each expiry: {reported:?}"
     );
     // f keeps its half of the GPU.
@@ -368,9 +365,6 @@ fn a_tenant_far_ahead_of_the_gpu_drains_little_past_its_hold() {
     // pace but no probe in a hold's first coarse tick, p50 / p75 0.4–1.7 / 8.5–11 ms on an
     // idle machine; now p50 / p75 0.35–0.4 / 0.42–0.45 ms, with two CPU hogs too.
     let _s = serial();
-    let env = Env::new();
-    env.write_config(&[("e", 0.5, 0.5, GIB), ("f", 0.5, 0.5, GIB)]);
-    let _schd = env.start_schd(&["e", "f"]);
     let ahead = [
         "launch",
         "--kernel-us",
@@ -382,28 +376,11 @@ fn a_tenant_far_ahead_of_the_gpu_drains_little_past_its_hold() {
         "--seconds",
         "4",
     ];
-    let busy = ["launch", "--kernel-us", "1000", "--seconds", "4"];
-    let e = env
-        .workload("e", "proc", &ahead)
-        .env("KUBESHARE_HOOK_LOG", "debug")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let f = Proc(env.workload("f", "dlsym", &busy).spawn().unwrap());
-    let e = e.wait_with_output().unwrap();
-    let f = f.finish(Duration::from_secs(30));
-    assert!(e.status.success(), "{e:?}");
+    let (e, f) = beside_a_busy_neighbour(&ahead);
     let log = String::from_utf8_lossy(&e.stderr);
     let mut overuse: Vec<u64> = log
         .lines()
-        .filter_map(|l| {
-            l.split("(reported overuse ")
-                .nth(1)?
-                .split(' ')
-                .next()?
-                .parse()
-                .ok()
-        })
+        .filter_map(|l| number_after(l, "(reported overuse "))
         .collect();
     assert!(overuse.len() >= 20, "grants: {}", overuse.len());
     overuse.sort_unstable();
