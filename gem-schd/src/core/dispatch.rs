@@ -311,8 +311,10 @@ impl Core {
         self.holder = Some(Hold {
             client: key,
             conns: conns.clone(),
+            grant: now,
             quota_end,
             seq,
+            left_end: 0,
         });
         self.grants += 1;
         out.push(Action::Grant {

@@ -317,7 +317,7 @@ impl Core {
         let Some(e) = self.entry(h.seq).copied() else {
             return;
         };
-        self.set_end(h.seq, now.min(end_of(&e)));
+        self.set_end(h.seq, now.min(end_of(&e).max(h.left_end)));
     }
 
     /// A client that no longer holds the token reports how far its last hold ran.
