@@ -285,13 +285,117 @@ pub fn api_requests(metrics: &str) -> BTreeMap<String, f64> {
 
 /// The apiserver's metrics text.
 pub async fn apiserver_metrics(admin: &Client) -> anyhow::Result<String> {
+    metrics_text(admin, "the apiserver").await
+}
+
+/// `GET /metrics` through `client` (the apiserver, or a kube-scheduler's secure port).
+pub async fn metrics_text(client: &Client, what: &str) -> anyhow::Result<String> {
     let req = http::Request::get("/metrics")
         .body(Vec::new())
         .context("building the metrics request")?;
-    admin
+    client
         .request_text(req)
         .await
-        .context("reading the apiserver's /metrics")
+        .with_context(|| format!("reading {what}'s /metrics"))
+}
+
+/// A client of the kube-scheduler serving on `127.0.0.1:port`, as the user of `kubeconfig`
+/// (the scheduler authenticates it and asks the apiserver whether it may read /metrics). The
+/// scheduler's serving certificate is self-signed, so it is not verified.
+pub async fn scheduler_client(kubeconfig: &Path, port: u16) -> anyhow::Result<Client> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)
+        .with_context(|| format!("reading {}", kubeconfig.display()))?;
+    let mut cfg =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .context("loading the kubeconfig")?;
+    cfg.cluster_url = format!("https://127.0.0.1:{port}")
+        .parse()
+        .context("the scheduler's URL")?;
+    cfg.root_cert = None;
+    cfg.accept_invalid_certs = true;
+    Client::try_from(cfg).context("a client for the scheduler")
+}
+
+/// The extender's metrics text (plain HTTP on `127.0.0.1:port`, as the bench runs it).
+pub async fn extender_metrics(port: u16) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .context("connecting to the extender")?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .context("asking the extender for /metrics")?;
+    let mut body = Vec::new();
+    s.read_to_end(&mut body)
+        .await
+        .context("reading the extender's /metrics")?;
+    let text = String::from_utf8_lossy(&body);
+    match text.split_once("\r\n\r\n") {
+        Some((head, rest)) if head.starts_with("HTTP/1.") && head.contains(" 200 ") => {
+            Ok(rest.to_string())
+        }
+        _ => bail!(
+            "the extender's /metrics answered {:?}",
+            text.lines().next().unwrap_or("")
+        ),
+    }
+}
+
+/// Each histogram's (sum, count) among `names`, from Prometheus text, summed over every label
+/// but those in `keep` (key: `name` or `name{k=v,...}` with the kept labels in text order).
+pub fn histogram_sums(
+    metrics: &str,
+    names: &[&str],
+    keep: &[&str],
+) -> BTreeMap<String, (f64, f64)> {
+    let mut out: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for line in metrics.lines() {
+        for name in names {
+            let Some(rest) = line.strip_prefix(name) else {
+                continue;
+            };
+            let (is_sum, rest) = if let Some(r) = rest.strip_prefix("_sum") {
+                (true, r)
+            } else if let Some(r) = rest.strip_prefix("_count") {
+                (false, r)
+            } else {
+                continue;
+            };
+            let (labels, value) = match rest.strip_prefix('{') {
+                Some(r) => match r.rsplit_once("} ") {
+                    Some((l, v)) => (l, v),
+                    None => continue,
+                },
+                None => match rest.strip_prefix(' ') {
+                    Some(v) => ("", v),
+                    None => continue,
+                },
+            };
+            let Ok(v) = value.trim().parse::<f64>() else {
+                continue;
+            };
+            let kept: Vec<&str> = labels
+                .split(',')
+                .filter(|kv| {
+                    kv.split_once('=')
+                        .is_some_and(|(k, _)| keep.contains(&k.trim()))
+                })
+                .collect();
+            let key = if kept.is_empty() {
+                name.to_string()
+            } else {
+                format!("{name}{{{}}}", kept.join(","))
+            };
+            let e = out.entry(key).or_default();
+            if is_sum {
+                e.0 += v;
+            } else {
+                e.1 += v;
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -310,5 +414,35 @@ apiserver_request_total{broken 1
         assert_eq!(r.get("POST pods/binding"), Some(&9.0));
         assert_eq!(r.get("LIST pods"), Some(&3.5));
         assert_eq!(r.len(), 2);
+    }
+
+    #[test]
+    fn histograms_are_summed_over_the_labels_not_kept() {
+        let m = r#"# HELP scheduler_scheduling_algorithm_duration_seconds x
+scheduler_scheduling_algorithm_duration_seconds_bucket{le="0.001"} 3
+scheduler_scheduling_algorithm_duration_seconds_sum 0.25
+scheduler_scheduling_algorithm_duration_seconds_count 100
+scheduler_framework_extension_point_duration_seconds_sum{extension_point="Filter",profile="a",status="Success"} 0.5
+scheduler_framework_extension_point_duration_seconds_sum{extension_point="Filter",profile="b",status="Unschedulable"} 0.25
+scheduler_framework_extension_point_duration_seconds_count{extension_point="Filter",profile="a",status="Success"} 10
+scheduler_framework_extension_point_duration_seconds_sum{extension_point="Score",profile="a",status="Success"} 1
+scheduler_framework_extension_point_duration_seconds_sum{broken 1
+"#;
+        let r = histogram_sums(
+            m,
+            &[
+                "scheduler_scheduling_algorithm_duration_seconds",
+                "scheduler_framework_extension_point_duration_seconds",
+            ],
+            &["extension_point"],
+        );
+        assert_eq!(
+            r.get("scheduler_scheduling_algorithm_duration_seconds"),
+            Some(&(0.25, 100.0))
+        );
+        let filter =
+            r#"scheduler_framework_extension_point_duration_seconds{extension_point="Filter"}"#;
+        assert_eq!(r.get(filter), Some(&(0.75, 10.0)));
+        assert_eq!(r.len(), 3);
     }
 }

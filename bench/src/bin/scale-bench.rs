@@ -44,7 +44,8 @@ use kubeshare_api::GPU_POD_RESOURCE;
 use kubeshare_bench::check_books;
 use kubeshare_bench::rig::{
     BENCH_LABEL, Extender, api_requests, apiserver_metrics, component_pid, cpu_snapshot,
-    create_gpu_nodes, create_namespace, list_all, rss, signal,
+    create_gpu_nodes, create_namespace, extender_metrics, histogram_sums, list_all, metrics_text,
+    rss, scheduler_client, signal,
 };
 use kubeshare_testkit::{Cluster, Identity};
 use serde_json::json;
@@ -167,7 +168,66 @@ struct Run {
     cpu_ms_by_process: BTreeMap<String, f64>,
     extender_rss_mib: f64,
     api_requests_per_pod: BTreeMap<String, f64>,
+    /// Time per pod inside the scheduler that served the run and inside the extender, by
+    /// histogram (`Timings`), with how many observations per pod.
+    timing_ms_per_pod: BTreeMap<String, f64>,
+    timing_calls_per_pod: BTreeMap<String, f64>,
     check: String,
+}
+
+/// Where a run's time goes, from the histograms of the kube-scheduler that serves it and of
+/// the extender: the serial scheduling cycle (kube-scheduler's algorithm: its filter plugins,
+/// the extender's filter call, scoring), its plugins by extension point, and the extender's
+/// own handling of each verb (the rest of a call is HTTP, JSON and waiting for a CPU).
+struct Timings {
+    kube_scheduler: Client,
+    kubeshare_scheduler: Client,
+    /// None while the extender serves TLS (`HTTPS=1`): its histograms are then not read.
+    extender_port: Option<u16>,
+}
+
+/// (histogram, its short name in the results, the labels kept).
+const SCHEDULER_HISTOGRAMS: [(&str, &str, &[&str]); 3] = [
+    (
+        "scheduler_scheduling_algorithm_duration_seconds",
+        "algorithm",
+        &[],
+    ),
+    (
+        "scheduler_scheduling_attempt_duration_seconds",
+        "attempt",
+        &["result"],
+    ),
+    (
+        "scheduler_framework_extension_point_duration_seconds",
+        "plugins",
+        &["extension_point"],
+    ),
+];
+
+impl Timings {
+    /// (sum s, count) by short key, now.
+    async fn snapshot(&self, config: Config) -> anyhow::Result<BTreeMap<String, (f64, f64)>> {
+        let sched = match config.scheduler() {
+            "kube-scheduler" => &self.kube_scheduler,
+            _ => &self.kubeshare_scheduler,
+        };
+        let text = metrics_text(sched, config.scheduler()).await?;
+        let mut out = BTreeMap::new();
+        for (name, short, keep) in SCHEDULER_HISTOGRAMS {
+            for (k, v) in histogram_sums(&text, &[name], keep) {
+                out.insert(k.replacen(name, short, 1), v);
+            }
+        }
+        if let Some(port) = self.extender_port {
+            let name = "kubeshare_extender_request_duration_seconds";
+            let text = extender_metrics(port).await?;
+            for (k, v) in histogram_sums(&text, &[name], &["verb"]) {
+                out.insert(k.replacen(name, "extender", 1), v);
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// Counts the pods of a namespace that a watch has seen bound, with the time of the last.
@@ -382,6 +442,7 @@ async fn run_one(
     run_dir: &Path,
     pids: &BTreeMap<String, u32>,
     extender_pid: u32,
+    timings: &Timings,
     config: Config,
     mode: Mode,
     round: u32,
@@ -394,6 +455,7 @@ async fn run_one(
     // Let the watch list the (empty) namespace before the first create.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let api0 = api_requests(&apiserver_metrics(admin).await?);
+    let timing0 = timings.snapshot(config).await?;
     let cpu0 = cpu_snapshot(pids)?;
     let w0 = Instant::now();
     let t0 = match mode {
@@ -421,7 +483,16 @@ async fn run_one(
     let window = w0.elapsed();
     drop(watch);
     let api1 = api_requests(&apiserver_metrics(admin).await?);
+    let timing1 = timings.snapshot(config).await?;
     let per_pod = |v: f64| v / f64::from(args.pods);
+    let (mut timing_ms_per_pod, mut timing_calls_per_pod) = (BTreeMap::new(), BTreeMap::new());
+    for (k, (sum, count)) in &timing1 {
+        let (sum0, count0) = timing0.get(k).copied().unwrap_or_default();
+        if count - count0 > 0.0 {
+            timing_ms_per_pod.insert(k.clone(), per_pod((sum - sum0) * 1000.0));
+            timing_calls_per_pod.insert(k.clone(), per_pod(count - count0));
+        }
+    }
     // Requests per pod that the run made (this bench's own two metrics reads aside).
     let api_per_pod: BTreeMap<String, f64> = api1
         .iter()
@@ -486,6 +557,8 @@ async fn run_one(
             .collect(),
         extender_rss_mib: rss(extender_pid)? as f64 / f64::from(1u32 << 20),
         api_requests_per_pod: api_per_pod,
+        timing_ms_per_pod,
+        timing_calls_per_pod,
         check,
     })
 }
@@ -557,6 +630,15 @@ async fn main() -> anyhow::Result<()> {
         .map(|n| Ok((n.to_string(), component_pid(&run_dir, n)?)))
         .collect::<anyhow::Result<_>>()?;
     pids.insert("kubeshare-extender".into(), ext.pid());
+    let admin_kc = cluster.kubeconfig(Identity::Admin)?;
+    let timings = Timings {
+        kube_scheduler: scheduler_client(admin_kc, cluster.ports().kube_scheduler).await?,
+        kubeshare_scheduler: scheduler_client(admin_kc, cluster.ports().kubeshare_scheduler)
+            .await?,
+        extender_port: std::env::var_os("KUBESHARE_EXTENDER_TLS_CERT")
+            .is_none()
+            .then(|| cluster.extender_port()),
+    };
 
     let t = Instant::now();
     create_gpu_nodes(&admin, "scale", args.nodes, args.gpus, 16).await?;
@@ -587,6 +669,7 @@ async fn main() -> anyhow::Result<()> {
                     &run_dir,
                     &pids,
                     ext.pid(),
+                    &timings,
                     config,
                     mode,
                     round,
@@ -608,6 +691,12 @@ async fn main() -> anyhow::Result<()> {
                         .collect::<serde_json::Map<_, _>>(),
                     "extender_rss_mib_after": (r.extender_rss_mib * 10.0).round() / 10.0,
                     "api_requests_per_pod": r.api_requests_per_pod.iter()
+                        .map(|(k, v)| (k.clone(), json!((v * 100.0).round() / 100.0)))
+                        .collect::<serde_json::Map<_, _>>(),
+                    "timing_ms_per_pod": r.timing_ms_per_pod.iter()
+                        .map(|(k, v)| (k.clone(), json!((v * 1000.0).round() / 1000.0)))
+                        .collect::<serde_json::Map<_, _>>(),
+                    "timing_calls_per_pod": r.timing_calls_per_pod.iter()
                         .map(|(k, v)| (k.clone(), json!((v * 100.0).round() / 100.0)))
                         .collect::<serde_json::Map<_, _>>(),
                     "check": r.check,
