@@ -338,12 +338,18 @@ fn a_hold_that_expires_while_the_process_thinks_is_given_back_at_its_quota() {
         }
     }
     assert!(expired.len() >= 5, "holds ended by expiry: {expired:?}");
-    for (used, quota) in &expired {
-        assert!(
-            *used <= quota + 3000,
-            "a hold of a {quota} µs grant lasted {used} µs: {expired:?}"
-        );
-    }
+    // Ended at the quota: typically 0.15–0.25 ms past it (e's last kernels, the idle thread's
+    // wake). The median and p90, not the maximum: on a loaded 2-core machine a thread is now and
+    // then descheduled for a tick or two (beside two CPU hogs: 3.7 and 4.5 ms once in ~40 holds),
+    // while an idle thread that did not end holds at their quota would leave most of them to e's
+    // next launch, 8 ms on.
+    let mut over: Vec<u64> = expired.iter().map(|(u, q)| u.saturating_sub(*q)).collect();
+    over.sort_unstable();
+    let (p50, p90) = (over[over.len() / 2], over[over.len() * 9 / 10]);
+    assert!(
+        p50 <= 1000 && p90 <= 3000,
+        "expired holds ran past their quota by p50 {p50} / p90 {p90} µs: {expired:?}"
+    );
     assert!(reported.len() >= 5, "grants after an expiry: {reported:?}");
     assert!(
         reported.iter().all(|(want, got)| want == got),
