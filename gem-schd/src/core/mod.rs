@@ -493,13 +493,15 @@ impl Core {
         if let Some(h) = &mut self.holder
             && h.client == key
         {
+            let was_in = h.conns.contains(&conn);
             h.conns.retain(|c| *c != conn);
             if h.conns.is_empty() {
                 // Before the quota's end this is `now`; in the grace period after it,
                 // the measured use counts (the last burst ran past the quota).
                 self.end_hold(now, |e| e.quota_end.max(e.grant.saturating_add(used_us)));
-            } else {
+            } else if was_in {
                 // Others of the client are still in the hold: it ends with the last of them.
+                // (A Release from a process outside the hold tells nothing about this one.)
                 let end = h.quota_end.max(h.grant.saturating_add(used_us)).min(now);
                 h.left_end = h.left_end.max(end);
             }

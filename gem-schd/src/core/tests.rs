@@ -150,6 +150,17 @@ fn a_hold_of_two_processes_is_charged_to_the_latest_reported_end() {
     assert!(grant(&c.token_request(t(11), 1, MS, 0)).is_none());
     // 2 never reports: b gets the token at the grace's end (10 + 5 ms).
     assert_eq!(grant(&c.tick(t(15))).map(|g| g.0), Some("b"));
+
+    // A stray Release from 1, after it left the hold, says nothing about the hold's end.
+    let mut c = two();
+    c.token_request(t(0), 1, 0, 0);
+    c.token_request(t(0), 2, 0, 0);
+    c.token_request(t(1), 3, 0, 0);
+    assert!(grant(&c.token_request(t(11), 1, MS, 0)).is_none());
+    assert!(grant(&c.release(t(12), 1, 50 * MS)).is_none());
+    let acts = c.token_request(t(13), 2, 0, 0);
+    assert_eq!(grant(&acts).map(|g| g.0), Some("b"));
+    assert_eq!(c.usage_us(t(13), "a"), Some(11 * MS));
 }
 
 #[test]
