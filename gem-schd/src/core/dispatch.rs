@@ -311,7 +311,6 @@ impl Core {
         self.holder = Some(Hold {
             client: key,
             conns: conns.clone(),
-            grant: now,
             quota_end,
             seq,
             left_end: 0,

@@ -188,8 +188,6 @@ struct Hold {
     client: Key,
     /// Connections the grant answered (or that joined it) and that have not reported its end.
     conns: Vec<ConnId>,
-    /// When the grant was sent.
-    grant: Micros,
     quota_end: Micros,
     seq: u64,
     /// The latest end reported by a connection that left the hold while others of its client
@@ -430,8 +428,7 @@ impl Core {
             && h.client == key
         {
             let remaining = h.quota_end.saturating_sub(now);
-            let mine = h.conns.contains(&conn);
-            if !mine && remaining > burst_us && remaining > 0 {
+            if !h.conns.contains(&conn) && remaining > burst_us && remaining > 0 {
                 // A process joining its client's running hold gets what is left.
                 h.conns.push(conn);
                 out.push(Action::Grant {
@@ -440,22 +437,11 @@ impl Core {
                     quota_us: remaining,
                 });
                 queue = false;
-            } else if h.conns.iter().any(|c| *c != conn) {
-                // Another process of the client is still in the hold (draining its last
-                // burst): the token stays until it reports too. Handing over now ran the next
-                // holder's kernels beside that drain, and its late report charged this client
-                // for them (through the fake driver, a client of two processes got 0.25–0.28
-                // of the GPU for 0.31 of the token time).
-                if mine {
-                    h.conns.retain(|c| *c != conn);
-                    h.left_end = h
-                        .left_end
-                        .max(h.quota_end.saturating_add(overuse_us).min(now));
-                }
-            } else {
-                self.end_hold(now, |e| e.quota_end.saturating_add(overuse_us));
+            } else if self.leave_hold(now, conn, |e| e.quota_end.saturating_add(overuse_us)) {
                 self.asked_again = Some(key);
             }
+            // Otherwise another process of the client is still in the hold (draining its last
+            // burst), or this one was never in it: this request waits for the hold's end.
         } else if overuse_us > 0 {
             // A hold that ran past its quota, reported after the token moved on. Without an
             // overuse there is nothing to report: the last hold ended by a Release (before its
@@ -490,21 +476,12 @@ impl Core {
             let over = e.grant.saturating_add(used_us).saturating_sub(e.quota_end);
             self.learn_overrun(key, over);
         }
-        if let Some(h) = &mut self.holder
-            && h.client == key
-        {
-            let was_in = h.conns.contains(&conn);
-            h.conns.retain(|c| *c != conn);
-            if h.conns.is_empty() {
-                // Before the quota's end this is `now`; in the grace period after it,
-                // the measured use counts (the last burst ran past the quota).
-                self.end_hold(now, |e| e.quota_end.max(e.grant.saturating_add(used_us)));
-            } else if was_in {
-                // Others of the client are still in the hold: it ends with the last of them.
-                // (A Release from a process outside the hold tells nothing about this one.)
-                let end = h.quota_end.max(h.grant.saturating_add(used_us)).min(now);
-                h.left_end = h.left_end.max(end);
-            }
+        if self.holder.as_ref().is_some_and(|h| h.client == key) {
+            // Before the quota's end this is `now`; in the grace period after it, the
+            // measured use counts (the last burst ran past the quota).
+            self.leave_hold(now, conn, |e| {
+                e.quota_end.max(e.grant.saturating_add(used_us))
+            });
         } else {
             self.report_late(now, key, |e| {
                 e.quota_end.max(e.grant.saturating_add(used_us))

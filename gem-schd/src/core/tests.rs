@@ -111,15 +111,21 @@ fn a_new_process_joins_the_running_hold() {
     assert_eq!(grant(&c.release(t(6), 2, 0)).map(|g| g.0), Some("b"));
 }
 
+/// [`two`] with a's processes 1 and 2 in one hold until 10 ms (2 joined it) and b waiting.
+fn two_processes_hold_b_waits() -> Core {
+    let mut c = two();
+    c.token_request(t(0), 1, 0, 0);
+    c.token_request(t(0), 2, 0, 0);
+    c.token_request(t(1), 3, 0, 0);
+    c
+}
+
 /// Two processes of a in one hold; the first asks again after the quota while the second still
 /// drains its last burst: the token stays with a until the second reports (before, b was
 /// granted beside that drain and a's late report charged a for b's time).
 #[test]
 fn a_hold_of_two_processes_ends_when_the_last_one_reports() {
-    let mut c = two();
-    c.token_request(t(0), 1, 0, 0);
-    c.token_request(t(0), 2, 0, 0); // joins: a holds [1, 2] until 10 ms
-    c.token_request(t(1), 3, 0, 0); // b waits
+    let mut c = two_processes_hold_b_waits();
     // Process 1 drained 1 ms past the quota and asks again: 2 is still in the hold.
     assert!(grant(&c.token_request(t(11), 1, MS, 0)).is_none());
     assert_eq!(c.holder(), Some("a"));
@@ -133,29 +139,20 @@ fn a_hold_of_two_processes_ends_when_the_last_one_reports() {
 /// last; and a silent process loses the hold at the grace's end as a single one does.
 #[test]
 fn a_hold_of_two_processes_is_charged_to_the_latest_reported_end() {
-    let mut c = two();
-    c.token_request(t(0), 1, 0, 0);
-    c.token_request(t(0), 2, 0, 0);
-    c.token_request(t(1), 3, 0, 0);
+    let mut c = two_processes_hold_b_waits();
     // 1 ran 4 ms past the quota (Release with its use), 2 then asks again with 1 ms.
     assert!(grant(&c.release(t(14), 1, 14 * MS)).is_none());
     let acts = c.token_request(t(14), 2, MS, 0);
     assert_eq!(grant(&acts).map(|g| g.0), Some("b"));
     assert_eq!(c.usage_us(t(14), "a"), Some(14 * MS));
 
-    let mut c = two();
-    c.token_request(t(0), 1, 0, 0);
-    c.token_request(t(0), 2, 0, 0);
-    c.token_request(t(1), 3, 0, 0);
+    let mut c = two_processes_hold_b_waits();
     assert!(grant(&c.token_request(t(11), 1, MS, 0)).is_none());
     // 2 never reports: b gets the token at the grace's end (10 + 5 ms).
     assert_eq!(grant(&c.tick(t(15))).map(|g| g.0), Some("b"));
 
     // A stray Release from 1, after it left the hold, says nothing about the hold's end.
-    let mut c = two();
-    c.token_request(t(0), 1, 0, 0);
-    c.token_request(t(0), 2, 0, 0);
-    c.token_request(t(1), 3, 0, 0);
+    let mut c = two_processes_hold_b_waits();
     assert!(grant(&c.token_request(t(11), 1, MS, 0)).is_none());
     assert!(grant(&c.release(t(12), 1, 50 * MS)).is_none());
     let acts = c.token_request(t(13), 2, 0, 0);
