@@ -249,18 +249,23 @@ pub async fn list_all(pods: &Api<Pod>) -> anyhow::Result<Vec<Pod>> {
     }
 }
 
+/// A Prometheus text line of the series `name`: its labels (`k="v",...`, empty when it has
+/// none) and its value; `None` for other series, comments and malformed lines.
+fn sample<'a>(line: &'a str, name: &str) -> Option<(&'a str, f64)> {
+    let rest = line.strip_prefix(name)?;
+    let (labels, value) = match rest.strip_prefix('{') {
+        Some(r) => r.rsplit_once("} ")?,
+        None => ("", rest.strip_prefix(' ')?),
+    };
+    Some((labels, value.trim().parse().ok()?))
+}
+
 /// `apiserver_request_total`, summed by "VERB resource[/subresource]", from the
 /// apiserver's Prometheus text.
 pub fn api_requests(metrics: &str) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
     for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let Ok(v) = value.trim().parse::<f64>() else {
+        let Some((labels, v)) = sample(line, "apiserver_request_total") else {
             continue;
         };
         let label = |k: &str| {
@@ -342,57 +347,34 @@ pub async fn extender_metrics(port: u16) -> anyhow::Result<String> {
     }
 }
 
-/// Each histogram's (sum, count) among `names`, from Prometheus text, summed over every label
-/// but those in `keep` (key: `name` or `name{k=v,...}` with the kept labels in text order).
-pub fn histogram_sums(
-    metrics: &str,
-    names: &[&str],
-    keep: &[&str],
-) -> BTreeMap<String, (f64, f64)> {
+/// The histogram `name`'s (sum, count), from Prometheus text, summed over every label but
+/// those in `keep`: keyed by the kept labels (`{k="v",...}` in text order; "" when none).
+pub fn histogram_sums(metrics: &str, name: &str, keep: &[&str]) -> BTreeMap<String, (f64, f64)> {
+    let (sum, count) = (format!("{name}_sum"), format!("{name}_count"));
     let mut out: BTreeMap<String, (f64, f64)> = BTreeMap::new();
     for line in metrics.lines() {
-        for name in names {
-            let Some(rest) = line.strip_prefix(name) else {
-                continue;
-            };
-            let (is_sum, rest) = if let Some(r) = rest.strip_prefix("_sum") {
-                (true, r)
-            } else if let Some(r) = rest.strip_prefix("_count") {
-                (false, r)
-            } else {
-                continue;
-            };
-            let (labels, value) = match rest.strip_prefix('{') {
-                Some(r) => match r.rsplit_once("} ") {
-                    Some((l, v)) => (l, v),
-                    None => continue,
-                },
-                None => match rest.strip_prefix(' ') {
-                    Some(v) => ("", v),
-                    None => continue,
-                },
-            };
-            let Ok(v) = value.trim().parse::<f64>() else {
-                continue;
-            };
-            let kept: Vec<&str> = labels
-                .split(',')
-                .filter(|kv| {
-                    kv.split_once('=')
-                        .is_some_and(|(k, _)| keep.contains(&k.trim()))
-                })
-                .collect();
-            let key = if kept.is_empty() {
-                name.to_string()
-            } else {
-                format!("{name}{{{}}}", kept.join(","))
-            };
-            let e = out.entry(key).or_default();
-            if is_sum {
-                e.0 += v;
-            } else {
-                e.1 += v;
-            }
+        let (is_sum, (labels, v)) = match (sample(line, &sum), sample(line, &count)) {
+            (Some(x), _) => (true, x),
+            (None, Some(x)) => (false, x),
+            (None, None) => continue,
+        };
+        let kept: Vec<&str> = labels
+            .split(',')
+            .filter(|kv| {
+                kv.split_once('=')
+                    .is_some_and(|(k, _)| keep.contains(&k.trim()))
+            })
+            .collect();
+        let key = if kept.is_empty() {
+            String::new()
+        } else {
+            format!("{{{}}}", kept.join(","))
+        };
+        let e = out.entry(key).or_default();
+        if is_sum {
+            e.0 += v;
+        } else {
+            e.1 += v;
         }
     }
     out
@@ -428,21 +410,18 @@ scheduler_framework_extension_point_duration_seconds_count{extension_point="Filt
 scheduler_framework_extension_point_duration_seconds_sum{extension_point="Score",profile="a",status="Success"} 1
 scheduler_framework_extension_point_duration_seconds_sum{broken 1
 "#;
-        let r = histogram_sums(
+        let algorithm = histogram_sums(m, "scheduler_scheduling_algorithm_duration_seconds", &[]);
+        assert_eq!(algorithm.get(""), Some(&(0.25, 100.0)));
+        assert_eq!(algorithm.len(), 1);
+        let plugins = histogram_sums(
             m,
-            &[
-                "scheduler_scheduling_algorithm_duration_seconds",
-                "scheduler_framework_extension_point_duration_seconds",
-            ],
+            "scheduler_framework_extension_point_duration_seconds",
             &["extension_point"],
         );
         assert_eq!(
-            r.get("scheduler_scheduling_algorithm_duration_seconds"),
-            Some(&(0.25, 100.0))
+            plugins.get(r#"{extension_point="Filter"}"#),
+            Some(&(0.75, 10.0))
         );
-        let filter =
-            r#"scheduler_framework_extension_point_duration_seconds{extension_point="Filter"}"#;
-        assert_eq!(r.get(filter), Some(&(0.75, 10.0)));
-        assert_eq!(r.len(), 3);
+        assert_eq!(plugins.len(), 2);
     }
 }

@@ -215,15 +215,15 @@ impl Timings {
         let text = metrics_text(sched, config.scheduler()).await?;
         let mut out = BTreeMap::new();
         for (name, short, keep) in SCHEDULER_HISTOGRAMS {
-            for (k, v) in histogram_sums(&text, &[name], keep) {
-                out.insert(k.replacen(name, short, 1), v);
+            for (labels, v) in histogram_sums(&text, name, keep) {
+                out.insert(format!("{short}{labels}"), v);
             }
         }
         if let Some(port) = self.extender_port {
-            let name = "kubeshare_extender_request_duration_seconds";
             let text = extender_metrics(port).await?;
-            for (k, v) in histogram_sums(&text, &[name], &["verb"]) {
-                out.insert(k.replacen(name, "extender", 1), v);
+            let name = "kubeshare_extender_request_duration_seconds";
+            for (labels, v) in histogram_sums(&text, name, &["verb"]) {
+                out.insert(format!("extender{labels}"), v);
             }
         }
         Ok(out)
