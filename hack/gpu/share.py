@@ -5,7 +5,11 @@ libgemhook preloaded. A burst tenant's GPU busy time comes from CUDA events arou
 kernels (share_tenant.py says how token waits are kept out of them); throughput is reported
 beside it. Prints one JSON table; raw tenant results go to OUT/share-raw.json.
 
-    python3 hack/gpu/share.py ARTIFACT_DIR OUT [scenario ...]
+    python3 hack/gpu/share.py ARTIFACT_DIR OUT [scenario[@OTHER_ARTIFACT_DIR] ...]
+
+`scenario@DIR` runs that scenario with DIR's hook and gem-schd instead, against the same native
+baselines (measured once per invocation), so that two builds alternate in one run;
+`scenario+log` runs it with gem-schd's and the hook's debug logs (every grant) in OUT/log-N-scenario.log.
 """
 
 import calendar
@@ -221,15 +225,19 @@ def stall(series):
 NATIVE = {}
 
 
-def train_infer_with(extra, hook_env=None, debug=False):
-    """train_infer with more gem-schd arguments (and hook environment), as a scenario of its own."""
-    def scenario(b, raw):
-        b.extra, b.hook_env, b.debug = extra, hook_env or {}, debug
+def variant(scenario, extra, hook_env=None, debug=False):
+    """`scenario` with more gem-schd arguments (and hook environment), as a scenario of its own."""
+    def run(b, raw):
+        b.extra, b.hook_env, b.debug = extra, hook_env or {}, debug or b.debug
         try:
-            return train_infer(b, raw)
+            return scenario(b, raw)
         finally:
             b.extra, b.hook_env, b.debug = [], {}, False
-    return scenario
+    return run
+
+
+def train_infer_with(extra, hook_env=None, debug=False):
+    return variant(lambda b, raw: train_infer(b, raw), extra, hook_env, debug)
 
 
 # train_infer with gem-schd's pacing off: is pacing what stalls the tenants?
@@ -261,6 +269,7 @@ train_infer_drain = train_infer_with([], {"KUBESHARE_HOOK_PRECISE_DEADLINE": "0"
 train_infer_noahead = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
 train_infer_ahead200 = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "200"})
 train_infer_ahead500 = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "500"})
+train_infer_ahead400 = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "400"})
 train_infer_ahead200_debug = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "200"}, debug=True)
 # Shorter turns: gem-schd's min quota at 3 and 2 ms (default 5).
 train_infer_minq3 = train_infer_with(["--min-quota-ms", "3"])
@@ -347,6 +356,18 @@ def multiproc(b, raw):
             "b_throughput_kernels_per_s": round(r["b"]["rate"], 1)}
 
 
+# multiproc without the queue-ahead bound, and with a longer one: does the bound's measured pace
+# (which a second process's context on the GPU slows) cost the two-process client its share?
+multiproc_noahead = variant(lambda b, raw: multiproc(b, raw), [], {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
+multiproc_ahead800 = variant(lambda b, raw: multiproc(b, raw), [], {"KUBESHARE_HOOK_MAX_AHEAD_US": "800"})
+# How much more than the bound may be queued early in a hold (KUBESHARE_HOOK_EARLY_AHEAD_US,
+# default 600; 0: the bound all hold long, round 8's rule).
+multiproc_early0 = variant(lambda b, raw: multiproc(b, raw), [], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "0"})
+multiproc_early5000 = variant(lambda b, raw: multiproc(b, raw), [], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "5000"})
+train_infer_early0 = train_infer_with([], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "0"})
+train_infer_early5000 = train_infer_with([], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "5000"})
+
+
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -406,16 +427,29 @@ def main():
     os.makedirs(out, exist_ok=True)
     b = ShareBench(os.path.join(art, "libgemhook.so.1"), os.path.join(art, "gem-schd"), out)
     table, raw = {}, {}
-    for name in which:
+    main_log = b.logs
+    for n, label in enumerate(which):
+        name, _, other = label.partition("@")
+        name, _, flag = name.partition("+")
+        b.debug = flag == "log"
+        # Each logged scenario's debug log goes to a file of its own: OUT/log-N-NAME.log.
+        b.logs = open(os.path.join(out, f"log-{n}-{name}.log"), "w") if b.debug else main_log
+        art_n = other or art
+        b.hook, b.schd_bin = os.path.join(art_n, "libgemhook.so.1"), os.path.join(art_n, "gem-schd")
+        # A scenario run twice keeps both results: "train_infer", "train_infer#2", ...
+        if label in table:
+            label = f"{label}#{sum(1 for x in which[:n] if x == label) + 1}"
         t0 = time.time()
         try:
             if name == "kill":
-                table[name] = kill(b, raw, os.path.join(art, "launch_bench"))
+                table[label] = kill(b, raw, os.path.join(art_n, "launch_bench"))
             else:
-                table[name] = globals()[name](b, raw)
+                part = {}
+                table[label] = globals()[name](b, part)
+                raw[label] = part
         except Exception as e:  # one failed scenario must not lose the others
-            table[name] = {"error": repr(e)}
-        log(name, f"{time.time() - t0:.0f} s", json.dumps(table[name]))
+            table[label] = {"error": repr(e)}
+        log(label, f"{time.time() - t0:.0f} s", json.dumps(table[label]))
         with open(os.path.join(out, "share-raw.json"), "w") as f:
             json.dump(raw, f)
         with open(os.path.join(out, "share.json"), "w") as f:

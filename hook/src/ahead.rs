@@ -23,6 +23,12 @@
 //! the launching between them. With that ratio the probe interval shrinks (down to
 //! [`MIN_PROBE_EVERY_NS`]) until about half the bound of GPU work lies between two probes, and
 //! the probes kept pending hold about the bound's worth of GPU time.
+//!
+//! The bound is what may drain past the deadline: what is queued before the deadline runs before
+//! it. So with the pace measured, the queue may also hold the time left in the hold, up to
+//! `KUBESHARE_HOOK_EARLY_AHEAD_US` ([`Limits`]): a bound for the whole hold kept each process
+//! of a two-process client about one kernel deep on an H100, and the GPU switched between their
+//! contexts at every kernel.
 
 /// How often (at launches, precise time) a probe event is recorded, for bounds of 200 µs and
 /// more; shorter bounds probe twice per bound ([`probe_every`]).
@@ -35,8 +41,29 @@ pub const MIN_PROBE_EVERY_NS: u64 = 10_000;
 pub fn probe_every(bound_ns: u64) -> u64 {
     PROBE_EVERY_NS.min(bound_ns / 2).max(MIN_PROBE_EVERY_NS)
 }
-/// Probe events in flight at most.
-pub const RING: usize = 16;
+/// Probe events in flight at most (when all are pending the CPU waits for the oldest): enough
+/// for the default early allowance ([`Limits::early_ns`]) at any measured pace.
+pub const RING: usize = 64;
+
+/// How much GPU work a probe lets stay queued: `bound_ns`, plus the time left in the hold
+/// (`until_deadline_ns`) up to `early_ns` (what is queued before the deadline runs before it).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub bound_ns: u64,
+    pub until_deadline_ns: u64,
+    pub early_ns: u64,
+}
+
+impl Limits {
+    /// The bound alone, whatever is left of the hold.
+    pub const fn bound(bound_ns: u64) -> Self {
+        Limits {
+            bound_ns,
+            until_deadline_ns: 0,
+            early_ns: 0,
+        }
+    }
+}
 
 /// What the driver said about an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,18 +134,22 @@ impl Ring {
         self.ratio_x1024 > 2 * RATIO_ONE
     }
 
-    /// How many probes may stay pending: the bound's worth of GPU time, by the measured ratio
-    /// once there is one (before: the bound's worth of launching).
-    fn keep(&self, bound_ns: u64) -> usize {
-        let every = self.every_ns(bound_ns).max(1);
-        let gpu_per_probe = if self.ratio_x1024 > RATIO_ONE {
-            (u128::from(every) * u128::from(self.ratio_x1024) / u128::from(RATIO_ONE)) as u64
+    /// The GPU time of `launching` ns of launching, by the measured ratio once there is one
+    /// (before: the launching time itself).
+    fn gpu_ns(&self, launching: u64) -> u64 {
+        if self.ratio_x1024 > RATIO_ONE {
+            (u128::from(launching) * u128::from(self.ratio_x1024) / u128::from(RATIO_ONE))
+                .min(u128::from(u64::MAX)) as u64
         } else {
-            every
-        };
-        usize::try_from(bound_ns / gpu_per_probe.max(1))
-            .unwrap_or(RING)
-            .clamp(1, RING)
+            launching
+        }
+    }
+
+    /// The GPU work still queued behind the pending probes, by the measured ratio.
+    fn pending_gpu_ns(&self) -> u64 {
+        (0..self.len)
+            .map(|i| self.gpu_ns(self.launching[(self.head + i) % RING]))
+            .fold(0, u64::saturating_add)
     }
 
     /// The CPU waited for the probe in `slot` until `t`: the GPU ran that probe's interval of
@@ -149,15 +180,19 @@ impl Ring {
         self.passed_at = None;
     }
 
-    /// One probe at precise time `now`: drops the probes the GPU has passed, waits (`sync`)
-    /// for the oldest pending ones until fewer than the bound's worth (at least one) are
-    /// pending, learning the GPU's pace from the waits, then records a new one (`record(slot)`,
-    /// false: not recorded). `clock` reads the time again after a wait. Returns how long it
-    /// waited.
+    /// One probe at precise time `now`: drops the probes the GPU has passed, waits (`sync`) for
+    /// the oldest pending ones until the GPU work behind them and the interval this probe
+    /// closes fit the `limits` (or one is left), learning the GPU's pace from the waits, then records a new one (`record(slot)`, false: not recorded). What is
+    /// queued before the deadline runs before it, so only the bound drains past it: the queue
+    /// may be a hold's worth deep early in the hold and narrows to the bound at its end (a
+    /// bound for the whole hold kept a two-process client's queues one 0.2 ms kernel deep on an
+    /// H100, and the GPU switched between its two contexts at every kernel: 0.31–0.35 of the
+    /// GPU for 0.4 of the token time). `clock` reads the time again after a wait. Returns how
+    /// long it waited.
     pub fn probe(
         &mut self,
         now: u64,
-        bound_ns: u64,
+        limits: Limits,
         mut query: impl FnMut(usize) -> Done,
         mut sync: impl FnMut(usize) -> bool,
         mut record: impl FnMut(usize) -> bool,
@@ -176,9 +211,35 @@ impl Ring {
                 }
             }
         }
-        let keep = self.keep(bound_ns);
+        // The time left in the hold counts once the GPU's pace is measured: before that a
+        // launching-time estimate of the queue can be many times short of the GPU's.
+        let Limits {
+            bound_ns,
+            until_deadline_ns,
+            early_ns,
+        } = limits;
+        let paced = self.ratio_x1024 != 0;
+        let slack = |t: u64| {
+            if !paced {
+                0
+            } else {
+                until_deadline_ns
+                    .saturating_sub(t.saturating_sub(now))
+                    .min(early_ns)
+            }
+        };
+        let closing = now
+            .saturating_sub(self.last_recorded)
+            .clamp(1, self.every_ns(bound_ns));
         let mut t = now;
-        while self.len >= keep {
+        // Waiting does not shorten what drains past the deadline (the queue and the time left
+        // shrink alike): once the hold's work is queued, this waits for the queue's end, which
+        // the GPU reaches at most the bound past the deadline.
+        while self.len > 0
+            && (self.len >= RING
+                || self.pending_gpu_ns().saturating_add(self.gpu_ns(closing))
+                    > bound_ns.saturating_add(slack(t)))
+        {
             let slot = self.head;
             if !sync(slot) {
                 self.clear();
@@ -194,9 +255,7 @@ impl Ring {
                 // The launching this probe closes: since the last probe, the wait excluded,
                 // at most an interval (a pause between launches is not launching).
                 self.start_at[slot] = self.last_recorded;
-                self.launching[slot] = now
-                    .saturating_sub(self.last_recorded)
-                    .clamp(1, self.every_ns(bound_ns));
+                self.launching[slot] = closing;
                 self.last_recorded = t;
                 self.len += 1;
             }
@@ -237,7 +296,7 @@ mod tests {
             gpu_free.set(gpu_free.get().max(clock.get() - every) + ratio * every);
             waited += r.probe(
                 clock.get(),
-                bound,
+                Limits::bound(bound),
                 |s| {
                     if done_at.borrow()[s] <= clock.get() {
                         Done::Yes
@@ -264,6 +323,83 @@ mod tests {
             }
         }
         (waited, deepest, settled, shallowest, r.every_ns(bound))
+    }
+
+    /// Holds of `hold` ns, one after another (each drained before the next): the CPU queues
+    /// `ratio` ns of GPU work per ns of launching until the deadline. Returns, over the holds
+    /// after the first (whose pace is not known yet), the longest drain past a deadline and the
+    /// deepest queue in the first half of a hold.
+    fn simulate_holds(bound: u64, early: u64, ratio: u64, hold: u64, holds: u32) -> (u64, u64) {
+        let clock = Cell::new(0u64);
+        let gpu_free = Cell::new(0u64);
+        let done_at = RefCell::new([u64::MAX; RING]);
+        let mut r = Ring::new();
+        let (mut drain, mut deepest) = (0, 0);
+        for h in 0..holds {
+            let deadline = clock.get() + hold;
+            let half = clock.get() + hold / 2;
+            while clock.get() < deadline {
+                let every = r.every_ns(bound);
+                clock.set(clock.get() + every);
+                gpu_free.set(gpu_free.get().max(clock.get() - every) + ratio * every);
+                r.probe(
+                    clock.get(),
+                    Limits {
+                        bound_ns: bound,
+                        until_deadline_ns: deadline.saturating_sub(clock.get()),
+                        early_ns: early,
+                    },
+                    |s| {
+                        if done_at.borrow()[s] <= clock.get() {
+                            Done::Yes
+                        } else {
+                            Done::NotYet
+                        }
+                    },
+                    |s| {
+                        clock.set(clock.get().max(done_at.borrow()[s]));
+                        true
+                    },
+                    |s| {
+                        done_at.borrow_mut()[s] = gpu_free.get().max(clock.get());
+                        true
+                    },
+                    || clock.get(),
+                );
+                if h > 0 && clock.get() < half {
+                    deepest = deepest.max(gpu_free.get().saturating_sub(clock.get()));
+                }
+            }
+            if h > 0 {
+                drain = drain.max(gpu_free.get().saturating_sub(deadline));
+            }
+            // The hand-over drains the queue; the next hold starts after it.
+            clock.set(clock.get().max(gpu_free.get()) + 1_000_000);
+            r.clear();
+        }
+        (drain, deepest)
+    }
+
+    /// What is queued before the deadline runs before it: early in a 5 ms hold the queue may
+    /// be milliseconds deep (a two-process client's GPU switched contexts at every kernel when
+    /// both were held to the bound all hold long), and it narrows to the bound at the end.
+    #[test]
+    fn the_queue_may_fill_the_hold_and_narrows_to_the_bound_at_its_deadline() {
+        for ratio in [3, 20] {
+            let (drain, deepest) = simulate_holds(200_000, 600_000, ratio, 5_000_000, 6);
+            assert!(
+                drain <= 600_000,
+                "ratio {ratio}: drained {drain} ns past the deadline"
+            );
+            assert!(
+                deepest >= 700_000,
+                "ratio {ratio}: queue only {deepest} ns deep early on"
+            );
+            assert!(
+                deepest <= 1_400_000,
+                "ratio {ratio}: queue {deepest} ns deep early on"
+            );
+        }
     }
 
     /// The CPU queues 300 µs of GPU work per 100 µs (a probe interval): unbounded, the queue
@@ -313,7 +449,7 @@ mod tests {
         for step in 0..40u64 {
             let w = r.probe(
                 step * PROBE_EVERY_NS,
-                1_000_000,
+                Limits::bound(1_000_000),
                 |_| Done::Yes,
                 |_| panic!("no wait expected"),
                 |_| true,
@@ -322,7 +458,14 @@ mod tests {
             assert_eq!(w, 0);
             assert_eq!(r.pending(), 1);
         }
-        r.probe(u64::MAX / 2, 1, |_| Done::Broken, |_| true, |_| false, || 0);
+        r.probe(
+            u64::MAX / 2,
+            Limits::bound(1),
+            |_| Done::Broken,
+            |_| true,
+            |_| false,
+            || 0,
+        );
         assert_eq!(r.pending(), 0);
     }
 }

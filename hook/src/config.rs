@@ -33,6 +33,9 @@ pub struct Settings {
     /// The queue-ahead bound in ns (`KUBESHARE_HOOK_MAX_AHEAD_US`, default 200 µs, 0 = off;
     /// see `ahead.rs`).
     pub max_ahead_ns: u64,
+    /// How much more than the bound may be queued while the hold has at least that much time
+    /// left, in ns (`KUBESHARE_HOOK_EARLY_AHEAD_US`, default 600 µs; 0 = the bound all hold long).
+    pub early_ahead_ns: u64,
 }
 
 pub const DEFAULT_IO_TIMEOUT_MS: u64 = 5000;
@@ -102,6 +105,22 @@ pub fn parse_max_ahead_us(v: Option<&str>) -> Result<u64, String> {
     }
 }
 
+/// How much more than the queue-ahead bound may be queued early in a hold, µs (what is queued
+/// before the deadline runs before it; `ahead.rs`): issue 14 round 9.
+pub const DEFAULT_EARLY_AHEAD_US: u64 = 600;
+
+pub fn parse_early_ahead_us(v: Option<&str>) -> Result<u64, String> {
+    match v.map(str::trim) {
+        None | Some("") => Ok(DEFAULT_EARLY_AHEAD_US),
+        Some(s) => match s.parse::<u64>() {
+            Ok(us) if us <= 50_000 => Ok(us),
+            _ => Err(format!(
+                "KUBESHARE_HOOK_EARLY_AHEAD_US={s:?} is not a whole number of µs in 0..=50000; using {DEFAULT_EARLY_AHEAD_US}"
+            )),
+        },
+    }
+}
+
 pub fn settings() -> &'static Settings {
     static S: OnceLock<Settings> = OnceLock::new();
     S.get_or_init(|| {
@@ -132,6 +151,11 @@ pub fn settings() -> &'static Settings {
                 crate::info!("{e}");
                 DEFAULT_MAX_AHEAD_US
             });
+        let early_ahead_us = parse_early_ahead_us(get("KUBESHARE_HOOK_EARLY_AHEAD_US").as_deref())
+            .unwrap_or_else(|e| {
+                crate::info!("{e}");
+                DEFAULT_EARLY_AHEAD_US
+            });
         let socket_dir = get(gem_proto::SOCKET_DIR_ENV)
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| gem_proto::DEFAULT_SOCKET_DIR.to_string())
@@ -143,6 +167,7 @@ pub fn settings() -> &'static Settings {
             io_timeout_ms,
             precise_deadline,
             max_ahead_ns: max_ahead_us * 1000,
+            early_ahead_ns: early_ahead_us * 1000,
         }
     })
 }
@@ -204,6 +229,16 @@ mod tests {
         assert!(parse_timeout_ms(Some("0")).is_err());
         assert!(parse_timeout_ms(Some("1.5")).is_err());
         assert!(parse_timeout_ms(Some("18446744073709551616")).is_err());
+    }
+
+    #[test]
+    fn early_ahead() {
+        assert_eq!(parse_early_ahead_us(None), Ok(DEFAULT_EARLY_AHEAD_US));
+        assert_eq!(parse_early_ahead_us(Some("0")), Ok(0));
+        assert_eq!(parse_early_ahead_us(Some(" 50000 ")), Ok(50_000));
+        assert!(parse_early_ahead_us(Some("50001")).is_err());
+        assert!(parse_early_ahead_us(Some("-1")).is_err());
+        assert!(parse_early_ahead_us(Some("x")).is_err());
     }
 
     #[test]

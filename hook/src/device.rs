@@ -356,9 +356,17 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
     }
     let events = ring.events;
     let mut made = [0usize; ahead::RING];
+    let until_deadline = g
+        .deadline_precise
+        .load(Ordering::Acquire)
+        .saturating_sub(now);
     let waited = ring.probe(
         now,
-        bound,
+        ahead::Limits {
+            bound_ns: bound,
+            until_deadline_ns: until_deadline,
+            early_ns: settings().early_ahead_ns,
+        },
         |s| match real!(r::cuEventQuery, FnEvent, events[s] as CUevent) {
             CUDA_SUCCESS => ahead::Done::Yes,
             NOT_READY => ahead::Done::NotYet,
