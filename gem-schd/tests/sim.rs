@@ -674,3 +674,50 @@ fn blind_bursts_stay_within_the_limit_over_every_second() {
         );
     }
 }
+
+/// The H100 benchmark's reload: two tenants of 16 ms bursts (90 kernels of 180 µs) with 3 ms of
+/// CPU between them swap 0.3 / 0.7. The one shrunk to 0.3 started a fresh account: it spent its
+/// whole pacing allowance of the next second in the pauses of its neighbour (0.29 s in 0.6 s),
+/// ran far ahead of it in virtual time and then waited 423 ms at zero. Its account now carries
+/// the last pacing window at the new limit, so its allowance grows at that rate.
+#[test]
+fn a_tenant_shrunk_by_a_reload_beside_a_bursty_neighbour_never_waits_long() {
+    let bursts = Pattern {
+        kernel_us: 180,
+        kernels: 90,
+        gap_us: 3 * MS,
+        idle: vec![],
+        blind: false,
+        launch_us: 10,
+    };
+    let mut sim = Sim::new(
+        Params::default(),
+        vec![
+            (spec("a", 300, 300), bursts.clone()),
+            (spec("b", 700, 700), bursts),
+        ],
+    );
+    sim.reconfigs
+        .push(vec![spec("a", 700, 700), spec("b", 300, 300)]);
+    sim.push(8 * S, Ev::Reconfig(0));
+    sim.run(20 * S);
+    let (before, after) = (
+        longest_gap(&sim, 1, 3 * S, 8 * S),
+        longest_gap(&sim, 1, 8 * S, 10 * S),
+    );
+    let (a, b) = (sim.share(0, 12 * S, 20 * S), sim.share(1, 12 * S, 20 * S));
+    eprintln!(
+        "b waited at most {} ms before the reload, {} ms in the 2 s after it; shares after {a:.3} / {b:.3}",
+        before / MS,
+        after / MS
+    );
+    assert!(
+        after <= 200 * MS,
+        "b waited {} ms after the reload",
+        after / MS
+    );
+    assert!(
+        b <= 0.3 + 0.01 && a >= 0.6,
+        "shares after the reload {a:.3} / {b:.3}"
+    );
+}

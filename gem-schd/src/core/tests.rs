@@ -740,3 +740,18 @@ fn an_expired_holds_release_then_its_overuse_report_charge_it_once() {
     c.token_request(t(12), 1, MS, 10 * MS);
     assert_eq!(c.usage_us(t(12), "a"), Some(11 * MS));
 }
+
+#[test]
+fn carried_pacing_spreads_the_new_limit_over_the_window() {
+    let v = carried_pacing(0, 1_000_000, 300);
+    assert_eq!(v.len(), 20);
+    assert_eq!(v[0], (0, 15_000));
+    assert_eq!(v[19], (950_000, 965_000));
+    assert_eq!(v.iter().map(|(s, e)| e - s).sum::<Micros>(), 300_000);
+    // Nothing to carry: no span, no limit, or no cap.
+    assert!(carried_pacing(5, 5, 300).is_empty());
+    assert!(carried_pacing(0, 1_000_000, 0).is_empty());
+    assert!(carried_pacing(0, 1_000_000, 1000).is_empty());
+    // A span too short for a µs per piece.
+    assert!(carried_pacing(0, 19, 500).is_empty());
+}

@@ -80,7 +80,8 @@ impl Core {
             .max(1)
     }
 
-    /// The client's own history from `from` on, clipped to it, oldest first.
+    /// The client's own history from `from` on, clipped to it, oldest first, after the usage
+    /// its account carried (all of which precedes its entries in the history).
     pub(super) fn own_since(&self, key: Key, from: Micros) -> Vec<(Micros, Micros)> {
         // Entries are in order and never overlap, so their ends are ordered too.
         let mut v: Vec<(Micros, Micros)> = self
@@ -91,6 +92,15 @@ impl Core {
             .filter(|e| e.client == key)
             .map(|e| (e.start.max(from), e.end))
             .collect();
+        if let Some(c) = self.clients.get(&key) {
+            v.extend(
+                c.carried
+                    .iter()
+                    .rev()
+                    .take_while(|(_, e)| *e > from)
+                    .map(|&(s, e)| (s.max(from), e)),
+            );
+        }
         v.reverse();
         v
     }
