@@ -260,6 +260,15 @@ fn sample<'a>(line: &'a str, name: &str) -> Option<(&'a str, f64)> {
     Some((labels, value.trim().parse().ok()?))
 }
 
+/// The value of label `k` in a sample's label text (`a="x",b="y"`), or "".
+fn label<'a>(labels: &'a str, k: &str) -> &'a str {
+    labels
+        .split(',')
+        .find_map(|kv| kv.strip_prefix(k)?.strip_prefix("=\""))
+        .map(|v| v.trim_end_matches('"'))
+        .unwrap_or("")
+}
+
 /// `apiserver_request_total`, summed by "VERB resource[/subresource]", from the
 /// apiserver's Prometheus text.
 pub fn api_requests(metrics: &str) -> BTreeMap<String, f64> {
@@ -268,22 +277,38 @@ pub fn api_requests(metrics: &str) -> BTreeMap<String, f64> {
         let Some((labels, v)) = sample(line, "apiserver_request_total") else {
             continue;
         };
-        let label = |k: &str| {
-            labels
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(k)?.strip_prefix("=\""))
-                .map(|v| v.trim_end_matches('"'))
-                .unwrap_or("")
-        };
-        let sub = label("subresource");
+        let sub = label(labels, "subresource");
         let key = format!(
             "{} {}{}{}",
-            label("verb"),
-            label("resource"),
+            label(labels, "verb"),
+            label(labels, "resource"),
             if sub.is_empty() { "" } else { "/" },
             sub
         );
         *out.entry(key).or_default() += v;
+    }
+    out
+}
+
+/// What the apiserver sent its watchers, by resource: "events R" (`apiserver_watch_events_total`)
+/// and "KiB R" (`apiserver_watch_events_sizes`), every watcher's copy counted: each extra
+/// watcher of a resource costs the apiserver an encoding of each event in its format.
+pub fn watch_events(metrics: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in metrics.lines() {
+        let (what, labels, v) = if let Some((l, v)) = sample(line, "apiserver_watch_events_total") {
+            ("events", l, v)
+        } else if let Some((l, v)) = sample(line, "apiserver_watch_events_sizes_sum") {
+            ("KiB", l, v / 1024.0)
+        } else {
+            continue;
+        };
+        // The label is `resource` in recent releases, `kind` before.
+        let r = match label(labels, "resource") {
+            "" => label(labels, "kind"),
+            r => r,
+        };
+        *out.entry(format!("{what} {r}")).or_default() += v;
     }
     out
 }
@@ -396,6 +421,22 @@ apiserver_request_total{broken 1
         assert_eq!(r.get("POST pods/binding"), Some(&9.0));
         assert_eq!(r.get("LIST pods"), Some(&3.5));
         assert_eq!(r.len(), 2);
+    }
+
+    #[test]
+    fn watch_events_are_summed_by_resource() {
+        let m = r#"apiserver_watch_events_total{component="apiserver",group="",resource="pods",version="v1"} 40
+apiserver_watch_events_total{component="apiserver",group="",resource="nodes",version="v1"} 5
+apiserver_watch_events_sizes_bucket{group="",resource="pods",version="v1",le="1024"} 3
+apiserver_watch_events_sizes_sum{group="",resource="pods",version="v1"} 2048
+apiserver_watch_events_total{group="",kind="Lease",version="v1"} 2
+"#;
+        let w = watch_events(m);
+        assert_eq!(w.get("events pods"), Some(&40.0));
+        assert_eq!(w.get("events nodes"), Some(&5.0));
+        assert_eq!(w.get("KiB pods"), Some(&2.0));
+        assert_eq!(w.get("events Lease"), Some(&2.0));
+        assert_eq!(w.len(), 4);
     }
 
     #[test]

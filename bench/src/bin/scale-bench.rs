@@ -45,7 +45,7 @@ use kubeshare_bench::check_books;
 use kubeshare_bench::rig::{
     BENCH_LABEL, Extender, api_requests, apiserver_metrics, component_pid, cpu_snapshot,
     create_gpu_nodes, create_namespace, extender_metrics, histogram_sums, list_all, metrics_text,
-    rss, scheduler_client, signal,
+    rss, scheduler_client, signal, watch_events,
 };
 use kubeshare_testkit::{Cluster, Identity};
 use serde_json::json;
@@ -168,6 +168,8 @@ struct Run {
     cpu_ms_by_process: BTreeMap<String, f64>,
     extender_rss_mib: f64,
     api_requests_per_pod: BTreeMap<String, f64>,
+    /// Watch events (and KiB) the apiserver sent per pod, by resource.
+    watch_per_pod: BTreeMap<String, f64>,
     /// Time per pod inside the scheduler that served the run and inside the extender, by
     /// histogram (`Timings`), with how many observations per pod.
     timing_ms_per_pod: BTreeMap<String, f64>,
@@ -454,7 +456,8 @@ async fn run_one(
     let watch = BindWatch::start(pods.clone());
     // Let the watch list the (empty) namespace before the first create.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let api0 = api_requests(&apiserver_metrics(admin).await?);
+    let m0 = apiserver_metrics(admin).await?;
+    let (api0, watch0) = (api_requests(&m0), watch_events(&m0));
     let timing0 = timings.snapshot(config).await?;
     let cpu0 = cpu_snapshot(pids)?;
     let w0 = Instant::now();
@@ -482,7 +485,8 @@ async fn run_one(
     let cpu1 = cpu_snapshot(pids)?;
     let window = w0.elapsed();
     drop(watch);
-    let api1 = api_requests(&apiserver_metrics(admin).await?);
+    let m1 = apiserver_metrics(admin).await?;
+    let (api1, watch1) = (api_requests(&m1), watch_events(&m1));
     let timing1 = timings.snapshot(config).await?;
     let per_pod = |v: f64| v / f64::from(args.pods);
     let (mut timing_ms_per_pod, mut timing_calls_per_pod) = (BTreeMap::new(), BTreeMap::new());
@@ -497,6 +501,16 @@ async fn run_one(
     let api_per_pod: BTreeMap<String, f64> = api1
         .iter()
         .map(|(k, v)| (k.clone(), per_pod(v - api0.get(k).copied().unwrap_or(0.0))))
+        .filter(|(_, v)| *v >= 0.05)
+        .collect();
+    let watch_per_pod: BTreeMap<String, f64> = watch1
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                per_pod(v - watch0.get(k).copied().unwrap_or(0.0)),
+            )
+        })
         .filter(|(_, v)| *v >= 0.05)
         .collect();
     let seconds = end.saturating_duration_since(t0).as_secs_f64();
@@ -557,6 +571,7 @@ async fn run_one(
             .collect(),
         extender_rss_mib: rss(extender_pid)? as f64 / f64::from(1u32 << 20),
         api_requests_per_pod: api_per_pod,
+        watch_per_pod,
         timing_ms_per_pod,
         timing_calls_per_pod,
         check,
@@ -691,6 +706,9 @@ async fn main() -> anyhow::Result<()> {
                         .collect::<serde_json::Map<_, _>>(),
                     "extender_rss_mib_after": (r.extender_rss_mib * 10.0).round() / 10.0,
                     "api_requests_per_pod": r.api_requests_per_pod.iter()
+                        .map(|(k, v)| (k.clone(), json!((v * 100.0).round() / 100.0)))
+                        .collect::<serde_json::Map<_, _>>(),
+                    "watch_per_pod": r.watch_per_pod.iter()
                         .map(|(k, v)| (k.clone(), json!((v * 100.0).round() / 100.0)))
                         .collect::<serde_json::Map<_, _>>(),
                     "timing_ms_per_pod": r.timing_ms_per_pod.iter()
