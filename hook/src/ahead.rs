@@ -280,42 +280,71 @@ mod tests {
     use super::*;
     use std::cell::{Cell, RefCell};
 
-    /// A CPU that queues `ratio` ns of GPU work per ns of launching, probing as the ring says,
-    /// for `steps` intervals: (how long it waited, the deepest GPU queue, the deepest and the
-    /// shallowest queue after the first 40 intervals, the last probe interval).
-    fn simulate(bound: u64, ratio: u64, steps: u32) -> (u64, u64, u64, u64, u64) {
-        let clock = Cell::new(0u64);
-        let gpu_free = Cell::new(0u64); // when the GPU has run everything queued so far
-        let done_at = RefCell::new([u64::MAX; RING]);
-        let mut r = Ring::new();
-        let (mut waited, mut deepest, mut settled, mut shallowest) = (0, 0, 0, u64::MAX);
-        for step in 0..steps {
-            let every = r.every_ns(bound);
-            // The CPU launches for an interval: the GPU gets `ratio` times that much work.
+    /// A simulated GPU that runs, in order, what a CPU queues at `ratio` ns of GPU work per ns
+    /// of launching, and the ring's probes on it.
+    struct Sim {
+        clock: Cell<u64>,
+        /// When the GPU has run everything queued so far.
+        gpu_free: Cell<u64>,
+        done_at: RefCell<[u64; RING]>,
+        ratio: u64,
+    }
+
+    impl Sim {
+        fn new(ratio: u64) -> Self {
+            Sim {
+                clock: Cell::new(0),
+                gpu_free: Cell::new(0),
+                done_at: RefCell::new([u64::MAX; RING]),
+                ratio,
+            }
+        }
+
+        /// The CPU launches for `every` ns, then probes with `limits`; returns the wait.
+        fn launch_and_probe(&self, r: &mut Ring, every: u64, limits: Limits) -> u64 {
+            let (clock, gpu_free) = (&self.clock, &self.gpu_free);
             clock.set(clock.get() + every);
-            gpu_free.set(gpu_free.get().max(clock.get() - every) + ratio * every);
-            waited += r.probe(
+            gpu_free.set(gpu_free.get().max(clock.get() - every) + self.ratio * every);
+            r.probe(
                 clock.get(),
-                Limits::bound(bound),
+                limits,
                 |s| {
-                    if done_at.borrow()[s] <= clock.get() {
+                    if self.done_at.borrow()[s] <= clock.get() {
                         Done::Yes
                     } else {
                         Done::NotYet
                     }
                 },
                 |s| {
-                    clock.set(clock.get().max(done_at.borrow()[s]));
+                    clock.set(clock.get().max(self.done_at.borrow()[s]));
                     true
                 },
                 |s| {
                     // Done when the GPU has run what was queued before it.
-                    done_at.borrow_mut()[s] = gpu_free.get().max(clock.get());
+                    self.done_at.borrow_mut()[s] = gpu_free.get().max(clock.get());
                     true
                 },
                 || clock.get(),
-            );
-            let depth = gpu_free.get().saturating_sub(clock.get());
+            )
+        }
+
+        /// The GPU work queued and not run yet.
+        fn depth(&self) -> u64 {
+            self.gpu_free.get().saturating_sub(self.clock.get())
+        }
+    }
+
+    /// A CPU that queues `ratio` ns of GPU work per ns of launching, probing as the ring says,
+    /// for `steps` intervals: (how long it waited, the deepest GPU queue, the deepest and the
+    /// shallowest queue after the first 40 intervals, the last probe interval).
+    fn simulate(bound: u64, ratio: u64, steps: u32) -> (u64, u64, u64, u64, u64) {
+        let sim = Sim::new(ratio);
+        let mut r = Ring::new();
+        let (mut waited, mut deepest, mut settled, mut shallowest) = (0, 0, 0, u64::MAX);
+        for step in 0..steps {
+            let every = r.every_ns(bound);
+            waited += sim.launch_and_probe(&mut r, every, Limits::bound(bound));
+            let depth = sim.depth();
             deepest = deepest.max(depth);
             if step >= 40 {
                 settled = settled.max(depth);
@@ -330,51 +359,30 @@ mod tests {
     /// after the first (whose pace is not known yet), the longest drain past a deadline and the
     /// deepest queue in the first half of a hold.
     fn simulate_holds(bound: u64, early: u64, ratio: u64, hold: u64, holds: u32) -> (u64, u64) {
-        let clock = Cell::new(0u64);
-        let gpu_free = Cell::new(0u64);
-        let done_at = RefCell::new([u64::MAX; RING]);
+        let sim = Sim::new(ratio);
         let mut r = Ring::new();
         let (mut drain, mut deepest) = (0, 0);
         for h in 0..holds {
-            let deadline = clock.get() + hold;
-            let half = clock.get() + hold / 2;
-            while clock.get() < deadline {
+            let deadline = sim.clock.get() + hold;
+            let half = sim.clock.get() + hold / 2;
+            while sim.clock.get() < deadline {
                 let every = r.every_ns(bound);
-                clock.set(clock.get() + every);
-                gpu_free.set(gpu_free.get().max(clock.get() - every) + ratio * every);
-                r.probe(
-                    clock.get(),
-                    Limits {
-                        bound_ns: bound,
-                        until_deadline_ns: deadline.saturating_sub(clock.get()),
-                        early_ns: early,
-                    },
-                    |s| {
-                        if done_at.borrow()[s] <= clock.get() {
-                            Done::Yes
-                        } else {
-                            Done::NotYet
-                        }
-                    },
-                    |s| {
-                        clock.set(clock.get().max(done_at.borrow()[s]));
-                        true
-                    },
-                    |s| {
-                        done_at.borrow_mut()[s] = gpu_free.get().max(clock.get());
-                        true
-                    },
-                    || clock.get(),
-                );
-                if h > 0 && clock.get() < half {
-                    deepest = deepest.max(gpu_free.get().saturating_sub(clock.get()));
+                let limits = Limits {
+                    bound_ns: bound,
+                    until_deadline_ns: deadline.saturating_sub(sim.clock.get() + every),
+                    early_ns: early,
+                };
+                sim.launch_and_probe(&mut r, every, limits);
+                if h > 0 && sim.clock.get() < half {
+                    deepest = deepest.max(sim.depth());
                 }
             }
             if h > 0 {
-                drain = drain.max(gpu_free.get().saturating_sub(deadline));
+                drain = drain.max(sim.gpu_free.get().saturating_sub(deadline));
             }
             // The hand-over drains the queue; the next hold starts after it.
-            clock.set(clock.get().max(gpu_free.get()) + 1_000_000);
+            sim.clock
+                .set(sim.clock.get().max(sim.gpu_free.get()) + 1_000_000);
             r.clear();
         }
         (drain, deepest)
