@@ -237,6 +237,7 @@ def variant(scenario, extra, hook_env=None, debug=False):
 
 
 def train_infer_with(extra, hook_env=None, debug=False):
+    # A lambda: train_infer is defined further down.
     return variant(lambda b, raw: train_infer(b, raw), extra, hook_env, debug)
 
 
@@ -449,6 +450,8 @@ def main():
                 raw[label] = part
         except Exception as e:  # one failed scenario must not lose the others
             table[label] = {"error": repr(e)}
+        if b.logs is not main_log:
+            b.logs.close()
         log(label, f"{time.time() - t0:.0f} s", json.dumps(table[label]))
         with open(os.path.join(out, "share-raw.json"), "w") as f:
             json.dump(raw, f)
