@@ -23,7 +23,9 @@
 #      KUBESHARE_SCHED_QPS, KUBESHARE_SCHED_BURST (both schedulers' client limits,
 #        alike; unset: upstream's 50 / 100),
 #      KUBESHARE_MANAGED_RESOURCES (1: the extender sees only pods marked
-#        kubeshare.io/gpu-pod, as manifests/ configure it; default 0: every pod).
+#        kubeshare.io/gpu-pod, as manifests/ configure it; default 0: every pod),
+#      KUBESHARE_APISERVER_PROFILING (true: the apiserver serves /debug/pprof to the
+#        admin, for `kubectl get --raw '/debug/pprof/profile?seconds=N'`; default false).
 set -euo pipefail
 
 HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -473,7 +475,7 @@ cmd_up() {
     --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
     --service-cluster-ip-range=10.96.0.0/16 \
     --endpoint-reconciler-type=none --allow-privileged=true \
-    --cert-dir="$RUN/apiserver-certs" --profiling=false
+    --cert-dir="$RUN/apiserver-certs" --profiling="${KUBESHARE_APISERVER_PROFILING:-false}"
   wait_for kube-apiserver api_ready
 
   # The local KubeShare processes need their RBAC; with KubeShare deployed on the
