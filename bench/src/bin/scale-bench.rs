@@ -151,6 +151,17 @@ struct Args {
     /// search (a fraction of the nodes) may not reach. 0: no tags.
     #[arg(long, default_value_t = 0)]
     tied: u32,
+    /// From a backlog, read the apiserver's CPU profile for `--profile-seconds` into
+    /// DIR/<config>-<mode>-<round>-<phase>.pb: while the pods are created (the scheduler
+    /// stopped; it resumes when the profile ends) and from when the scheduler resumes, with the
+    /// pods bound meanwhile. The cluster must serve /debug/pprof
+    /// (`KUBESHARE_APISERVER_PROFILING=true`).
+    #[arg(long)]
+    apiserver_profile_dir: Option<PathBuf>,
+    /// How long each apiserver profile runs: longer than creating the pods, shorter than
+    /// scheduling them.
+    #[arg(long, default_value_t = 6)]
+    profile_seconds: u32,
 }
 
 /// What one run measured.
@@ -174,6 +185,9 @@ struct Run {
     /// histogram (`Timings`), with how many observations per pod.
     timing_ms_per_pod: BTreeMap<String, f64>,
     timing_calls_per_pod: BTreeMap<String, f64>,
+    /// The apiserver profiles' files (creating, scheduling) and the pods bound while the
+    /// second ran.
+    apiserver_profile: Option<(PathBuf, PathBuf, usize)>,
     check: String,
 }
 
@@ -290,6 +304,22 @@ impl Drop for BindWatch {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// The apiserver's CPU profile over `seconds` (pprof's gzipped protobuf).
+async fn apiserver_profile(admin: &Client, seconds: u32) -> anyhow::Result<Vec<u8>> {
+    let req = http::Request::get(format!("/debug/pprof/profile?seconds={seconds}"))
+        .body(Vec::new())
+        .context("building the profile request")?;
+    let mut body = admin
+        .request_stream(req)
+        .await
+        .context("reading the apiserver's profile (is KUBESHARE_APISERVER_PROFILING=true?)")?;
+    let mut data = Vec::new();
+    futures::AsyncReadExt::read_to_end(&mut body, &mut data)
+        .await
+        .context("reading the apiserver's profile")?;
+    Ok(data)
 }
 
 /// A pod of the configuration; a GPU pod carries what the webhook would have
@@ -461,6 +491,7 @@ async fn run_one(
     let timing0 = timings.snapshot(config).await?;
     let cpu0 = cpu_snapshot(pids)?;
     let w0 = Instant::now();
+    let mut creating_profile = None;
     let t0 = match mode {
         Mode::Stream => {
             let t0 = Instant::now();
@@ -470,13 +501,45 @@ async fn run_one(
         Mode::Backlog => {
             let sched = component_pid(run_dir, config.scheduler())?;
             signal(sched, "STOP")?;
-            let created = create_pods(&pods, config, args).await;
+            let created = match &args.apiserver_profile_dir {
+                Some(_) => {
+                    let (data, created) = tokio::join!(
+                        apiserver_profile(admin, args.profile_seconds),
+                        create_pods(&pods, config, args)
+                    );
+                    creating_profile = Some(data);
+                    created
+                }
+                None => create_pods(&pods, config, args).await,
+            };
             // Resume whatever happened, so the cluster can go down cleanly.
             let t0 = Instant::now();
             signal(sched, "CONT")?;
             created?;
             t0
         }
+    };
+    let profile = match (&args.apiserver_profile_dir, mode) {
+        (Some(dir), Mode::Backlog) => {
+            let file = |phase: &str| {
+                dir.join(format!(
+                    "{}-{}-{round}-{phase}.pb",
+                    config.name(),
+                    mode.name()
+                ))
+            };
+            let before = watch.bound.load(Ordering::Acquire);
+            let data = apiserver_profile(admin, args.profile_seconds).await?;
+            let during = watch.bound.load(Ordering::Acquire) - before;
+            std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
+            let (creating, scheduling) = (file("creating"), file("scheduling"));
+            if let Some(c) = creating_profile.take() {
+                std::fs::write(&creating, c?).with_context(|| creating.display().to_string())?;
+            }
+            std::fs::write(&scheduling, data).with_context(|| scheduling.display().to_string())?;
+            Some((creating, scheduling, during))
+        }
+        _ => None,
     };
     let end = watch
         .wait(args.pods as usize, Duration::from_secs(args.timeout))
@@ -574,6 +637,7 @@ async fn run_one(
         watch_per_pod,
         timing_ms_per_pod,
         timing_calls_per_pod,
+        apiserver_profile: profile,
         check,
     })
 }
@@ -708,6 +772,9 @@ async fn main() -> anyhow::Result<()> {
                     "api_requests_per_pod": r.api_requests_per_pod.iter()
                         .map(|(k, v)| (k.clone(), json!((v * 100.0).round() / 100.0)))
                         .collect::<serde_json::Map<_, _>>(),
+                    "apiserver_profile": r.apiserver_profile.as_ref().map(|(c, f, n)| json!({
+                        "creating": c.display().to_string(), "scheduling": f.display().to_string(),
+                        "pods_bound_during_scheduling": n})),
                     "watch_per_pod": r.watch_per_pod.iter()
                         .map(|(k, v)| (k.clone(), json!((v * 100.0).round() / 100.0)))
                         .collect::<serde_json::Map<_, _>>(),
