@@ -182,13 +182,13 @@ impl Ring {
 
     /// One probe at precise time `now`: drops the probes the GPU has passed, waits (`sync`) for
     /// the oldest pending ones until the GPU work behind them and the interval this probe
-    /// closes fit the `limits` (or one is left), learning the GPU's pace from the waits, then records a new one (`record(slot)`, false: not recorded). What is
-    /// queued before the deadline runs before it, so only the bound drains past it: the queue
-    /// may be a hold's worth deep early in the hold and narrows to the bound at its end (a
-    /// bound for the whole hold kept a two-process client's queues one 0.2 ms kernel deep on an
-    /// H100, and the GPU switched between its two contexts at every kernel: 0.31–0.35 of the
-    /// GPU for 0.4 of the token time). `clock` reads the time again after a wait. Returns how
-    /// long it waited.
+    /// closes fit the `limits` (or none is left), learning the GPU's pace from the waits, then
+    /// records a new one (`record(slot)`, false: not recorded). What is queued before the
+    /// deadline runs before it, so only the bound drains past it: the queue may be a hold's
+    /// worth deep early in the hold and narrows to the bound at its end (a bound for the whole
+    /// hold kept a two-process client's queues one 0.2 ms kernel deep on an H100, and the GPU
+    /// switched between its two contexts at every kernel: 0.31–0.35 of the GPU for 0.4 of the
+    /// token time). `clock` reads the time again after a wait. Returns how long it waited.
     pub fn probe(
         &mut self,
         now: u64,

@@ -306,6 +306,23 @@ impl Drop for BindWatch {
     }
 }
 
+/// How much each counter grew over a run, per pod; counters that grew by less than 0.05 per
+/// pod are left out.
+fn per_pod_growth(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+    pods: u32,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(k, v)| {
+            let grew = v - before.get(k).copied().unwrap_or(0.0);
+            (k.clone(), grew / f64::from(pods))
+        })
+        .filter(|(_, v)| *v >= 0.05)
+        .collect()
+}
+
 /// The apiserver's CPU profile over `seconds` (pprof's gzipped protobuf).
 async fn apiserver_profile(admin: &Client, seconds: u32) -> anyhow::Result<Vec<u8>> {
     let req = http::Request::get(format!("/debug/pprof/profile?seconds={seconds}"))
@@ -560,22 +577,10 @@ async fn run_one(
             timing_calls_per_pod.insert(k.clone(), per_pod(count - count0));
         }
     }
-    // Requests per pod that the run made (this bench's own two metrics reads aside).
-    let api_per_pod: BTreeMap<String, f64> = api1
-        .iter()
-        .map(|(k, v)| (k.clone(), per_pod(v - api0.get(k).copied().unwrap_or(0.0))))
-        .filter(|(_, v)| *v >= 0.05)
-        .collect();
-    let watch_per_pod: BTreeMap<String, f64> = watch1
-        .iter()
-        .map(|(k, v)| {
-            (
-                k.clone(),
-                per_pod(v - watch0.get(k).copied().unwrap_or(0.0)),
-            )
-        })
-        .filter(|(_, v)| *v >= 0.05)
-        .collect();
+    // Requests and watch events per pod that the run made (this bench's own two metrics
+    // reads aside).
+    let api_per_pod = per_pod_growth(&api0, &api1, args.pods);
+    let watch_per_pod = per_pod_growth(&watch0, &watch1, args.pods);
     let seconds = end.saturating_duration_since(t0).as_secs_f64();
     let by: BTreeMap<String, f64> = cpu1
         .iter()
