@@ -129,6 +129,53 @@ pub fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
     Ok(Duration::from_millis((ticks(11)? + ticks(12)?) * 10))
 }
 
+/// The whole machine's CPU ticks so far, from the first line of /proc/stat: what
+/// every process used (busy), what the hypervisor took from this VM (steal), and
+/// all of them (total), in USER_HZ ticks.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MachineCpu {
+    pub busy: u64,
+    pub steal: u64,
+    pub total: u64,
+}
+
+impl MachineCpu {
+    /// Reads /proc/stat now.
+    pub fn now() -> anyhow::Result<MachineCpu> {
+        let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+        MachineCpu::parse(&stat)
+    }
+
+    /// Parses the aggregate `cpu` line: user nice system idle iowait irq softirq steal.
+    fn parse(stat: &str) -> anyhow::Result<MachineCpu> {
+        let line = stat
+            .lines()
+            .find(|l| l.starts_with("cpu "))
+            .context("/proc/stat has no aggregate cpu line")?;
+        let f = line
+            .split_whitespace()
+            .skip(1)
+            .map(|v| v.parse::<u64>().context("bad /proc/stat field"))
+            .collect::<anyhow::Result<Vec<u64>>>()?;
+        let at = |i: usize| f.get(i).copied().context("short /proc/stat cpu line");
+        let (idle, iowait, steal) = (at(3)?, at(4)?, at(7)?);
+        // guest time is already inside user and nice, so the first eight make the total.
+        let total: u64 = f.iter().take(8).sum();
+        Ok(MachineCpu {
+            busy: total - idle - iowait - steal,
+            steal,
+            total,
+        })
+    }
+
+    /// Cores busy and cores stolen, on average, from `self` to `later` over `wall`.
+    pub fn cores_until(&self, later: &MachineCpu, wall: Duration) -> (f64, f64) {
+        let secs = wall.as_secs_f64().max(1e-9);
+        let cores = |a: u64, b: u64| b.saturating_sub(a) as f64 / 100.0 / secs;
+        (cores(self.busy, later.busy), cores(self.steal, later.steal))
+    }
+}
+
 /// CPU time used so far by each named process.
 pub fn cpu_snapshot(pids: &BTreeMap<String, u32>) -> anyhow::Result<BTreeMap<String, Duration>> {
     pids.iter()
@@ -408,6 +455,29 @@ pub fn histogram_sums(metrics: &str, name: &str, keep: &[&str]) -> BTreeMap<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_machine_cpu_line_is_split_into_busy_steal_and_total() {
+        let stat = "cpu  100 5 50 800 20 3 2 10 0 0\ncpu0 50 2 25 400 10 1 1 5 0 0\n";
+        let m = MachineCpu::parse(stat).unwrap();
+        assert_eq!(
+            m,
+            MachineCpu {
+                busy: 160,
+                steal: 10,
+                total: 990
+            }
+        );
+        let later = MachineCpu {
+            busy: 360,
+            steal: 60,
+            total: 1990,
+        };
+        let (busy, steal) = m.cores_until(&later, Duration::from_secs(2));
+        assert!((busy - 1.0).abs() < 1e-9 && (steal - 0.25).abs() < 1e-9);
+        assert!(MachineCpu::parse("intr 1 2\n").is_err());
+        assert!(MachineCpu::parse("cpu  1 2 x\n").is_err());
+    }
 
     #[test]
     fn requests_are_summed_by_verb_and_resource() {

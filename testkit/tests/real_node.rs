@@ -167,7 +167,12 @@ async fn fractional_pod_gets_its_gpu_the_hook_and_only_its_own_sockets() -> Resu
         .and_then(|r| r.limits.as_ref())
         .and_then(|l| l.get(kubeshare_api::GPU_POD_RESOURCE))
         .map(|q| q.0.clone());
-    assert_eq!(mark.as_deref(), Some("1"), "{:?}", a.spec);
+    assert_eq!(
+        mark.as_deref(),
+        Some(kubeshare_api::GPU_POD_MARK),
+        "{:?}",
+        a.spec
+    );
 
     let log = wait_for_log(&r.pods, "a", "main", "DONE", WAIT).await?;
     assert_eq!(field(&log, "NVD"), Some(gpu.as_str()), "{log}");

@@ -17,7 +17,7 @@ use json_patch::{AddOperation, PatchOperation};
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, PodSpec, Volume, VolumeMount};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kubeshare_api::{
-    GPU_POD_RESOURCE, GpuDemand, LabelError, PREFIX, is_kubeshare_pod, scheduler_name,
+    GPU_POD_MARK, GPU_POD_RESOURCE, GpuDemand, LabelError, PREFIX, is_kubeshare_pod, scheduler_name,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -243,12 +243,12 @@ fn admit_create(pod: &Pod) -> Result<Verdict, Denial> {
     Ok(plan.into_verdict())
 }
 
-/// `kubeshare.io/gpu-pod: 1` in the first container's limits and requests: the
+/// `kubeshare.io/gpu-pod: 0` in the first container's limits and requests: the
 /// mark by which kube-scheduler sends the pod to the extender (its
-/// `managedResources`; see [`GPU_POD_RESOURCE`]). A pod that sets it itself
-/// must set it to 1 there, and nowhere else.
+/// `managedResources`; see [`GPU_POD_RESOURCE`] and [`GPU_POD_MARK`]). A pod
+/// that sets it itself must set it to 0 there, and nowhere else.
 fn plan_gpu_pod_marker(spec: &PodSpec, plan: &mut Plan) -> Result<(), Denial> {
-    let one = Quantity("1".into());
+    let mark_quantity = Quantity(GPU_POD_MARK.into());
     let init = spec.init_containers.as_deref().unwrap_or_default();
     for (i, c) in init.iter().chain(&spec.containers).enumerate() {
         let r = c.resources.as_ref();
@@ -262,9 +262,9 @@ fn plan_gpu_pod_marker(spec: &PodSpec, plan: &mut Plan) -> Result<(), Denial> {
             .flatten()
             .filter_map(|m| m.get(GPU_POD_RESOURCE))
         {
-            if !first || *q != one {
+            if !first || *q != mark_quantity {
                 return Err(Denial::invalid(format!(
-                    "container {:?}: resource {GPU_POD_RESOURCE} is KubeShare's mark for its scheduler; leave it out (the webhook sets it to 1 on the first container)",
+                    "container {:?}: resource {GPU_POD_RESOURCE} is KubeShare's mark for its scheduler; leave it out (the webhook sets it to {GPU_POD_MARK} on the first container)",
                     c.name
                 )));
             }
@@ -279,7 +279,7 @@ fn plan_gpu_pod_marker(spec: &PodSpec, plan: &mut Plan) -> Result<(), Denial> {
         label: String::new(),
     };
     let r = c.resources.as_ref();
-    let mark = || serde_json::json!({ GPU_POD_RESOURCE: "1" });
+    let mark = || serde_json::json!({ GPU_POD_RESOURCE: GPU_POD_MARK });
     let Some(r) = r else {
         plan.add(
             &at.path(&["resources"]),
@@ -290,9 +290,10 @@ fn plan_gpu_pod_marker(spec: &PodSpec, plan: &mut Plan) -> Result<(), Denial> {
     for (key, map) in [("limits", &r.limits), ("requests", &r.requests)] {
         match map {
             None => plan.add(&at.path(&["resources", key]), mark()),
-            Some(m) if !m.contains_key(GPU_POD_RESOURCE) => {
-                plan.add(&at.path(&["resources", key, GPU_POD_RESOURCE]), "1".into())
-            }
+            Some(m) if !m.contains_key(GPU_POD_RESOURCE) => plan.add(
+                &at.path(&["resources", key, GPU_POD_RESOURCE]),
+                GPU_POD_MARK.into(),
+            ),
             Some(_) => {}
         }
     }

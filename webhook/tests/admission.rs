@@ -288,7 +288,7 @@ fn whole_gpu_pod_gets_gpu_env_but_no_hook() {
 
 /// What the webhook adds for kube-scheduler's `managedResources`.
 fn marked() -> Value {
-    json!({"limits": {"kubeshare.io/gpu-pod": "1"}, "requests": {"kubeshare.io/gpu-pod": "1"}})
+    json!({"limits": {"kubeshare.io/gpu-pod": "0"}, "requests": {"kubeshare.io/gpu-pod": "0"}})
 }
 
 #[test]
@@ -301,13 +301,13 @@ fn gpu_pods_get_the_schedulers_mark_beside_their_own_resources() {
         (json!({}), marked()),
         (
             json!({"limits": {"cpu": "2"}}),
-            json!({"limits": {"cpu": "2", "kubeshare.io/gpu-pod": "1"},
-                   "requests": {"kubeshare.io/gpu-pod": "1"}}),
+            json!({"limits": {"cpu": "2", "kubeshare.io/gpu-pod": "0"},
+                   "requests": {"kubeshare.io/gpu-pod": "0"}}),
         ),
         (
             json!({"limits": {"cpu": "2"}, "requests": {"cpu": "1", "memory": "1Gi"}}),
-            json!({"limits": {"cpu": "2", "kubeshare.io/gpu-pod": "1"},
-                   "requests": {"cpu": "1", "memory": "1Gi", "kubeshare.io/gpu-pod": "1"}}),
+            json!({"limits": {"cpu": "2", "kubeshare.io/gpu-pod": "0"},
+                   "requests": {"cpu": "1", "memory": "1Gi", "kubeshare.io/gpu-pod": "0"}}),
         ),
         // Already marked (the apiserver defaulted requests from limits): kept.
         (marked(), marked()),
@@ -330,14 +330,14 @@ fn gpu_pods_get_the_schedulers_mark_beside_their_own_resources() {
         );
     }
     // The mark is KubeShare's: another value, or on another container, is refused.
-    let msg = "resource kubeshare.io/gpu-pod is KubeShare's mark for its scheduler; leave it out (the webhook sets it to 1 on the first container)";
+    let msg = "resource kubeshare.io/gpu-pod is KubeShare's mark for its scheduler; leave it out (the webhook sets it to 0 on the first container)";
     let two = json!({"limits": {"kubeshare.io/gpu-pod": "2"}});
     assert_eq!(
         denial(&pod_with(frac_labels(), main(two))),
         format!("container \"main\": {msg}")
     );
     let side = json!({"containers": [{"name": "main", "image": "x"},
-        {"name": "side", "image": "x", "resources": {"requests": {"kubeshare.io/gpu-pod": "1"}}}]});
+        {"name": "side", "image": "x", "resources": {"requests": {"kubeshare.io/gpu-pod": "0"}}}]});
     assert_eq!(
         denial(&pod_with(frac_labels(), side)),
         format!("container \"side\": {msg}")

@@ -40,12 +40,12 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{DeleteParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use kubeshare_api::GPU_POD_RESOURCE;
+use kubeshare_api::{GPU_POD_MARK, GPU_POD_RESOURCE};
 use kubeshare_bench::check_books;
 use kubeshare_bench::rig::{
-    BENCH_LABEL, Extender, api_requests, apiserver_metrics, component_pid, cpu_snapshot,
-    create_gpu_nodes, create_namespace, extender_metrics, histogram_sums, list_all, metrics_text,
-    rss, scheduler_client, signal, watch_events,
+    BENCH_LABEL, Extender, MachineCpu, api_requests, apiserver_metrics, component_pid,
+    cpu_snapshot, create_gpu_nodes, create_namespace, extender_metrics, histogram_sums, list_all,
+    metrics_text, rss, scheduler_client, signal, watch_events,
 };
 use kubeshare_testkit::{Cluster, Identity};
 use serde_json::json;
@@ -154,7 +154,8 @@ struct Args {
     /// From a backlog, read the apiserver's CPU profile for `--profile-seconds` into
     /// DIR/<config>-<mode>-<round>-<phase>.pb: while the pods are created (the scheduler
     /// stopped; it resumes when the profile ends) and from when the scheduler resumes, with the
-    /// pods bound meanwhile. The cluster must serve /debug/pprof
+    /// pods bound meanwhile; over the second window also the serving kube-scheduler's
+    /// (`-scheduler.pb`). The cluster must serve the apiserver's /debug/pprof
     /// (`KUBESHARE_APISERVER_PROFILING=true`).
     #[arg(long)]
     apiserver_profile_dir: Option<PathBuf>,
@@ -177,6 +178,13 @@ struct Run {
     /// what the pods themselves cost (at-rest work grows with a run's length).
     cpu_ms_per_pod_above_rest: f64,
     cpu_ms_by_process: BTreeMap<String, f64>,
+    /// The control plane's CPU from the first create (stream) or the resume (backlog) to
+    /// the last bind, per pod: a backlog's scheduling alone.
+    scheduling_cpu_ms_per_pod: f64,
+    /// The machine's busy and stolen cores meanwhile (every process, kwok and this bench
+    /// included): near 2 on this machine means the run was bound by CPU.
+    busy_cores: f64,
+    steal_cores: f64,
     extender_rss_mib: f64,
     api_requests_per_pod: BTreeMap<String, f64>,
     /// Watch events (and KiB) the apiserver sent per pod, by resource.
@@ -222,13 +230,17 @@ const SCHEDULER_HISTOGRAMS: [(&str, &str, &[&str]); 3] = [
 ];
 
 impl Timings {
-    /// (sum s, count) by short key, now.
-    async fn snapshot(&self, config: Config) -> anyhow::Result<BTreeMap<String, (f64, f64)>> {
-        let sched = match config.scheduler() {
+    /// The client of the kube-scheduler that serves `config`.
+    fn scheduler(&self, config: Config) -> &Client {
+        match config.scheduler() {
             "kube-scheduler" => &self.kube_scheduler,
             _ => &self.kubeshare_scheduler,
-        };
-        let text = metrics_text(sched, config.scheduler()).await?;
+        }
+    }
+
+    /// (sum s, count) by short key, now.
+    async fn snapshot(&self, config: Config) -> anyhow::Result<BTreeMap<String, (f64, f64)>> {
+        let text = metrics_text(self.scheduler(config), config.scheduler()).await?;
         let mut out = BTreeMap::new();
         for (name, short, keep) in SCHEDULER_HISTOGRAMS {
             for (labels, v) in histogram_sums(&text, name, keep) {
@@ -325,17 +337,19 @@ fn per_pod_growth(
 
 /// The apiserver's CPU profile over `seconds` (pprof's gzipped protobuf).
 async fn apiserver_profile(admin: &Client, seconds: u32) -> anyhow::Result<Vec<u8>> {
+    cpu_profile(admin, seconds)
+        .await
+        .context("reading the apiserver's profile (is KUBESHARE_APISERVER_PROFILING=true?)")
+}
+
+/// A Go component's CPU profile over `seconds`, from its /debug/pprof.
+async fn cpu_profile(client: &Client, seconds: u32) -> anyhow::Result<Vec<u8>> {
     let req = http::Request::get(format!("/debug/pprof/profile?seconds={seconds}"))
         .body(Vec::new())
         .context("building the profile request")?;
-    let mut body = admin
-        .request_stream(req)
-        .await
-        .context("reading the apiserver's profile (is KUBESHARE_APISERVER_PROFILING=true?)")?;
+    let mut body = client.request_stream(req).await?;
     let mut data = Vec::new();
-    futures::AsyncReadExt::read_to_end(&mut body, &mut data)
-        .await
-        .context("reading the apiserver's profile")?;
+    futures::AsyncReadExt::read_to_end(&mut body, &mut data).await?;
     Ok(data)
 }
 
@@ -343,7 +357,7 @@ async fn apiserver_profile(admin: &Client, seconds: u32) -> anyhow::Result<Vec<u
 /// added for the scheduler (the mark `managedResources` selects on).
 fn pod(config: Config, i: u32, args: &Args) -> anyhow::Result<Pod> {
     let (share, marked) = (&args.share, !args.unmarked);
-    let mark = json!({GPU_POD_RESOURCE: "1"});
+    let mark = json!({GPU_POD_RESOURCE: GPU_POD_MARK});
     let mut gpu_labels = json!({"sharedgpu/gpu_request": share, "sharedgpu/gpu_limit": share});
     if let Some(set) = i.checked_div(args.tied) {
         gpu_labels["sharedgpu/sched_affinity"] = json!(format!("t{set}"));
@@ -509,11 +523,14 @@ async fn run_one(
     let cpu0 = cpu_snapshot(pids)?;
     let w0 = Instant::now();
     let mut creating_profile = None;
-    let t0 = match mode {
+    // From t0 on the scheduler works: what the machine does from then to the last bind
+    // says whether the run was bound by CPU (both cores busy) or by a wait (the serial
+    // cycle, its calls).
+    let (t0, machine_t0, cpu_t0) = match mode {
         Mode::Stream => {
-            let t0 = Instant::now();
+            let at_t0 = (Instant::now(), MachineCpu::now()?, cpu_snapshot(pids)?);
             create_pods(&pods, config, args).await?;
-            t0
+            at_t0
         }
         Mode::Backlog => {
             let sched = component_pid(run_dir, config.scheduler())?;
@@ -530,10 +547,10 @@ async fn run_one(
                 None => create_pods(&pods, config, args).await,
             };
             // Resume whatever happened, so the cluster can go down cleanly.
-            let t0 = Instant::now();
+            let (t0, machine, cpu) = (Instant::now(), MachineCpu::now(), cpu_snapshot(pids));
             signal(sched, "CONT")?;
             created?;
-            t0
+            (t0, machine?, cpu?)
         }
     };
     let profile = match (&args.apiserver_profile_dir, mode) {
@@ -546,7 +563,13 @@ async fn run_one(
                 ))
             };
             let before = watch.bound.load(Ordering::Acquire);
-            let data = apiserver_profile(admin, args.profile_seconds).await?;
+            // The serving kube-scheduler's profile over the same window (it profiles by
+            // default): where its extra time per pod goes.
+            let (data, sched) = tokio::join!(
+                apiserver_profile(admin, args.profile_seconds),
+                cpu_profile(timings.scheduler(config), args.profile_seconds)
+            );
+            let (data, sched) = (data?, sched.context("reading the scheduler's profile")?);
             let during = watch.bound.load(Ordering::Acquire) - before;
             std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
             let (creating, scheduling) = (file("creating"), file("scheduling"));
@@ -554,6 +577,8 @@ async fn run_one(
                 std::fs::write(&creating, c?).with_context(|| creating.display().to_string())?;
             }
             std::fs::write(&scheduling, data).with_context(|| scheduling.display().to_string())?;
+            let scheduler = file("scheduler");
+            std::fs::write(&scheduler, sched).with_context(|| scheduler.display().to_string())?;
             Some((creating, scheduling, during))
         }
         _ => None,
@@ -562,7 +587,7 @@ async fn run_one(
         .wait(args.pods as usize, Duration::from_secs(args.timeout))
         .await
         .with_context(|| ns.clone())?;
-    let cpu1 = cpu_snapshot(pids)?;
+    let (machine_end, cpu1) = (MachineCpu::now()?, cpu_snapshot(pids)?);
     let window = w0.elapsed();
     drop(watch);
     let m1 = apiserver_metrics(admin).await?;
@@ -590,6 +615,15 @@ async fn run_one(
         })
         .collect();
     let total: f64 = by.values().sum();
+    let scheduling_ms: f64 = cpu1
+        .iter()
+        .map(|(n, c)| {
+            let at_t0 = cpu_t0.get(n).copied().unwrap_or_default();
+            c.saturating_sub(at_t0).as_secs_f64() * 1000.0
+        })
+        .sum();
+    let (busy_cores, steal_cores) =
+        machine_t0.cores_until(&machine_end, end.saturating_duration_since(t0));
 
     let all = list_all(&pods).await?;
     let check = match config {
@@ -633,6 +667,9 @@ async fn run_one(
         cpu_ms_per_pod: total / f64::from(args.pods),
         cpu_ms_per_pod_above_rest: (total - idle.as_secs_f64() * window.as_secs_f64() * 1000.0)
             / f64::from(args.pods),
+        scheduling_cpu_ms_per_pod: scheduling_ms / f64::from(args.pods),
+        busy_cores,
+        steal_cores,
         cpu_ms_by_process: by
             .into_iter()
             .map(|(n, v)| (n, v / f64::from(args.pods)))
@@ -770,6 +807,9 @@ async fn main() -> anyhow::Result<()> {
                     "pods_per_second": (r.pods_per_second * 10.0).round() / 10.0,
                     "cpu_ms_per_pod": (r.cpu_ms_per_pod * 100.0).round() / 100.0,
                     "cpu_ms_per_pod_above_rest": (r.cpu_ms_per_pod_above_rest * 100.0).round() / 100.0,
+                    "scheduling_cpu_ms_per_pod": (r.scheduling_cpu_ms_per_pod * 100.0).round() / 100.0,
+                    "busy_cores": (r.busy_cores * 100.0).round() / 100.0,
+                    "steal_cores": (r.steal_cores * 100.0).round() / 100.0,
                     "cpu_ms_per_pod_by_process": r.cpu_ms_by_process.iter()
                         .map(|(k, v)| (k.clone(), json!((v * 100.0).round() / 100.0)))
                         .collect::<serde_json::Map<_, _>>(),
