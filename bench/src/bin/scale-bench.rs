@@ -12,6 +12,8 @@
 //! - `c`: plain pods, `kubeshare-scheduler` (the extender passes them through);
 //! - `a2p` (only when asked for): `a2` with pods the size of `b`'s after its bind
 //!   (its labels and a record's annotations, under a prefix the extender ignores);
+//! - `b1` (only when asked for): `b` with the scheduler's mark at 1, its quantity
+//!   before 4ee04fa, as the control for the zero (`kubeshare_api::GPU_POD_MARK`);
 //!
 //! `stream`: `--clients` concurrent clients create the pods as fast as the
 //! apiserver takes them; `backlog`: the pods are created while that scheduler is
@@ -43,7 +45,7 @@ use kube::{Api, Client};
 use kubeshare_api::{GPU_POD_MARK, GPU_POD_RESOURCE};
 use kubeshare_bench::check_books;
 use kubeshare_bench::rig::{
-    BENCH_LABEL, Extender, MachineCpu, api_requests, apiserver_metrics, component_pid,
+    BENCH_LABEL, Extender, MachineCpu, SpeedProbe, api_requests, apiserver_metrics, component_pid,
     cpu_snapshot, create_gpu_nodes, create_namespace, extender_metrics, histogram_sums, list_all,
     metrics_text, rss, scheduler_client, signal, watch_events,
 };
@@ -67,6 +69,10 @@ enum Config {
     /// another prefix (the extender ignores them), created with the annotations.
     A2p,
     B,
+    /// `b` with the mark's quantity before 4ee04fa (1 instead of the webhook's 0):
+    /// kube-scheduler's resource fit then checks the resource's name on every node it
+    /// searches. The control for that change.
+    B1,
     C,
 }
 
@@ -76,6 +82,7 @@ impl Config {
             Config::A2 => "a2",
             Config::A2p => "a2p",
             Config::B => "b",
+            Config::B1 => "b1",
             Config::C => "c",
         }
     }
@@ -84,7 +91,7 @@ impl Config {
     fn scheduler(self) -> &'static str {
         match self {
             Config::A2 | Config::A2p => "kube-scheduler",
-            Config::B | Config::C => "kubeshare-scheduler",
+            Config::B | Config::B1 | Config::C => "kubeshare-scheduler",
         }
     }
 }
@@ -185,6 +192,8 @@ struct Run {
     /// included): near 2 on this machine means the run was bound by CPU.
     busy_cores: f64,
     steal_cores: f64,
+    /// The machine's speed meanwhile: the median CPU µs of [`SpeedProbe`]'s batch.
+    probe_us: Option<f64>,
     extender_rss_mib: f64,
     api_requests_per_pod: BTreeMap<String, f64>,
     /// Watch events (and KiB) the apiserver sent per pod, by resource.
@@ -357,7 +366,12 @@ async fn cpu_profile(client: &Client, seconds: u32) -> anyhow::Result<Vec<u8>> {
 /// added for the scheduler (the mark `managedResources` selects on).
 fn pod(config: Config, i: u32, args: &Args) -> anyhow::Result<Pod> {
     let (share, marked) = (&args.share, !args.unmarked);
-    let mark = json!({GPU_POD_RESOURCE: GPU_POD_MARK});
+    let quantity = if config == Config::B1 {
+        "1"
+    } else {
+        GPU_POD_MARK
+    };
+    let mark = json!({ GPU_POD_RESOURCE: quantity });
     let mut gpu_labels = json!({"sharedgpu/gpu_request": share, "sharedgpu/gpu_limit": share});
     if let Some(set) = i.checked_div(args.tied) {
         gpu_labels["sharedgpu/sched_affinity"] = json!(format!("t{set}"));
@@ -380,7 +394,7 @@ fn pod(config: Config, i: u32, args: &Args) -> anyhow::Result<Pod> {
                 json!({}),
             )
         }
-        Config::B => (
+        Config::B | Config::B1 => (
             "kubeshare-scheduler",
             gpu_labels,
             if marked {
@@ -523,6 +537,7 @@ async fn run_one(
     let cpu0 = cpu_snapshot(pids)?;
     let w0 = Instant::now();
     let mut creating_profile = None;
+    let probe = SpeedProbe::start(Duration::from_millis(250));
     // From t0 on the scheduler works: what the machine does from then to the last bind
     // says whether the run was bound by CPU (both cores busy) or by a wait (the serial
     // cycle, its calls).
@@ -588,6 +603,7 @@ async fn run_one(
         .await
         .with_context(|| ns.clone())?;
     let (machine_end, cpu1) = (MachineCpu::now()?, cpu_snapshot(pids)?);
+    let probe_us = probe.finish();
     let window = w0.elapsed();
     drop(watch);
     let m1 = apiserver_metrics(admin).await?;
@@ -627,7 +643,7 @@ async fn run_one(
 
     let all = list_all(&pods).await?;
     let check = match config {
-        Config::B => {
+        Config::B | Config::B1 => {
             let c = check_books(&all);
             if !c.ok() {
                 bail!(
@@ -670,6 +686,7 @@ async fn run_one(
         scheduling_cpu_ms_per_pod: scheduling_ms / f64::from(args.pods),
         busy_cores,
         steal_cores,
+        probe_us,
         cpu_ms_by_process: by
             .into_iter()
             .map(|(n, v)| (n, v / f64::from(args.pods)))
@@ -716,7 +733,7 @@ fn summary(runs: &[Run], modes: &[Mode]) -> String {
             )
         };
         let (a_rate, a_cpu, a_above) = stat(Config::A2);
-        for c in [Config::A2, Config::A2p, Config::B, Config::C] {
+        for c in [Config::A2, Config::A2p, Config::B, Config::B1, Config::C] {
             let (rate, cpu, above) = stat(c);
             if rate.is_nan() {
                 continue;
@@ -771,7 +788,9 @@ async fn main() -> anyhow::Result<()> {
         args.gpus,
         t.elapsed().as_secs_f64(),
     );
+    let probe = SpeedProbe::start(Duration::from_millis(250));
     let idle = idle_cpu(&pids).await?;
+    let probe_at_rest = probe.finish();
     eprintln!("scale-bench: the control plane at rest uses {idle:?} of CPU per second");
 
     let mut runs = Vec::new();
@@ -810,6 +829,8 @@ async fn main() -> anyhow::Result<()> {
                     "scheduling_cpu_ms_per_pod": (r.scheduling_cpu_ms_per_pod * 100.0).round() / 100.0,
                     "busy_cores": (r.busy_cores * 100.0).round() / 100.0,
                     "steal_cores": (r.steal_cores * 100.0).round() / 100.0,
+                    "probe_us": r.probe_us.map(|v| v.round()),
+                    "probe_us_at_rest": probe_at_rest.map(|v| v.round()),
                     "cpu_ms_per_pod_by_process": r.cpu_ms_by_process.iter()
                         .map(|(k, v)| (k.clone(), json!((v * 100.0).round() / 100.0)))
                         .collect::<serde_json::Map<_, _>>(),
