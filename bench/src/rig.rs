@@ -179,8 +179,10 @@ impl MachineCpu {
 /// How fast this machine runs a fixed piece of work while a run goes on: the CPU
 /// time one batch takes on a thread of its own, sampled every `every`. Waiting for a
 /// core does not count; a slower core, a busier cache or cycles a hypervisor takes
-/// without reporting them as steal do. Runs of one configuration whose CPU per pod
-/// differs by a third with the same work (2026-11-26) are told apart by it.
+/// without reporting them as steal do. So when a run costs more CPU per pod than
+/// another of its configuration, a slower machine is told from slower processes
+/// (2026-11-26: runs of one configuration 30 % apart in CPU per pod while it read
+/// within 10 %).
 pub struct SpeedProbe {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: std::thread::JoinHandle<Vec<f64>>,
