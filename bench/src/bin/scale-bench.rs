@@ -344,6 +344,20 @@ fn per_pod_growth(
         .collect()
 }
 
+/// The CPU ms each process used between two snapshots.
+fn cpu_ms_used(
+    before: &BTreeMap<String, Duration>,
+    after: &BTreeMap<String, Duration>,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(n, c)| {
+            let used = c.saturating_sub(before.get(n).copied().unwrap_or_default());
+            (n.clone(), used.as_secs_f64() * 1000.0)
+        })
+        .collect()
+}
+
 /// The apiserver's CPU profile over `seconds` (pprof's gzipped protobuf).
 async fn apiserver_profile(admin: &Client, seconds: u32) -> anyhow::Result<Vec<u8>> {
     cpu_profile(admin, seconds)
@@ -543,7 +557,8 @@ async fn run_one(
     // cycle, its calls).
     let (t0, machine_t0, cpu_t0) = match mode {
         Mode::Stream => {
-            let at_t0 = (Instant::now(), MachineCpu::now()?, cpu_snapshot(pids)?);
+            // The run's CPU snapshot, taken just before, is also the scheduler's start.
+            let at_t0 = (Instant::now(), MachineCpu::now()?, cpu0.clone());
             create_pods(&pods, config, args).await?;
             at_t0
         }
@@ -623,21 +638,9 @@ async fn run_one(
     let api_per_pod = per_pod_growth(&api0, &api1, args.pods);
     let watch_per_pod = per_pod_growth(&watch0, &watch1, args.pods);
     let seconds = end.saturating_duration_since(t0).as_secs_f64();
-    let by: BTreeMap<String, f64> = cpu1
-        .iter()
-        .map(|(n, c)| {
-            let used = c.saturating_sub(cpu0.get(n).copied().unwrap_or_default());
-            (n.clone(), used.as_secs_f64() * 1000.0)
-        })
-        .collect();
+    let by = cpu_ms_used(&cpu0, &cpu1);
     let total: f64 = by.values().sum();
-    let scheduling_ms: f64 = cpu1
-        .iter()
-        .map(|(n, c)| {
-            let at_t0 = cpu_t0.get(n).copied().unwrap_or_default();
-            c.saturating_sub(at_t0).as_secs_f64() * 1000.0
-        })
-        .sum();
+    let scheduling_ms: f64 = cpu_ms_used(&cpu_t0, &cpu1).values().sum();
     let (busy_cores, steal_cores) =
         machine_t0.cores_until(&machine_end, end.saturating_duration_since(t0));
 
