@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Binding, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::PostParams;
@@ -24,7 +24,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::convert::pod_info_of;
+use crate::convert::WirePod;
 use crate::placement::{BindDecision, BindStep};
 use crate::server::{BindAnswer, Shared};
 use crate::wire::ExtenderBindingArgs;
@@ -162,14 +162,14 @@ async fn run_bind(s: &Shared, a: &ExtenderBindingArgs) -> Result<String, String>
         .client
         .clone()
         .ok_or_else(|| "extender has no Kubernetes client".to_string())?;
-    let pods: Api<Pod> = Api::namespaced(client, &a.pod_namespace);
+    let pods: Api<WirePod> = Api::namespaced(client, &a.pod_namespace);
     if !s.lock().knows_pod(&a.pod_uid) {
         // The watch has not delivered it yet: read it.
         let p = match call(s, deadline, "reading the pod", || pods.get(&a.pod_name)).await {
             Call::Ok(p) => p,
             Call::Refused(_, e) | Call::Unknown(e) => return Err(e),
         };
-        let info = pod_info_of(&p);
+        let info = p.info();
         if info.uid != a.pod_uid {
             return Err(format!(
                 "pod {}/{} has uid {}, not {}",
@@ -240,7 +240,7 @@ enum BindError {
 /// (retried with the newer `resourceVersion`).
 async fn post_binding(
     s: &Shared,
-    pods: &Api<Pod>,
+    pods: &Api<WirePod>,
     a: &ExtenderBindingArgs,
     d: &BindDecision,
     deadline: Instant,
@@ -289,7 +289,7 @@ async fn post_binding(
                         return Err(BindError::Unknown(format!("{msg}; then {e}")));
                     }
                 };
-                let info = pod_info_of(&p);
+                let info = p.info();
                 if info.uid != a.pod_uid {
                     return Err(BindError::Refused(format!("{msg}; the pod was replaced")));
                 }

@@ -3,21 +3,26 @@
 //! Labels go through `kubeshare_api::GpuDemand::from_labels` (the one label
 //! parser), annotations through `kubeshare_api::Allocation::from_annotations`.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
 use kubeshare_api::inventory::INVENTORY_ANNOTATION;
 use kubeshare_api::{Allocation, GpuDemand, NodeInventory, is_kubeshare_pod};
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
 use crate::placement::PodInfo;
 
 /// The parts of a v1.Pod the extender reads; unknown fields are skipped, so a
-/// filter request does not pay for decoding whole container specs.
+/// filter request, a watch event or a GET does not pay for decoding whole
+/// container specs and managed fields (issue 17: decoding whole Pods was the
+/// largest part of the extender's CPU per pod). It is the extender's `Pod` type
+/// for the API too (`Api<WirePod>`, same URLs as `Api<Pod>`).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct WirePod {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire_meta")]
     pub metadata: ObjectMeta,
     #[serde(default)]
     pub spec: Option<WirePodSpec>,
@@ -38,6 +43,64 @@ pub struct WirePodSpec {
 pub struct WirePodStatus {
     #[serde(default)]
     pub phase: Option<String>,
+}
+
+/// The metadata fields the extender reads. `managedFields`, the largest part of
+/// a pod's metadata once a few writers have touched it, is skipped unparsed.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireMeta {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    uid: Option<String>,
+    #[serde(default)]
+    resource_version: Option<String>,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    annotations: Option<BTreeMap<String, String>>,
+}
+
+fn wire_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    let m = Option::<WireMeta>::deserialize(d)?;
+    Ok(m.map(|m| ObjectMeta {
+        name: m.name,
+        namespace: m.namespace,
+        uid: m.uid,
+        resource_version: m.resource_version,
+        labels: m.labels,
+        annotations: m.annotations,
+        ..ObjectMeta::default()
+    })
+    .unwrap_or_default())
+}
+
+/// A `WirePod` is read from the API where a `Pod` is (the watcher needs this).
+impl Resource for WirePod {
+    type DynamicType = ();
+    type Scope = <Pod as Resource>::Scope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        Pod::kind(dt)
+    }
+    fn group(dt: &()) -> Cow<'_, str> {
+        Pod::group(dt)
+    }
+    fn version(dt: &()) -> Cow<'_, str> {
+        Pod::version(dt)
+    }
+    fn plural(dt: &()) -> Cow<'_, str> {
+        Pod::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
 }
 
 /// Builds a [`PodInfo`] from a pod's metadata, scheduler name, node name and phase.
@@ -77,19 +140,10 @@ impl WirePod {
     }
 }
 
-pub fn pod_info_of(p: &Pod) -> PodInfo {
-    pod_info(
-        &p.metadata,
-        p.spec.as_ref().and_then(|s| s.scheduler_name.as_deref()),
-        p.spec.as_ref().and_then(|s| s.node_name.as_deref()),
-        p.status.as_ref().and_then(|s| s.phase.as_deref()),
-    )
-}
-
-/// The node's GPU inventory: `Ok(None)` when it publishes none.
-pub fn node_inventory(n: &Node) -> Result<Option<NodeInventory>, String> {
-    match n
-        .metadata
+/// The node's GPU inventory, from its metadata (the extender watches nodes'
+/// metadata only): `Ok(None)` when it publishes none.
+pub fn node_inventory(meta: &ObjectMeta) -> Result<Option<NodeInventory>, String> {
+    match meta
         .annotations
         .as_ref()
         .and_then(|a| a.get(INVENTORY_ANNOTATION))
@@ -129,6 +183,36 @@ mod tests {
         assert_eq!(i.allocation.unwrap().unwrap().gpu_mem, 100);
         assert_eq!(i.resource_version, Some(42));
         assert!(i.kubeshare);
+    }
+
+    #[test]
+    fn wire_pod_skips_managed_fields_and_reads_what_the_api_sends() {
+        // A pod as the API sends it: managed fields, owner references, a null
+        // metadata field, a container spec; only the read fields are kept.
+        let j = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u2", "resourceVersion": "7",
+                "generateName": null, "creationTimestamp": "2026-11-27T00:00:00Z",
+                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "o"}],
+                "labels": {"sharedgpu/gpu_request": "0.25", "sharedgpu/gpu_limit": "0.5"},
+                "managedFields": [{"manager": "m", "operation": "Update", "apiVersion": "v1",
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:containers": {"k:{\"name\":\"c\"}": {}}}}}]},
+            "spec": {"schedulerName": "kubeshare-scheduler",
+                "containers": [{"name": "c", "image": "x", "resources": {"limits": {"kubeshare.io/gpu-pod": "0"}}}]},
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False"}]}
+        });
+        let p: WirePod = serde_json::from_value(j).unwrap();
+        assert!(p.metadata.managed_fields.is_none() && p.metadata.owner_references.is_none());
+        let i = p.info();
+        assert_eq!((i.uid.as_str(), i.namespace.as_str(), i.name.as_str()), ("u2", "ns", "p"));
+        assert_eq!(i.resource_version, Some(7));
+        assert!(i.kubeshare && !i.terminal && i.node_name.is_none());
+        assert_eq!(i.demand.unwrap().unwrap().request_per_gpu().get(), 250);
+        // Null or missing metadata is an empty one, not an error.
+        let p: WirePod = serde_json::from_str(r#"{"metadata": null}"#).unwrap();
+        assert_eq!(p.info().uid, "");
+        // A wrongly typed field it reads is an error, not a panic.
+        assert!(serde_json::from_str::<WirePod>(r#"{"metadata": {"labels": [1]}}"#).is_err());
     }
 
     #[test]
