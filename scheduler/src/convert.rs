@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kubeshare_api::inventory::INVENTORY_ANNOTATION;
@@ -78,30 +78,50 @@ fn wire_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
     .unwrap_or_default())
 }
 
-/// A `WirePod` is read from the API where a `Pod` is (the watcher needs this).
-impl Resource for WirePod {
-    type DynamicType = ();
-    type Scope = <Pod as Resource>::Scope;
-
-    fn kind(dt: &()) -> Cow<'_, str> {
-        Pod::kind(dt)
-    }
-    fn group(dt: &()) -> Cow<'_, str> {
-        Pod::group(dt)
-    }
-    fn version(dt: &()) -> Cow<'_, str> {
-        Pod::version(dt)
-    }
-    fn plural(dt: &()) -> Cow<'_, str> {
-        Pod::plural(dt)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
+/// A Node as the extender watches it: metadata only. The inventory is an
+/// annotation, so the API is asked for `PartialObjectMetadata` and sends none of
+/// the status that kubelets (or kwok) rewrite at every heartbeat; managed fields
+/// are skipped unparsed (issue 17: decoding whole Nodes took an eighth of the
+/// extender's CPU in a backlog).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct WireNode {
+    #[serde(default, deserialize_with = "wire_meta")]
+    pub metadata: ObjectMeta,
 }
+
+/// Reads `$wire` from the API where `$kind` is (same URLs; the watcher needs it).
+macro_rules! read_as {
+    ($wire:ty, $kind:ty, metadata_only: $meta:expr) => {
+        impl Resource for $wire {
+            type DynamicType = ();
+            type Scope = <$kind as Resource>::Scope;
+
+            fn kind(dt: &()) -> Cow<'_, str> {
+                <$kind>::kind(dt)
+            }
+            fn group(dt: &()) -> Cow<'_, str> {
+                <$kind>::group(dt)
+            }
+            fn version(dt: &()) -> Cow<'_, str> {
+                <$kind>::version(dt)
+            }
+            fn plural(dt: &()) -> Cow<'_, str> {
+                <$kind>::plural(dt)
+            }
+            fn metadata_api() -> bool {
+                $meta
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+read_as!(WirePod, Pod, metadata_only: false);
+read_as!(WireNode, Node, metadata_only: true);
 
 /// Builds a [`PodInfo`] from a pod's metadata, scheduler name, node name and phase.
 pub fn pod_info(

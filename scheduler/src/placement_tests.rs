@@ -468,6 +468,32 @@ fn filter_top_passes_the_node_prioritize_would_pick() {
     assert_eq!(all.usage(), top.usage());
 }
 
+/// A node update with the same GPUs (a heartbeat, in any order) changes nothing:
+/// same id, stamp and books, so memoised verdicts stay valid; a changed GPU is
+/// applied at once and the node's bookings are counted again.
+#[test]
+fn a_node_update_with_the_same_gpus_keeps_the_node_and_its_books() {
+    let mut c = cluster(&[("a", inv(1, 2, "A", 40, &[])), ("b", inv(2, 2, "A", 40, &[]))]);
+    schedule(&mut c, &mut frac("1", "0.5"), 0).unwrap();
+    let before = (c.version, c.usage(), c.nodes["a"].id, c.nodes["a"].stamp);
+    let mut reversed = inv(1, 2, "A", 40, &[]);
+    reversed.gpus.reverse();
+    c.apply_node("a", Ok(Some(inv(1, 2, "A", 40, &[]))));
+    c.apply_node("a", Ok(Some(reversed)));
+    assert_eq!(before, (c.version, c.usage(), c.nodes["a"].id, c.nodes["a"].stamp));
+    let mut changed = inv(1, 2, "A", 40, &[]);
+    changed.gpus[1].memory = 80 * GIB;
+    c.apply_node("a", Ok(Some(changed)));
+    assert!(c.version > before.0 && c.nodes["a"].stamp > before.3);
+    let booked: u32 = c.usage().iter().map(|u| u.used_milli).sum();
+    assert_eq!(booked, 500, "the pod's booking is counted on the updated node");
+    c.check_invariants().unwrap();
+    // Fewer GPUs is a change too.
+    c.apply_node("b", Ok(Some(inv(2, 1, "A", 40, &[]))));
+    assert_eq!(c.nodes["b"].gpus.len(), 1);
+    c.check_invariants().unwrap();
+}
+
 /// Node ids are reused after a delete, and the scores filter caches by id
 /// never leak from a deleted node to the one that takes its id.
 #[test]
@@ -1310,6 +1336,9 @@ enum Op {
     Finish(usize),
     Restart,
     Tick(u64),
+    /// A node's update that leaves its GPUs as they were (a heartbeat; the GPUs
+    /// listed in reverse order when the flag is set).
+    Heartbeat(usize, bool),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -1328,6 +1357,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(Op::Finish),
         1 => Just(Op::Restart),
         1 => (1u64..40_000).prop_map(Op::Tick),
+        1 => (any::<usize>(), any::<bool>()).prop_map(|(k, r)| Op::Heartbeat(k, r)),
     ]
 }
 
@@ -1612,6 +1642,14 @@ impl World {
                 }
             }
             Op::Restart => self.restart(),
+            Op::Heartbeat(k, reversed) => {
+                let all = nodes();
+                let (n, mut i) = all[k % all.len()].clone();
+                if reversed {
+                    i.gpus.reverse();
+                }
+                self.c.apply_node(&n, Ok(Some(i)));
+            }
             Op::Tick(ms) => {
                 self.now += ms;
                 self.c.expire(self.now);

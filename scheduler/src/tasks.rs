@@ -14,8 +14,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{PartialObjectMeta, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
@@ -24,7 +23,7 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use crate::bind::{Call, call};
-use crate::convert::{WirePod, node_inventory};
+use crate::convert::{WireNode, WirePod, node_inventory};
 use crate::placement::Nomination;
 use crate::server::Shared;
 
@@ -79,11 +78,8 @@ where
     })
 }
 
-/// Nodes' metadata only: the inventory is an annotation, and the apiserver then
-/// sends none of the status that kubelets (or kwok) rewrite every heartbeat
-/// (issue 17: decoding whole Nodes took an eighth of the extender's CPU).
 async fn watch_nodes(client: Client, s: Arc<Shared>) {
-    let api: Api<PartialObjectMeta<Node>> = Api::all(client);
+    let api: Api<WireNode> = Api::all(client);
     let mut stream = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
