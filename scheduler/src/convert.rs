@@ -224,7 +224,10 @@ mod tests {
         let p: WirePod = serde_json::from_value(j).unwrap();
         assert!(p.metadata.managed_fields.is_none() && p.metadata.owner_references.is_none());
         let i = p.info();
-        assert_eq!((i.uid.as_str(), i.namespace.as_str(), i.name.as_str()), ("u2", "ns", "p"));
+        assert_eq!(
+            (i.uid.as_str(), i.namespace.as_str(), i.name.as_str()),
+            ("u2", "ns", "p")
+        );
         assert_eq!(i.resource_version, Some(7));
         assert!(i.kubeshare && !i.terminal && i.node_name.is_none());
         assert_eq!(i.demand.unwrap().unwrap().request_per_gpu().get(), 250);

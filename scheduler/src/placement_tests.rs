@@ -473,20 +473,29 @@ fn filter_top_passes_the_node_prioritize_would_pick() {
 /// applied at once and the node's bookings are counted again.
 #[test]
 fn a_node_update_with_the_same_gpus_keeps_the_node_and_its_books() {
-    let mut c = cluster(&[("a", inv(1, 2, "A", 40, &[])), ("b", inv(2, 2, "A", 40, &[]))]);
+    let mut c = cluster(&[
+        ("a", inv(1, 2, "A", 40, &[])),
+        ("b", inv(2, 2, "A", 40, &[])),
+    ]);
     schedule(&mut c, &mut frac("1", "0.5"), 0).unwrap();
     let before = (c.version, c.usage(), c.nodes["a"].id, c.nodes["a"].stamp);
     let mut reversed = inv(1, 2, "A", 40, &[]);
     reversed.gpus.reverse();
     c.apply_node("a", Ok(Some(inv(1, 2, "A", 40, &[]))));
     c.apply_node("a", Ok(Some(reversed)));
-    assert_eq!(before, (c.version, c.usage(), c.nodes["a"].id, c.nodes["a"].stamp));
+    assert_eq!(
+        before,
+        (c.version, c.usage(), c.nodes["a"].id, c.nodes["a"].stamp)
+    );
     let mut changed = inv(1, 2, "A", 40, &[]);
     changed.gpus[1].memory = 80 * GIB;
     c.apply_node("a", Ok(Some(changed)));
     assert!(c.version > before.0 && c.nodes["a"].stamp > before.3);
     let booked: u32 = c.usage().iter().map(|u| u.used_milli).sum();
-    assert_eq!(booked, 500, "the pod's booking is counted on the updated node");
+    assert_eq!(
+        booked, 500,
+        "the pod's booking is counted on the updated node"
+    );
     c.check_invariants().unwrap();
     // Fewer GPUs is a change too.
     c.apply_node("b", Ok(Some(inv(2, 1, "A", 40, &[]))));
