@@ -176,6 +176,34 @@ impl MachineCpu {
     }
 }
 
+/// TCP connections opened on this machine so far (`/proc/net/snmp`): every
+/// connection between the control plane's processes is a loopback one, opened once
+/// (active) and accepted once (passive). A client that keeps too few idle
+/// connections for its concurrent calls opens one per call beyond them.
+pub fn tcp_passive_opens() -> anyhow::Result<u64> {
+    let snmp = std::fs::read_to_string("/proc/net/snmp").context("reading /proc/net/snmp")?;
+    parse_passive_opens(&snmp)
+}
+
+/// The `PassiveOpens` field of the `Tcp:` header and value lines.
+fn parse_passive_opens(snmp: &str) -> anyhow::Result<u64> {
+    let mut tcp = snmp.lines().filter(|l| l.starts_with("Tcp:"));
+    let (names, values) = (
+        tcp.next().context("/proc/net/snmp has no Tcp lines")?,
+        tcp.next().context("/proc/net/snmp has no Tcp values")?,
+    );
+    let at = names
+        .split_whitespace()
+        .position(|n| n == "PassiveOpens")
+        .context("/proc/net/snmp has no PassiveOpens")?;
+    values
+        .split_whitespace()
+        .nth(at)
+        .context("short Tcp values line")?
+        .parse()
+        .context("bad PassiveOpens value")
+}
+
 /// How fast this machine runs a fixed piece of work while a run goes on: the CPU
 /// time one batch takes on a thread of its own, sampled every `every`. Waiting for a
 /// core does not count; a slower core, a busier cache or cycles a hypervisor takes
@@ -520,6 +548,14 @@ pub fn histogram_sums(metrics: &str, name: &str, keep: &[&str]) -> BTreeMap<Stri
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn passive_opens_are_read_by_name() {
+        let snmp = "Ip: Forwarding\nIp: 1\nTcp: RtoAlgorithm ActiveOpens PassiveOpens\nTcp: 1 164824 144368\n";
+        assert_eq!(parse_passive_opens(snmp).unwrap(), 144368);
+        assert!(parse_passive_opens("Tcp: PassiveOpens\n").is_err());
+        assert!(parse_passive_opens("Tcp: PassiveOpens\nTcp: x\n").is_err());
+    }
     use super::*;
 
     #[test]

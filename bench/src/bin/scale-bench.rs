@@ -47,7 +47,7 @@ use kubeshare_bench::check_books;
 use kubeshare_bench::rig::{
     BENCH_LABEL, Extender, MachineCpu, SpeedProbe, api_requests, apiserver_metrics, component_pid,
     cpu_snapshot, create_gpu_nodes, create_namespace, extender_metrics, histogram_sums, list_all,
-    metrics_text, rss, scheduler_client, signal, watch_events,
+    metrics_text, rss, scheduler_client, signal, tcp_passive_opens, watch_events,
 };
 use kubeshare_testkit::{Cluster, Identity};
 use serde_json::json;
@@ -194,6 +194,8 @@ struct Run {
     steal_cores: f64,
     /// The machine's speed meanwhile: the median CPU µs of [`SpeedProbe`]'s batch.
     probe_us: Option<f64>,
+    /// Loopback TCP connections opened during the run, per pod.
+    tcp_opens_per_pod: f64,
     extender_rss_mib: f64,
     api_requests_per_pod: BTreeMap<String, f64>,
     /// Watch events (and KiB) the apiserver sent per pod, by resource.
@@ -548,7 +550,7 @@ async fn run_one(
     let m0 = apiserver_metrics(admin).await?;
     let (api0, watch0) = (api_requests(&m0), watch_events(&m0));
     let timing0 = timings.snapshot(config).await?;
-    let cpu0 = cpu_snapshot(pids)?;
+    let (cpu0, tcp0) = (cpu_snapshot(pids)?, tcp_passive_opens()?);
     let w0 = Instant::now();
     let mut creating_profile = None;
     let probe = SpeedProbe::start(Duration::from_millis(250));
@@ -618,6 +620,7 @@ async fn run_one(
         .await
         .with_context(|| ns.clone())?;
     let (machine_end, cpu1) = (MachineCpu::now()?, cpu_snapshot(pids)?);
+    let tcp_opens = tcp_passive_opens()?.saturating_sub(tcp0);
     let probe_us = probe.finish();
     let window = w0.elapsed();
     drop(watch);
@@ -690,6 +693,7 @@ async fn run_one(
         busy_cores,
         steal_cores,
         probe_us,
+        tcp_opens_per_pod: tcp_opens as f64 / f64::from(args.pods),
         cpu_ms_by_process: by
             .into_iter()
             .map(|(n, v)| (n, v / f64::from(args.pods)))
@@ -833,6 +837,7 @@ async fn main() -> anyhow::Result<()> {
                     "busy_cores": (r.busy_cores * 100.0).round() / 100.0,
                     "steal_cores": (r.steal_cores * 100.0).round() / 100.0,
                     "probe_us": r.probe_us.map(|v| v.round()),
+                    "tcp_opens_per_pod": (r.tcp_opens_per_pod * 100.0).round() / 100.0,
                     "probe_us_at_rest": probe_at_rest.map(|v| v.round()),
                     "cpu_ms_per_pod_by_process": r.cpu_ms_by_process.iter()
                         .map(|(k, v)| (k.clone(), json!((v * 100.0).round() / 100.0)))
