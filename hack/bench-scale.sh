@@ -16,6 +16,9 @@
 #        1: over TLS, hence HTTP/2, with the rig's 127.0.0.1 certificate),
 #        KUBESHARE_SCHED_PCT (unset: kube-scheduler's adaptive default, as the
 #        chart leaves it; N: the kubeshare profile's percentageOfNodesToScore)
+#        GRACE (unset: the node lifecycle controller's default grace before a node
+#        with a stale lease is tainted; e.g. 5m: kwok's nodes, renewed on the same
+#        saturated cores, stay Ready through the runs)
 set -euo pipefail
 HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HACK/.."
@@ -35,6 +38,7 @@ extra=()
 KUBESHARE_EXTENDER_FILTER_TOP="${FILTER_TOP:-1}" KUBESHARE_EXTENDER_HTTPS="${HTTPS:-0}" \
   KUBESHARE_SCHED_QPS="${QPS:-1000}" KUBESHARE_SCHED_BURST="${QPS:-1000}" \
   KUBESHARE_MANAGED_RESOURCES="${MANAGED:-1}" \
+  KUBESHARE_NODE_MONITOR_GRACE_PERIOD="${GRACE:-}" \
   hack/with-cluster.sh bash -c 'if [[ $KUBESHARE_EXTENDER_HTTPS == 1 ]]; then
       export KUBESHARE_EXTENDER_TLS_CERT=$KUBESHARE_TEST_CLUSTER/pki/webhook-serving.crt
       export KUBESHARE_EXTENDER_TLS_KEY=$KUBESHARE_TEST_CLUSTER/pki/webhook-serving.key

@@ -25,7 +25,11 @@
 #      KUBESHARE_MANAGED_RESOURCES (1: the extender sees only pods marked
 #        kubeshare.io/gpu-pod, as manifests/ configure it; default 0: every pod),
 #      KUBESHARE_APISERVER_PROFILING (true: the apiserver serves /debug/pprof to the
-#        admin, for `kubectl get --raw '/debug/pprof/profile?seconds=N'`; default false).
+#        admin, for `kubectl get --raw '/debug/pprof/profile?seconds=N'`; default false),
+#      KUBESHARE_NODE_MONITOR_GRACE_PERIOD (the node lifecycle controller's grace
+#        before a node whose lease and status are stale is NotReady and tainted;
+#        unset: upstream's default. kwok renews 1,000 nodes' leases on the same
+#        saturated cores as the benchmarks, so scale benches set it longer).
 set -euo pipefail
 
 HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -495,6 +499,7 @@ cmd_up() {
     --leader-elect=false --use-service-account-credentials=true \
     --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" \
     --controllers=endpoints-controller,endpointslice-controller,serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller,namespace-controller,garbage-collector-controller,job-controller,ttl-after-finished-controller,replicaset-controller,deployment-controller,daemonset-controller,statefulset-controller,node-lifecycle-controller,pod-garbage-collector-controller,clusterrole-aggregation-controller \
+    ${KUBESHARE_NODE_MONITOR_GRACE_PERIOD:+--node-monitor-grace-period="$KUBESHARE_NODE_MONITOR_GRACE_PERIOD"} \
     --profiling=false
   start kube-scheduler "$BIN/kube-scheduler" --config="$RUN/config/kube-scheduler.yaml" \
     --authentication-kubeconfig="$kc/kube-scheduler.kubeconfig" \

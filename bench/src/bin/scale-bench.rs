@@ -510,13 +510,23 @@ async fn create_pods(pods: &Api<Pod>, config: Config, args: &Args) -> anyhow::Re
 async fn delete_namespace(admin: &Client, ns: &str) -> anyhow::Result<()> {
     let nss: Api<Namespace> = Api::all(admin.clone());
     let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
-    // Pods first, with no grace period: kwok's nodes have nothing to stop.
-    pods.delete_collection(
-        &DeleteParams::default().grace_period(0),
-        &Default::default(),
-    )
-    .await
-    .context("deleting pods")?;
+    // Pods first, with no grace period: kwok's nodes have nothing to stop. A busy
+    // apiserver may time the collection's deletion out (60 s for 2,000 pods, seen
+    // with profiling on); what it deleted stays deleted, so ask again for the rest.
+    let mut tries = 0;
+    while let Err(e) = pods
+        .delete_collection(
+            &DeleteParams::default().grace_period(0),
+            &Default::default(),
+        )
+        .await
+    {
+        tries += 1;
+        if tries == 5 {
+            return Err(e).context("deleting pods");
+        }
+        eprintln!("scale-bench: deleting the pods of {ns} failed ({e:?}); again");
+    }
     nss.delete(ns, &DeleteParams::default()).await.ok();
     let t = Instant::now();
     while nss.get_opt(ns).await?.is_some() {
