@@ -28,8 +28,8 @@
 #        admin, for `kubectl get --raw '/debug/pprof/profile?seconds=N'`; default false),
 #      KUBESHARE_NODE_MONITOR_GRACE_PERIOD (the node lifecycle controller's grace
 #        before a node whose lease and status are stale is NotReady and tainted;
-#        unset: upstream's default. kwok renews 1,000 nodes' leases on the same
-#        saturated cores as the benchmarks, so scale benches set it longer).
+#        unset: upstream's default; for benches that want to rule out lease
+#        lapses of kwok's nodes on saturated cores, docs/extender.md).
 set -euo pipefail
 
 HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
