@@ -364,7 +364,6 @@ pub async fn create_gpu_nodes(
     // a run (2026-11-27: the taint filter 0.6-1.2 s of an 8 s window, 0.03-0.2 after).
     loop {
         let listed = nodes.list(&lp).await?.items;
-        let ready = listed.iter().filter(|n| node_is_ready(n)).count();
         let settled = listed
             .iter()
             .filter(|n| node_is_ready(n) && !has_node_condition_taint(n))
@@ -373,6 +372,7 @@ pub async fn create_gpu_nodes(
             return Ok(());
         }
         if t.elapsed() > Duration::from_secs(300) {
+            let ready = listed.iter().filter(|n| node_is_ready(n)).count();
             bail!("only {ready} of {n} nodes Ready and {settled} untainted after 300 s");
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -561,6 +561,7 @@ pub fn histogram_sums(metrics: &str, name: &str, keep: &[&str]) -> BTreeMap<Stri
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn condition_taints_are_told_from_the_users() {
@@ -595,7 +596,6 @@ mod tests {
         assert!(parse_passive_opens("Tcp: PassiveOpens\n").is_err());
         assert!(parse_passive_opens("Tcp: PassiveOpens\nTcp: x\n").is_err());
     }
-    use super::*;
 
     #[test]
     fn the_speed_probe_reports_the_cpu_time_of_its_batches() {

@@ -123,40 +123,33 @@ macro_rules! read_as {
 read_as!(WirePod, Pod, metadata_only: false);
 read_as!(WireNode, Node, metadata_only: true);
 
-/// Builds a [`PodInfo`] from a pod's metadata, scheduler name, node name and phase.
-pub fn pod_info(
-    meta: &ObjectMeta,
-    scheduler: Option<&str>,
-    node_name: Option<&str>,
-    phase: Option<&str>,
-) -> PodInfo {
-    let empty = BTreeMap::new();
-    let labels = meta.labels.as_ref().unwrap_or(&empty);
-    let annotations = meta.annotations.as_ref().unwrap_or(&empty);
-    PodInfo {
-        uid: meta.uid.clone().unwrap_or_default(),
-        namespace: meta.namespace.clone().unwrap_or_default(),
-        name: meta.name.clone().unwrap_or_default(),
-        node_name: node_name.filter(|n| !n.is_empty()).map(String::from),
-        terminal: matches!(phase, Some("Succeeded" | "Failed")),
-        demand: GpuDemand::from_labels(labels).map_err(|e| e.to_string()),
-        allocation: Allocation::from_annotations(annotations).map_err(|e| e.to_string()),
-        resource_version: meta
-            .resource_version
-            .as_deref()
-            .and_then(|v| v.parse().ok()),
-        kubeshare: is_kubeshare_pod(scheduler, labels),
-    }
-}
-
 impl WirePod {
+    /// What placement needs of the pod: its identity, demand (labels), record
+    /// (annotations), node and whether it finished.
     pub fn info(&self) -> PodInfo {
-        pod_info(
-            &self.metadata,
-            self.spec.as_ref().and_then(|s| s.scheduler_name.as_deref()),
-            self.spec.as_ref().and_then(|s| s.node_name.as_deref()),
-            self.status.as_ref().and_then(|s| s.phase.as_deref()),
-        )
+        let meta = &self.metadata;
+        let spec = self.spec.as_ref();
+        let phase = self.status.as_ref().and_then(|s| s.phase.as_deref());
+        let empty = BTreeMap::new();
+        let labels = meta.labels.as_ref().unwrap_or(&empty);
+        let annotations = meta.annotations.as_ref().unwrap_or(&empty);
+        PodInfo {
+            uid: meta.uid.clone().unwrap_or_default(),
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+            node_name: spec
+                .and_then(|s| s.node_name.as_deref())
+                .filter(|n| !n.is_empty())
+                .map(String::from),
+            terminal: matches!(phase, Some("Succeeded" | "Failed")),
+            demand: GpuDemand::from_labels(labels).map_err(|e| e.to_string()),
+            allocation: Allocation::from_annotations(annotations).map_err(|e| e.to_string()),
+            resource_version: meta
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse().ok()),
+            kubeshare: is_kubeshare_pod(spec.and_then(|s| s.scheduler_name.as_deref()), labels),
+        }
     }
 }
 
