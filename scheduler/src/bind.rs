@@ -38,9 +38,12 @@ pub(crate) enum Call<T> {
     Ok(T),
     /// The apiserver answered no (4xx other than 429): nothing was written.
     Refused(u16, String),
-    /// Not known whether it was applied (timeout, connection, 5xx), or the deadline
-    /// came while throttled.
+    /// Not known whether it was applied (timeout, connection, 5xx).
     Unknown(String),
+    /// The deadline came before any attempt could have been applied: none was sent
+    /// (every API slot taken, as in a deep backlog) or each was turned away (429).
+    /// Nothing was written, so a Binding's booking can be rolled back at once.
+    NotApplied(String),
 }
 
 /// Runs `f` (one API call) with a permit, retrying 429s and transient errors with
@@ -52,19 +55,33 @@ where
 {
     let mut backoff = Duration::from_millis(50);
     let mut last = String::from("no attempt");
+    // Whether an attempt may have been applied: only then is the outcome unknown
+    // at the deadline.
+    let mut maybe_applied = false;
+    let at_deadline = |msg: String, maybe_applied: bool| {
+        s.metrics
+            .count("kubeshare_extender_api_calls_total", "deadline");
+        if maybe_applied {
+            Call::Unknown(msg)
+        } else {
+            Call::NotApplied(msg)
+        }
+    };
     loop {
         let now = Instant::now();
         if now >= deadline {
-            s.metrics
-                .count("kubeshare_extender_api_calls_total", "deadline");
-            return Call::Unknown(format!("{what}: deadline reached ({last})"));
+            return at_deadline(format!("{what}: deadline reached ({last})"), maybe_applied);
         }
-        let permit = match tokio::time::timeout_at(deadline, s.api_permits.acquire()).await {
+        let in_queue = s.api_queue.start();
+        let permit = tokio::time::timeout_at(deadline, s.api_permits.acquire()).await;
+        drop(in_queue);
+        let permit = match permit {
             Ok(Ok(p)) => p,
             _ => {
-                s.metrics
-                    .count("kubeshare_extender_api_calls_total", "deadline");
-                return Call::Unknown(format!("{what}: deadline reached waiting for an API slot"));
+                return at_deadline(
+                    format!("{what}: deadline reached waiting for an API slot ({last})"),
+                    maybe_applied,
+                );
             }
         };
         let r = tokio::time::timeout_at(deadline, f()).await;
@@ -89,12 +106,11 @@ where
                     .count("kubeshare_extender_api_calls_total", "error");
                 // A 5xx or a lost connection: the write may have happened; the
                 // caller finds out (a retried Binding gets 409, then a GET).
+                maybe_applied = true;
                 last = e.to_string();
             }
             Err(_) => {
-                s.metrics
-                    .count("kubeshare_extender_api_calls_total", "deadline");
-                return Call::Unknown(format!("{what}: no answer before the deadline"));
+                return at_deadline(format!("{what}: no answer before the deadline"), true);
             }
         }
         let left = deadline.saturating_duration_since(Instant::now());
@@ -167,7 +183,7 @@ async fn run_bind(s: &Shared, a: &ExtenderBindingArgs) -> Result<String, String>
         // The watch has not delivered it yet: read it.
         let p = match call(s, deadline, "reading the pod", || pods.get(&a.pod_name)).await {
             Call::Ok(p) => p,
-            Call::Refused(_, e) | Call::Unknown(e) => return Err(e),
+            Call::Refused(_, e) | Call::Unknown(e) | Call::NotApplied(e) => return Err(e),
         };
         let info = p.info();
         if info.uid != a.pod_uid {
@@ -285,7 +301,7 @@ async fn post_binding(
                     Call::Refused(404, _) => {
                         return Err(BindError::Refused(format!("{msg}; the pod is gone")));
                     }
-                    Call::Refused(_, e) | Call::Unknown(e) => {
+                    Call::Refused(_, e) | Call::Unknown(e) | Call::NotApplied(e) => {
                         return Err(BindError::Unknown(format!("{msg}; then {e}")));
                     }
                 };
@@ -315,7 +331,7 @@ async fn post_binding(
                 s.lock().note_pod(&info);
                 rv = info.resource_version;
             }
-            Call::Refused(_, msg) => return Err(BindError::Refused(msg)),
+            Call::Refused(_, msg) | Call::NotApplied(msg) => return Err(BindError::Refused(msg)),
             Call::Unknown(msg) => {
                 warn!(pod = %a.pod_name, ns = %a.pod_namespace, error = %msg, "Binding outcome unknown");
                 return Err(BindError::Unknown(msg));
@@ -325,4 +341,75 @@ async fn post_binding(
     Err(BindError::Refused(
         "the pod kept changing under the Binding".into(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use kube::core::Status;
+
+    use super::*;
+    use crate::placement::Config;
+    use crate::server::Extender;
+
+    fn api_error(code: u16) -> kube::Error {
+        let mut st = Status::failure("test", "Test");
+        st.code = code;
+        kube::Error::Api(st.boxed())
+    }
+
+    /// Every API slot taken until the deadline: nothing was sent, so the caller
+    /// may roll back (a deep backlog's binds used to keep their bookings for the
+    /// check, then a GET each).
+    #[tokio::test]
+    async fn a_call_that_never_got_a_slot_was_not_applied() {
+        let ext = Extender::offline(Config::default());
+        let s = ext.shared.clone();
+        let n = u32::try_from(s.timing.api_concurrency).unwrap_or(u32::MAX);
+        let _all = s.api_permits.acquire_many(n).await.expect("permits");
+        let sent = AtomicU32::new(0);
+        let deadline = Instant::now() + Duration::from_millis(50);
+        let r = call(&s, deadline, "creating the Binding", || {
+            sent.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<(), kube::Error>(()) }
+        })
+        .await;
+        assert_eq!(sent.load(Ordering::SeqCst), 0);
+        assert!(
+            matches!(&r, Call::NotApplied(m) if m.contains("waiting for an API slot")),
+            "{r:?}"
+        );
+    }
+
+    /// Turned away (429) until the deadline: not applied either.
+    #[tokio::test]
+    async fn a_call_throttled_until_the_deadline_was_not_applied() {
+        let ext = Extender::offline(Config::default());
+        let deadline = Instant::now() + Duration::from_millis(120);
+        let r = call(&ext.shared, deadline, "creating the Binding", || async {
+            Err::<(), _>(api_error(429))
+        })
+        .await;
+        assert!(
+            matches!(&r, Call::NotApplied(m) if m.contains("429")),
+            "{r:?}"
+        );
+    }
+
+    /// A 5xx may have been applied: at the deadline the outcome is unknown, even
+    /// if later attempts were throttled.
+    #[tokio::test]
+    async fn a_call_after_a_server_error_is_unknown_at_the_deadline() {
+        let ext = Extender::offline(Config::default());
+        let tries = AtomicU32::new(0);
+        let deadline = Instant::now() + Duration::from_millis(200);
+        let r = call(&ext.shared, deadline, "creating the Binding", || {
+            let first = tries.fetch_add(1, Ordering::SeqCst) == 0;
+            async move { Err::<(), _>(api_error(if first { 503 } else { 429 })) }
+        })
+        .await;
+        assert!(tries.load(Ordering::SeqCst) >= 2);
+        assert!(matches!(r, Call::Unknown(_)), "{r:?}");
+    }
 }

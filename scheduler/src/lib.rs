@@ -11,8 +11,10 @@
 //! - [`metrics`]: Prometheus text exposition.
 //! - [`server`]: the axum routes and the shared state.
 //! - `bind`: bind's task: the record and the node in one Binding, single flight.
+//! - `backpressure`: the filter holds new pods while API calls queue too long.
 //! - [`tasks`]: the watches that feed the books and the timer, supervised.
 
+mod backpressure;
 mod bind;
 pub mod convert;
 pub mod metrics;

@@ -29,6 +29,7 @@ use serde::Serialize;
 use tokio::sync::{Notify, Semaphore, watch};
 use tracing::{debug, info, warn};
 
+use crate::backpressure::ApiQueue;
 use crate::metrics::Metrics;
 use crate::placement::{Cluster, Config, FilterKind};
 use crate::ratelimit::TokenBucket;
@@ -74,6 +75,11 @@ pub struct Timing {
     pub tick: Duration,
     /// Rate of the informational "GpuAllocated" events (burst [`ALLOCATED_EVENTS_BURST`]).
     pub allocated_events_per_s: f64,
+    /// The filter verb holds a pod while the oldest API call waiting for a slot has
+    /// waited longer than this (`backpressure.rs`); zero turns the hold off.
+    pub filter_hold_after: Duration,
+    /// The longest a filter call is held.
+    pub filter_hold_max: Duration,
 }
 
 impl Default for Timing {
@@ -82,9 +88,11 @@ impl Default for Timing {
             bind_timeout: Duration::from_secs(8),
             gang_wait: Duration::from_secs(5),
             assume_check: Duration::from_secs(15),
-            api_concurrency: 16,
+            api_concurrency: 64,
             tick: Duration::from_millis(500),
             allocated_events_per_s: ALLOCATED_EVENTS_PER_S,
+            filter_hold_after: Duration::from_secs(2),
+            filter_hold_max: Duration::from_secs(3),
         }
     }
 }
@@ -108,6 +116,8 @@ pub struct Shared {
     /// Binds in flight, by pod UID: a retried bind waits for the running one.
     pub(crate) inflight: Mutex<HashMap<String, watch::Receiver<BindAnswer>>>,
     pub(crate) api_permits: Semaphore,
+    /// API calls waiting for one of `api_permits`, for the filter's back-pressure.
+    pub(crate) api_queue: ApiQueue,
     /// Woken when group members are released or freed.
     pub(crate) gate: Notify,
     /// "GpuAllocated" events (informational, one per bind): at most
@@ -276,7 +286,17 @@ impl Shared {
 
 async fn filter_h(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
     let t = Instant::now();
-    let r = decode::<ExtenderArgs>("filter", &body).and_then(|a| s.filter(&a));
+    let args = decode::<ExtenderArgs>("filter", &body);
+    if args.is_ok() {
+        // Before the decision, so that it is made from the books as they are then.
+        let (after, max) = (s.timing.filter_hold_after, s.timing.filter_hold_max);
+        let held = s.api_queue.wait_for_room(after, max).await;
+        if !held.is_zero() {
+            let outcome = if held >= max { "gave_up" } else { "held" };
+            s.metrics.observe("filter_hold", outcome, held);
+        }
+    }
+    let r = args.and_then(|a| s.filter(&a));
     match r {
         Ok((res, kind)) => {
             let outcome = if res.error.is_empty() {
@@ -397,6 +417,7 @@ impl Extender {
                 recorder,
                 start: Instant::now(),
                 api_permits: Semaphore::new(timing.api_concurrency.max(1)),
+                api_queue: ApiQueue::default(),
                 timing,
                 inflight: Mutex::new(HashMap::new()),
                 gate: Notify::new(),

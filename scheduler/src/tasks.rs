@@ -246,7 +246,7 @@ async fn check_assumed(s: &Shared, client: Client, uid: &str, ns: &str, name: &s
         }
         Call::Refused(404, _) => s.with_cluster(|c| c.confirm(uid, None)),
         // Unknown: kept; asked again next period.
-        Call::Refused(_, e) | Call::Unknown(e) => {
+        Call::Refused(_, e) | Call::Unknown(e) | Call::NotApplied(e) => {
             warn!(pod = %name, %ns, error = %e, "could not check an assumed booking")
         }
     }
@@ -290,7 +290,7 @@ async fn wake_member(
         .await
         {
             Call::Ok(_) => debug!(pod = %name, %ns, %node, "nominated"),
-            Call::Refused(_, e) | Call::Unknown(e) => {
+            Call::Refused(_, e) | Call::Unknown(e) | Call::NotApplied(e) => {
                 warn!(pod = %name, %ns, %node, error = %e, "could not nominate a pod's node")
             }
         }
@@ -302,7 +302,7 @@ async fn wake_member(
         pods.patch(name, &pp, &merge)
     })
     .await;
-    if let Call::Refused(_, e) | Call::Unknown(e) = r {
+    if let Call::Refused(_, e) | Call::Unknown(e) | Call::NotApplied(e) = r {
         warn!(pod = %name, %ns, error = %e, "could not wake a group member");
     }
 }
