@@ -14,7 +14,8 @@ use tracing_subscriber::EnvFilter;
 
 // A quarter of the extender's CPU at a backlog's pace was glibc's malloc and free
 // (watch events decoded, requests served); mimalloc's thread-local free lists cost
-// less (docs/extender.md, "The allocator").
+// less (docs/extender.md, "The Bindings' queue: 64 API slots, back-pressure, and the
+// allocator").
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
