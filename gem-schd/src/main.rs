@@ -47,6 +47,11 @@ struct Args {
     /// window; 0 = off (the limit holds over the window only, as in Gemini).
     #[arg(long, default_value_t = 1000)]
     pace_ms: u64,
+    /// A second, short pacing window, ms, held the same way: over the pacing window alone a
+    /// capped client may use its share of it at once and then wait the rest (500 ms at 0.5);
+    /// this bounds such a wait to about (1 − limit) × this. Clamped to --pace-ms; 0 = off.
+    #[arg(long, default_value_t = 100)]
+    pace_short_ms: u64,
     /// Connections one client (pod) may have open at once; more are refused (Error 6).
     #[arg(long, default_value_t = 256)]
     max_conns: usize,
@@ -128,6 +133,7 @@ fn main() -> Result<()> {
             min_quota_us: args.min_quota_ms * 1000,
             grace_us: args.grace_ms * 1000,
             pace_us: args.pace_ms.saturating_mul(1000),
+            pace_short_us: args.pace_short_ms.saturating_mul(1000),
         },
         poll: Duration::from_millis(args.poll_ms.max(10)),
         dir_mode: args.dir_mode,

@@ -107,7 +107,7 @@ proptest! {
 
     #[test]
     fn random_events_keep_the_invariants(ops in prop::collection::vec(op(), 1..120)) {
-        let params = Params { window_us: 1_000_000, base_quota_us: 20_000, min_quota_us: 2_000, grace_us: 10_000, pace_us: 200_000 };
+        let params = Params { window_us: 1_000_000, base_quota_us: 20_000, min_quota_us: 2_000, grace_us: 10_000, pace_us: 200_000, pace_short_us: 50_000 };
         let init = specs(&[(0, 300, 500, 1000), (1, 200, 1000, 1000), (2, 0, 300, 500)]);
         let mut w = World {
             core: Core::new(params, &init, 0),

@@ -270,14 +270,21 @@ fn reload_removing_a_client_errors_it_and_frees_the_gpu() {
 
 /// A (0.5, 0.5) client alone, busy from `arrive` on, with pacing window `pace_us`.
 fn half_alone(pattern: Pattern, arrive: Micros, pace_us: Micros) -> Sim {
+    half_alone_with(
+        pattern,
+        arrive,
+        Params {
+            pace_us,
+            ..Params::default()
+        },
+    )
+}
+
+fn half_alone_with(pattern: Pattern, arrive: Micros, params: Params) -> Sim {
     let pattern = if arrive > 0 {
         pattern.idle_during(0, arrive)
     } else {
         pattern
-    };
-    let params = Params {
-        pace_us,
-        ..Params::default()
     };
     let mut sim = Sim::new(params, vec![(spec("a", 500, 500), pattern)]);
     sim.run(60 * S);
@@ -347,6 +354,50 @@ fn paced_alone_tiny_arriving_late() {
         PACE,
         0.01,
     );
+}
+
+/// The short pacing window (`pace_short_us`, 100 ms): a capped client alone that arrives
+/// late waits at most about the short window's off part, plus one burst and the grace. On
+/// the pacing window alone it ran half a second, then waited as long: a batch-1 inference
+/// tenant at 0.5 alone on an H100 waited 480 ms every second (docs/gpu-benchmarks.md,
+/// round 10).
+#[test]
+fn a_late_capped_client_alone_waits_no_longer_than_the_short_window_allows() {
+    let d = Params::default();
+    for p in [Pattern::long(), Pattern::tiny(), Pattern::medium()] {
+        let sim = half_alone(p.clone(), 12 * S, PACE);
+        let gap = longest_gap(&sim, 0, 22 * S, 60 * S);
+        let (lo, hi) = slice_shares(&sim, 0, PACE, 22 * S, 60 * S);
+        eprintln!(
+            "{} µs kernels: longest wait {} ms, per 1 s {lo:.4}..{hi:.4}",
+            p.kernel_us,
+            gap / MS
+        );
+        assert!(
+            gap <= d.pace_short_us / 2 + p.kernel_us + d.grace_us,
+            "{} µs kernels: waited {} ms in one stretch",
+            p.kernel_us,
+            gap / MS
+        );
+        let expected = held(&sim, 0, 0.5);
+        assert!(
+            lo >= expected - 0.025 && hi <= expected + 0.025,
+            "{lo:.4}..{hi:.4}"
+        );
+        assert_within_limits(&sim);
+        // The pacing window alone: the half-second waits.
+        let off = half_alone_with(
+            p,
+            12 * S,
+            Params {
+                pace_us: PACE,
+                pace_short_us: 0,
+                ..d
+            },
+        );
+        let gap = longest_gap(&off, 0, 22 * S, 60 * S);
+        assert!(gap >= 400 * MS, "without the short window: {} ms", gap / MS);
+    }
 }
 
 #[test]
@@ -435,14 +486,19 @@ fn paced_capped_pair_with_bursts_just_over_a_ninth_of_the_allowance() {
 #[test]
 #[ignore]
 fn pace_table() {
-    for pace in [0, 100, 250, 500, 1000, 2000] {
+    let table = [0, 100, 250, 500, 1000, 2000]
+        .map(|pace| (pace, 0))
+        .into_iter()
+        .chain([25, 50, 100, 200].map(|short| (1000, short)));
+    for (pace, short) in table {
         let p = Params {
             pace_us: pace * MS,
+            pace_short_us: short * MS,
             ..Params::default()
         };
-        let mut line = format!("pace {pace:>4} ms:");
+        let mut line = format!("pace {pace:>4} ms, short {short:>3} ms:");
         for (name, pat) in [("long", Pattern::long()), ("tiny", Pattern::tiny())] {
-            let sim = half_alone(pat, 12 * S, pace * MS);
+            let sim = half_alone_with(pat, 12 * S, p);
             let (lo, hi) = slice_shares(&sim, 0, S, 22 * S, 60 * S);
             let (lo1, hi1) = slice_shares(&sim, 0, 100 * MS, 22 * S, 60 * S);
             line += &format!(

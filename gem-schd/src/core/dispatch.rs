@@ -140,18 +140,22 @@ impl Core {
             }
             let headroom = (allowed_milli.saturating_sub(usage * 1000).div_ceil(1000)) as u64;
             // Pacing: wait until at least a min-quota grant fits the allowance.
-            let pace_room = match self.pace_budget(c) {
-                None => Micros::MAX,
-                Some(budget) => {
-                    let room = self.pace_headroom(key, now, budget);
-                    if room < self.pace_need(c, budget) {
-                        held_back.push(key);
-                        continue;
-                    }
-                    // The grant leaves room for the client's usual overrun.
-                    room.saturating_sub(c.overrun_us)
+            let mut pace_room = Micros::MAX;
+            let mut paced_out = false;
+            for rule in self.pace_rules(key, c) {
+                let room = self.pace_headroom(key, now, rule);
+                if room < self.pace_need(c, rule) {
+                    paced_out = true;
+                    break;
                 }
-            };
+                // Under the exact rule the grant leaves room for the client's usual overrun.
+                let overrun = if rule.exact { c.overrun_us } else { 0 };
+                pace_room = pace_room.min(room.saturating_sub(overrun));
+            }
+            if paced_out {
+                held_back.push(key);
+                continue;
+            }
             let require_milli = u128::from(c.spec.request_milli) * w_eff;
             // A client held back by its limit or pacing did not fall behind by choice: like
             // one back from idle, it is at most the lag behind the others. (Otherwise it

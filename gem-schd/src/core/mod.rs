@@ -45,6 +45,25 @@ pub struct Params {
     /// is not given its whole `limit × window` in one block of seconds followed by
     /// as long a wait. Clamped to the window; 0 = off (Gemini's behaviour).
     pub pace_us: Micros,
+    /// A second, short pacing window for a client that no other client waits beside:
+    /// `limit × pace_short` over any such window, but any room in it lets the client in
+    /// (the pacing window holds the share exactly). Over the pacing window alone a capped
+    /// client whose window is empty may spend its `limit × pace` at once and then wait
+    /// `(1 − limit) × pace` (a batch-1 inference tenant at 0.5 alone on an H100: 480 ms
+    /// every second); this bounds that wait to about `(1 − limit) × pace_short` plus a
+    /// burst. Clamped to the pacing window; 0 = off.
+    pub pace_short_us: Micros,
+}
+
+/// One pacing rule of a paced client: its usage over any `window` within `budget`
+/// (`limit × window`), with the slack of one grant. The pacing window's rule is `exact`:
+/// it also counts the client's usual overrun; the short window's lets a burst run past it
+/// (it bounds waits, the exact rule holds the share).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PaceRule {
+    pub window: Micros,
+    pub budget: Micros,
+    pub exact: bool,
 }
 
 impl Default for Params {
@@ -55,6 +74,7 @@ impl Default for Params {
             min_quota_us: 5_000,
             grace_us: 50_000,
             pace_us: 1_000_000,
+            pace_short_us: 100_000,
         }
     }
 }

@@ -26,6 +26,7 @@ fn params() -> Params {
         min_quota_us: 2 * MS,
         grace_us: 5 * MS,
         pace_us: 0,
+        pace_short_us: 0,
     }
 }
 

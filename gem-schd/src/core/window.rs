@@ -17,10 +17,10 @@ impl Core {
         } else {
             self.eligible_at(key, now)?
         };
-        let p = match self.pace_budget(c) {
-            None => now,
-            Some(budget) => self.pace_ready_at(key, now, budget, self.pace_need(c, budget))?,
-        };
+        let mut p = now;
+        for rule in self.pace_rules(key, c) {
+            p = p.max(self.pace_ready_at(key, now, rule, self.pace_need(c, rule))?);
+        }
         Some(w.max(p))
     }
 
@@ -29,15 +29,39 @@ impl Core {
         self.params.pace_us.min(self.params.window_us)
     }
 
-    /// `limit × pace` of a paced client; `None` when pacing does not apply (off, an
-    /// uncapped client, or a limit of 0, which the window check already holds back).
-    pub(super) fn pace_budget(&self, c: &ClientState) -> Option<Micros> {
-        let pace = self.pace_window();
+    /// The pacing rules of a client: `limit × pace` over the pacing window, and `limit ×
+    /// pace short` over the short one while no other client waits for the token; none when
+    /// pacing does not apply (off, an uncapped client, a limit of 0, which the window check
+    /// already holds back, or full contention).
+    ///
+    /// The short rule is for a client that has the GPU to itself, which would otherwise
+    /// spend its pacing allowance in one block and then wait out the rest of the window.
+    /// Beside waiting clients the turns already spread its use, and there the short rule
+    /// only lost it time: headroom that came back while a neighbour ran a 20 ms burst was
+    /// gone 100 ms later, and a (0.5, 0.5) client beside a (0.1, 1.0) one with such bursts
+    /// got 0.44 (`capped_and_elastic_busy_swapped_patterns` in tests/sim.rs).
+    pub(super) fn pace_rules(&self, key: Key, c: &ClientState) -> impl Iterator<Item = PaceRule> {
         let lim = c.spec.limit_milli;
-        if pace == 0 || lim == 0 || lim >= 1000 || self.fully_contended() {
-            return None;
-        }
-        Some(((u128::from(lim) * u128::from(pace) / 1000) as u64).max(1))
+        let on = lim > 0 && lim < 1000 && !self.fully_contended();
+        let long = self.pace_window();
+        let alone = !self
+            .clients
+            .iter()
+            .any(|(k, o)| *k != key && !o.waiting.is_empty());
+        // Never longer than the pacing window (nor the window, which bounds both).
+        let short = if alone {
+            self.params.pace_short_us.min(long)
+        } else {
+            0
+        };
+        [long, short]
+            .into_iter()
+            .filter(move |w| on && *w > 0)
+            .map(move |window| PaceRule {
+                window,
+                budget: ((u128::from(lim) * u128::from(window) / 1000) as u64).max(1),
+                exact: window == long,
+            })
     }
 
     /// Whether the clients waiting for the token request, together, the whole GPU. Then the
@@ -69,14 +93,21 @@ impl Core {
     /// leave up to one grant of every pacing window unused (only whole grants fit),
     /// which cost a 0.3 client with 33 ms bursts 2-3 points of its share.
     ///
-    /// A client that overruns its grants waits for that much more: the overrun lands in the
-    /// same pacing window, and a 0.3 client with 50 ms bursts (its whole burst queued in a
-    /// 5 ms grant) otherwise used 0.323 of a 1 s window on an H100.
-    pub(super) fn pace_need(&self, c: &ClientState, budget: Micros) -> Micros {
+    /// A client that overruns its grants waits for that much more under the exact rule:
+    /// the overrun lands in the same pacing window, and a 0.3 client with 50 ms bursts (its
+    /// whole burst queued in a 5 ms grant) otherwise used 0.323 of a 1 s window on an H100.
+    /// Not under the short window's rule, which bounds waits and leaves the share to the
+    /// exact one: waiting there for a min quota plus a 15 ms overrun left a (0.5, 0.5)
+    /// client of 20 ms bursts two of them per 100 ms, 0.43 of the GPU beside a (0.1, 1.0)
+    /// one (`pace_table` in tests/sim.rs).
+    pub(super) fn pace_need(&self, c: &ClientState, rule: PaceRule) -> Micros {
+        if !rule.exact {
+            return 1;
+        }
         self.params
             .min_quota_us
             .saturating_add(c.overrun_us)
-            .min(budget)
+            .min(rule.budget)
             .max(1)
     }
 
@@ -106,10 +137,11 @@ impl Core {
     }
 
     /// The longest hold `q` starting at `now` that keeps the client's usage over the
-    /// pacing window ending at `now + q` within `budget`: `q` plus its usage in
-    /// `[now + q - pace, ..)` (old usage slides out while the new hold runs).
-    pub(super) fn pace_headroom(&self, key: Key, now: Micros, budget: Micros) -> Micros {
-        let from = now.saturating_sub(self.pace_window());
+    /// rule's window ending at `now + q` within its budget: `q` plus its usage in
+    /// `[now + q - window, ..)` (old usage slides out while the new hold runs).
+    pub(super) fn pace_headroom(&self, key: Key, now: Micros, rule: PaceRule) -> Micros {
+        let PaceRule { window, budget, .. } = rule;
+        let from = now.saturating_sub(window);
         let segs = self.own_since(key, from);
         let used: Micros = segs.iter().map(|(s, e)| e - s).sum();
         let Some(slack) = budget.checked_sub(used) else {
@@ -133,16 +165,20 @@ impl Core {
         pos + (slack - gaps) - from
     }
 
-    /// When the pacing headroom reaches `need` (`now` if it has), assuming no new use:
-    /// the first `t` with `need + usage in [t + need - pace, ..) <= budget`.
+    /// When the rule's headroom reaches `need` (`now` if it has), assuming no new use:
+    /// the first `t` with `need + usage in [t + need - window, ..) <= budget`.
     pub(super) fn pace_ready_at(
         &self,
         key: Key,
         now: Micros,
-        budget: Micros,
+        rule: PaceRule,
         need: Micros,
     ) -> Option<Micros> {
-        let pace = self.pace_window();
+        let PaceRule {
+            window: pace,
+            budget,
+            ..
+        } = rule;
         let from = now.saturating_sub(pace);
         let segs = self.own_since(key, from);
         let used: Micros = segs.iter().map(|(s, e)| e - s).sum();
