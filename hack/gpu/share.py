@@ -36,6 +36,8 @@ class ShareBench(Bench):
     debug = False  # gem-schd and hook debug logs (every grant, with its wait) into bench.log
     schd_debug = False  # gem-schd's debug log only (every grant with the client's charged time)
     hook_env = {}  # more environment for the hooked tenants, for a variant of a scenario
+    label_env = {}  # more environment for one tenant by its label (a variant's "infer" only)
+    last_clocks = None  # the GPU's SM clock, power and utilisation over the last run's timed part
 
     @contextlib.contextmanager
     def schd(self, clients):
@@ -64,6 +66,10 @@ class ShareBench(Bench):
                 p.kill()
 
     def spawn(self, args, client=None, env=None):
+        label = args[args.index("--label") + 1] if "--label" in args else ""
+        cpu = pinned_cpu(label)
+        if cpu is not None:
+            args = args + ["--cpu", str(cpu)]
         e = dict(os.environ, PYTHONUNBUFFERED="1")
         if client is not None:
             e.update(LD_PRELOAD=self.hook, KUBESHARE_SOCKET_DIR=self.sock_dir(client),
@@ -83,7 +89,8 @@ class ShareBench(Bench):
 
     def run(self, tenants, seconds, at=(), timeout=150):
         """tenants: [(label, [tenant args], client or None)]; `at`: [(s after start, fn)]."""
-        procs = [(lbl, self.spawn(args + ["--seconds", str(seconds), "--label", lbl], client))
+        procs = [(lbl, self.spawn(args + ["--seconds", str(seconds), "--label", lbl], client,
+                                  self.label_env.get(lbl)))
                  for lbl, args, client in tenants]
 
         def expired(*_):
@@ -101,18 +108,73 @@ class ShareBench(Bench):
             timers = [threading.Timer(start_at + t - time.time(), fn) for t, fn in at]
             for t in timers:
                 t.start()
-            res = {}
-            for lbl, p in procs:
-                line = p.stdout.readline()
-                if not line:
-                    raise RuntimeError(f"{lbl} failed (rc {p.wait()})")
-                res[lbl] = json.loads(line)
+            with sample_clocks() as clocks:
+                res = {}
+                for lbl, p in procs:
+                    line = p.stdout.readline()
+                    if not line:
+                        raise RuntimeError(f"{lbl} failed (rc {p.wait()})")
+                    res[lbl] = json.loads(line)
+            self.last_clocks = clocks
             return res
         finally:
             signal.alarm(0)
             for _, p in procs:
                 if p.poll() is None:
                     p.kill()
+
+
+def pinned_cpu(label):
+    """With SHARE_PIN=1, the CPU a tenant is pinned to by its label: one per physical core (no
+    two tenants on hyperthread siblings), skipping the first core. A launch-bound tenant's
+    rate follows its CPU: unpinned, native batch-1 inference ran at a median of 1.8 ms per
+    request in one call and 2.9 ms in the next on the same kind of machine."""
+    if os.environ.get("SHARE_PIN") != "1":
+        return None
+    def topology(cpu, what):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/{what}") as f:
+                return f.read().strip()
+        except OSError:
+            return str(cpu)
+    cores = {}
+    for cpu in sorted(os.sched_getaffinity(0)):
+        cores.setdefault((topology(cpu, "physical_package_id"), topology(cpu, "core_id")), cpu)
+    firsts = sorted(cores.values())[1:]
+    order = ["infer", "train", "a", "b", "c", "a1", "a2", "native"]
+    i = order.index(label) if label in order else len(order) + sum(map(ord, label)) % 8
+    return firsts[(2 * i) % len(firsts)] if firsts else None
+
+
+@contextlib.contextmanager
+def sample_clocks():
+    """The GPU's SM clock (MHz), power (W) and utilisation (%) every 50 ms while the block runs,
+    as p10 / p50 / p90 of each: a partly idle GPU clocks higher than a busy one (issue 14), so a
+    tenant's native rate and its rate beside a neighbour may be measured at different clocks."""
+    summary = {}
+    p = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,utilization.gpu",
+                          "--format=csv,noheader,nounits", "-lms", "50"],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        yield summary
+    finally:
+        p.send_signal(signal.SIGINT)  # its loop ends cleanly on ^C, with its output flushed
+        try:
+            out = p.communicate(timeout=5)[0]
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out = p.communicate()[0]
+        rows = []
+        for line in out.splitlines():
+            try:
+                rows.append([float(x) for x in line.split(",")])
+            except ValueError:
+                continue  # a partial last line, or "[N/A]"
+        for i, key in enumerate(["sm_mhz", "power_w", "util_pct"]):
+            col = [r[i] for r in rows if len(r) > i]
+            if col:
+                summary[key] = [pct(col, .1), pct(col, .5), pct(col, .9)]
+        summary["samples"] = len(rows)
 
 
 def windows(busy, t0, t1, width):
@@ -236,6 +298,17 @@ def variant(scenario, extra, hook_env=None, debug=False):
     return run
 
 
+def for_label(scenario, label, env):
+    """`scenario` with more environment for the tenant labelled `label` only."""
+    def run(b, raw):
+        b.label_env = {label: env}
+        try:
+            return scenario(b, raw)
+        finally:
+            b.label_env = {}
+    return run
+
+
 def train_infer_with(extra, hook_env=None, debug=False):
     # A lambda: train_infer is defined further down.
     return variant(lambda b, raw: train_infer(b, raw), extra, hook_env, debug)
@@ -299,21 +372,94 @@ def train_infer_schdlog(b, raw):
         b.schd_debug = False
 
 
-def train_infer(b, raw):
+def natives(b):
+    """The native (unhooked, alone) training and inference runs, once per invocation, with the
+    clocks they ran at."""
     if not NATIVE:
         NATIVE["train"] = b.run([("train", ["--mode", "train50"], None)], 8)["train"]
+        NATIVE["train"]["clocks"] = b.last_clocks
         NATIVE["infer"] = b.run([("infer", ["--mode", "infer18"], None)], 8)["infer"]
-    nat, nati = NATIVE["train"], NATIVE["infer"]
+        NATIVE["infer"]["clocks"] = b.last_clocks
+    return NATIVE["train"], NATIVE["infer"]
+
+
+def native_infer(b, raw):
+    """Native inference measured again: how far the first native baseline drifts in one call."""
+    _, nati = natives(b)
+    r = b.run([("infer", ["--mode", "infer18"], None)], 8)["infer"]
+    raw.update(infer=r, clocks=b.last_clocks)
+    return {"infer": infer_stats(r, nati), "clocks": b.last_clocks}
+
+
+def infer_stats(r, nati):
+    """Inference beside others against its native run: rate, latency, and the requests that ran
+    whole inside a turn (latency under twice the native median): how long those took on the
+    CPU's clock and on the GPU's (their events' span), against native."""
+    li, ln = r["lat_ms"], nati["lat_ms"]
+    whole = [i for i, x in enumerate(li) if x < 2 * pct(ln, .5)]
+    out = {"of_native": round(r["rate"] / nati["rate"], 4),
+           "ms": {"p50": pct(li, .5), "p99": pct(li, .99), "max": max(li)},
+           "native_ms": {"p50": pct(ln, .5), "p99": pct(ln, .99), "max": max(ln)},
+           "whole_requests": round(len(whole) / len(li), 4)}
+    if whole and "gpu_ms" in r and "gpu_ms" in nati:
+        out["whole_ms_p50"] = pct([li[i] for i in whole], .5)
+        out["whole_gpu_ms_p50"] = pct([r["gpu_ms"][i] for i in whole], .5)
+        out["native_gpu_ms_p50"] = pct(nati["gpu_ms"], .5)
+    return out
+
+
+def train_infer(b, raw):
+    nat, nati = natives(b)
     with b.schd([("t", 0.5, 0.5, 40 * GIB), ("i", 0.5, 0.5, 8 * GIB)]):
         r = b.run([("train", ["--mode", "train50"], "t"), ("infer", ["--mode", "infer18"], "i")], 20)
-    raw.update(train_native=nat, infer_native=nati, train_infer=r)
+    raw.update(train_native=nat, infer_native=nati, train_infer=r, clocks=b.last_clocks)
     li, ln = r["infer"]["lat_ms"], nati["lat_ms"]
     return {"train_of_native": round(r["train"]["rate"] / nat["rate"], 4),
             "infer_of_native": round(r["infer"]["rate"] / nati["rate"], 4),
             "infer_ms": {"p50": pct(li, .5), "p99": pct(li, .99), "max": max(li)},
             "infer_native_ms": {"p50": pct(ln, .5), "p99": pct(ln, .99), "max": max(ln)},
             "train_longest_stall_s": stall(r["train"]["series"]),
-            "train_native_step_s": round(1 / nat["rate"], 4)}
+            "train_native_step_s": round(1 / nat["rate"], 4),
+            "infer": infer_stats(r["infer"], nati),
+            "clocks": b.last_clocks, "native_clocks": {"train": nat["clocks"], "infer": nati["clocks"]}}
+
+
+def train_infer_unhooked(b, raw):
+    """The pair with no hook and no gem-schd: the GPU's own time-slicing between two contexts."""
+    nat, nati = natives(b)
+    r = b.run([("train", ["--mode", "train50"], None), ("infer", ["--mode", "infer18"], None)], 20)
+    raw.update(train_infer=r, clocks=b.last_clocks)
+    return {"train_of_native": round(r["train"]["rate"] / nat["rate"], 4),
+            "infer": infer_stats(r["infer"], nati), "clocks": b.last_clocks}
+
+
+def infer_capped(b, raw):
+    """Batch-1 inference alone under the hook at 0.5 (paced, no neighbour): what the token's
+    turns cost it without another context on the GPU or the clocks a neighbour brings."""
+    _, nati = natives(b)
+    with b.schd([("i", 0.5, 0.5, 8 * GIB)]):
+        r = b.run([("infer", ["--mode", "infer18"], "i")], 20)["infer"]
+    raw.update(infer=r, clocks=b.last_clocks)
+    return {"infer": infer_stats(r, nati), "clocks": b.last_clocks}
+
+
+def infer_capped_schdlog(b, raw):
+    """infer_capped with gem-schd's debug log (every grant, with the client's charged time)."""
+    b.schd_debug = True
+    try:
+        return infer_capped(b, raw)
+    finally:
+        b.schd_debug = False
+
+
+def train_capped(b, raw):
+    """ResNet-50 training alone under the hook at 0.5 (paced, no neighbour)."""
+    nat, _ = natives(b)
+    with b.schd([("t", 0.5, 0.5, 40 * GIB)]):
+        r = b.run([("train", ["--mode", "train50"], "t")], 20)["train"]
+    raw.update(train=r, clocks=b.last_clocks)
+    return {"train_of_native": round(r["rate"] / nat["rate"], 4),
+            "train_longest_stall_s": stall(r["series"]), "clocks": b.last_clocks}
 
 
 def reload(b, raw):
@@ -365,6 +511,12 @@ multiproc_ahead800 = variant(lambda b, raw: multiproc(b, raw), [], {"KUBESHARE_H
 # default 600; 0: the bound all hold long, round 8's rule).
 multiproc_early0 = variant(lambda b, raw: multiproc(b, raw), [], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "0"})
 multiproc_early5000 = variant(lambda b, raw: multiproc(b, raw), [], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "5000"})
+# The queue-ahead bound off for the inference tenant only (KUBESHARE_HOOK_MAX_AHEAD_US=0):
+# does the ring's probing slow a launch-bound tenant's requests inside its turns?
+train_infer_inoahead = for_label(lambda b, raw: train_infer(b, raw), "infer", {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
+infer_capped_noahead = for_label(lambda b, raw: infer_capped(b, raw), "infer", {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
+# The short pacing window off (gem-schd --pace-short-ms 0): the pacing window alone.
+infer_capped_short0 = variant(lambda b, raw: infer_capped(b, raw), ["--pace-short-ms", "0"])
 train_infer_early0 = train_infer_with([], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "0"})
 train_infer_early5000 = train_infer_with([], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "5000"})
 

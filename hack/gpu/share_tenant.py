@@ -10,11 +10,14 @@ for --seconds, print one JSON line. Modes:
           busy time exactly (whatever the clocks), and placed in time: each is read relative to
           a reference event recorded at the start; "busy" = [[start s, end s]] per kernel.
   train50 torchvision ResNet-50 training steps, batch 64 (one fixed batch).
-  infer18 torchvision ResNet-18 inference, batch 1, one sync per request; latencies in ms.
+  infer18 torchvision ResNet-18 inference, batch 1, one sync per request; latencies in ms,
+          each request's start (s from the run's start) and its GPU span in ms (CUDA events
+          before its first kernel and after its last: a request split by a turn spans the wait).
 """
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -101,14 +104,20 @@ class Infer18:
         import torchvision
         self.m = torchvision.models.resnet18().cuda().eval()
         self.x = torch.randn(1, 3, 224, 224, device="cuda")
-        self.lat = []
+        self.lat, self.req_t, self.gpu_ms = [], [], []
+        self.ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
 
     def step(self, t0):
+        s, e = self.ev
+        self.req_t.append(round(time.time() - t0, 5))
         t = time.perf_counter()
         with torch.no_grad():
+            s.record()
             self.m(self.x)
+            e.record()
         torch.cuda.synchronize()
         self.lat.append(round((time.perf_counter() - t) * 1000, 3))
+        self.gpu_ms.append(round(s.elapsed_time(e), 3))
         return 1
 
 
@@ -118,13 +127,17 @@ def main():
     p.add_argument("--burst-ms", type=float, default=16)
     p.add_argument("--seconds", type=float, default=10)
     p.add_argument("--label", default="")
+    p.add_argument("--cpu", type=int, help="pin the process to this CPU (share.py's SHARE_PIN=1)")
     a = p.parse_args()
+    if a.cpu is not None:
+        os.sched_setaffinity(0, {a.cpu})
     torch.cuda.init()
     w = {"burst": lambda: Burst(a.burst_ms), "train50": Train50, "infer18": Infer18}[a.mode]()
     for _ in range(3):
         w.step(time.time())
     if hasattr(w, "lat"):
-        w.lat.clear()
+        for v in (w.lat, w.req_t, w.gpu_ms):
+            v.clear()
     emit({"ready": True})
     start = float(json.loads(sys.stdin.readline())["start_at"])
     while time.time() < start:
@@ -144,7 +157,7 @@ def main():
     if hasattr(w, "busy"):
         out.update(busy=w.busy, kernel_ms=w.kernel_ms, per_burst=w.per, waits_inside=w.waits_inside)
     if hasattr(w, "lat"):
-        out["lat_ms"] = w.lat
+        out.update(lat_ms=w.lat, req_t=w.req_t, gpu_ms=w.gpu_ms)
     emit(out)
 
 
