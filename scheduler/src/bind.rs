@@ -46,6 +46,17 @@ pub(crate) enum Call<T> {
     NotApplied(String),
 }
 
+impl<T> Call<T> {
+    /// The value, or what went wrong whichever way the call failed (for callers that
+    /// treat every failure alike).
+    pub(crate) fn into_result(self) -> Result<T, String> {
+        match self {
+            Call::Ok(v) => Ok(v),
+            Call::Refused(_, e) | Call::Unknown(e) | Call::NotApplied(e) => Err(e),
+        }
+    }
+}
+
 /// Runs `f` (one API call) with a permit, retrying 429s and transient errors with
 /// a short backoff until `deadline`.
 pub(crate) async fn call<T, F, Fut>(s: &Shared, deadline: Instant, what: &str, f: F) -> Call<T>
@@ -181,10 +192,9 @@ async fn run_bind(s: &Shared, a: &ExtenderBindingArgs) -> Result<String, String>
     let pods: Api<WirePod> = Api::namespaced(client, &a.pod_namespace);
     if !s.lock().knows_pod(&a.pod_uid) {
         // The watch has not delivered it yet: read it.
-        let p = match call(s, deadline, "reading the pod", || pods.get(&a.pod_name)).await {
-            Call::Ok(p) => p,
-            Call::Refused(_, e) | Call::Unknown(e) | Call::NotApplied(e) => return Err(e),
-        };
+        let p = call(s, deadline, "reading the pod", || pods.get(&a.pod_name))
+            .await
+            .into_result()?;
         let info = p.info();
         if info.uid != a.pod_uid {
             return Err(format!(
@@ -297,13 +307,12 @@ async fn post_binding(
             Call::Refused(409, msg) => {
                 // Why? Read the pod (a quorum read).
                 let p = match call(s, deadline, "reading the pod", || pods.get(&a.pod_name)).await {
-                    Call::Ok(p) => p,
                     Call::Refused(404, _) => {
                         return Err(BindError::Refused(format!("{msg}; the pod is gone")));
                     }
-                    Call::Refused(_, e) | Call::Unknown(e) | Call::NotApplied(e) => {
-                        return Err(BindError::Unknown(format!("{msg}; then {e}")));
-                    }
+                    r => r
+                        .into_result()
+                        .map_err(|e| BindError::Unknown(format!("{msg}; then {e}")))?,
                 };
                 let info = p.info();
                 if info.uid != a.pod_uid {

@@ -288,9 +288,10 @@ async fn wake_member(
             pods.patch_status(name, &pp, &merge)
         })
         .await
+        .into_result()
         {
-            Call::Ok(_) => debug!(pod = %name, %ns, %node, "nominated"),
-            Call::Refused(_, e) | Call::Unknown(e) | Call::NotApplied(e) => {
+            Ok(_) => debug!(pod = %name, %ns, %node, "nominated"),
+            Err(e) => {
                 warn!(pod = %name, %ns, %node, error = %e, "could not nominate a pod's node")
             }
         }
@@ -302,7 +303,7 @@ async fn wake_member(
         pods.patch(name, &pp, &merge)
     })
     .await;
-    if let Call::Refused(_, e) | Call::Unknown(e) | Call::NotApplied(e) = r {
+    if let Err(e) = r.into_result() {
         warn!(pod = %name, %ns, error = %e, "could not wake a group member");
     }
 }
