@@ -10,6 +10,8 @@ beside it. Prints one JSON table; raw tenant results go to OUT/share-raw.json.
 `scenario@DIR` runs that scenario with DIR's hook and gem-schd instead, against the same native
 baselines (measured once per invocation), so that two builds alternate in one run;
 `scenario+log` runs it with gem-schd's and the hook's debug logs (every grant) in OUT/log-N-scenario.log.
+Every run also reports the GPU's SM clock, power and utilisation over its timed part; with
+SHARE_PIN=1 each tenant is pinned to a core of its own.
 """
 
 import calendar
@@ -126,9 +128,9 @@ class ShareBench(Bench):
 
 def pinned_cpu(label):
     """With SHARE_PIN=1, the CPU a tenant is pinned to by its label: one per physical core (no
-    two tenants on hyperthread siblings), skipping the first core. A launch-bound tenant's
-    rate follows its CPU: unpinned, native batch-1 inference ran at a median of 1.8 ms per
-    request in one call and 2.9 ms in the next on the same kind of machine."""
+    two tenants on hyperthread siblings), skipping the first core, so that tenants never share
+    a core. It did not remove the spread of a launch-bound tenant's native rate (batch-1
+    inference: 1.55–2.93 ms per request over three runs of one pinned call; issue 14, round 10)."""
     if os.environ.get("SHARE_PIN") != "1":
         return None
     def topology(cpu, what):
