@@ -365,13 +365,18 @@ def train_infer_debug(b, raw):
         b.debug = False
 
 
-def train_infer_schdlog(b, raw):
-    """train_infer with gem-schd's debug log (every grant, with the client's charged time)."""
-    b.schd_debug = True
-    try:
-        return train_infer(b, raw)
-    finally:
-        b.schd_debug = False
+def schd_logged(scenario):
+    """`scenario` with gem-schd's debug log (every grant, with the client's charged time)."""
+    def run(b, raw):
+        b.schd_debug = True
+        try:
+            return scenario(b, raw)
+        finally:
+            b.schd_debug = False
+    return run
+
+
+train_infer_schdlog = schd_logged(lambda b, raw: train_infer(b, raw))
 
 
 def natives(b):
@@ -445,13 +450,7 @@ def infer_capped(b, raw):
     return {"infer": infer_stats(r, nati), "clocks": b.last_clocks}
 
 
-def infer_capped_schdlog(b, raw):
-    """infer_capped with gem-schd's debug log (every grant, with the client's charged time)."""
-    b.schd_debug = True
-    try:
-        return infer_capped(b, raw)
-    finally:
-        b.schd_debug = False
+infer_capped_schdlog = schd_logged(infer_capped)
 
 
 def train_capped(b, raw):
