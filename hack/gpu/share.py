@@ -381,12 +381,21 @@ train_infer_schdlog = schd_logged(lambda b, raw: train_infer(b, raw))
 
 def natives(b):
     """The native (unhooked, alone) training and inference runs, once per invocation, with the
-    clocks they ran at."""
+    clocks they ran at. Inference is measured SHARE_NATIVE_RUNS times (default 3) and the run
+    with the median rate is its baseline, every rate kept beside it: a launch-bound tenant's
+    native rate moved 346–594 requests/s between 8 s runs on one H100 host (round 10), where
+    training's held to ±2 %."""
     if not NATIVE:
         NATIVE["train"] = b.run([("train", ["--mode", "train50"], None)], 8)["train"]
         NATIVE["train"]["clocks"] = b.last_clocks
-        NATIVE["infer"] = b.run([("infer", ["--mode", "infer18"], None)], 8)["infer"]
-        NATIVE["infer"]["clocks"] = b.last_clocks
+        runs = []
+        for _ in range(max(1, int(os.environ.get("SHARE_NATIVE_RUNS", "3")))):
+            r = b.run([("infer", ["--mode", "infer18"], None)], 8)["infer"]
+            r["clocks"] = b.last_clocks
+            runs.append(r)
+        runs.sort(key=lambda r: r["rate"])
+        NATIVE["infer"] = runs[len(runs) // 2]
+        NATIVE["infer"]["native_rates"] = [round(r["rate"], 1) for r in runs]
     return NATIVE["train"], NATIVE["infer"]
 
 
@@ -407,7 +416,8 @@ def infer_stats(r, nati):
     out = {"of_native": round(r["rate"] / nati["rate"], 4),
            "ms": {"p50": pct(li, .5), "p99": pct(li, .99), "max": max(li)},
            "native_ms": {"p50": pct(ln, .5), "p99": pct(ln, .99), "max": max(ln)},
-           "whole_requests": round(len(whole) / len(li), 4)}
+           "whole_requests": round(len(whole) / len(li), 4),
+           "native_rates": nati.get("native_rates")}
     if whole and "gpu_ms" in r and "gpu_ms" in nati:
         out["whole_ms_p50"] = pct([li[i] for i in whole], .5)
         out["whole_gpu_ms_p50"] = pct([r["gpu_ms"][i] for i in whole], .5)
