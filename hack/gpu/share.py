@@ -289,14 +289,17 @@ def stall(series):
 NATIVE = {}
 
 
-def variant(scenario, extra, hook_env=None, debug=False):
-    """`scenario` with more gem-schd arguments (and hook environment), as a scenario of its own."""
+def variant(scenario, extra, hook_env=None, debug=False, schd_debug=False):
+    """`scenario` with more gem-schd arguments (and hook environment), as a scenario of its own;
+    `debug`: every grant logged by gem-schd and the hook, `schd_debug`: by gem-schd only (with
+    the client's charged time)."""
     def run(b, raw):
         b.extra, b.hook_env, b.debug = extra, hook_env or {}, debug or b.debug
+        b.schd_debug = schd_debug or b.schd_debug
         try:
             return scenario(b, raw)
         finally:
-            b.extra, b.hook_env, b.debug = [], {}, False
+            b.extra, b.hook_env, b.debug, b.schd_debug = [], {}, False, False
     return run
 
 
@@ -356,27 +359,10 @@ train_infer_ahead100 = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "100
 train_infer_ahead50_debug = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "50"}, debug=True)
 
 
-def train_infer_debug(b, raw):
-    """train_infer with every grant logged (gem-schd and hook) into bench.log."""
-    b.debug = True
-    try:
-        return train_infer(b, raw)
-    finally:
-        b.debug = False
-
-
-def schd_logged(scenario):
-    """`scenario` with gem-schd's debug log (every grant, with the client's charged time)."""
-    def run(b, raw):
-        b.schd_debug = True
-        try:
-            return scenario(b, raw)
-        finally:
-            b.schd_debug = False
-    return run
-
-
-train_infer_schdlog = schd_logged(lambda b, raw: train_infer(b, raw))
+# train_infer with every grant logged (gem-schd and hook) into bench.log.
+train_infer_debug = train_infer_with([], debug=True)
+# train_infer with gem-schd's grant log only.
+train_infer_schdlog = variant(lambda b, raw: train_infer(b, raw), [], schd_debug=True)
 
 
 def natives(b):
@@ -460,7 +446,7 @@ def infer_capped(b, raw):
     return {"infer": infer_stats(r, nati), "clocks": b.last_clocks}
 
 
-infer_capped_schdlog = schd_logged(infer_capped)
+infer_capped_schdlog = variant(infer_capped, [], schd_debug=True)
 
 
 def train_capped(b, raw):
