@@ -49,7 +49,7 @@ struct Args {
     pace_ms: u64,
     /// A second, short pacing window, ms, held the same way: over the pacing window alone a
     /// capped client may use its share of it at once and then wait the rest (500 ms at 0.5);
-    /// this bounds such a wait to about (1 − limit) × this. Clamped to --pace-ms; 0 = off.
+    /// this bounds such a wait to about (1 − limit) × this. At or above --pace-ms it adds nothing; 0 = off.
     #[arg(long, default_value_t = 100)]
     pace_short_ms: u64,
     /// Connections one client (pod) may have open at once; more are refused (Error 6).

@@ -51,7 +51,7 @@ pub struct Params {
     /// client whose window is empty may spend its `limit × pace` at once and then wait
     /// `(1 − limit) × pace` (a batch-1 inference tenant at 0.5 alone on an H100: 480 ms
     /// every second); this bounds that wait to about `(1 − limit) × pace_short` plus a
-    /// burst. Clamped to the pacing window; 0 = off.
+    /// burst. At or above the pacing window it adds nothing (the same rule); 0 = off.
     pub pace_short_us: Micros,
 }
 

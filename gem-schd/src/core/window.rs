@@ -48,11 +48,10 @@ impl Core {
             .clients
             .iter()
             .any(|(k, o)| *k != key && !o.waiting.is_empty());
-        // Never longer than the pacing window (nor the window, which bounds both).
-        let short = if alone {
-            self.params.pace_short_us.min(long)
-        } else {
-            0
+        // Shorter than the pacing window, or it would only repeat that window's rule.
+        let short = match self.params.pace_short_us {
+            w if alone && w < long => w,
+            _ => 0,
         };
         [long, short]
             .into_iter()
