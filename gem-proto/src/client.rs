@@ -206,6 +206,18 @@ impl Client {
         }
     }
 
+    /// Ask to go on holding past the quota, the last work still queued (see
+    /// [`Request::Renew`]): `Some(quota_us)` if the hold goes on, `None` if the holder must
+    /// drain and ask with a TokenRequest.
+    pub fn renew(&mut self, burst_us: u64) -> Result<Option<u64>, ClientError> {
+        self.send(&Request::Renew { burst_us })?;
+        match self.recv()? {
+            Reply::Grant { quota_us } => Ok(Some(quota_us)),
+            Reply::Yield => Ok(None),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Give the token back (the holder went idle). No reply.
     pub fn release(&mut self, used_us: u64) -> Result<(), ClientError> {
         self.send(&Request::Release { used_us })

@@ -40,11 +40,13 @@ pub mod kind {
     pub const MEM_ALLOC: u8 = 4;
     pub const MEM_FREE: u8 = 5;
     pub const MEM_QUERY: u8 = 6;
+    pub const RENEW: u8 = 7;
     /// Server -> client kinds.
     pub const HELLO_OK: u8 = 64;
     pub const GRANT: u8 = 65;
     pub const MEM_VERDICT: u8 = 66;
     pub const MEM_INFO: u8 = 67;
+    pub const YIELD: u8 = 68;
     pub const ERROR: u8 = 127;
 }
 
@@ -64,6 +66,11 @@ pub enum Request {
     MemFree { bytes: u64 },
     /// Ask for the client's memory use and limit.
     MemQuery,
+    /// The holder's quota ran out and it wants more, its last work still queued: the hold
+    /// goes on (a Grant) if a TokenRequest now would give the token straight back to it,
+    /// which spares the drain and the GPU's idle restart; otherwise Yield, and the holder
+    /// drains and asks with a TokenRequest as usual. `burst_us` as in TokenRequest.
+    Renew { burst_us: u64 },
 }
 
 /// A frame sent by gem-schd to a client.
@@ -94,6 +101,8 @@ pub enum Reply {
         code: u16,
         message: String,
     },
+    /// Answer to Renew: not renewed; the hold stands until the holder reports its end.
+    Yield,
 }
 
 /// Why a frame could not be decoded (or encoded).
@@ -130,6 +139,7 @@ impl Request {
             Request::MemAlloc { .. } => kind::MEM_ALLOC,
             Request::MemFree { .. } => kind::MEM_FREE,
             Request::MemQuery => kind::MEM_QUERY,
+            Request::Renew { .. } => kind::RENEW,
         }
     }
 
@@ -151,6 +161,7 @@ impl Request {
             Request::Release { used_us } => w.u64(*used_us),
             Request::MemAlloc { bytes } | Request::MemFree { bytes } => w.u64(*bytes),
             Request::MemQuery => {}
+            Request::Renew { burst_us } => w.u64(*burst_us),
         }
         w.finish();
         Ok(())
@@ -182,6 +193,7 @@ impl Request {
             kind::MEM_ALLOC => Request::MemAlloc { bytes: r.u64()? },
             kind::MEM_FREE => Request::MemFree { bytes: r.u64()? },
             kind::MEM_QUERY => Request::MemQuery,
+            kind::RENEW => Request::Renew { burst_us: r.u64()? },
             other => return Err(FrameError::UnknownKind(other)),
         };
         r.end()?;
@@ -198,6 +210,7 @@ impl Reply {
             Reply::MemVerdict { .. } => kind::MEM_VERDICT,
             Reply::MemInfo { .. } => kind::MEM_INFO,
             Reply::Error { .. } => kind::ERROR,
+            Reply::Yield => kind::YIELD,
         }
     }
 
@@ -249,6 +262,7 @@ impl Reply {
                 w.u16(*code);
                 w.string(message)?;
             }
+            Reply::Yield => {}
         }
         w.finish();
         Ok(())
@@ -295,6 +309,7 @@ impl Reply {
                 code: r.u16()?,
                 message: r.string()?,
             },
+            kind::YIELD => Reply::Yield,
             other => return Err(FrameError::UnknownKind(other)),
         };
         r.end()?;
@@ -443,6 +458,25 @@ mod tests {
             vec![
                 14, 0, 0, 0, 1, 1, 4, 3, 2, 1, 6, 0, b'G', b'P', b'U', b'-', b'a', b'b'
             ]
+        );
+    }
+
+    #[test]
+    fn renew_and_yield_layouts_are_as_specified() {
+        let b = Request::Renew { burst_us: 5000 }.encode().unwrap();
+        assert_eq!(b, vec![10, 0, 0, 0, 1, 7, 0x88, 0x13, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(Reply::Yield.encode().unwrap(), vec![2, 0, 0, 0, 1, 68]);
+        assert_eq!(
+            Reply::decode(&[2, 0, 0, 0, 1, 68]),
+            Ok(Some((Reply::Yield, 6)))
+        );
+        // A Yield with a payload is malformed, not a Yield.
+        assert_eq!(
+            Reply::decode(&[3, 0, 0, 0, 1, 68, 0]),
+            Err(FrameError::TrailingBytes {
+                kind: kind::YIELD,
+                extra: 1
+            })
         );
     }
 

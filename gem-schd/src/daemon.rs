@@ -228,6 +228,7 @@ impl Actor {
                     code,
                     message,
                 } => self.send(conn, Reply::error(code, message)),
+                Action::Yield { conn } => self.send(conn, Reply::Yield),
             }
         }
     }
@@ -322,6 +323,10 @@ impl Actor {
             }
             Request::Release { used_us } => {
                 let acts = self.core.release(now, conn, used_us);
+                self.perform(acts);
+            }
+            Request::Renew { burst_us } => {
+                let acts = self.core.renew(now, conn, burst_us);
                 self.perform(acts);
             }
             Request::MemAlloc { bytes } => {

@@ -13,6 +13,7 @@ const IDS: [&str; 3] = ["a", "b", "c"];
 enum Op {
     Request(usize, Micros, Micros),
     Release(usize, Micros),
+    Renew(usize, Micros),
     Reconnect(usize),
     Alloc(usize, u64),
     Free(usize, u64),
@@ -24,6 +25,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0..6usize, 0..20_000u64, 0..50_000u64).prop_map(|(c, o, b)| Op::Request(c, o, b)),
         3 => (0..6usize, 0..100_000u64).prop_map(|(c, u)| Op::Release(c, u)),
+        2 => (0..6usize, 0..50_000u64).prop_map(|(c, b)| Op::Renew(c, b)),
         1 => (0..6usize).prop_map(Op::Reconnect),
         2 => (0..6usize, 0..700u64).prop_map(|(c, b)| Op::Alloc(c, b)),
         1 => (0..6usize, 0..700u64).prop_map(|(c, b)| Op::Free(c, b)),
@@ -83,7 +85,7 @@ impl World {
                 Action::Error { conn, code, .. } if code != gem_proto::code::PROTOCOL_MISUSE => {
                     self.pending.remove(&conn);
                 }
-                Action::Error { .. } => {}
+                Action::Error { .. } | Action::Yield { .. } => {}
             }
         }
         prop_assert!(granted_clients.len() <= 1, "one holder at a time");
@@ -141,6 +143,31 @@ proptest! {
                 Op::Release(s, u) => {
                     let c = w.slots[s].0;
                     w.core.release(w.now, c, u)
+                }
+                // A renewal goes to the holder alone, with no request waiting anywhere, and
+                // answers its Renew; anything else is a Yield (or an error for a connection
+                // the core does not know).
+                Op::Renew(s, b) => {
+                    let c = w.slots[s].0;
+                    let holder = w.core.holder().map(str::to_owned);
+                    let any_pending = !w.pending.is_empty();
+                    let acts = w.core.renew(w.now, c, b);
+                    match acts.as_slice() {
+                        [Action::Grant { client, conns, .. }] => {
+                            prop_assert!(!any_pending, "renewed while requests waited: {:?}", w.pending);
+                            prop_assert_eq!(Some(client), holder.as_ref());
+                            prop_assert_eq!(conns, &vec![c]);
+                            // What `check` expects of a grant: an answered request.
+                            w.pending.insert(c);
+                        }
+                        [Action::Yield { conn }] => prop_assert_eq!(*conn, c),
+                        [Action::Error { conn, .. }] => {
+                            prop_assert_eq!(*conn, c);
+                            prop_assert!(!w.conn_ok(s));
+                        }
+                        other => prop_assert!(false, "Renew answered {:?}", other),
+                    }
+                    acts
                 }
                 Op::Reconnect(s) => {
                     let (c, client) = w.slots[s];

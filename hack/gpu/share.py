@@ -449,14 +449,46 @@ def infer_capped(b, raw):
 infer_capped_schdlog = variant(infer_capped, [], schd_debug=True)
 
 
-def train_capped(b, raw):
-    """ResNet-50 training alone under the hook at 0.5 (paced, no neighbour)."""
+def train_alone(b, raw, limit):
+    """ResNet-50 training alone under the hook at request = limit = `limit` (no neighbour)."""
     nat, _ = natives(b)
-    with b.schd([("t", 0.5, 0.5, 40 * GIB)]):
+    with b.schd([("t", limit, limit, 40 * GIB)]):
         r = b.run([("train", ["--mode", "train50"], "t")], 20)["train"]
     raw.update(train=r, clocks=b.last_clocks)
     return {"train_of_native": round(r["rate"] / nat["rate"], 4),
+            "train_of_limit": round(r["rate"] / nat["rate"] / limit, 4),
             "train_longest_stall_s": stall(r["series"]), "clocks": b.last_clocks}
+
+
+def train_capped(b, raw):
+    """ResNet-50 training alone under the hook at 0.5 (paced, no neighbour)."""
+    return train_alone(b, raw, 0.5)
+
+
+def train_uncapped(b, raw):
+    """ResNet-50 training alone under the hook at 1.0: what the hook and its hand-overs cost a
+    GPU-bound tenant with nothing paced, against its native rate."""
+    return train_alone(b, raw, 1.0)
+
+
+# Where a capped training tenant's time goes (round 11): the queue-ahead bound off, the short
+# pacing window off, pacing off (the limit over gem-schd's 10 s window only), every grant logged.
+train_capped_noahead = variant(lambda b, raw: train_capped(b, raw), [], {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
+train_capped_short0 = variant(lambda b, raw: train_capped(b, raw), ["--pace-short-ms", "0"])
+train_capped_pace0 = variant(lambda b, raw: train_capped(b, raw), ["--pace-ms", "0"])
+train_capped_schdlog = variant(lambda b, raw: train_capped(b, raw), [], schd_debug=True)
+train_uncapped_noahead = variant(lambda b, raw: train_uncapped(b, raw), [], {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
+train_uncapped_schdlog = variant(lambda b, raw: train_uncapped(b, raw), [], schd_debug=True)
+# gem-schd's min quota at 50 ms: a paced client alone holds longer, with fewer hand-overs.
+train_capped_minq50 = variant(lambda b, raw: train_capped(b, raw), ["--min-quota-ms", "50"])
+# Renewal off (`KUBESHARE_HOOK_RENEW=0`): every quota's end drains and asks again, the rule
+# before round 11; the control for the renewed holds of a tenant alone.
+RENEW0 = {"KUBESHARE_HOOK_RENEW": "0"}
+train_capped_renew0 = variant(lambda b, raw: train_capped(b, raw), [], RENEW0)
+train_uncapped_renew0 = variant(lambda b, raw: train_uncapped(b, raw), [], RENEW0)
+infer_capped_renew0 = variant(lambda b, raw: infer_capped(b, raw), [], RENEW0)
+train_infer_renew0 = train_infer_with([], RENEW0)
+alone_renew0 = variant(lambda b, raw: alone(b, raw), [], RENEW0)
 
 
 def reload(b, raw):

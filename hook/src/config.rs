@@ -36,6 +36,9 @@ pub struct Settings {
     /// How much more than the bound may be queued while the hold has at least that much time
     /// left, in ns (`KUBESHARE_HOOK_EARLY_AHEAD_US`, default 600 µs; 0 = the bound all hold long).
     pub early_ahead_ns: u64,
+    /// At a quota's end, ask gem-schd to renew the hold before draining
+    /// (`KUBESHARE_HOOK_RENEW`, default on; `0` = always drain and ask again, as before).
+    pub renew: bool,
 }
 
 pub const DEFAULT_IO_TIMEOUT_MS: u64 = 5000;
@@ -156,6 +159,11 @@ pub fn settings() -> &'static Settings {
                 crate::info!("{e}");
                 DEFAULT_EARLY_AHEAD_US
             });
+        const RENEW: &str = "KUBESHARE_HOOK_RENEW";
+        let renew = parse_flag(RENEW, get(RENEW).as_deref(), true).unwrap_or_else(|e| {
+            crate::info!("{e}");
+            true
+        });
         let socket_dir = get(gem_proto::SOCKET_DIR_ENV)
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| gem_proto::DEFAULT_SOCKET_DIR.to_string())
@@ -168,6 +176,7 @@ pub fn settings() -> &'static Settings {
             precise_deadline,
             max_ahead_ns: max_ahead_us * 1000,
             early_ahead_ns: early_ahead_us * 1000,
+            renew,
         }
     })
 }

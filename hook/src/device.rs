@@ -9,10 +9,12 @@
 //! tick before the deadline it also reads the precise clock (vDSO too), so that a hold ends
 //! at its quota (`KUBESHARE_HOOK_PRECISE_DEADLINE=0`: the coarse clock alone, as before issue
 //! 14's fifth round; on a 4 ms tick a 5 ms hold then ran 1–9 ms). When the deadline has
-//! passed, the launching thread takes the device's token lock, waits for the work the process
-//! queued on the device in every context it uses (a hand-over must not leave work of this
-//! process running under the next holder), reports how far it overran the quota, and asks
-//! again (gem-schd then hands the token to whoever is due). A background thread gives the
+//! passed, the launching thread takes the device's token lock and first asks gem-schd to renew
+//! the hold (granted only when the token would come straight back to this process: nothing
+//! is drained then); otherwise it waits for the work the process queued on the device in every
+//! context it uses (a hand-over must not leave work of this process running under the next
+//! holder), reports how far it overran the quota, and asks again (gem-schd then hands the
+//! token to whoever is due). A background thread gives the
 //! token back (Release) when the process has launched nothing for `KUBESHARE_HOOK_IDLE_MS`,
 //! once its queued work is done, so an idle tenant does not hold the GPU; the same thread
 //! ends a hold whose quota ran out while the process was not launching (blocked in its own
@@ -38,7 +40,7 @@ use crate::state::{
 use crate::{debug, info, real};
 use gem_proto::{Client, ClientError, socket_path};
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 /// Under `KUBESHARE_ON_UNREACHABLE=run`, how long a device runs unmanaged before retrying.
@@ -423,6 +425,11 @@ fn acquire(dev: usize, stream: CUstream) {
             return; // another thread renewed it, or the device runs unmanaged for now
         }
         let (overuse_us, burst_us) = if g.holding.load(Ordering::Acquire) {
+            if let Some(quota_us) = renew(dev, g, &mut t) {
+                start_hold(dev, g, &mut t, quota_us);
+                debug!("device {dev}: hold renewed for {quota_us} µs, nothing drained");
+                return;
+            }
             let r = end_hold(dev, g, &t);
             crate::um::on_hold_end(dev);
             r
@@ -443,31 +450,9 @@ fn acquire(dev: usize, stream: CUstream) {
         let asked = precise_ns();
         match wait_for_token(dev, c, overuse_us, burst_us) {
             Ok(quota_us) => {
-                t.grant_ns = precise_ns();
-                t.quota_us = quota_us;
-                g.hold_end
-                    .store(t.grant_ns + quota_us * 1000, Ordering::Release);
-                g.holding.store(true, Ordering::Release);
-                let now = coarse_ns();
-                g.last_launch.store(now, Ordering::Relaxed);
-                let (mut coarse, precise) = deadlines(
-                    t.grant_ns,
-                    now,
-                    quota_us,
-                    coarse_resolution_ns(),
-                    settings().precise_deadline,
-                );
-                // While the GPU runs behind this process's CPU (`ahead.rs`), the queue-ahead
-                // bound covers the whole hold: on the coarse clock alone a burst launched in
-                // the hold's first tick queued unprobed (18 ms past a 5 ms grant through the
-                // fake driver), and the CPU has time to spare for the precise reads.
-                if precise != 0 && g.precise_every.load(Ordering::Relaxed) == 1 {
-                    coarse = now;
-                }
-                g.set_deadlines(coarse, precise);
-                state().devices_seen.fetch_max(dev + 1, Ordering::Relaxed);
-                start_idle_thread();
+                let coarse = start_hold(dev, g, &mut t, quota_us);
                 crate::um::on_grant(dev, stream);
+                let now = coarse_ns();
                 debug!(
                     "device {dev}: granted {quota_us} µs after waiting {} µs (reported overuse {overuse_us} µs); launches pass on the coarse clock for {} µs",
                     (t.grant_ns - asked) / 1000,
@@ -488,6 +473,65 @@ fn acquire(dev: usize, stream: CUstream) {
                 info!("device {dev}: token request failed: {e}; reconnecting");
                 drop_client(&mut t.client, &g.token_fd);
             }
+        }
+    }
+}
+
+/// Starts (or renews) the hold gem-schd granted for `quota_us` from now: the deadlines the
+/// gate reads; returns the coarse one.
+fn start_hold(dev: usize, g: &Gpu, t: &mut Token, quota_us: u64) -> u64 {
+    t.grant_ns = precise_ns();
+    t.quota_us = quota_us;
+    g.hold_end
+        .store(t.grant_ns + quota_us * 1000, Ordering::Release);
+    g.holding.store(true, Ordering::Release);
+    let now = coarse_ns();
+    g.last_launch.store(now, Ordering::Relaxed);
+    let (mut coarse, precise) = deadlines(
+        t.grant_ns,
+        now,
+        quota_us,
+        coarse_resolution_ns(),
+        settings().precise_deadline,
+    );
+    // While the GPU runs behind this process's CPU (`ahead.rs`), the queue-ahead
+    // bound covers the whole hold: on the coarse clock alone a burst launched in
+    // the hold's first tick queued unprobed (18 ms past a 5 ms grant through the
+    // fake driver), and the CPU has time to spare for the precise reads.
+    if precise != 0 && g.precise_every.load(Ordering::Relaxed) == 1 {
+        coarse = now;
+    }
+    g.set_deadlines(coarse, precise);
+    state().devices_seen.fetch_max(dev + 1, Ordering::Relaxed);
+    start_idle_thread();
+    coarse
+}
+
+/// Set once a gem-schd answered Renew with an error (one older than Renew): from then on
+/// this process drains and asks with a TokenRequest at every quota's end, as before Renew.
+static RENEW_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// At a quota's end, before draining: asks gem-schd to renew the hold (`Request::Renew`).
+/// `Some(quota)`: the hold goes on, the work queued stays queued and the GPU never idles
+/// for the hand-over; `None`: drain and ask as usual (another client waits, the limit or
+/// pacing says wait, renewal is off, or the connection failed).
+fn renew(dev: usize, g: &Gpu, t: &mut Token) -> Option<u64> {
+    if !settings().renew || RENEW_REFUSED.load(Ordering::Relaxed) {
+        return None;
+    }
+    let used_us = precise_ns().saturating_sub(t.grant_ns) / 1000;
+    let burst_us = used_us.min(t.quota_us);
+    let c = t.client.as_mut()?;
+    match c.renew(burst_us) {
+        Ok(r) => r,
+        Err(e) => {
+            if matches!(e, ClientError::Server { code, .. } if code == gem_proto::code::BAD_FRAME) {
+                RENEW_REFUSED.store(true, Ordering::Relaxed);
+            }
+            info!("device {dev}: renewing the hold failed: {e}; draining and asking again");
+            // gem-schd closes a connection after a frame it cannot read (and ends the hold).
+            drop_client(&mut t.client, &g.token_fd);
+            None
         }
     }
 }
@@ -645,6 +689,15 @@ fn release_if_expired(dev: usize) {
         Err(std::sync::TryLockError::WouldBlock) => return, // a launching thread ends it
     };
     if !g.holding.load(Ordering::Acquire) {
+        return;
+    }
+    // Its work may still run (the process waits in its own synchronisation): renewed, the
+    // hold goes on as if a launch had renewed it.
+    if let Some(quota_us) = renew(dev, g, &mut t) {
+        start_hold(dev, g, &mut t, quota_us);
+        debug!(
+            "device {dev}: hold renewed for {quota_us} µs while the process waits, nothing drained"
+        );
         return;
     }
     g.stop_launches();

@@ -1,5 +1,6 @@
 //! Who gets the token next and for how long: the ranking (Gemini's `schd_priority`), the
-//! starvation bound, the quota estimate, the overrun allowance and the hold cap under contention.
+//! starvation bound, the quota estimate, the overrun allowance, the hold cap under contention,
+//! and the renewal of a hold (`Core::renew`: the same decision, tried on a copy).
 
 use super::window::stride;
 use super::*;
@@ -17,6 +18,49 @@ pub(super) fn full_turn_grant(min_quota_us: Micros, drain_us: Micros, less_drain
 }
 
 impl Core {
+    /// Renew{burst} on `conn`: the holder's quota ran out, its last work still queued, and it
+    /// wants more. The hold goes on (a Grant) exactly when a TokenRequest at this moment,
+    /// after a hold ended now, would be granted straight back to it: the same books, the
+    /// same rules (limit, pacing, quota), decided by running them on a copy. Otherwise
+    /// Yield, and nothing changes: the hold stands until the holder, drained, reports with a
+    /// TokenRequest. Only the sole process in the hold, and only while no one else waits
+    /// (with others waiting the token moves on or the holder's turn is decided by the
+    /// usual request, and the copy is not made).
+    ///
+    /// Why: a capped tenant alone is granted min-quota holds back to back (its pacing room is
+    /// never larger); each ended with a drain, a round trip and the GPU idle until the next
+    /// launches, which cost ResNet-50 training 7–10 % of its 0.5 on an H100.
+    pub fn renew(&mut self, now: Micros, conn: ConnId, burst_us: Micros) -> Vec<Action> {
+        let key = match self.conn_client(conn) {
+            Ok(k) => k,
+            Err(r) => return vec![refusal_action(conn, r)],
+        };
+        self.expire(now);
+        let sole_holder = self
+            .holder
+            .as_ref()
+            .is_some_and(|h| h.client == key && h.conns == [conn]);
+        let others_wait = self.clients.values().any(|c| !c.waiting.is_empty());
+        let pending = self.conns.get(&conn).is_some_and(|c| c.waiting);
+        if !sole_holder || others_wait || pending {
+            return vec![Action::Yield { conn }];
+        }
+        let mut trial = self.clone();
+        trial.learn_burst(key, burst_us);
+        if trial.leave_hold(now, conn, |_| now) {
+            trial.asked_again = Some(key);
+        }
+        trial.enqueue(now, key, conn);
+        let mut out = Vec::new();
+        trial.dispatch(now, &mut out);
+        if matches!(out.as_slice(), [Action::Grant { conns, .. }] if conns == &[conn]) {
+            *self = trial;
+            out
+        } else {
+            vec![Action::Yield { conn }]
+        }
+    }
+
     /// The shortest quota estimate among the clients other than `key` that wait for the
     /// token or held it recently (`None`: no contention).
     pub(super) fn contenders_quota(&self, key: Key, now: Micros) -> Option<Micros> {

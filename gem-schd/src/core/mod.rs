@@ -117,6 +117,8 @@ pub enum Action {
         code: u16,
         message: String,
     },
+    /// Send Yield to `conn`: its Renew is refused, its hold stands.
+    Yield { conn: ConnId },
 }
 
 /// A refusal of a synchronous request (Hello, memory).
@@ -150,7 +152,7 @@ const CONTENDED_US: Micros = 100_000;
 /// The key of history entries whose client's usage was forgotten (no client has it).
 const FORGOTTEN: Key = Key::MAX;
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct ClientState {
     spec: ClientSpec,
     /// Quota estimate (EMA of reported bursts).
@@ -189,7 +191,7 @@ struct ClientState {
     mem_used: u64,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct ConnState {
     /// `None` once the client has left the config.
     client: Option<Key>,
@@ -206,7 +208,7 @@ struct Entry {
     quota_end: Micros,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Hold {
     client: Key,
     /// Connections the grant answered (or that joined it) and that have not reported its end.
@@ -219,7 +221,7 @@ struct Hold {
 }
 
 /// The scheduler of one GPU.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Core {
     params: Params,
     start: Micros,

@@ -297,6 +297,77 @@ fn run_until_paced(c: &mut Core, mut now: Micros) -> Micros {
     now
 }
 
+fn is_yield(acts: &[Action], conn: ConnId) -> bool {
+    matches!(acts, [Action::Yield { conn: c }] if *c == conn)
+}
+
+#[test]
+fn a_lone_paced_holder_renews_as_a_request_would_be_granted_and_is_charged_without_a_gap() {
+    // The same client, the same pacing: back-to-back requests get five 10 ms holds before
+    // waiting at t(50) (the test below); renewals go exactly as far.
+    let mut c = paced(500);
+    let (_, _, q) = grant(&c.token_request(t(0), 1, 0, 0)).unwrap();
+    let mut now = t(0) + q;
+    let mut renewed = 0;
+    loop {
+        let acts = c.renew(now, 1, q);
+        let Some((id, conns, q)) = grant(&acts) else {
+            assert!(is_yield(&acts, 1), "{acts:?}");
+            break;
+        };
+        assert_eq!((id, conns, q), ("a", vec![1], 10 * MS));
+        renewed += 1;
+        now += q;
+    }
+    assert_eq!((renewed, now), (4, t(50)));
+    // Charged continuously: 50 ms in five holds, none of it lost between them.
+    assert_eq!(c.usage_us(now, "a"), Some(50 * MS));
+    // The Yield changed nothing: the hold stands until the drained holder reports.
+    assert_eq!(c.holder(), Some("a"));
+    assert!(grant(&c.token_request(now + 300, 1, 300, 10 * MS)).is_none());
+    assert_eq!(c.holder(), None);
+    assert_eq!(c.usage_us(now + 300, "a"), Some(50 * MS + 300));
+}
+
+#[test]
+fn renew_yields_while_another_client_waits_and_the_hold_stands() {
+    let mut c = two();
+    assert!(grant(&c.token_request(t(0), 1, 0, 0)).is_some());
+    assert!(grant(&c.token_request(t(1), 3, 0, 0)).is_none());
+    assert!(is_yield(&c.renew(t(10), 1, 10 * MS), 1));
+    assert_eq!(c.holder(), Some("a"));
+    // The holder drains and asks: now the waiting client gets the token.
+    let acts = c.token_request(t(10) + 400, 1, 400, 10 * MS);
+    assert_eq!(grant(&acts).map(|g| g.0), Some("b"));
+    assert_eq!(c.usage_us(t(11), "a"), Some(10 * MS + 400));
+}
+
+#[test]
+fn renew_yields_to_a_non_holder_a_shared_hold_and_a_hold_past_its_grace() {
+    let mut c = two();
+    assert!(grant(&c.token_request(t(0), 1, 0, 0)).is_some());
+    // Not the holder.
+    assert!(is_yield(&c.renew(t(10), 3, 0), 3));
+    // Two processes of the holder's client in the hold: the usual request decides.
+    assert!(grant(&c.token_request(t(1), 2, 0, 0)).is_some());
+    assert!(is_yield(&c.renew(t(10), 1, 10 * MS), 1));
+    assert_eq!(c.holder(), Some("a"));
+    // Past the quota and the grace (5 ms) the hold is over: nothing to renew.
+    let mut c = two();
+    assert!(grant(&c.token_request(t(0), 1, 0, 0)).is_some());
+    assert!(is_yield(&c.renew(t(16), 1, 10 * MS), 1));
+    assert_eq!(c.holder(), None);
+    // Before Hello: refused like any other frame.
+    assert!(matches!(
+        &c.renew(t(16), 42, 0)[..],
+        [Action::Error {
+            conn: 42,
+            code: code::PROTOCOL_MISUSE,
+            ..
+        }]
+    ));
+}
+
 #[test]
 fn pacing_holds_a_capped_client_to_its_limit_over_the_pace_window() {
     let mut c = paced(500);

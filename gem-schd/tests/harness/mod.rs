@@ -273,6 +273,9 @@ impl Sim {
                     }
                 }
                 Action::Error { conn, .. } => self.clients[conn as usize].errors += 1,
+                // The simulated hook drains and asks with a TokenRequest at every quota's
+                // end (the rule before Renew); a Yield would answer a Renew it never sends.
+                Action::Yield { conn } => self.clients[conn as usize].errors += 1,
             }
         }
         // Keep one timer: the earliest wake-up asked for (a later one is re-asked
