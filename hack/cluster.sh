@@ -77,13 +77,29 @@ IDENTITIES=(
 
 # ------------------------------------------------------------------ processes
 
+# cmdline_has PID TEXT: PID's command line mentions TEXT. Read whole, not piped into
+# `grep -q`: under pipefail, grep's early exit could end `tr` by SIGPIPE and the check
+# fail for a live process (a CI run then waited forever on a running apiserver).
+cmdline_has() {
+  local cmd
+  cmd="$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null)" || return 1
+  [[ "$cmd" == *"$2"* ]]
+}
+
 # pid_alive PID: true when PID runs and its command line mentions this run dir
 # (guards against pid reuse after a crash).
 pid_alive() {
   local pid="$1"
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
-  [[ -r "/proc/$pid/cmdline" ]] || return 1
-  { tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null | grep -qF -- "$RUN"
+  cmdline_has "$pid" "$RUN"
+}
+
+# proc_state PID: the state letter in /proc/PID/stat (R, S, Z, ...), empty when gone.
+proc_state() {
+  local stat
+  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 0
+  stat="${stat##*) }"
+  echo "${stat:0:1}"
 }
 
 # not_dead PID: for waiting on a component we just started. While the kernel loads
@@ -91,11 +107,10 @@ pid_alive() {
 # can report a process that is starting as gone; here only a missing or zombie
 # process counts as dead.
 not_dead() {
-  local pid="$1" stat
+  local pid="$1" state
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
-  stat="$(cat "/proc/$pid/stat" 2>/dev/null)" || return 1
-  stat="${stat##*) }"
-  [[ -n "$stat" && "${stat:0:1}" != Z ]] || return 1
+  state="$(proc_state "$pid")"
+  [[ -n "$state" && "$state" != Z ]] || return 1
   pid_alive "$pid" && return 0
   [[ -z "$(tr -d '\0' <"/proc/$pid/cmdline" 2>/dev/null)" ]]
 }
@@ -136,8 +151,15 @@ wait_for() {
       tail -n 30 "$RUN/logs/$name.log" >&2 || true
       # Its exit status (128+N: killed by signal N): twice a component exited at start
       # with an empty log, under load, and the status is the only clue left.
-      local rc=0
-      wait "$(cat "$pidf")" 2>/dev/null || rc=$?
+      local rc=0 pid
+      pid="$(cat "$pidf")"
+      # `wait` on a process that still runs would block for good: only for one that is
+      # gone or a zombie (not_dead's verdict is re-read from /proc first).
+      if [[ "$(proc_state "$pid")" =~ ^(Z|)$ ]]; then
+        wait "$pid" 2>/dev/null || rc=$?
+      else
+        rc="unknown: pid $pid is in state $(proc_state "$pid")"
+      fi
       die "$name exited (status $rc); see $RUN/logs/$name.log"
     fi
     if (( $(date +%s) > deadline )); then
@@ -166,7 +188,7 @@ claim_stale() {
   local p
   for p in "$owner"/pids/*.pid; do
     [[ -f "$p" ]] || continue
-    if { tr '\0' ' ' <"/proc/$(cat "$p")/cmdline"; } 2>/dev/null | grep -qF -- "$owner"; then
+    if cmdline_has "$(cat "$p")" "$owner"; then
       return 1
     fi
   done

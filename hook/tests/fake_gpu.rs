@@ -363,6 +363,20 @@ fn a_hold_that_expires_while_the_process_thinks_is_given_back_at_its_quota() {
     assert!(ff >= 0.4, "f had the GPU {ff:.3} of the time");
 }
 
+/// 100 kernels of 100 µs (10 ms of GPU work) launched at 10 µs of CPU each, then a wait for
+/// them, for 4 s: a CPU ten times ahead of the GPU, as ResNet-50 training's was on an H100.
+const CPU_AHEAD: [&str; 9] = [
+    "launch",
+    "--kernel-us",
+    "100",
+    "--launch-cpu-us",
+    "10",
+    "--batch",
+    "100",
+    "--seconds",
+    "4",
+];
+
 #[test]
 fn a_tenant_far_ahead_of_the_gpu_drains_little_past_its_hold() {
     // e queues 100 kernels of 100 µs (10 ms of GPU work), 10 µs of CPU each, then waits for
@@ -374,18 +388,7 @@ fn a_tenant_far_ahead_of_the_gpu_drains_little_past_its_hold() {
     // pace but no probe in a hold's first coarse tick, p50 / p75 0.4–1.7 / 8.5–11 ms on an
     // idle machine; now p50 / p75 0.35–0.4 / 0.42–0.45 ms, with two CPU hogs too.
     let _s = serial();
-    let ahead = [
-        "launch",
-        "--kernel-us",
-        "100",
-        "--launch-cpu-us",
-        "10",
-        "--batch",
-        "100",
-        "--seconds",
-        "4",
-    ];
-    let (e, f) = beside_a_busy_neighbour(&ahead);
+    let (e, f) = beside_a_busy_neighbour(&CPU_AHEAD);
     let log = String::from_utf8_lossy(&e.stderr);
     let mut overuse: Vec<u64> = log
         .lines()
@@ -418,25 +421,12 @@ fn a_lone_capped_tenant_renews_its_holds_and_stays_within_its_limit() {
     // the same rules would grant it straight back: most quota ends now renew, and the limit
     // holds as before. With `KUBESHARE_HOOK_RENEW=0` every quota end drains, as before.
     let _s = serial();
-    let args = [
-        "launch",
-        "--kernel-us",
-        "100",
-        "--launch-cpu-us",
-        "10",
-        "--batch",
-        "100",
-        "--seconds",
-        "4",
-        "--sample-ms",
-        "100",
-    ];
     let run = |renew: &str| {
         let env = Env::new();
         env.write_config(&[("e", 0.5, 0.5, GIB)]);
         let _schd = env.start_schd(&["e"]);
         let out = env
-            .workload("e", "proc", &args)
+            .workload("e", "proc", &CPU_AHEAD)
             .env("KUBESHARE_HOOK_LOG", "debug")
             .env("KUBESHARE_HOOK_RENEW", renew)
             .stderr(std::process::Stdio::piped())
