@@ -416,7 +416,7 @@ fn a_tenant_far_ahead_of_the_gpu_drains_little_past_its_hold() {
 fn a_lone_capped_tenant_renews_its_holds_and_stays_within_its_limit() {
     // A tenant capped at 0.5 alone gets min-quota holds back to back (its pacing room is never
     // larger), each of which ended with a drain and a new request, the GPU idle from the drain's
-    // end to the next launch (ResNet-50 training lost 7–10 % of its 0.5 that way on an H100).
+    // end to the next launch (renewed, batch-1 inference alone served 5–9 % more on an H100).
     // With Renew the hook asks to go on before draining, and gem-schd renews the hold while
     // the same rules would grant it straight back: most quota ends now renew, and the limit
     // holds as before. With `KUBESHARE_HOOK_RENEW=0` every quota end drains, as before.
