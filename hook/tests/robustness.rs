@@ -1,6 +1,7 @@
 //! libgemhook under the adversary, without a GPU (fake libcuda, real gem-schd): memory that
 //! escapes the cap through virtual-memory mappings or ends of contexts, forked children, a hung
-//! gem-schd, a gem-schd killed during a hold, and NVML's memory queries.
+//! gem-schd, a gem-schd killed during a hold, a gem-schd from before Renew, and NVML's memory
+//! queries.
 //!
 //! Needs `make hook-prereqs` (builds gemhook, fake-libcuda and gem-schd into target/debug).
 
@@ -279,5 +280,112 @@ fn a_holder_stops_launching_when_its_gem_schd_dies() {
     assert!(
         stall >= 550.0,
         "the holder kept launching without a live gem-schd (longest stall {stall:.0} ms)"
+    );
+}
+
+/// What a gem-schd from before Renew does, over a real socket: answers Hello, grants every
+/// TokenRequest 5 ms, passes memory calls, and answers a frame it cannot read (a Renew) with
+/// Error{2} and a hang-up. Records the kinds of the frames it received.
+fn serve_like_an_old_gem_schd(
+    sock: std::path::PathBuf,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>,
+) {
+    use gem_proto::{Reply, Request, code};
+    use std::io::{Read, Write};
+    let listener = std::os::unix::net::UnixListener::bind(sock).unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { return };
+            let seen = seen.clone();
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    while let Ok(Some((req, used))) = Request::decode(&buf) {
+                        buf.drain(..used);
+                        let (what, reply) = match req {
+                            Request::Hello { .. } => (
+                                "hello",
+                                Some(Reply::HelloOk {
+                                    request_milli: 1000,
+                                    limit_milli: 1000,
+                                    mem_limit: GIB,
+                                    mem_used: 0,
+                                    window_ms: 10_000,
+                                }),
+                            ),
+                            Request::TokenRequest { .. } => {
+                                ("request", Some(Reply::Grant { quota_us: 5000 }))
+                            }
+                            Request::Renew { .. } => {
+                                seen.lock().unwrap().push("renew");
+                                let e = Reply::error(code::BAD_FRAME, "unknown frame kind 7");
+                                let _ = s.write_all(&e.encode().unwrap());
+                                return; // and hang up, as gem-schd does after a bad frame
+                            }
+                            Request::Release { .. } => ("release", None),
+                            Request::MemAlloc { .. } => (
+                                "alloc",
+                                Some(Reply::MemVerdict {
+                                    granted: true,
+                                    used: 0,
+                                    limit: GIB,
+                                }),
+                            ),
+                            Request::MemFree { .. } => ("free", None),
+                            Request::MemQuery => (
+                                "query",
+                                Some(Reply::MemInfo {
+                                    used: 0,
+                                    limit: GIB,
+                                }),
+                            ),
+                        };
+                        seen.lock().unwrap().push(what);
+                        if let Some(r) = reply
+                            && s.write_all(&r.encode().unwrap()).is_err()
+                        {
+                            return;
+                        }
+                    }
+                    match s.read(&mut chunk) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn a_gem_schd_without_renew_costs_one_reconnection() {
+    // Version skew in an upgrade: a hook with renewals beside a gem-schd without them. The
+    // first Renew is refused (Error{2}, the connection closed); the hook drains, reconnects,
+    // asks with TokenRequests from then on and never sends Renew again.
+    let _s = serial();
+    let env = Env::new();
+    let dir = env.client_dir("a");
+    std::fs::create_dir_all(&dir).unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    serve_like_an_old_gem_schd(dir.join(format!("{GPU}.sock")), seen.clone());
+    let run = env
+        .workload(
+            "a",
+            "proc",
+            &["launch", "--kernel-us", "1000", "--seconds", "1"],
+        )
+        .spawn()
+        .unwrap();
+    let out = Proc(run).finish(Duration::from_secs(20));
+    assert!(out[0]["kernels"].as_u64().unwrap() >= 200, "{out:?}");
+    let seen = seen.lock().unwrap().clone();
+    let renews = seen.iter().filter(|k| **k == "renew").count();
+    let first = seen.iter().position(|k| *k == "renew");
+    let after = first.map_or(0, |i| seen[i..].iter().filter(|k| **k == "request").count());
+    assert_eq!(renews, 1, "Renews sent: {seen:?}");
+    assert!(
+        after >= 50,
+        "token requests after the refusal: {after} of {seen:?}"
     );
 }
