@@ -121,6 +121,8 @@ pub enum Ev {
     ToSched(usize, Msg),
     /// A grant reaches the client.
     Grant(usize, Micros),
+    /// A Yield (its Renew refused) reaches the client.
+    Yield(usize),
     /// The scheduler's timer.
     Wake,
     /// Replace the config.
@@ -131,6 +133,7 @@ pub enum Ev {
 pub enum Msg {
     Request { overuse: Micros, burst: Micros },
     Release { used: Micros },
+    Renew { burst: Micros },
 }
 
 pub struct Client {
@@ -156,6 +159,8 @@ pub struct Client {
     pub next_kernel: u32,
     pub last_end: Micros,
     pub epoch: u64,
+    /// Renewals granted (`Sim::renew`).
+    pub renewed: u32,
     /// (time, measured burst) over the last 3 s: the prediction is their maximum.
     /// Kept as a monotonic queue (decreasing bursts), so the maximum is the front.
     pub samples: VecDeque<(Micros, Micros)>,
@@ -196,6 +201,10 @@ pub struct Sim {
     pub release_idle: Micros,
     pub last_wake: Option<Micros>,
     pub reconfigs: Vec<Vec<ClientSpec>>,
+    /// Clients launching kernel by kernel (`Pattern::launch_us` > 0) ask to renew their hold
+    /// at its deadline before draining, as the hook does (`Request::Renew`); off, they drain
+    /// and ask with a request at every deadline (the hook before renewals).
+    pub renew: bool,
 }
 
 pub fn spec(id: &str, req: u16, lim: u16) -> ClientSpec {
@@ -232,6 +241,7 @@ impl Sim {
                     next_kernel: 0,
                     last_end: 0,
                     epoch: 0,
+                    renewed: 0,
                     samples: VecDeque::new(),
                     segments: vec![],
                     errors: 0,
@@ -250,6 +260,7 @@ impl Sim {
             release_idle: MS,
             last_wake: None,
             reconfigs: vec![],
+            renew: false,
         };
         for i in 0..sim.clients.len() {
             sim.push(0, Ev::Ready(i));
@@ -273,9 +284,7 @@ impl Sim {
                     }
                 }
                 Action::Error { conn, .. } => self.clients[conn as usize].errors += 1,
-                // The simulated hook drains and asks with a TokenRequest at every quota's
-                // end (the rule before Renew); a Yield would answer a Renew it never sends.
-                Action::Yield { conn } => self.clients[conn as usize].errors += 1,
+                Action::Yield { conn } => self.push(now + self.latency, Ev::Yield(conn as usize)),
             }
         }
         // Keep one timer: the earliest wake-up asked for (a later one is re-asked
@@ -340,6 +349,21 @@ impl Sim {
             }
             return;
         }
+        if c.holding && self.renew {
+            // Renew first, the queue left as it is; the launch waits for the answer.
+            let burst = (t - c.grant_at).min(c.quota);
+            c.waiting = true;
+            c.epoch += 1;
+            self.send(t, i, Msg::Renew { burst });
+            return;
+        }
+        self.hand_over(t, i);
+    }
+
+    /// The hold ended at `t` with no renewal: the CPU waits for the client's last kernel, then
+    /// asks again reporting `used − quota` (or, not holding, what an expiry left to report).
+    fn hand_over(&mut self, t: Micros, i: usize) {
+        let c = &mut self.clients[i];
         let (at, overuse, burst) = if c.holding {
             let drained = t.max(c.last_end);
             let used = drained - c.grant_at;
@@ -465,11 +489,15 @@ impl Sim {
                         self.core.token_request(t, i as u64, overuse, burst)
                     }
                     Msg::Release { used } => self.core.release(t, i as u64, used),
+                    Msg::Renew { burst } => self.core.renew(t, i as u64, burst),
                 };
                 self.apply(t, acts);
             }
             Ev::Grant(i, quota) => {
                 let c = &mut self.clients[i];
+                if c.holding {
+                    c.renewed += 1;
+                }
                 c.waiting = false;
                 c.holding = true;
                 c.grant_at = t;
@@ -484,6 +512,10 @@ impl Sim {
                 } else {
                     self.launch(t, i);
                 }
+            }
+            Ev::Yield(i) => {
+                self.clients[i].waiting = false;
+                self.hand_over(t, i);
             }
             Ev::Wake => {
                 if self.last_wake.is_some_and(|l| l <= t) {
