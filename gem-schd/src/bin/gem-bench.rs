@@ -1,7 +1,9 @@
 //! `gem-bench`: latency of the token over real sockets against a real gem-schd.
 //! Round trip = TokenRequest sent → Grant received, with the token free. Handoff gap =
 //! one holder's Release sent → the next (waiting) holder's Grant received: the time
-//! the GPU sits without a holder. Prints p50/p90/p99 in µs.
+//! the GPU sits without a holder. Renewal = Renew sent → Grant received by a lone holder
+//! (gem-schd decides it on a copy of its state, so its cost grows with the grants in the
+//! window). Prints p50/p90/p99 in µs.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -72,6 +74,32 @@ fn main() -> Result<()> {
             Duration::from_millis(10),
         )
     };
+
+    // Renewals of a lone holder, first (the window holds only their own grants): each is
+    // decided on a copy of gem-schd's state, up to a bound on the grants in the window
+    // (beyond it the answer is Yield without a try, and the holder asks again).
+    let mut solo = connect("solo")?;
+    solo.request_token(0, 0)?;
+    let (mut ren, mut yielded) = (Vec::with_capacity(args.iterations), Vec::new());
+    for _ in 0..args.iterations {
+        let t = Instant::now();
+        match solo.renew(1)? {
+            Some(_) => ren.push(t.elapsed()),
+            None => {
+                yielded.push(t.elapsed());
+                solo.request_token(0, 1)?;
+            }
+        }
+    }
+    solo.release(1)?;
+    drop(solo);
+    report("renewal granted (renew -> grant, nobody waiting)", &mut ren);
+    if !yielded.is_empty() {
+        report(
+            "renewal yielded (too many grants in the window)",
+            &mut yielded,
+        );
+    }
 
     // Round trip with a free token.
     let mut solo = connect("solo")?;

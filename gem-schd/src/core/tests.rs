@@ -330,6 +330,21 @@ fn a_lone_paced_holder_renews_as_a_request_would_be_granted_and_is_charged_witho
 }
 
 #[test]
+fn renew_yields_without_trying_when_the_window_holds_too_many_grants() {
+    // Short holds fill the window's history; a renewal then is not tried (the try copies it).
+    let mut c = paced(1000);
+    let mut now = t(0);
+    for _ in 0..=super::dispatch::RENEW_MAX_ENTRIES {
+        assert!(grant(&c.token_request(now, 1, 0, 0)).is_some());
+        c.release(now + 10, 1, 10);
+        now += 20;
+    }
+    assert!(grant(&c.token_request(now, 1, 0, 0)).is_some());
+    assert!(is_yield(&c.renew(now + 10 * MS, 1, 10 * MS), 1));
+    assert_eq!(c.holder(), Some("a"));
+}
+
+#[test]
 fn renew_yields_while_another_client_waits_and_the_hold_stands() {
     let mut c = two();
     assert!(grant(&c.token_request(t(0), 1, 0, 0)).is_some());
