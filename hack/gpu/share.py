@@ -473,22 +473,22 @@ def train_uncapped(b, raw):
 
 # Where a capped training tenant's time goes (round 11): the queue-ahead bound off, the short
 # pacing window off, pacing off (the limit over gem-schd's 10 s window only), every grant logged.
-train_capped_noahead = variant(lambda b, raw: train_capped(b, raw), [], {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
-train_capped_short0 = variant(lambda b, raw: train_capped(b, raw), ["--pace-short-ms", "0"])
-train_capped_pace0 = variant(lambda b, raw: train_capped(b, raw), ["--pace-ms", "0"])
-train_capped_schdlog = variant(lambda b, raw: train_capped(b, raw), [], schd_debug=True)
-train_uncapped_noahead = variant(lambda b, raw: train_uncapped(b, raw), [], {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
-train_uncapped_schdlog = variant(lambda b, raw: train_uncapped(b, raw), [], schd_debug=True)
+train_capped_noahead = variant(train_capped, [], {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
+train_capped_short0 = variant(train_capped, ["--pace-short-ms", "0"])
+train_capped_pace0 = variant(train_capped, ["--pace-ms", "0"])
+train_capped_schdlog = variant(train_capped, [], schd_debug=True)
+train_uncapped_noahead = variant(train_uncapped, [], {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
+train_uncapped_schdlog = variant(train_uncapped, [], schd_debug=True)
 # gem-schd's min quota at 50 ms: a paced client alone holds longer, with fewer hand-overs.
-train_capped_minq50 = variant(lambda b, raw: train_capped(b, raw), ["--min-quota-ms", "50"])
+train_capped_minq50 = variant(train_capped, ["--min-quota-ms", "50"])
 # Renewal off (`KUBESHARE_HOOK_RENEW=0`): every quota's end drains and asks again, the rule
 # before round 11; the control for the renewed holds of a tenant alone.
 RENEW0 = {"KUBESHARE_HOOK_RENEW": "0"}
-train_capped_renew0 = variant(lambda b, raw: train_capped(b, raw), [], RENEW0)
-train_uncapped_renew0 = variant(lambda b, raw: train_uncapped(b, raw), [], RENEW0)
-infer_capped_renew0 = variant(lambda b, raw: infer_capped(b, raw), [], RENEW0)
+train_capped_renew0 = variant(train_capped, [], RENEW0)
+train_uncapped_renew0 = variant(train_uncapped, [], RENEW0)
+infer_capped_renew0 = variant(infer_capped, [], RENEW0)
 train_infer_renew0 = train_infer_with([], RENEW0)
-alone_renew0 = variant(lambda b, raw: alone(b, raw), [], RENEW0)
+alone_renew0 = variant(alone, [], RENEW0)
 
 
 def reload(b, raw):
@@ -534,18 +534,18 @@ def multiproc(b, raw):
 
 # multiproc without the queue-ahead bound, and with a longer one: does the bound's measured pace
 # (which a second process's context on the GPU slows) cost the two-process client its share?
-multiproc_noahead = variant(lambda b, raw: multiproc(b, raw), [], {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
-multiproc_ahead800 = variant(lambda b, raw: multiproc(b, raw), [], {"KUBESHARE_HOOK_MAX_AHEAD_US": "800"})
+multiproc_noahead = variant(multiproc, [], {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
+multiproc_ahead800 = variant(multiproc, [], {"KUBESHARE_HOOK_MAX_AHEAD_US": "800"})
 # How much more than the bound may be queued early in a hold (KUBESHARE_HOOK_EARLY_AHEAD_US,
 # default 600; 0: the bound all hold long, round 8's rule).
-multiproc_early0 = variant(lambda b, raw: multiproc(b, raw), [], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "0"})
-multiproc_early5000 = variant(lambda b, raw: multiproc(b, raw), [], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "5000"})
+multiproc_early0 = variant(multiproc, [], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "0"})
+multiproc_early5000 = variant(multiproc, [], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "5000"})
 # The queue-ahead bound off for the inference tenant only (KUBESHARE_HOOK_MAX_AHEAD_US=0):
 # does the ring's probing slow a launch-bound tenant's requests inside its turns?
-train_infer_inoahead = for_label(lambda b, raw: train_infer(b, raw), "infer", {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
-infer_capped_noahead = for_label(lambda b, raw: infer_capped(b, raw), "infer", {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
+train_infer_inoahead = for_label(train_infer, "infer", {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
+infer_capped_noahead = for_label(infer_capped, "infer", {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
 # The short pacing window off (gem-schd --pace-short-ms 0): the pacing window alone.
-infer_capped_short0 = variant(lambda b, raw: infer_capped(b, raw), ["--pace-short-ms", "0"])
+infer_capped_short0 = variant(infer_capped, ["--pace-short-ms", "0"])
 train_infer_early0 = train_infer_with([], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "0"})
 train_infer_early5000 = train_infer_with([], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "5000"})
 
