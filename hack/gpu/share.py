@@ -479,6 +479,18 @@ train_capped_pace0 = variant(train_capped, ["--pace-ms", "0"])
 train_capped_schdlog = variant(train_capped, [], schd_debug=True)
 train_uncapped_noahead = variant(train_uncapped, [], {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
 train_uncapped_schdlog = variant(train_uncapped, [], schd_debug=True)
+# A deeper queue early in a hold (KUBESHARE_HOOK_EARLY_AHEAD_US, default 600 µs, at most
+# 50,000): how much of a GPU-bound tenant's loss alone is the queue the bound keeps it to
+# (issue 14, round 12)?
+train_uncapped_early5000 = variant(train_uncapped, [], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "5000"})
+train_uncapped_early50000 = variant(train_uncapped, [], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "50000"})
+train_capped_early5000 = variant(train_capped, [], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "5000"})
+train_capped_early50000 = variant(train_capped, [], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "50000"})
+# The sole allowance off (KUBESHARE_HOOK_SOLE_AHEAD_US=0): a process whose holds are renewed
+# is held to the bound and the early allowance as before round 12; the control.
+SOLE0 = {"KUBESHARE_HOOK_SOLE_AHEAD_US": "0"}
+train_uncapped_sole0 = variant(train_uncapped, [], SOLE0)
+train_capped_sole0 = variant(train_capped, [], SOLE0)
 # gem-schd's min quota at 50 ms: a paced client alone holds longer, with fewer hand-overs.
 train_capped_minq50 = variant(train_capped, ["--min-quota-ms", "50"])
 # Renewal off (`KUBESHARE_HOOK_RENEW=0`): every quota's end drains and asks again, the rule
@@ -489,6 +501,9 @@ train_uncapped_renew0 = variant(train_uncapped, [], RENEW0)
 infer_capped_renew0 = variant(infer_capped, [], RENEW0)
 train_infer_renew0 = train_infer_with([], RENEW0)
 alone_renew0 = variant(alone, [], RENEW0)
+infer_capped_sole0 = variant(infer_capped, [], SOLE0)
+train_infer_sole0 = train_infer_with([], SOLE0)
+alone_sole0 = variant(alone, [], SOLE0)
 
 
 def reload(b, raw):

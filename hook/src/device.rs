@@ -368,6 +368,11 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
             bound_ns: bound,
             until_deadline_ns: until_deadline,
             early_ns: settings().early_ahead_ns,
+            sole_ns: if g.sole.load(Ordering::Relaxed) {
+                settings().sole_ahead_ns
+            } else {
+                0
+            },
         },
         |s| match real!(r::cuEventQuery, FnEvent, events[s] as CUevent) {
             CUDA_SUCCESS => ahead::Done::Yes,
@@ -426,7 +431,7 @@ fn acquire(dev: usize, stream: CUstream) {
         }
         let (overuse_us, burst_us) = if g.holding.load(Ordering::Acquire) {
             if let Some(quota_us) = renew(dev, g, &mut t) {
-                start_hold(dev, g, &mut t, quota_us);
+                start_hold(dev, g, &mut t, quota_us, true);
                 debug!("device {dev}: hold renewed for {quota_us} µs, nothing drained");
                 return;
             }
@@ -450,7 +455,7 @@ fn acquire(dev: usize, stream: CUstream) {
         let asked = precise_ns();
         match wait_for_token(dev, c, overuse_us, burst_us) {
             Ok(quota_us) => {
-                let coarse = start_hold(dev, g, &mut t, quota_us);
+                let coarse = start_hold(dev, g, &mut t, quota_us, false);
                 crate::um::on_grant(dev, stream);
                 let now = coarse_ns();
                 debug!(
@@ -477,11 +482,23 @@ fn acquire(dev: usize, stream: CUstream) {
     }
 }
 
-/// Starts (or renews) the hold gem-schd granted for `quota_us` from now: the deadlines the
-/// gate reads; returns the coarse one.
-fn start_hold(dev: usize, g: &Gpu, t: &mut Token, quota_us: u64) -> u64 {
+/// After this many renewals in a row a process is taken to have the GPU to itself (gem-schd
+/// renews only while nobody waits): one renewal can fall in a neighbour's pause between its
+/// requests, two in a row span at least two quotas without a request.
+const SOLE_AFTER_RENEWALS: u32 = 2;
+
+/// Starts (or, `renewed`, renews) the hold gem-schd granted for `quota_us` from now: the
+/// deadlines the gate reads; returns the coarse one.
+fn start_hold(dev: usize, g: &Gpu, t: &mut Token, quota_us: u64, renewed: bool) -> u64 {
     t.grant_ns = precise_ns();
     t.quota_us = quota_us;
+    t.renewals_in_row = if renewed {
+        t.renewals_in_row.saturating_add(1)
+    } else {
+        0
+    };
+    g.sole
+        .store(t.renewals_in_row >= SOLE_AFTER_RENEWALS, Ordering::Relaxed);
     g.hold_end
         .store(t.grant_ns + quota_us * 1000, Ordering::Release);
     g.holding.store(true, Ordering::Release);
@@ -694,7 +711,7 @@ fn release_if_expired(dev: usize) {
     // Its work may still run (the process waits in its own synchronisation): renewed, the
     // hold goes on as if a launch had renewed it.
     if let Some(quota_us) = renew(dev, g, &mut t) {
-        start_hold(dev, g, &mut t, quota_us);
+        start_hold(dev, g, &mut t, quota_us, true);
         debug!(
             "device {dev}: hold renewed for {quota_us} µs while the process waits, nothing drained"
         );

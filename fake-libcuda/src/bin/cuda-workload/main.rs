@@ -88,6 +88,12 @@ enum Cmd {
         /// that the CPU queues work at a known pace (`--kernel-us` / this = how far ahead).
         #[arg(long, default_value_t = 0)]
         launch_cpu_us: u64,
+        /// CPU time (a sleep) after every `--pause-every` launches, without synchronising: a
+        /// framework's pauses between launches (Python, its allocator) while its queue runs.
+        #[arg(long, default_value_t = 0)]
+        pause_us: u64,
+        #[arg(long, default_value_t = 0)]
+        pause_every: u64,
     },
     /// Allocate `--count` blocks of `--bytes`, print the outcome and the memory info, hold them,
     /// free them and print the memory info again.
@@ -546,13 +552,21 @@ fn main() -> Result<()> {
             sample_ms,
             think_us,
             launch_cpu_us,
+            pause_us,
+            pause_every,
         } => run_launch(
             &api,
             dev,
-            kernel_us,
             seconds,
             count,
-            (batch.max(1), think_us, launch_cpu_us),
+            Pace {
+                kernel_us,
+                batch: batch.max(1),
+                think_us,
+                launch_cpu_us,
+                pause_us,
+                pause_every,
+            },
             kind,
             sample_ms,
         ),
@@ -590,10 +604,13 @@ fn main() -> Result<()> {
             run_launch(
                 &api,
                 dev,
-                kernel_us,
                 Some(seconds),
                 None,
-                (10, 0, 0),
+                Pace {
+                    kernel_us,
+                    batch: 10,
+                    ..Pace::default()
+                },
                 LaunchKind::Launch,
                 sample_ms,
             )?;
@@ -607,16 +624,34 @@ fn main() -> Result<()> {
 }
 
 #[allow(clippy::too_many_arguments)]
+/// What `launch` launches and how it paces its CPU (see its arguments).
+#[derive(Default)]
+struct Pace {
+    kernel_us: u64,
+    batch: u64,
+    think_us: u64,
+    launch_cpu_us: u64,
+    pause_us: u64,
+    pause_every: u64,
+}
+
 fn run_launch(
     api: &Api,
     dev: i32,
-    kernel_us: u64,
     seconds: Option<f64>,
     count: Option<u64>,
-    (batch, think_us, launch_cpu_us): (u64, u64, u64),
+    pace: Pace,
     kind: LaunchKind,
     sample_ms: u64,
 ) -> Result<()> {
+    let Pace {
+        kernel_us,
+        batch,
+        think_us,
+        launch_cpu_us,
+        pause_us,
+        pause_every,
+    } = pace;
     let deadline = seconds.map(Duration::from_secs_f64);
     let busy = |d| api.busy.map(|f| unsafe { f(d) }).unwrap_or(0);
     let busy0 = busy(dev);
@@ -660,6 +695,9 @@ fn run_launch(
             check(r, "launch")?;
             first_launch_us.get_or_insert(t0.elapsed().as_micros() as u64);
             kernels += 1;
+            if pause_us > 0 && pause_every > 0 && kernels.is_multiple_of(pause_every) {
+                std::thread::sleep(Duration::from_micros(pause_us));
+            }
         }
         // SAFETY: plain driver call.
         check(unsafe { (api.sync)() }, "cuCtxSynchronize")?;
