@@ -623,7 +623,6 @@ fn main() -> Result<()> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 /// What `launch` launches and how it paces its CPU (see its arguments).
 #[derive(Default)]
 struct Pace {
