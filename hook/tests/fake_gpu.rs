@@ -461,6 +461,23 @@ fn a_lone_capped_tenant_renews_its_holds_and_stays_within_its_limit() {
     assert!(busy <= 0.52, "the tenant used {busy:.3} of the GPU");
 }
 
+/// 100 µs kernels (~160 µs on the fake) at 30 µs of CPU each, a 3 ms pause of the CPU every 50
+/// launches without synchronising (a framework's Python and allocator), a synchronisation every
+/// 1,000 launches: a CPU ahead of the GPU that pauses now and then.
+const PAUSING: [&str; 11] = [
+    "launch",
+    "--kernel-us",
+    "100",
+    "--launch-cpu-us",
+    "30",
+    "--batch",
+    "1000",
+    "--pause-us",
+    "3000",
+    "--pause-every",
+    "50",
+];
+
 #[test]
 fn a_tenant_alone_keeps_the_gpu_busy_through_the_pauses_of_its_cpu() {
     // A tenant alone at (1.0, 1.0) whose CPU runs ahead of the GPU (100 µs kernels, ~160 µs on
@@ -473,21 +490,7 @@ fn a_tenant_alone_keeps_the_gpu_busy_through_the_pauses_of_its_cpu() {
     // 0.956–0.968 of native held to the bound, 1.002–1.009 with the sole allowance (issue 14,
     // round 12).
     let _s = serial();
-    let pausing = [
-        "launch",
-        "--kernel-us",
-        "100",
-        "--launch-cpu-us",
-        "30",
-        "--batch",
-        "1000",
-        "--pause-us",
-        "3000",
-        "--pause-every",
-        "50",
-        "--seconds",
-        "4",
-    ];
+    let pausing = [&PAUSING[..], &["--seconds", "4"]].concat();
     let run = |sole: &str| {
         let env = Env::new();
         env.write_config(&[("e", 1.0, 1.0, GIB)]);
@@ -514,4 +517,63 @@ fn a_tenant_alone_keeps_the_gpu_busy_through_the_pauses_of_its_cpu() {
         "busy {deep:.3} with the sole allowance, {shallow:.3} without"
     );
     assert!(deep >= 0.85, "busy {deep:.3} with the sole allowance");
+}
+
+#[test]
+fn a_newcomer_waits_for_a_sole_holders_quota_and_its_allowance_only() {
+    // The sole allowance's price: e, alone at (0.5, 1.0) with a CPU ahead of the GPU, renews its
+    // holds (50 ms quotas) and may keep 5 ms of GPU work queued; f, at (0.5, 1.0) too, starts
+    // five times while e runs and launches one kernel. Its first launch waits for the rest of
+    // e's quota, then for e's queue, which e drains past its quota (and reports as overuse):
+    // 1.6–6.1 ms, where with no bound at all (`KUBESHARE_HOOK_MAX_AHEAD_US=0` for e) e drained
+    // 25–80 ms and f waited up to 102 ms.
+    let _s = serial();
+    let env = Env::new();
+    env.write_config(&[("e", 0.5, 1.0, GIB), ("f", 0.5, 1.0, GIB)]);
+    let _schd = env.start_schd(&["e", "f"]);
+    let e_args = [&PAUSING[..], &["--seconds", "6.5"]].concat();
+    let e = env
+        .workload("e", "proc", &e_args)
+        .env("KUBESHARE_HOOK_LOG", "debug")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let one = ["launch", "--kernel-us", "100", "--count", "1"];
+    let mut waits = Vec::new();
+    // e's first hold queues unprobed until its pace is measured, in its last tick.
+    std::thread::sleep(Duration::from_millis(400));
+    for _ in 0..5 {
+        // e's holds renew again once f has gone (idle after 10 ms): twice in a row within ~100 ms.
+        std::thread::sleep(Duration::from_millis(600));
+        let out = env.run("f", "proc", &one);
+        waits.push(out[0]["first_launch_us"].as_u64().unwrap());
+    }
+    let e = e.wait_with_output().unwrap();
+    assert!(e.status.success(), "{e:?}");
+    let log = String::from_utf8_lossy(&e.stderr);
+    let quotas: Vec<u64> = log
+        .lines()
+        .filter_map(|l| number_after(l, "hold renewed for "))
+        .collect();
+    let overuse: Vec<u64> = log
+        .lines()
+        .filter_map(|l| number_after(l, "(reported overuse "))
+        .collect();
+    eprintln!(
+        "f's first launch after {waits:?} µs; e's quotas up to {:?} µs, its drains past them {overuse:?} µs",
+        quotas.iter().max()
+    );
+    assert!(quotas.len() >= 10, "e's renewals: {quotas:?}");
+    // e's drain past its quota at each hand-over to f: 1.6–6.1 ms (the sole allowance and the
+    // bound); with no bound, 25–80 ms.
+    assert!(overuse.len() >= 5, "e's hand-overs: {overuse:?}");
+    assert!(
+        overuse.iter().all(|o| *o <= 15_000),
+        "e drained {overuse:?} µs past its quotas"
+    );
+    // So f waits at most e's quota (50 ms) and that drain: 3–56 ms here, up to 102 ms with no bound.
+    assert!(
+        waits.iter().all(|w| *w <= 100_000),
+        "f waited {waits:?} µs for its first launch"
+    );
 }
