@@ -412,6 +412,25 @@ fn a_tenant_far_ahead_of_the_gpu_drains_little_past_its_hold() {
     assert!(fe >= 0.35, "e had the GPU {fe:.3} of the time");
 }
 
+/// Client e alone at (`share`, `share`) running `cuda-workload args` with the hook's debug log
+/// and one more variable `var` set: its log, and the fraction of the time its GPU was busy
+/// after the first second. The caller holds `serial()`.
+fn alone_logged(share: f64, args: &[&str], var: (&str, &str)) -> (String, f64) {
+    let env = Env::new();
+    env.write_config(&[("e", share, share, GIB)]);
+    let _schd = env.start_schd(&["e"]);
+    let out = env
+        .workload("e", "proc", args)
+        .env("KUBESHARE_HOOK_LOG", "debug")
+        .env(var.0, var.1)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let (busy, _, _) = busy_fraction(&parse_lines(&out.stdout)[0], 1000);
+    (String::from_utf8_lossy(&out.stderr).into_owned(), busy)
+}
+
 #[test]
 fn a_lone_capped_tenant_renews_its_holds_and_stays_within_its_limit() {
     // A tenant capped at 0.5 alone gets min-quota holds back to back (its pacing room is never
@@ -422,24 +441,12 @@ fn a_lone_capped_tenant_renews_its_holds_and_stays_within_its_limit() {
     // holds as before. With `KUBESHARE_HOOK_RENEW=0` every quota end drains, as before.
     let _s = serial();
     let run = |renew: &str| {
-        let env = Env::new();
-        env.write_config(&[("e", 0.5, 0.5, GIB)]);
-        let _schd = env.start_schd(&["e"]);
-        let out = env
-            .workload("e", "proc", &CPU_AHEAD)
-            .env("KUBESHARE_HOOK_LOG", "debug")
-            .env("KUBESHARE_HOOK_RENEW", renew)
-            .stderr(std::process::Stdio::piped())
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        let (log, busy) = alone_logged(0.5, &CPU_AHEAD, ("KUBESHARE_HOOK_RENEW", renew));
         let renewed = log.lines().filter(|l| l.contains("hold renewed")).count();
         let drained = log
             .lines()
             .filter(|l| l.contains("(reported overuse "))
             .count();
-        let (busy, _, _) = busy_fraction(&parse_lines(&out.stdout)[0], 1000);
         eprintln!("renew={renew}: {renewed} renewed, {drained} asked again, busy {busy:.3}");
         (renewed, drained, busy)
     };
@@ -492,20 +499,8 @@ fn a_tenant_alone_keeps_the_gpu_busy_through_the_pauses_of_its_cpu() {
     let _s = serial();
     let pausing = [&PAUSING[..], &["--seconds", "4"]].concat();
     let run = |sole: &str| {
-        let env = Env::new();
-        env.write_config(&[("e", 1.0, 1.0, GIB)]);
-        let _schd = env.start_schd(&["e"]);
-        let out = env
-            .workload("e", "proc", &pausing)
-            .env("KUBESHARE_HOOK_LOG", "debug")
-            .env("KUBESHARE_HOOK_SOLE_AHEAD_US", sole)
-            .stderr(std::process::Stdio::piped())
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        let (log, busy) = alone_logged(1.0, &pausing, ("KUBESHARE_HOOK_SOLE_AHEAD_US", sole));
         let renewed = log.lines().filter(|l| l.contains("hold renewed")).count();
-        let (busy, _, _) = busy_fraction(&parse_lines(&out.stdout)[0], 1000);
         eprintln!("sole allowance {sole} µs: {renewed} holds renewed, busy {busy:.3}");
         (renewed, busy)
     };
