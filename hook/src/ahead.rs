@@ -35,7 +35,8 @@
 //! bound at every renewed deadline and ~0.8 ms deep at most, ran dry at each pause of its CPU:
 //! ResNet-50 training alone at 0.965 of its native rate on an H100, 0.994 with the bound off
 //! (round 12). So once a hold has been renewed twice in a row the queue may hold
-//! `KUBESHARE_HOOK_SOLE_AHEAD_US` (default 5 ms) whatever the time left ([`Limits::sole_ns`]).
+//! `KUBESHARE_HOOK_SOLE_AHEAD_US` (default 5 ms of GPU time, once the pace is measured, as the
+//! early allowance) whatever the time left ([`Limits::sole_ns`]).
 //! The price is paid once, by the next client to ask: it waits for that queue after the hold's
 //! quota (charged to the holder as its overrun), where it waited for the bound's.
 
