@@ -368,7 +368,7 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
             bound_ns: bound,
             until_deadline_ns: until_deadline,
             early_ns: settings().early_ahead_ns,
-            sole_ns: if g.sole.load(Ordering::Relaxed) {
+            sole_ns: if g.renewals_in_row.load(Ordering::Relaxed) >= SOLE_AFTER_RENEWALS {
                 settings().sole_ahead_ns
             } else {
                 0
@@ -492,13 +492,12 @@ const SOLE_AFTER_RENEWALS: u32 = 2;
 fn start_hold(dev: usize, g: &Gpu, t: &mut Token, quota_us: u64, renewed: bool) -> u64 {
     t.grant_ns = precise_ns();
     t.quota_us = quota_us;
-    t.renewals_in_row = if renewed {
-        t.renewals_in_row.saturating_add(1)
+    let renewals = if renewed {
+        g.renewals_in_row.load(Ordering::Relaxed).saturating_add(1)
     } else {
         0
     };
-    g.sole
-        .store(t.renewals_in_row >= SOLE_AFTER_RENEWALS, Ordering::Relaxed);
+    g.renewals_in_row.store(renewals, Ordering::Relaxed);
     g.hold_end
         .store(t.grant_ns + quota_us * 1000, Ordering::Release);
     g.holding.store(true, Ordering::Release);

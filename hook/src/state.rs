@@ -38,8 +38,6 @@ pub struct Token {
     /// learns the holder's drain from it, and a zero there shortened nothing and lengthened
     /// the next grants.
     pub expired_overuse_us: u64,
-    /// How many times in a row the hold was renewed (0 after a grant).
-    pub renewals_in_row: u32,
 }
 
 pub struct MemConn {
@@ -74,9 +72,10 @@ pub struct Gpu {
     /// launch since it looked): the GPU has been idle for this process since then.
     pub drained_at: AtomicU64,
     pub holding: AtomicBool,
-    /// The hold was renewed twice in a row: the process has the GPU to itself, and the
-    /// queue-ahead probes let the sole allowance stay queued (`ahead.rs`).
-    pub sole: AtomicBool,
+    /// How many times in a row the hold was renewed (0 after a grant); written under the
+    /// token lock, read by the queue-ahead probes, which let the sole allowance stay queued
+    /// once it reaches `device::SOLE_AFTER_RENEWALS` (`ahead.rs`).
+    pub renewals_in_row: AtomicU32,
     /// Bytes this process has counted against the pod on this device.
     pub outstanding: AtomicU64,
     /// The pod's memory cap as gem-schd last said (0: not known yet).
@@ -154,7 +153,7 @@ impl Gpu {
             last_launch: AtomicU64::new(0),
             drained_at: AtomicU64::new(0),
             holding: AtomicBool::new(false),
-            sole: AtomicBool::new(false),
+            renewals_in_row: AtomicU32::new(0),
             outstanding: AtomicU64::new(0),
             cap: AtomicU64::new(0),
             token_fd: AtomicI32::new(-1),
@@ -165,7 +164,6 @@ impl Gpu {
                 quota_us: 0,
                 idle_burst_us: 0,
                 expired_overuse_us: 0,
-                renewals_in_row: 0,
             }),
             mem: Mutex::new(MemConn {
                 client: None,
