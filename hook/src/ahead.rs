@@ -434,31 +434,70 @@ mod tests {
         }
     }
 
-    /// A process alone, its holds of `hold` ns renewed one after another (nothing drained), the
-    /// CPU queuing `ratio` ns of GPU work per ns of launching and pausing `pause` ns (launching
-    /// nothing) every `every_pause` ns, for `total` ns. Returns the GPU's idle time.
-    fn simulate_sole(sole: u64, ratio: u64, pause: u64, every_pause: u64, total: u64) -> u64 {
-        let (bound, early, hold) = (200_000, 600_000, 45_000_000);
-        let sim = Sim::new(ratio);
-        let mut r = Ring::new();
-        let (mut queued, mut deadline, mut next_pause) = (0, hold, every_pause);
-        while sim.clock.get() < total {
-            if sim.clock.get() >= deadline {
-                deadline = sim.clock.get() + hold; // renewed: nothing drained
+    /// A process alone on `sim`, its holds of `hold` ns renewed one after another (nothing
+    /// drained), probing with the default bound and early allowance and the sole allowance
+    /// `sole`, its CPU pausing `pause` ns (launching nothing) every `every_pause` ns.
+    struct Alone {
+        ring: Ring,
+        hold: u64,
+        sole: u64,
+        pause: u64,
+        every_pause: u64,
+        deadline: u64,
+        next_pause: u64,
+    }
+
+    impl Alone {
+        const BOUND: u64 = 200_000;
+        const EARLY: u64 = 600_000;
+
+        fn new(hold: u64, sole: u64, pause: u64, every_pause: u64) -> Self {
+            Alone {
+                ring: Ring::new(),
+                hold,
+                sole,
+                pause,
+                every_pause,
+                deadline: hold,
+                next_pause: every_pause,
             }
-            let every = r.every_ns(bound);
+        }
+
+        /// One probe interval of launching and its probe; returns the interval.
+        fn launch(&mut self, sim: &Sim) -> u64 {
+            if sim.clock.get() >= self.deadline {
+                self.deadline = sim.clock.get() + self.hold; // renewed: nothing drained
+            }
+            let every = self.ring.every_ns(Self::BOUND);
             let limits = Limits {
-                bound_ns: bound,
-                until_deadline_ns: deadline.saturating_sub(sim.clock.get() + every),
-                early_ns: early,
-                sole_ns: sole,
+                bound_ns: Self::BOUND,
+                until_deadline_ns: self.deadline.saturating_sub(sim.clock.get() + every),
+                early_ns: Self::EARLY,
+                sole_ns: self.sole,
             };
-            sim.launch_and_probe(&mut r, every, limits);
-            queued += ratio * every;
-            if sim.clock.get() >= next_pause {
-                sim.clock.set(sim.clock.get() + pause);
-                next_pause = sim.clock.get() + every_pause;
+            sim.launch_and_probe(&mut self.ring, every, limits);
+            every
+        }
+
+        /// The CPU's pause, if one is due: the GPU runs on, nothing is launched.
+        fn pause_if_due(&mut self, sim: &Sim) {
+            if sim.clock.get() >= self.next_pause {
+                sim.clock.set(sim.clock.get() + self.pause);
+                self.next_pause = sim.clock.get() + self.every_pause;
             }
+        }
+    }
+
+    /// A process alone, its holds of 45 ms renewed, the CPU queuing `ratio` ns of GPU work per
+    /// ns of launching and pausing `pause` ns every `every_pause` ns, for `total` ns. Returns
+    /// the GPU's idle time.
+    fn simulate_sole(sole: u64, ratio: u64, pause: u64, every_pause: u64, total: u64) -> u64 {
+        let sim = Sim::new(ratio);
+        let mut alone = Alone::new(45_000_000, sole, pause, every_pause);
+        let mut queued = 0;
+        while sim.clock.get() < total {
+            queued += ratio * alone.launch(&sim);
+            alone.pause_if_due(&sim);
         }
         sim.gpu_free.get().saturating_sub(queued)
     }
@@ -523,34 +562,20 @@ mod tests {
             pause_us in 0u64..=4_000,
             every_pause_us in 500u64..=20_000,
         ) {
-            let (bound, early) = (200_000, 600_000);
-            let (sole, hold) = (sole_us * 1000, hold_ms * 1_000_000);
+            let sole = sole_us * 1000;
             let sim = Sim::new(ratio);
-            let mut r = Ring::new();
-            let (mut deadline, mut next_pause) = (hold, every_pause_us * 1000);
+            let mut alone =
+                Alone::new(hold_ms * 1_000_000, sole, pause_us * 1000, every_pause_us * 1000);
             for step in 0..3_000 {
-                if sim.clock.get() >= deadline {
-                    deadline = sim.clock.get() + hold; // renewed
-                }
-                let every = r.every_ns(bound);
-                let limits = Limits {
-                    bound_ns: bound,
-                    until_deadline_ns: deadline.saturating_sub(sim.clock.get() + every),
-                    early_ns: early,
-                    sole_ns: sole,
-                };
-                sim.launch_and_probe(&mut r, every, limits);
+                let every = alone.launch(&sim);
                 if step >= 100 {
-                    let allowed = bound + early.max(sole) + 2 * ratio * every;
+                    let allowed = Alone::BOUND + Alone::EARLY.max(sole) + 2 * ratio * every;
                     proptest::prop_assert!(
                         sim.depth() <= allowed + allowed / 4,
                         "step {step}: queue {} ns deep, allowed {allowed}", sim.depth()
                     );
                 }
-                if pause_us > 0 && sim.clock.get() >= next_pause {
-                    sim.clock.set(sim.clock.get() + pause_us * 1000);
-                    next_pause = sim.clock.get() + every_pause_us * 1000;
-                }
+                alone.pause_if_due(&sim);
             }
         }
     }
