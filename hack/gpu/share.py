@@ -150,16 +150,37 @@ def pinned_cpu(label):
 
 @contextlib.contextmanager
 def sample_clocks():
-    """The GPU's SM clock (MHz), power (W) and utilisation (%) every 50 ms while the block runs,
-    as p10 / p50 / p90 of each: a partly idle GPU clocks higher than a busy one (issue 14), so a
-    tenant's native rate and its rate beside a neighbour may be measured at different clocks."""
+    """The GPU's SM clock (MHz), power (W), utilisation (%), memory clock (MHz), performance
+    state (the N of PN) and PCIe link generation every 50 ms while the block runs, as p10 / p50 /
+    p90 of each: a partly idle GPU clocks higher than a busy one (issue 14), so a tenant's
+    native rate and its rate beside a neighbour may be measured at different clocks."""
     summary = {}
-    p = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,utilization.gpu",
+    keys = ["sm_mhz", "power_w", "util_pct", "mem_mhz", "pstate", "pcie_gen"]
+    p = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,utilization.gpu,"
+                          "clocks.mem,pstate,pcie.link.gen.current",
                           "--format=csv,noheader,nounits", "-lms", "50"],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    # With SHARE_PIN=1, the frequency of the inference tenant's core too (a launch-bound
+    # tenant's speed is its CPU's).
+    cpu = pinned_cpu("infer")
+    freq, stop = [], threading.Event()
+    def sample_freq():
+        path = f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_cur_freq"
+        while not stop.wait(0.05):
+            try:
+                with open(path) as f:
+                    freq.append(int(f.read()) / 1000)
+            except (OSError, ValueError):
+                return
+    sampler = threading.Thread(target=sample_freq, daemon=True)
+    if cpu is not None:
+        sampler.start()
     try:
         yield summary
     finally:
+        stop.set()
+        if freq:
+            summary["infer_cpu_mhz"] = [pct(freq, .1), pct(freq, .5), pct(freq, .9)]
         p.send_signal(signal.SIGINT)  # its loop ends cleanly on ^C, with its output flushed
         try:
             out = p.communicate(timeout=5)[0]
@@ -169,10 +190,10 @@ def sample_clocks():
         rows = []
         for line in out.splitlines():
             try:
-                rows.append([float(x) for x in line.split(",")])
+                rows.append([float(x.strip().lstrip("P")) for x in line.split(",")])
             except ValueError:
                 continue  # a partial last line, or "[N/A]"
-        for i, key in enumerate(["sm_mhz", "power_w", "util_pct"]):
+        for i, key in enumerate(keys):
             col = [r[i] for r in rows if len(r) > i]
             if col:
                 summary[key] = [pct(col, .1), pct(col, .5), pct(col, .9)]
@@ -325,6 +346,10 @@ train_infer_nopace = train_infer_with(["--pace-ms", "0"])
 train_infer_nohold = train_infer_with(["--max-hold-ms", "0"])
 # train_infer with a 1 ms min quota: the holder's turn (and what it queues) shorter.
 train_infer_minq1 = train_infer_with(["--min-quota-ms", "1"])
+# ... 10 and 20 ms: fewer turns, so fewer first requests after the other context's turn (each
+# ~1 ms slower natively) and fewer hand-overs for training, against a longer wait for a request.
+train_infer_minq10 = train_infer_with(["--min-quota-ms", "10"])
+train_infer_minq20 = train_infer_with(["--min-quota-ms", "20"])
 # train_infer with a 10 ms starvation bound (`--max-wait-ms 10`, default 50).
 train_infer_wait10 = train_infer_with(["--max-wait-ms", "10"])
 # train_infer with a 5 ms starvation bound.
@@ -393,6 +418,56 @@ def native_infer(b, raw):
     return {"infer": infer_stats(r, nati), "clocks": b.last_clocks}
 
 
+def native_duty(on_ms, off_ms, idle, guard_ms=0):
+    """Native batch-1 inference (no hook, no gem-schd) in on-windows of `on_ms` separated by
+    `off_ms` in which it sends nothing (`idle`: sleep, spin or fill, share_tenant.py says what
+    each does; other: another native process fills them with matmuls, so that two contexts
+    take turns on the wall clock; tick: another process launches a tiny kernel every 0.5 ms
+    throughout, so the GPU never idles longer): the pattern of exclusive turns without a
+    scheduler. With `guard_ms` no request starts that close to its window's end (so none runs
+    into the other process's matmuls). Requests run slower inside
+    short turns (rounds 10–12, cause not found); if they do here too, the turns' pattern is
+    the cause, not the hook or gem-schd. Reported: each request's CPU latency and GPU span,
+    for the ones that open a window and the rest, against the continuous native run."""
+    def run(b, raw):
+        _, nati = natives(b)
+        duty = ["--duty-on-ms", str(on_ms), "--duty-off-ms", str(off_ms)]
+        own = "sleep" if idle in ("other", "tick") else idle
+        tenants = [("infer", ["--mode", "infer18", "--duty-idle", own,
+                              "--duty-guard-ms", str(guard_ms)] + duty, None)]
+        if idle == "other":  # another process fills the off-windows
+            tenants.append(("a", ["--mode", "fill"] + duty, None))
+        if idle == "tick":
+            tenants.append(("a", ["--mode", "tick", "--tick-us", "500"], None))
+        r = b.run(tenants, 8)["infer"]
+        raw.update(infer=r, clocks=b.last_clocks)
+        firsts = [i for i, f in enumerate(r["first"]) if f]
+        rest = [i for i, f in enumerate(r["first"]) if not f]
+        def p50(xs, idx):
+            return pct([xs[i] for i in idx], .5) if idx else None
+        return {"requests": len(r["lat_ms"]), "window_firsts": len(firsts),
+                "first": {"ms_p50": p50(r["lat_ms"], firsts), "gpu_ms_p50": p50(r["gpu_ms"], firsts)},
+                "rest": {"ms_p50": p50(r["lat_ms"], rest), "gpu_ms_p50": p50(r["gpu_ms"], rest)},
+                "native": {"ms_p50": pct(nati["lat_ms"], .5), "gpu_ms_p50": pct(nati["gpu_ms"], .5),
+                           "rates": nati.get("native_rates"), "clocks": nati.get("clocks")},
+                "clocks": b.last_clocks}
+    return run
+
+
+infer_duty5_sleep = native_duty(5, 5, "sleep")
+infer_duty5_spin = native_duty(5, 5, "spin")
+infer_duty5_fill = native_duty(5, 5, "fill")
+infer_duty500_sleep = native_duty(500, 500, "sleep")  # the control: half-second windows
+infer_duty1_sleep = native_duty(5, 1, "sleep")  # a 1 ms gap
+infer_duty5_other = native_duty(5, 5, "other")
+infer_duty500_fill = native_duty(500, 500, "fill")
+infer_duty500_other = native_duty(500, 500, "other")
+infer_duty5_other_g = native_duty(5, 5, "other", 2.5)
+infer_duty5_sleep_g = native_duty(5, 5, "sleep", 2.5)
+infer_duty5_tick = native_duty(5, 5, "tick")
+infer_duty500_tick = native_duty(500, 500, "tick")
+
+
 def infer_stats(r, nati):
     """Inference beside others against its native run: rate, latency, and the requests that ran
     whole inside a turn (latency under twice the native median): how long those took on the
@@ -425,6 +500,18 @@ def train_infer(b, raw):
             "train_native_step_s": round(1 / nat["rate"], 4),
             "infer": infer_stats(r["infer"], nati),
             "clocks": b.last_clocks, "native_clocks": {"train": nat["clocks"], "infer": nati["clocks"]}}
+
+
+def burst_infer(b, raw):
+    """train_infer with 5 ms matmul bursts (bf16 4096^3, 32 MiB a matrix) in training's place:
+    is inference slower inside its turns beside any neighbour, or beside ResNet-50 training's
+    footprint (tens of GiB of activations and many kernels) only?"""
+    _, nati = natives(b)
+    with b.schd([("t", 0.5, 0.5, 40 * GIB), ("i", 0.5, 0.5, 8 * GIB)]):
+        r = b.run([("a", ["--mode", "burst", "--burst-ms", "5"], "t"),
+                   ("infer", ["--mode", "infer18"], "i")], 20)
+    raw.update(burst_infer=r, clocks=b.last_clocks)
+    return {"infer": infer_stats(r["infer"], nati), "clocks": b.last_clocks}
 
 
 def train_infer_unhooked(b, raw):

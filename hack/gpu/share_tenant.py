@@ -10,9 +10,16 @@ for --seconds, print one JSON line. Modes:
           busy time exactly (whatever the clocks), and placed in time: each is read relative to
           a reference event recorded at the start; "busy" = [[start s, end s]] per kernel.
   train50 torchvision ResNet-50 training steps, batch 64 (one fixed batch).
+  fill    matmuls in the off-windows of --duty-on-ms/--duty-off-ms (Filler says why).
+  tick    a tiny kernel every --tick-us (Tick says why).
   infer18 torchvision ResNet-18 inference, batch 1, one sync per request; latencies in ms,
           each request's start (s from the run's start) and its GPU span in ms (CUDA events
           before its first kernel and after its last: a request split by a turn spans the wait).
+          With --duty-on-ms/--duty-off-ms it runs natively in windows (ON ms of requests, then
+          OFF ms in which the GPU gets no request: --duty-idle sleep idles the CPU too, spin
+          keeps the CPU busy, fill keeps the GPU busy with this process's own matmuls), the
+          pattern exclusive turns impose without a scheduler: is a request slower in a short
+          window by itself? Each request says whether it opened its window ("first").
 """
 
 import argparse
@@ -99,15 +106,99 @@ class Train50:
         return 1
 
 
+class Filler:
+    """Native bf16 4096^3 matmuls that fill the off-windows of a --duty-on-ms/--duty-off-ms
+    pattern (and sleep through its on-windows): with an infer18 tenant in the same pattern,
+    two contexts take exclusive turns on the wall clock, without a scheduler or a hook."""
+    def __init__(self, duty):
+        n = 4096
+        self.on, self.off = duty[0], duty[1]
+        self.a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        self.c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+        torch.matmul(self.a, self.a, out=self.c)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(20):
+            torch.matmul(self.a, self.a, out=self.c)
+        torch.cuda.synchronize()
+        self.kernel_s = (time.perf_counter() - t) / 20
+
+    def step(self, t0):
+        k, into = divmod(max(time.time() - t0, 0.0), self.on + self.off)
+        if into < self.on:  # the other tenant's window
+            until = t0 + k * (self.on + self.off) + self.on
+            while time.time() < until:
+                time.sleep(max(0.0, min(until - time.time(), 0.001)))
+            into = self.on
+        # Kernels that end by the window's end (the last may overrun by one kernel's time).
+        n = max(1, round((self.on + self.off - into) / self.kernel_s))
+        for _ in range(n):
+            torch.matmul(self.a, self.a, out=self.c)
+        torch.cuda.synchronize()
+        return n
+
+
+class Tick:
+    """A 1-element kernel and a sync every --tick-us: a GPU that is never idle for longer,
+    at almost no load. Beside a windowed infer18 tenant: is it the GPU's idle time that slows
+    the next requests?"""
+    def __init__(self, tick_us):
+        self.x = torch.zeros(1, device="cuda")
+        self.every = tick_us / 1e6
+
+    def step(self, t0):
+        t = time.perf_counter()
+        self.x.add_(1)
+        torch.cuda.synchronize()
+        while time.perf_counter() - t < self.every:
+            time.sleep(self.every / 10)
+        return 1
+
+
 class Infer18:
-    def __init__(self):
+    def __init__(self, duty=None):
         import torchvision
         self.m = torchvision.models.resnet18().cuda().eval()
         self.x = torch.randn(1, 3, 224, 224, device="cuda")
-        self.lat, self.req_t, self.gpu_ms = [], [], []
+        self.lat, self.req_t, self.gpu_ms, self.first = [], [], [], []
         self.ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        self.duty = duty  # (on s, off s, idle, guard s) or None
+        self.window = None  # the index of the current on-window
+        if duty and duty[2] == "fill":
+            n = 4096
+            self.a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+            self.c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+            torch.matmul(self.a, self.a, out=self.c)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(20):
+                torch.matmul(self.a, self.a, out=self.c)
+            torch.cuda.synchronize()
+            self.fill_n = max(1, round(duty[1] / ((time.perf_counter() - t) / 20)))
+
+    def off_phase(self, t0):
+        """Waits out an off-window if one is due; True when this request opens an on-window."""
+        on, off, idle, guard = self.duty
+        now = time.time() - t0
+        k, into = divmod(max(now, 0.0), on + off)
+        # In the off part, or too late in the window for a request to end inside it (the guard):
+        # idle until the next window opens.
+        if into >= on - guard:
+            until = t0 + (k + 1) * (on + off)
+            if idle == "fill":
+                for _ in range(self.fill_n):
+                    torch.matmul(self.a, self.a, out=self.c)
+                torch.cuda.synchronize()
+            while time.time() < until:
+                if idle == "sleep":
+                    time.sleep(max(0.0, min(until - time.time(), 0.001)))
+            k += 1
+        opens = self.window != k
+        self.window = k
+        return opens
 
     def step(self, t0):
+        first = self.off_phase(t0) if self.duty else False
         s, e = self.ev
         self.req_t.append(round(time.time() - t0, 5))
         t = time.perf_counter()
@@ -118,25 +209,39 @@ class Infer18:
         torch.cuda.synchronize()
         self.lat.append(round((time.perf_counter() - t) * 1000, 3))
         self.gpu_ms.append(round(s.elapsed_time(e), 3))
+        self.first.append(first)
         return 1
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--mode", required=True, choices=["burst", "train50", "infer18"])
+    p.add_argument("--mode", required=True, choices=["burst", "train50", "infer18", "fill", "tick"])
+    p.add_argument("--tick-us", type=float, default=500, help="tick: a kernel this often")
     p.add_argument("--burst-ms", type=float, default=16)
     p.add_argument("--seconds", type=float, default=10)
     p.add_argument("--label", default="")
+    p.add_argument("--duty-on-ms", type=float,
+                   help="infer18: requests in windows this long; fill: matmuls between them")
+    p.add_argument("--duty-off-ms", type=float, default=5, help="... separated by this long")
+    p.add_argument("--duty-idle", choices=["sleep", "spin", "fill"], default="sleep")
+    p.add_argument("--duty-guard-ms", type=float, default=0,
+                   help="infer18: no request starts this close to its window's end")
     p.add_argument("--cpu", type=int, help="pin the process to this CPU (share.py's SHARE_PIN=1)")
     a = p.parse_args()
     if a.cpu is not None:
         os.sched_setaffinity(0, {a.cpu})
     torch.cuda.init()
-    w = {"burst": lambda: Burst(a.burst_ms), "train50": Train50, "infer18": Infer18}[a.mode]()
+    if a.mode == "fill" and not a.duty_on_ms:
+        p.error("--mode fill needs --duty-on-ms")
+    duty = ((a.duty_on_ms / 1000, a.duty_off_ms / 1000, a.duty_idle, a.duty_guard_ms / 1000)
+            if a.duty_on_ms else None)
+    w = {"burst": lambda: Burst(a.burst_ms), "train50": Train50,
+         "infer18": lambda: Infer18(duty), "fill": lambda: Filler(duty),
+         "tick": lambda: Tick(a.tick_us)}[a.mode]()
     for _ in range(3):
         w.step(time.time())
     if hasattr(w, "lat"):
-        for v in (w.lat, w.req_t, w.gpu_ms):
+        for v in (w.lat, w.req_t, w.gpu_ms, w.first):
             v.clear()
     emit({"ready": True})
     start = float(json.loads(sys.stdin.readline())["start_at"])
@@ -157,7 +262,7 @@ def main():
     if hasattr(w, "busy"):
         out.update(busy=w.busy, kernel_ms=w.kernel_ms, per_burst=w.per, waits_inside=w.waits_inside)
     if hasattr(w, "lat"):
-        out.update(lat_ms=w.lat, req_t=w.req_t, gpu_ms=w.gpu_ms)
+        out.update(lat_ms=w.lat, req_t=w.req_t, gpu_ms=w.gpu_ms, first=w.first)
     emit(out)
 
 
