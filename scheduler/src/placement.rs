@@ -975,5 +975,5 @@ impl Cluster {
 }
 
 #[cfg(test)]
-#[path = "placement_tests.rs"]
+#[path = "placement_tests/mod.rs"]
 mod tests;
