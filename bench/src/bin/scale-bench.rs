@@ -27,12 +27,10 @@
 //! starts once the processes are back near their CPU at rest (measured after the
 //! nodes are ready, reported as `idle_cpu_ms_per_s`; at most 30 s of waiting).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -40,10 +38,12 @@ use clap::{Parser, ValueEnum};
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{DeleteParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use kubeshare_api::{GPU_POD_MARK, GPU_POD_RESOURCE};
 use kubeshare_bench::check_books;
+use kubeshare_bench::measure::{
+    BindWatch, apiserver_profile, cpu_ms_used, cpu_profile, idle_cpu, per_pod_growth, quiesce,
+};
 use kubeshare_bench::rig::{
     BENCH_LABEL, Extender, MachineCpu, SpeedProbe, api_requests, apiserver_metrics, component_pid,
     cpu_snapshot, create_gpu_nodes, create_namespace, extender_metrics, histogram_sums, list_all,
@@ -51,7 +51,6 @@ use kubeshare_bench::rig::{
 };
 use kubeshare_testkit::{Cluster, Identity};
 use serde_json::json;
-use tokio::sync::Mutex;
 
 /// The control-plane processes whose CPU time a run is charged.
 const CONTROL_PLANE: [&str; 5] = [
@@ -269,115 +268,6 @@ impl Timings {
     }
 }
 
-/// Counts the pods of a namespace that a watch has seen bound, with the time of the last.
-struct BindWatch {
-    bound: Arc<AtomicUsize>,
-    last: Arc<Mutex<Option<Instant>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl BindWatch {
-    fn start(pods: Api<Pod>) -> BindWatch {
-        let bound = Arc::new(AtomicUsize::new(0));
-        let last = Arc::new(Mutex::new(None));
-        let (b, l) = (bound.clone(), last.clone());
-        let task = tokio::spawn(async move {
-            let mut seen = HashSet::new();
-            let mut s = watcher(pods, watcher::Config::default())
-                .default_backoff()
-                .applied_objects()
-                .boxed();
-            while let Some(ev) = s.next().await {
-                let Ok(p) = ev else { continue };
-                let is_bound = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
-                if is_bound
-                    && let Some(name) = p.metadata.name
-                    && seen.insert(name)
-                {
-                    *l.lock().await = Some(Instant::now());
-                    b.store(seen.len(), Ordering::Release);
-                }
-            }
-        });
-        BindWatch { bound, last, task }
-    }
-
-    /// Waits until `n` pods are bound; the time of the last bind.
-    async fn wait(&self, n: usize, timeout: Duration) -> anyhow::Result<Instant> {
-        let t = Instant::now();
-        let mut shown = 0;
-        loop {
-            let b = self.bound.load(Ordering::Acquire);
-            if b >= n {
-                return (*self.last.lock().await).context("no bind time");
-            }
-            if t.elapsed() > timeout {
-                bail!("only {b} of {n} pods bound after {} s", timeout.as_secs());
-            }
-            if b >= shown + n / 4 {
-                eprintln!("scale-bench:   {b}/{n} bound");
-                shown = b;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for BindWatch {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// How much each counter grew over a run, per pod; counters that grew by less than 0.05 per
-/// pod are left out.
-fn per_pod_growth(
-    before: &BTreeMap<String, f64>,
-    after: &BTreeMap<String, f64>,
-    pods: u32,
-) -> BTreeMap<String, f64> {
-    after
-        .iter()
-        .map(|(k, v)| {
-            let grew = v - before.get(k).copied().unwrap_or(0.0);
-            (k.clone(), grew / f64::from(pods))
-        })
-        .filter(|(_, v)| *v >= 0.05)
-        .collect()
-}
-
-/// The CPU ms each process used between two snapshots.
-fn cpu_ms_used(
-    before: &BTreeMap<String, Duration>,
-    after: &BTreeMap<String, Duration>,
-) -> BTreeMap<String, f64> {
-    after
-        .iter()
-        .map(|(n, c)| {
-            let used = c.saturating_sub(before.get(n).copied().unwrap_or_default());
-            (n.clone(), used.as_secs_f64() * 1000.0)
-        })
-        .collect()
-}
-
-/// The apiserver's CPU profile over `seconds` (pprof's gzipped protobuf).
-async fn apiserver_profile(admin: &Client, seconds: u32) -> anyhow::Result<Vec<u8>> {
-    cpu_profile(admin, seconds)
-        .await
-        .context("reading the apiserver's profile (is KUBESHARE_APISERVER_PROFILING=true?)")
-}
-
-/// A Go component's CPU profile over `seconds`, from its /debug/pprof.
-async fn cpu_profile(client: &Client, seconds: u32) -> anyhow::Result<Vec<u8>> {
-    let req = http::Request::get(format!("/debug/pprof/profile?seconds={seconds}"))
-        .body(Vec::new())
-        .context("building the profile request")?;
-    let mut body = client.request_stream(req).await?;
-    let mut data = Vec::new();
-    futures::AsyncReadExt::read_to_end(&mut body, &mut data).await?;
-    Ok(data)
-}
-
 /// A pod of the configuration; a GPU pod carries what the webhook would have
 /// added for the scheduler (the mark `managedResources` selects on).
 fn pod(config: Config, i: u32, args: &Args) -> anyhow::Result<Pod> {
@@ -446,46 +336,6 @@ fn record_like() -> BTreeMap<String, String> {
         gpu_mem_resident: None,
     }
     .to_annotations()
-}
-
-/// CPU the processes used together over the last second.
-async fn cpu_per_second(pids: &BTreeMap<String, u32>) -> anyhow::Result<Duration> {
-    let a = cpu_snapshot(pids)?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let b = cpu_snapshot(pids)?;
-    Ok(b.iter()
-        .map(|(n, t)| t.saturating_sub(a.get(n).copied().unwrap_or_default()))
-        .sum())
-}
-
-/// The control plane's CPU per second at rest with the nodes (kwok's heartbeats,
-/// leases): the least of three seconds.
-async fn idle_cpu(pids: &BTreeMap<String, u32>) -> anyhow::Result<Duration> {
-    let mut least = Duration::MAX;
-    for _ in 0..3 {
-        least = least.min(cpu_per_second(pids).await?);
-    }
-    Ok(least)
-}
-
-/// Waits until the processes are back near their rest level (the previous run's
-/// deletions, garbage collection and timers settled), at most 30 s: a run must
-/// not pay for the one before it.
-async fn quiesce(pids: &BTreeMap<String, u32>, idle: Duration) -> anyhow::Result<()> {
-    let t = Instant::now();
-    let enough = idle + idle / 4 + Duration::from_millis(50);
-    loop {
-        let used = cpu_per_second(pids).await?;
-        if used <= enough {
-            return Ok(());
-        }
-        if t.elapsed() > Duration::from_secs(30) {
-            eprintln!(
-                "scale-bench: the control plane still uses {used:?} of CPU per second (at rest {idle:?}); starting anyway"
-            );
-            return Ok(());
-        }
-    }
 }
 
 async fn create_pods(pods: &Api<Pod>, config: Config, args: &Args) -> anyhow::Result<()> {
@@ -604,7 +454,7 @@ async fn run_one(
                     mode.name()
                 ))
             };
-            let before = watch.bound.load(Ordering::Acquire);
+            let before = watch.bound();
             // The serving kube-scheduler's profile over the same window (it profiles by
             // default): where its extra time per pod goes.
             let (data, sched) = tokio::join!(
@@ -612,7 +462,7 @@ async fn run_one(
                 cpu_profile(timings.scheduler(config), args.profile_seconds)
             );
             let (data, sched) = (data?, sched.context("reading the scheduler's profile")?);
-            let during = watch.bound.load(Ordering::Acquire) - before;
+            let during = watch.bound() - before;
             std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
             let (creating, scheduling) = (file("creating"), file("scheduling"));
             if let Some(c) = creating_profile.take() {
