@@ -418,14 +418,16 @@ def native_infer(b, raw):
     return {"infer": infer_stats(r, nati), "clocks": b.last_clocks}
 
 
-def native_duty(on_ms, off_ms, idle, guard_ms=0):
+def native_duty(on_ms, off_ms, idle, guard_ms=0, hooked=False):
     """Native batch-1 inference (no hook, no gem-schd) in on-windows of `on_ms` separated by
     `off_ms` in which it sends nothing (`idle`: sleep, spin or fill, share_tenant.py says what
     each does; other: another native process fills them with matmuls, so that two contexts
     take turns on the wall clock; tick: another process launches a tiny kernel every 0.5 ms
     throughout, so the GPU never idles longer): the pattern of exclusive turns without a
     scheduler. With `guard_ms` no request starts that close to its window's end (so none runs
-    into the other process's matmuls). Requests run slower inside
+    into the other process's matmuls) With `hooked`, the inference tenant alone runs under the hook as gem-schd's only
+    client, uncapped (1.0, 1.0): the hook's launch path in place, never a wait for the token
+    (the filler stays native): the same windows with and without the hook. Requests run slower inside
     short turns (rounds 10–12, cause not found); if they do here too, the turns' pattern is
     the cause, not the hook or gem-schd. Reported: each request's CPU latency and GPU span,
     for the ones that open a window and the rest, against the continuous native run."""
@@ -439,7 +441,12 @@ def native_duty(on_ms, off_ms, idle, guard_ms=0):
             tenants.append(("a", ["--mode", "fill"] + duty, None))
         if idle == "tick":
             tenants.append(("a", ["--mode", "tick", "--tick-us", "500"], None))
-        r = b.run(tenants, 8)["infer"]
+        if hooked:
+            tenants[0] = tenants[0][:2] + ("i",)
+            with b.schd([("i", 1.0, 1.0, 8 * GIB)]):
+                r = b.run(tenants, 8)["infer"]
+        else:
+            r = b.run(tenants, 8)["infer"]
         raw.update(infer=r, clocks=b.last_clocks)
         firsts = [i for i, f in enumerate(r["first"]) if f]
         rest = [i for i, f in enumerate(r["first"]) if not f]
@@ -465,6 +472,8 @@ infer_duty500_other = native_duty(500, 500, "other")
 infer_duty5_other_g = native_duty(5, 5, "other", 2.5)
 infer_duty5_sleep_g = native_duty(5, 5, "sleep", 2.5)
 infer_duty5_tick = native_duty(5, 5, "tick")
+infer_duty5_other_g_hooked = native_duty(5, 5, "other", 2.5, hooked=True)
+infer_duty5_sleep_hooked = native_duty(5, 5, "sleep", hooked=True)
 infer_duty500_tick = native_duty(500, 500, "tick")
 
 
