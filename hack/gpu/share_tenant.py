@@ -106,22 +106,38 @@ class Train50:
         return 1
 
 
-class Filler:
-    """Native bf16 4096^3 matmuls that fill the off-windows of a --duty-on-ms/--duty-off-ms
-    pattern (and sleep through its on-windows): with an infer18 tenant in the same pattern,
-    two contexts take exclusive turns on the wall clock, without a scheduler or a hook."""
-    def __init__(self, duty):
+class Matmuls:
+    """bf16 4096^3 matmuls that keep the GPU busy for a given time: `kernel_s` is one's time,
+    measured once."""
+    def __init__(self):
         n = 4096
-        self.on, self.off = duty[0], duty[1]
         self.a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
         self.c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
-        torch.matmul(self.a, self.a, out=self.c)
-        torch.cuda.synchronize()
+        self.run(1)
         t = time.perf_counter()
-        for _ in range(20):
+        self.run(20)
+        self.kernel_s = (time.perf_counter() - t) / 20
+
+    def run(self, n):
+        """n matmuls, then a sync."""
+        for _ in range(n):
             torch.matmul(self.a, self.a, out=self.c)
         torch.cuda.synchronize()
-        self.kernel_s = (time.perf_counter() - t) / 20
+
+    def fill(self, seconds):
+        """As many matmuls as take `seconds` (at least one); returns how many."""
+        n = max(1, round(seconds / self.kernel_s))
+        self.run(n)
+        return n
+
+
+class Filler:
+    """Native matmuls that fill the off-windows of a --duty-on-ms/--duty-off-ms pattern (and
+    sleep through its on-windows): with an infer18 tenant in the same pattern, two contexts
+    take exclusive turns on the wall clock, without a scheduler or a hook."""
+    def __init__(self, duty):
+        self.on, self.off = duty[0], duty[1]
+        self.mm = Matmuls()
 
     def step(self, t0):
         k, into = divmod(max(time.time() - t0, 0.0), self.on + self.off)
@@ -130,12 +146,8 @@ class Filler:
             while time.time() < until:
                 time.sleep(max(0.0, min(until - time.time(), 0.001)))
             into = self.on
-        # Kernels that end by the window's end (the last may overrun by one kernel's time).
-        n = max(1, round((self.on + self.off - into) / self.kernel_s))
-        for _ in range(n):
-            torch.matmul(self.a, self.a, out=self.c)
-        torch.cuda.synchronize()
-        return n
+        # Kernels that end by the window's end (the last may overrun by half a kernel's time).
+        return self.mm.fill(self.on + self.off - into)
 
 
 class Tick:
@@ -164,17 +176,7 @@ class Infer18:
         self.ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         self.duty = duty  # (on s, off s, idle, guard s) or None
         self.window = None  # the index of the current on-window
-        if duty and duty[2] == "fill":
-            n = 4096
-            self.a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-            self.c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
-            torch.matmul(self.a, self.a, out=self.c)
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(20):
-                torch.matmul(self.a, self.a, out=self.c)
-            torch.cuda.synchronize()
-            self.fill_n = max(1, round(duty[1] / ((time.perf_counter() - t) / 20)))
+        self.mm = Matmuls() if duty and duty[2] == "fill" else None
 
     def off_phase(self, t0):
         """Waits out an off-window if one is due; True when this request opens an on-window."""
@@ -186,9 +188,7 @@ class Infer18:
         if into >= on - guard:
             until = t0 + (k + 1) * (on + off)
             if idle == "fill":
-                for _ in range(self.fill_n):
-                    torch.matmul(self.a, self.a, out=self.c)
-                torch.cuda.synchronize()
+                self.mm.fill(off)
             while time.time() < until:
                 if idle == "sleep":
                     time.sleep(max(0.0, min(until - time.time(), 0.001)))
