@@ -419,18 +419,18 @@ def native_infer(b, raw):
 
 
 def native_duty(on_ms, off_ms, idle, guard_ms=0, hooked=False):
-    """Native batch-1 inference (no hook, no gem-schd) in on-windows of `on_ms` separated by
-    `off_ms` in which it sends nothing (`idle`: sleep, spin or fill, share_tenant.py says what
-    each does; other: another native process fills them with matmuls, so that two contexts
-    take turns on the wall clock; tick: another process launches a tiny kernel every 0.5 ms
-    throughout, so the GPU never idles longer): the pattern of exclusive turns without a
-    scheduler. With `guard_ms` no request starts that close to its window's end (so none runs
-    into the other process's matmuls) With `hooked`, the inference tenant alone runs under the hook as gem-schd's only
-    client, uncapped (1.0, 1.0): the hook's launch path in place, never a wait for the token
-    (the filler stays native): the same windows with and without the hook. Requests run slower inside
-    short turns (rounds 10–12, cause not found); if they do here too, the turns' pattern is
-    the cause, not the hook or gem-schd. Reported: each request's CPU latency and GPU span,
-    for the ones that open a window and the rest, against the continuous native run."""
+    """Batch-1 inference in on-windows of `on_ms` separated by `off_ms` in which it sends
+    nothing (`idle`: sleep, spin or fill, share_tenant.py says what each does; other: another
+    native process fills them with matmuls, so that two contexts take turns on the wall clock;
+    tick: another process launches a tiny kernel every 0.5 ms throughout, so the GPU never
+    idles longer): the pattern of exclusive turns without a scheduler. With `guard_ms` no
+    request starts that close to its window's end (so none runs into the other process's
+    matmuls). Native unless `hooked`: then the inference tenant runs under the hook as
+    gem-schd's only client, uncapped (1.0, 1.0), so the hook's launch path is in place but the
+    token is never waited for (the filler stays native). Requests run slower inside short
+    turns under the hook (rounds 10–12); if they do here too, the turns' pattern is the cause
+    (round 13). Reported: each request's CPU latency and GPU span, for the ones that open a
+    window and the rest, against the continuous native run."""
     def run(b, raw):
         _, nati = natives(b)
         duty = ["--duty-on-ms", str(on_ms), "--duty-off-ms", str(off_ms)]
