@@ -474,6 +474,8 @@ infer_duty5_sleep_g = native_duty(5, 5, "sleep", 2.5)
 infer_duty5_tick = native_duty(5, 5, "tick")
 infer_duty5_other_g_hooked = native_duty(5, 5, "other", 2.5, hooked=True)
 infer_duty5_sleep_hooked = native_duty(5, 5, "sleep", hooked=True)
+infer_duty20_other_g = native_duty(20, 20, "other", 2.5)  # the windows of a 20 ms min quota
+infer_duty20_other_g_hooked = native_duty(20, 20, "other", 2.5, hooked=True)
 infer_duty500_tick = native_duty(500, 500, "tick")
 
 
@@ -521,6 +523,11 @@ def burst_infer(b, raw):
                    ("infer", ["--mode", "infer18"], "i")], 20)
     raw.update(burst_infer=r, clocks=b.last_clocks)
     return {"infer": infer_stats(r["infer"], nati), "clocks": b.last_clocks}
+
+
+# ... with 20 ms turns: in them whole requests beside training ran ~0.35 ms slower than the
+# native windows explain (round 13); beside a matmul neighbour too, or only beside training?
+burst_infer_minq20 = variant(burst_infer, ["--min-quota-ms", "20"])
 
 
 def train_infer_unhooked(b, raw):
