@@ -27,12 +27,14 @@ async fn a_group_of_five_waits_for_room_for_three() -> Result<()> {
     for i in 1..5 {
         rig.create(&format!("m{i}"), &labels).await?;
     }
-    rig.failed_with(
-        "m3",
-        "group train-a: 2 of 3 required members can be placed at once",
-    )
-    .await?;
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Every member is tried once all five exist, and refused: none is bound meanwhile.
+    for i in 0..5 {
+        rig.failed_with(
+            &format!("m{i}"),
+            "group train-a: 2 of 3 required members can be placed at once",
+        )
+        .await?;
+    }
     assert_eq!(
         rig.unbound_names().await?.len(),
         5,
@@ -42,18 +44,7 @@ async fn a_group_of_five_waits_for_room_for_three() -> Result<()> {
     // Room for 2 more appears: the group starts (4 fit now).
     rig.set_inventory(&node, &inventory(&node, 2, "A", 40))
         .await?;
-    wait_until("4 members bound", WAIT, || {
-        let rig = &rig;
-        async move {
-            let n = rig.unbound_names().await.map_err(|e| e.to_string())?.len();
-            if n == 1 {
-                Ok(Some(()))
-            } else {
-                Err(format!("{n} unbound"))
-            }
-        }
-    })
-    .await?;
+    rig.wait_unbound_at_most("4 members bound", 1).await?;
     assert_eq!(rig.check_no_overcommit(40 * GIB).await?, 4);
     rig.cleanup().await
 }
@@ -130,20 +121,9 @@ async fn killing_and_restarting_the_extender_never_double_allocates() -> Result<
             rig.ext = Some(ExtenderProc::start(rig.cluster, "restart").await?);
         }
     }
-    wait_until("16 pods bound", WAIT, || {
-        let rig = &rig;
-        async move {
-            let n = rig.unbound_names().await.map_err(|e| e.to_string())?.len();
-            if n <= 8 {
-                Ok(Some(()))
-            } else {
-                Err(format!("{n} unbound"))
-            }
-        }
-    })
-    .await?;
-    // Let the scheduler retry the rest a few times: none of them may fit.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    let left = rig.wait_unbound_at_most("16 pods bound", 8).await?;
+    // Each of the rest is tried against the full books: none of them may fit.
+    rig.each_found_no_room(&left, "0.25").await?;
     assert_eq!(rig.check_no_overcommit(40 * GIB).await?, 16);
     let port = rig.ext.as_ref().map(|e| e.port).unwrap_or_default();
     let (_, metrics) = get(port, "/metrics").await?;
@@ -226,18 +206,7 @@ async fn a_group_that_fits_starts_all_members_within_seconds() -> Result<()> {
         rig.create(&format!("g{i}"), &labels).await?;
     }
     let last = std::time::Instant::now();
-    wait_until("3 members bound", WAIT, || {
-        let rig = &rig;
-        async move {
-            let n = rig.unbound_names().await.map_err(|e| e.to_string())?.len();
-            if n == 0 {
-                Ok(Some(()))
-            } else {
-                Err(format!("{n} unbound"))
-            }
-        }
-    })
-    .await?;
+    rig.wait_unbound_at_most("3 members bound", 0).await?;
     let took = last.elapsed();
     assert!(
         took < Duration::from_secs(15),
@@ -283,18 +252,7 @@ async fn killing_the_extender_while_a_group_binds_ends_with_the_whole_group() ->
     eprintln!("{bound} of 3 members bound when the extender was killed");
     // A new extender: the group ends whole.
     rig.ext = Some(ExtenderProc::start(rig.cluster, "gang-kill").await?);
-    wait_until("3 members bound", WAIT, || {
-        let rig = &rig;
-        async move {
-            let n = rig.unbound_names().await.map_err(|e| e.to_string())?.len();
-            if n == 0 {
-                Ok(Some(()))
-            } else {
-                Err(format!("{n} unbound"))
-            }
-        }
-    })
-    .await?;
+    rig.wait_unbound_at_most("3 members bound", 0).await?;
     assert_eq!(rig.check_no_overcommit(40 * GIB).await?, 3);
     rig.cleanup().await
 }
@@ -368,20 +326,9 @@ async fn a_backlog_released_at_once_never_overcommits() -> Result<()> {
         rig.create(&format!("b{i:02}"), &quarter).await?;
     }
     rig.ext = Some(ExtenderProc::start(rig.cluster, "backlog").await?);
-    wait_until("24 pods bound", WAIT, || {
-        let rig = &rig;
-        async move {
-            let n = rig.unbound_names().await.map_err(|e| e.to_string())?.len();
-            if n <= 16 {
-                Ok(Some(()))
-            } else {
-                Err(format!("{n} unbound"))
-            }
-        }
-    })
-    .await?;
-    // The scheduler keeps retrying the rest: none of them may fit.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let left = rig.wait_unbound_at_most("24 pods bound", 16).await?;
+    // Each of the rest is tried against the full books: none of them may fit.
+    rig.each_found_no_room(&left, "0.25").await?;
     assert_eq!(rig.check_no_overcommit(40 * GIB).await?, 24);
     rig.cleanup().await
 }

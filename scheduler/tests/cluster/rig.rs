@@ -241,6 +241,35 @@ impl Rig {
         .map_err(Into::into)
     }
 
+    /// Waits until at most `most` of the namespace's pods are unbound; their names.
+    pub(crate) async fn wait_unbound_at_most(
+        &self,
+        what: &str,
+        most: usize,
+    ) -> Result<Vec<String>> {
+        wait_until(what, WAIT, || async move {
+            let left = self.unbound_names().await.map_err(|e| e.to_string())?;
+            if left.len() <= most {
+                Ok(Some(left))
+            } else {
+                Err(format!("{} unbound", left.len()))
+            }
+        })
+        .await
+        .map_err(Into::into)
+    }
+
+    /// Waits until kube-scheduler has tried each of `pods` against full books since they
+    /// filled: a FailedScheduling event that says a GPU had less free than `request`. What a
+    /// test then finds bound is what stays bound, with no sleep to guess how long retries take.
+    pub(crate) async fn each_found_no_room(&self, pods: &[String], request: &str) -> Result<()> {
+        for p in pods {
+            self.failed_with(p, &format!("free < {request} requested"))
+                .await?;
+        }
+        Ok(())
+    }
+
     pub(crate) async fn unbound_names(&self) -> Result<Vec<String>> {
         Ok(self
             .pods()
