@@ -258,14 +258,19 @@ fn hot_reload_keeps_stayers_errors_leavers_and_survives_a_bad_file() {
     assert_eq!(a.mem_query().unwrap(), (300, 2000));
     // A malformed file keeps the last good config.
     s.config("2\na 0.5 0.8 2000\nc zero 1.0 1000\n");
-    std::thread::sleep(Duration::from_millis(400));
+    // Wait for the rejection itself (the log names the line at fault), then check that
+    // nothing of the last good config was lost.
+    let log_path = s.dir.path().join("schd.log");
+    wait_for(
+        || {
+            std::fs::read_to_string(&log_path)
+                .map(|l| l.contains("malformed resource config") && l.contains("line 3"))
+                .unwrap_or(false)
+        },
+        "the log to name the line at fault",
+    );
     assert!(s.sock("c").exists());
     assert_eq!(a.mem_query().unwrap(), (300, 2000));
-    let log = std::fs::read_to_string(s.dir.path().join("schd.log")).unwrap();
-    assert!(
-        log.contains("line 3"),
-        "the log names the line at fault:\n{log}"
-    );
     // And a file fixed later is picked up.
     s.config("1\na 0.5 0.8 2000\n");
     wait_for(|| !s.sock("c").exists(), "c's socket to be removed");
