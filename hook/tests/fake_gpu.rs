@@ -16,10 +16,12 @@ fn launches_wait_for_the_token_on_every_lookup_path_and_kind() {
     env.write_config(&[("a", 1.0, 1.0, 4 * GIB)]);
     // The pod's socket directory exists but gem-schd is not running yet: no token.
     std::fs::create_dir_all(env.client_dir("a")).unwrap();
+    // Each process reports gem-schd unreachable and waits (the event waited for); each one's
+    // first launch returns only after gem-schd has started (on the wall clock).
     let mut procs = vec![];
     for lookup in LOOKUPS {
         for kind in ["launch", "ex", "coop", "graph"] {
-            let p = env
+            let mut p = env
                 .workload(
                     "a",
                     lookup,
@@ -33,13 +35,18 @@ fn launches_wait_for_the_token_on_every_lookup_path_and_kind() {
                         kind,
                     ],
                 )
+                .env("KUBESHARE_HOOK_LOG", "info")
+                .stderr(std::process::Stdio::piped())
                 .spawn()
                 .unwrap();
-            procs.push((lookup, kind, Proc(p)));
+            let said_wait = said_on_stderr(&mut p, "waiting (KUBESHARE_ON_UNREACHABLE=wait)");
+            procs.push((lookup, kind, said_wait, Proc(p)));
         }
     }
-    std::thread::sleep(Duration::from_millis(1500));
-    for (lookup, kind, p) in procs.iter_mut() {
+    for (lookup, kind, said_wait, p) in procs.iter_mut() {
+        said_wait
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("{lookup}/{kind}: no report of gem-schd unreachable"));
         assert!(p.running(), "{lookup}/{kind}: launched without a token");
     }
     // The same program outside a pod (no socket directory) runs at once: the hook is inert.
@@ -55,10 +62,17 @@ fn launches_wait_for_the_token_on_every_lookup_path_and_kind() {
     assert!(inert.status.success(), "{inert:?}");
     assert_eq!(parse_lines(&inert.stdout)[0]["kernels"], 5);
 
+    let schd_at = unix_us();
     let _schd = env.start_schd(&["a"]);
-    for (lookup, kind, p) in procs {
+    for (lookup, kind, _, p) in procs {
         let out = p.finish(Duration::from_secs(20));
         assert_eq!(out[0]["kernels"], 5, "{lookup}/{kind}");
+        let first = out[0]["first_launch_unix_us"].as_u64().unwrap_or(0);
+        assert!(
+            first >= schd_at,
+            "{lookup}/{kind}: the first launch returned {} µs before gem-schd started",
+            schd_at - first
+        );
         let busy = out[0]["busy_us"].as_u64().unwrap();
         assert!(busy >= 5000, "{lookup}/{kind}: the kernels ran ({busy} µs)");
     }

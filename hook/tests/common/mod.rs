@@ -6,7 +6,7 @@ use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 pub const GPU: &str = "GPU-0123abcd-4567-89ef-0123-456789abcdef";
@@ -209,4 +209,27 @@ pub fn busy_fraction(v: &Value, skip_ms: u64) -> (f64, u64, u64) {
     let busy_us = last.1 - first.1;
     let wall_us = (last.0 - first.0) * 1000;
     (busy_us as f64 / wall_us as f64, busy_us, wall_us)
+}
+
+/// Drains `child`'s stderr on a thread (the child never blocks on it) and sends once for each
+/// line that contains `needle`.
+pub fn said_on_stderr(child: &mut Child, needle: &'static str) -> mpsc::Receiver<()> {
+    let stderr = child.stderr.take().expect("stderr piped");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains(needle) {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx
+}
+
+/// Microseconds since the Unix epoch, as the workload's `first_launch_unix_us` counts them.
+pub fn unix_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
 }

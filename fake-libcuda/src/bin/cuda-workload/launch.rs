@@ -6,7 +6,7 @@ use crate::{Api, LaunchKind, check, emit};
 use anyhow::Result;
 use serde_json::json;
 use std::ffi::c_void;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// What `launch` launches and how it paces its CPU (see its arguments).
 #[derive(Default)]
@@ -52,6 +52,8 @@ pub(crate) fn run_launch(
     };
     let t0 = Instant::now();
     let mut first_launch_us = None;
+    // The same moment on the wall clock, for a test to order it against its own events.
+    let mut first_launch_unix_us = None;
     let mut kernels = 0u64;
     let mut samples = vec![];
     let mut next_sample = Duration::ZERO;
@@ -77,7 +79,10 @@ pub(crate) fn run_launch(
                 }
             };
             check(r, "launch")?;
-            first_launch_us.get_or_insert(t0.elapsed().as_micros() as u64);
+            if first_launch_us.is_none() {
+                first_launch_us = Some(t0.elapsed().as_micros() as u64);
+                first_launch_unix_us = unix_us();
+            }
             kernels += 1;
             if pause_us > 0 && pause_every > 0 && kernels.is_multiple_of(pause_every) {
                 std::thread::sleep(Duration::from_micros(pause_us));
@@ -101,7 +106,16 @@ pub(crate) fn run_launch(
         "wall_us": wall,
         "busy_us": busy(dev) - busy0,
         "first_launch_us": first_launch_us,
+        "first_launch_unix_us": first_launch_unix_us,
         "samples": samples,
     }));
     Ok(())
+}
+
+/// Microseconds since the Unix epoch (None if the clock is before it).
+fn unix_us() -> Option<u64> {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_micros() as u64)
 }
