@@ -443,9 +443,7 @@ def native_duty(on_ms, off_ms, idle, guard_ms=0, hooked=False):
             tenants.append(("a", ["--mode", "tick", "--tick-us", "500"], None))
         if hooked:
             tenants[0] = tenants[0][:2] + ("i",)
-            with b.schd([("i", 1.0, 1.0, 8 * GIB)]):
-                r = b.run(tenants, 8)["infer"]
-        else:
+        with b.schd([("i", 1.0, 1.0, 8 * GIB)]) if hooked else contextlib.nullcontext():
             r = b.run(tenants, 8)["infer"]
         raw.update(infer=r, clocks=b.last_clocks)
         firsts = [i for i, f in enumerate(r["first"]) if f]

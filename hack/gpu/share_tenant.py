@@ -106,6 +106,13 @@ class Train50:
         return 1
 
 
+def wait_until(until, spin=False):
+    """Until time.time() reaches `until`: in sleeps of at most 1 ms, or spinning."""
+    while time.time() < until:
+        if not spin:
+            time.sleep(max(0.0, min(until - time.time(), 0.001)))
+
+
 class Matmuls:
     """bf16 4096^3 matmuls that keep the GPU busy for a given time: `kernel_s` is one's time,
     measured once."""
@@ -143,8 +150,7 @@ class Filler:
         k, into = divmod(max(time.time() - t0, 0.0), self.on + self.off)
         if into < self.on:  # the other tenant's window
             until = t0 + k * (self.on + self.off) + self.on
-            while time.time() < until:
-                time.sleep(max(0.0, min(until - time.time(), 0.001)))
+            wait_until(until)
             into = self.on
         # Kernels that end by the window's end (the last may overrun by half a kernel's time).
         return self.mm.fill(self.on + self.off - into)
@@ -189,9 +195,7 @@ class Infer18:
             until = t0 + (k + 1) * (on + off)
             if idle == "fill":
                 self.mm.fill(off)
-            while time.time() < until:
-                if idle == "sleep":
-                    time.sleep(max(0.0, min(until - time.time(), 0.001)))
+            wait_until(until, spin=idle != "sleep")
             k += 1
         opens = self.window != k
         self.window = k
