@@ -109,7 +109,45 @@ proptest! {
 
     #[test]
     fn random_events_keep_the_invariants(ops in prop::collection::vec(op(), 1..120)) {
-        let params = Params { window_us: 1_000_000, base_quota_us: 20_000, min_quota_us: 2_000, grace_us: 10_000, pace_us: 200_000, pace_short_us: 50_000 };
+        run(ops)?;
+    }
+}
+
+/// A case proptest found (CI, 2026-11-27): a client's hold ended at its quota, it asked again,
+/// and a config reload removed it; the next dispatch looked the removed client up as "the last
+/// holder" and panicked. Kept as a test of its own: proptest cannot persist failures of an
+/// integration test (it looks for lib.rs or main.rs beside it).
+#[test]
+fn a_reload_that_drops_the_last_holder() {
+    use Op::*;
+    let ops = vec![
+        Request(5, 0, 0),
+        Release(5, 0),
+        Request(1, 0, 0),
+        Request(1, 0, 0),
+        Advance(21_286),
+        Advance(173_134),
+        Config(vec![(0, 398, 398, 0), (2, 602, 602, 0)]),
+        Request(0, 4109, 0),
+        Request(2, 0, 0),
+    ];
+    if let Err(e) = run(ops) {
+        panic!("{e}");
+    }
+}
+
+/// Applies `ops` to a core with three clients and six connections, checking the invariants
+/// after each, then runs the clock until every waiting request is served.
+fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    {
+        let params = Params {
+            window_us: 1_000_000,
+            base_quota_us: 20_000,
+            min_quota_us: 2_000,
+            grace_us: 10_000,
+            pace_us: 200_000,
+            pace_short_us: 50_000,
+        };
         let init = specs(&[(0, 300, 500, 1000), (1, 200, 1000, 1000), (2, 0, 300, 500)]);
         let mut w = World {
             core: Core::new(params, &init, 0),
@@ -135,7 +173,8 @@ proptest! {
                     let acts = w.core.token_request(w.now, c, o, b);
                     if !w.conn_ok(s) || was_pending {
                         // Refused at once.
-                        let refused = matches!(acts.first(), Some(Action::Error { conn, .. }) if *conn == c);
+                        let refused =
+                            matches!(acts.first(), Some(Action::Error { conn, .. }) if *conn == c);
                         prop_assert!(refused, "request on {} not refused: {:?}", c, acts);
                     }
                     acts
@@ -154,7 +193,11 @@ proptest! {
                     let acts = w.core.renew(w.now, c, b);
                     match acts.as_slice() {
                         [Action::Grant { client, conns, .. }] => {
-                            prop_assert!(!any_pending, "renewed while requests waited: {:?}", w.pending);
+                            prop_assert!(
+                                !any_pending,
+                                "renewed while requests waited: {:?}",
+                                w.pending
+                            );
                             prop_assert_eq!(Some(client), holder.as_ref());
                             prop_assert_eq!(conns, &vec![c]);
                             // What `check` expects of a grant: an answered request.
@@ -233,8 +276,16 @@ proptest! {
             };
             w.check(acts)?;
             // Requests of clients that left the config are no longer pending.
-            let gone: Vec<ConnId> = w.pending.iter().copied().filter(|c| !w.live.contains(c)).collect();
-            prop_assert!(gone.is_empty(), "requests of departed clients left unanswered: {gone:?}");
+            let gone: Vec<ConnId> = w
+                .pending
+                .iter()
+                .copied()
+                .filter(|c| !w.live.contains(c))
+                .collect();
+            prop_assert!(
+                gone.is_empty(),
+                "requests of departed clients left unanswered: {gone:?}"
+            );
         }
         // Liveness: run the clock, releasing every grant at once; all waiters get served.
         let mut steps = 0;
@@ -245,10 +296,13 @@ proptest! {
             prop_assert!(next.is_some(), "waiters but no wake-up: {:?}", w.pending);
             w.now = next.unwrap().max(w.now);
             let acts = w.core.tick(w.now);
-            let granted: Vec<ConnId> = acts.iter().flat_map(|a| match a {
-                Action::Grant { conns, .. } => conns.clone(),
-                _ => vec![],
-            }).collect();
+            let granted: Vec<ConnId> = acts
+                .iter()
+                .flat_map(|a| match a {
+                    Action::Grant { conns, .. } => conns.clone(),
+                    _ => vec![],
+                })
+                .collect();
             w.check(acts)?;
             for c in granted {
                 let acts = w.core.release(w.now, c, 0);
@@ -256,6 +310,7 @@ proptest! {
             }
         }
     }
+    Ok(())
 }
 
 proptest! {

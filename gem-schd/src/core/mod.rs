@@ -605,6 +605,11 @@ impl Core {
                 self.end_hold(now, |_| now);
             }
             self.ids.remove(&id);
+            // Its hold may have ended at its quota before it left: nobody is "the last holder"
+            // any more (dispatch would look up a client that is gone).
+            if self.asked_again == Some(key) {
+                self.asked_again = None;
+            }
             if let Some(c) = self.clients.remove(&key) {
                 for conn in c.waiting {
                     out.push(refusal_action(conn, unknown(&id)));
