@@ -110,13 +110,15 @@ class ShareBench(Bench):
             timers = [threading.Timer(start_at + t - time.time(), fn) for t, fn in at]
             for t in timers:
                 t.start()
-            with sample_clocks() as clocks:
+            with sample_clocks() as clocks, sample_pmon({p.pid: lbl for lbl, p in procs}) as sm:
                 res = {}
                 for lbl, p in procs:
                     line = p.stdout.readline()
                     if not line:
                         raise RuntimeError(f"{lbl} failed (rc {p.wait()})")
                     res[lbl] = json.loads(line)
+            if sm:
+                clocks["pmon_sm_pct"] = sm
             self.last_clocks = clocks
             return res
         finally:
@@ -146,6 +148,45 @@ def pinned_cpu(label):
     order = ["infer", "train", "a", "b", "c", "a1", "a2", "native"]
     i = order.index(label) if label in order else len(order) + sum(map(ord, label)) % 8
     return firsts[(2 * i) % len(firsts)] if firsts else None
+
+
+@contextlib.contextmanager
+def sample_pmon(labels):
+    """With SHARE_PMON=1, NVML's per-process SM utilisation (`nvidia-smi pmon -s u`, one sample a
+    second) of each tenant by its label (`labels`: pid -> label), as p10 / p50 / p90 and the
+    samples: the only per-process GPU-time source when two contexts run at once (the GPU
+    time-slices them itself), so what it says of a co-running pair decides whether a share can
+    be accounted without exclusive turns (issue 14)."""
+    summary = {}
+    if os.environ.get("SHARE_PMON") != "1":
+        yield summary
+        return
+    p = subprocess.Popen(["nvidia-smi", "pmon", "-s", "u", "-d", "1"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        yield summary
+    finally:
+        p.send_signal(signal.SIGINT)
+        try:
+            out = p.communicate(timeout=5)[0]
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out = p.communicate()[0]
+        per = {}
+        for line in out.splitlines():
+            f = line.split()
+            if len(f) < 4 or line.startswith("#"):
+                continue
+            try:
+                pid, sm = int(f[1]), f[3]
+            except ValueError:
+                continue
+            if pid in labels and sm != "-":
+                per.setdefault(labels[pid], []).append(float(sm))
+        for lbl, xs in per.items():
+            summary[lbl] = {"p10_p50_p90": [pct(xs, .1), pct(xs, .5), pct(xs, .9)], "samples": xs}
+        if not per:
+            summary["raw_tail"] = out[-400:]
 
 
 @contextlib.contextmanager
@@ -535,6 +576,29 @@ def train_infer_unhooked(b, raw):
     raw.update(train_infer=r, clocks=b.last_clocks)
     return {"train_of_native": round(r["train"]["rate"] / nat["rate"], 4),
             "infer": infer_stats(r["infer"], nati), "clocks": b.last_clocks}
+
+
+def train_capped_infer_free(b, raw, limit=0.5):
+    """Co-running, measured before built: training under the hook capped at `limit` as
+    gem-schd's only client (so it runs in turns), inference beside it with no hook, launching
+    whenever it likes, in training's turns too (the GPU time-slices the two contexts itself).
+    What a policy that lets a light tenant co-run while the heavy one keeps its turns would
+    deliver, and what NVML says each used (SHARE_PMON=1)."""
+    nat, nati = natives(b)
+    with b.schd([("t", limit, limit, 40 * GIB)]):
+        r = b.run([("train", ["--mode", "train50"], "t"), ("infer", ["--mode", "infer18"], None)], 20)
+    raw.update(train_infer=r, clocks=b.last_clocks)
+    return {"train_of_native": round(r["train"]["rate"] / nat["rate"], 4),
+            "infer": infer_stats(r["infer"], nati), "clocks": b.last_clocks}
+
+
+# ... with training's turns longer, to give back what the co-running tenant takes in them.
+def train_capped_infer_free_60(b, raw):
+    return train_capped_infer_free(b, raw, 0.6)
+
+
+def train_capped_infer_free_70(b, raw):
+    return train_capped_infer_free(b, raw, 0.7)
 
 
 def infer_capped(b, raw):
