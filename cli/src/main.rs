@@ -70,6 +70,8 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     kubeshare_api::set_scheduler_name(&args.scheduler_name).context("--scheduler-name")?;
     tracing_subscriber::fmt()
+        // Colour only on a terminal: logs piped to a file or a container log stay plain.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

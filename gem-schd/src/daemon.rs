@@ -319,6 +319,13 @@ impl Actor {
                 burst_us,
             } => {
                 let acts = self.core.token_request(now, conn, overuse_us, burst_us);
+                // Not answered at once: it waits for the token (operators see who waits; tests
+                // wait for this line instead of sleeping).
+                if !acts.iter().any(|a| a.answers(conn))
+                    && let Some(c) = self.conns.get(&conn)
+                {
+                    debug!(conn, client = %c.client, "token request waits");
+                }
                 self.perform(acts);
             }
             Request::Release { used_us } => {

@@ -115,6 +115,8 @@ fn octal(s: &str) -> Result<u32, String> {
 fn main() -> Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt()
+        // Colour only on a terminal: logs piped to a file or a container log stay plain.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )

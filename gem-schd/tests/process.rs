@@ -52,6 +52,20 @@ impl Schd {
         )
         .unwrap()
     }
+    /// Waits until a line of gem-schd's log satisfies `f`.
+    #[track_caller]
+    fn wait_log(&self, f: impl Fn(&str) -> bool, what: &str) {
+        let path = self.dir.path().join("schd.log");
+        wait_for(
+            || {
+                std::fs::read_to_string(&path)
+                    .map(|log| log.lines().any(&f))
+                    .unwrap_or(false)
+            },
+            what,
+        );
+    }
+
     fn term(&mut self) {
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
@@ -234,7 +248,11 @@ fn hot_reload_keeps_stayers_errors_leavers_and_survives_a_bad_file() {
         tx.send(()).unwrap();
         (r, b)
     });
-    std::thread::sleep(Duration::from_millis(200));
+    // gem-schd says when a request waits: then b must not have been answered.
+    s.wait_log(
+        |l| l.contains("token request waits") && l.contains("client=b"),
+        "b's request to wait",
+    );
     assert!(
         rx.try_recv().is_err(),
         "b must wait while a holds the token"
@@ -260,13 +278,8 @@ fn hot_reload_keeps_stayers_errors_leavers_and_survives_a_bad_file() {
     s.config("2\na 0.5 0.8 2000\nc zero 1.0 1000\n");
     // Wait for the rejection itself (the log names the line at fault), then check that
     // nothing of the last good config was lost.
-    let log_path = s.dir.path().join("schd.log");
-    wait_for(
-        || {
-            std::fs::read_to_string(&log_path)
-                .map(|l| l.contains("malformed resource config") && l.contains("line 3"))
-                .unwrap_or(false)
-        },
+    s.wait_log(
+        |l| l.contains("malformed resource config") && l.contains("line 3"),
         "the log to name the line at fault",
     );
     assert!(s.sock("c").exists());
@@ -349,7 +362,10 @@ fn restart_while_clients_wait_and_they_reconnect() {
             }
         }
     });
-    std::thread::sleep(Duration::from_millis(200));
+    s.wait_log(
+        |l| l.contains("token request waits") && l.contains("client=b"),
+        "b's request to wait",
+    );
     s.term();
     let why = rx.recv_timeout(Duration::from_secs(5)).unwrap();
     assert!(

@@ -121,6 +121,16 @@ pub enum Action {
     Yield { conn: ConnId },
 }
 
+impl Action {
+    /// Whether this action sends `conn` a reply.
+    pub fn answers(&self, conn: ConnId) -> bool {
+        match self {
+            Action::Grant { conns, .. } => conns.contains(&conn),
+            Action::Error { conn: c, .. } | Action::Yield { conn: c } => *c == conn,
+        }
+    }
+}
+
 /// A refusal of a synchronous request (Hello, memory).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {

@@ -130,11 +130,17 @@ async fn main() -> anyhow::Result<()> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     if args.log_json {
         tracing_subscriber::fmt()
+            // Colour only on a terminal: logs piped to a file or a container log stay plain.
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
             .with_env_filter(filter)
             .json()
             .init();
     } else {
-        tracing_subscriber::fmt().with_env_filter(filter).init();
+        tracing_subscriber::fmt()
+            // Colour only on a terminal: logs piped to a file or a container log stay plain.
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+            .with_env_filter(filter)
+            .init();
     }
     let config = config(args.kubeconfig.as_ref()).await?;
     if args.gang_wait_ms + 2000 > args.bind_timeout_ms {
