@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 
-use kubeshare_api::{Allocation, GpuDemand, GpuInfo, GpuShare, Granted, Milli, NodeInventory};
+use kubeshare_api::{Allocation, GpuDemand, GpuInfo, GpuShare, Granted, Milli};
 use memo::Verdict;
 
 #[path = "placement_bind.rs"]
@@ -23,6 +23,10 @@ mod books;
 mod fit;
 #[path = "placement_memo.rs"]
 mod memo;
+#[path = "placement_nodes.rs"]
+mod nodes;
+#[path = "placement_views.rs"]
+mod views;
 pub use books::RecordProblem;
 
 /// What the watch (or a filter request) tells us about one pod.
@@ -462,147 +466,11 @@ fn scale_scores(names: &[String], raw: &[Option<u64>]) -> Vec<(String, i64)> {
         .collect()
 }
 
-/// Whether `gpus` (a node's, in index order) are exactly `published` (any order).
-fn same_gpus(gpus: &[Gpu], published: &[GpuInfo]) -> bool {
-    gpus.len() == published.len()
-        && published.iter().all(|p| {
-            gpus.binary_search_by_key(&p.index, |g| g.info.index)
-                .is_ok_and(|i| gpus[i].info == *p)
-        })
-}
-
 impl Cluster {
     pub fn new(cfg: Config) -> Cluster {
         Cluster {
             cfg,
             ..Cluster::default()
-        }
-    }
-
-    // ------------------------------------------------------------ nodes
-
-    /// A Node was added or changed. `Ok(None)`: it publishes no inventory.
-    pub fn apply_node(&mut self, name: &str, inventory: Result<Option<NodeInventory>, String>) {
-        if let (Ok(Some(inv)), Some(node)) = (&inventory, self.nodes.get(name))
-            && same_gpus(&node.gpus, &inv.gpus)
-        {
-            // A heartbeat or a label change: the books and the memoised verdicts
-            // stay valid. (Heartbeats made the node watch a tenth of the
-            // extender's CPU in a 1,000-node backlog, issue 17.)
-            return;
-        }
-        self.detach_node(name);
-        match inventory {
-            Ok(Some(inv)) if !inv.gpus.is_empty() => {
-                let mut gpus: Vec<Gpu> = inv
-                    .gpus
-                    .into_iter()
-                    .map(|info| Gpu {
-                        info,
-                        used: 0,
-                        mem_used: 0,
-                        um_used: 0,
-                        holders: 0,
-                        affinity: BTreeMap::new(),
-                        anti: BTreeMap::new(),
-                        exclusion: BTreeMap::new(),
-                    })
-                    .collect();
-                gpus.sort_by_key(|g| g.info.index);
-                let by_uuid = gpus
-                    .iter()
-                    .enumerate()
-                    .map(|(i, g)| (g.info.uuid.clone(), i))
-                    .collect();
-                let id = self.free_ids.pop().unwrap_or_else(|| {
-                    self.next_id += 1;
-                    self.next_id - 1
-                });
-                let node = Node {
-                    id,
-                    stamp: self.version,
-                    gpus,
-                    by_uuid,
-                };
-                self.nodes.insert(name.to_string(), node);
-                let uids: Vec<String> = self
-                    .by_node
-                    .get(name)
-                    .map(|s| s.iter().cloned().collect())
-                    .unwrap_or_default();
-                for uid in uids {
-                    if let Some(b) = self.bookings.get(&uid).cloned()
-                        && let Err(e) = self.account(&b, true)
-                    {
-                        // Booked while the node was unknown, and cannot be added now.
-                        self.bookings.remove(&uid);
-                        if let Some(s) = self.by_node.get_mut(name) {
-                            s.remove(&uid);
-                        }
-                        if let Some(d) = b.deadline() {
-                            self.timed.remove(&(d, uid.clone()));
-                        }
-                        let (namespace, pname) = self
-                            .pods
-                            .get(&uid)
-                            .map(|e| (e.namespace.clone(), e.name.clone()))
-                            .unwrap_or_default();
-                        self.problems.push(RecordProblem {
-                            uid,
-                            namespace,
-                            name: pname,
-                            message: e,
-                        });
-                    }
-                }
-            }
-            Ok(_) => {
-                self.node_problems.insert(
-                    name.to_string(),
-                    format!("{name}: no KubeShare GPUs (no sharedgpu/inventory annotation)"),
-                );
-            }
-            Err(e) => {
-                self.node_problems
-                    .insert(name.to_string(), format!("{name}: bad GPU inventory: {e}"));
-            }
-        }
-    }
-
-    pub fn delete_node(&mut self, name: &str) {
-        self.detach_node(name);
-    }
-
-    /// The names of every node we know, GPU or not.
-    pub fn node_names(&self) -> Vec<String> {
-        let mut v: Vec<String> = self
-            .nodes
-            .keys()
-            .chain(self.node_problems.keys())
-            .cloned()
-            .collect();
-        v.sort();
-        v
-    }
-
-    /// Keeps only these nodes (after a relist).
-    pub fn retain_nodes(&mut self, keep: &HashSet<String>) {
-        for n in self.node_names() {
-            if !keep.contains(&n) {
-                self.detach_node(&n);
-            }
-        }
-    }
-
-    fn detach_node(&mut self, name: &str) {
-        self.version += 1;
-        self.node_problems.remove(name);
-        if let Some(node) = self.nodes.remove(name) {
-            self.free_ids.push(node.id);
-            for locs in self.affinity.values_mut() {
-                locs.retain(|(n, _), _| n != name);
-            }
-            self.affinity.retain(|_, l| !l.is_empty());
         }
     }
 
@@ -857,120 +725,6 @@ impl Cluster {
             group: req.group.clone(),
             kind,
         }
-    }
-
-    // ------------------------------------------------------------ views
-
-    /// Every GPU with its allocation, in node and index order.
-    pub fn usage(&self) -> Vec<GpuUsage> {
-        let mut nodes: Vec<(&String, &Node)> = self.nodes.iter().collect();
-        nodes.sort_unstable_by_key(|(n, _)| *n);
-        nodes
-            .into_iter()
-            .flat_map(|(n, node)| {
-                node.gpus.iter().map(move |g| GpuUsage {
-                    node: n.clone(),
-                    index: g.info.index,
-                    uuid: g.info.uuid.clone(),
-                    model: g.info.model.clone(),
-                    used_milli: g.used,
-                    mem_used: g.mem_used,
-                    um_resident: g.um_used,
-                    mem_total: g.info.memory,
-                    holders: g.holders,
-                })
-            })
-            .collect()
-    }
-
-    /// Number of bookings by kind: (observed, assumed, reserved).
-    pub fn booking_counts(&self) -> (usize, usize, usize) {
-        let mut c = (0, 0, 0);
-        for b in self.bookings.values() {
-            match b.kind {
-                Kind::Observed => c.0 += 1,
-                Kind::Assumed { .. } => c.1 += 1,
-                Kind::Reserved { .. } => c.2 += 1,
-            }
-        }
-        c
-    }
-
-    /// The GPUs (node, uuids) booked for a pod, whatever the kind.
-    pub fn booked(&self, uid: &str) -> Option<(String, Vec<String>)> {
-        self.bookings
-            .get(uid)
-            .map(|b| (b.node.clone(), b.gpus.clone()))
-    }
-
-    /// Checks the books: they equal a recount from the bookings, and no GPU is
-    /// over its share or memory. For tests and debugging.
-    pub fn check_invariants(&self) -> Result<(), String> {
-        let mut fresh: HashMap<(String, String), (u64, u128, u128, u64)> = HashMap::new();
-        for b in self.bookings.values() {
-            let Some(node) = self.nodes.get(&b.node) else {
-                continue;
-            };
-            for u in &b.gpus {
-                if node.by_uuid.contains_key(u) {
-                    let e = fresh.entry((b.node.clone(), u.clone())).or_default();
-                    e.0 += u64::from(b.milli);
-                    match b.managed {
-                        None => e.1 += u128::from(b.mem),
-                        Some(_) => e.2 += u128::from(b.mem),
-                    }
-                    e.3 += 1;
-                }
-            }
-        }
-        let mut ids = HashSet::new();
-        for (n, node) in &self.nodes {
-            if node.id >= self.next_id || self.free_ids.contains(&node.id) || !ids.insert(node.id) {
-                return Err(format!("{n}: node id {} reused or out of range", node.id));
-            }
-            for g in &node.gpus {
-                let want = fresh
-                    .get(&(n.clone(), g.info.uuid.clone()))
-                    .copied()
-                    .unwrap_or_default();
-                let have = (
-                    u64::from(g.used),
-                    u128::from(g.mem_used),
-                    u128::from(g.um_used),
-                    u64::from(g.holders),
-                );
-                if have != want {
-                    return Err(format!(
-                        "{n}/gpu {}: books {have:?} != recount {want:?}",
-                        g.info.index
-                    ));
-                }
-                if g.used > 1000 {
-                    return Err(format!("{n}/gpu {}: {} milli booked", g.info.index, g.used));
-                }
-                if g.mem_used > g.info.memory {
-                    return Err(format!(
-                        "{n}/gpu {}: {} of {} bytes booked",
-                        g.info.index, g.mem_used, g.info.memory
-                    ));
-                }
-                // Unified-memory pods share, factor-fold, what device-mode pods leave.
-                let um_budget = u128::from(g.info.memory - g.mem_used)
-                    * u128::from(self.cfg.um_overcommit_milli.max(1000))
-                    / 1000;
-                if u128::from(g.um_used) > um_budget {
-                    return Err(format!(
-                        "{n}/gpu {}: {} bytes of unified-memory shares booked beside {} of device caps on {} (factor {})",
-                        g.info.index,
-                        g.um_used,
-                        g.mem_used,
-                        g.info.memory,
-                        self.cfg.um_overcommit_milli
-                    ));
-                }
-            }
-        }
-        Ok(())
     }
 }
 
