@@ -105,7 +105,7 @@ impl World {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(300))]
+    #![proptest_config(ProptestConfig::with_cases(1000))]
 
     #[test]
     fn random_events_keep_the_invariants(ops in prop::collection::vec(op(), 1..120)) {
