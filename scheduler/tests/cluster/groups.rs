@@ -115,10 +115,8 @@ async fn killing_and_restarting_the_extender_never_double_allocates() -> Result<
         rig.create(&format!("q{i:02}"), &quarter).await?;
         if i % 8 == 7 {
             // Kill it hard while pods are scheduling, and start a new one.
-            if let Some(e) = rig.ext.as_mut() {
-                e.kill();
-            }
-            rig.ext = Some(ExtenderProc::start(rig.cluster, "restart").await?);
+            rig.kill_extender();
+            rig.start_extender("restart").await?;
         }
     }
     let left = rig.wait_unbound_at_most("16 pods bound", 8).await?;
@@ -245,13 +243,11 @@ async fn killing_the_extender_while_a_group_binds_ends_with_the_whole_group() ->
         }
     })
     .await?;
-    if let Some(e) = rig.ext.as_mut() {
-        e.kill();
-    }
+    rig.kill_extender();
     let bound = 3 - rig.unbound_names().await?.len();
     eprintln!("{bound} of 3 members bound when the extender was killed");
     // A new extender: the group ends whole.
-    rig.ext = Some(ExtenderProc::start(rig.cluster, "gang-kill").await?);
+    rig.start_extender("gang-kill").await?;
     rig.wait_unbound_at_most("3 members bound", 0).await?;
     assert_eq!(rig.check_no_overcommit(40 * GIB).await?, 3);
     rig.cleanup().await
@@ -265,9 +261,7 @@ async fn a_restarted_extender_completes_a_partly_bound_group() -> Result<()> {
     let mut rig = Rig::new("gang-partial").await?;
     let node = rig.node("n", 2, "A", 40).await?;
     // No extender while the group is created and half bound.
-    if let Some(e) = rig.ext.as_mut() {
-        e.kill();
-    }
+    rig.kill_extender();
     let labels = member_labels("3", "1.0");
     let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
     for i in 0..3 {
@@ -301,7 +295,7 @@ async fn a_restarted_extender_completes_a_partly_bound_group() -> Result<()> {
         .await
         .with_context(|| format!("binding {name} ({i})"))?;
     }
-    rig.ext = Some(ExtenderProc::start(rig.cluster, "gang-partial").await?);
+    rig.start_extender("gang-partial").await?;
     let g2 = rig.bound("g2").await?;
     assert_ne!(g2.gpu_uuids, vec![uuid(&node, 0)], "GPU 0 is full");
     assert_eq!(rig.check_no_overcommit(40 * GIB).await?, 3);
@@ -318,14 +312,12 @@ async fn a_backlog_released_at_once_never_overcommits() -> Result<()> {
     for n in ["x", "y", "z"] {
         rig.node(n, 2, "A", 40).await?;
     }
-    if let Some(e) = rig.ext.as_mut() {
-        e.kill();
-    }
+    rig.kill_extender();
     let quarter = [("gpu_request", "0.25"), ("gpu_limit", "0.25")];
     for i in 0..40 {
         rig.create(&format!("b{i:02}"), &quarter).await?;
     }
-    rig.ext = Some(ExtenderProc::start(rig.cluster, "backlog").await?);
+    rig.start_extender("backlog").await?;
     let left = rig.wait_unbound_at_most("24 pods bound", 16).await?;
     // Each of the rest is tried against the full books: none of them may fit.
     rig.each_found_no_room(&left, "0.25").await?;

@@ -127,6 +127,20 @@ pub(crate) struct Rig {
 }
 
 impl Rig {
+    /// Kills the extender hard (SIGKILL), as a node failure or an OOM kill would.
+    pub(crate) fn kill_extender(&mut self) {
+        if let Some(e) = self.ext.as_mut() {
+            e.kill();
+        }
+    }
+
+    /// Starts a new extender (after [`Rig::kill_extender`]): it rebuilds its books from the
+    /// API and serves once ready.
+    pub(crate) async fn start_extender(&mut self, test: &str) -> Result<()> {
+        self.ext = Some(ExtenderProc::start(self.cluster, test).await?);
+        Ok(())
+    }
+
     pub(crate) async fn new(test: &str) -> Result<Rig> {
         let cluster = Cluster::shared()?;
         let admin = cluster.client(Identity::Admin).await?;
