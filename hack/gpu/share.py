@@ -592,6 +592,34 @@ def train_capped_infer_free(b, raw, limit=0.5):
             "infer": infer_stats(r["infer"], nati), "clocks": b.last_clocks}
 
 
+def burst_infer_free(b, raw, limit=None):
+    """Co-running beside a compute-bound tenant: 5 ms bursts of bf16 matmuls (one kernel
+    ~0.3 ms) under the hook capped at `limit` in turns (None: no hook either), inference free
+    beside it. Also whether a kernel's event span takes in the other context's time slices:
+    the matmul's per-kernel span beside co-running inference against its native span (if the
+    GPU preempts kernels mid-way for the other context, a tenant's events overstate its own
+    GPU time, and a co-runner's would too)."""
+    nat = b.run([("a", burst(5), None)], 8)["a"]
+    _, nati = natives(b)
+    tenants = [("a", burst(5), "a" if limit else None), ("infer", ["--mode", "infer18"], None)]
+    with b.schd([("a", limit, limit, 8 * GIB)]) if limit else contextlib.nullcontext():
+        r = b.run(tenants, 20)
+    raw.update(burst_native=nat, burst_infer=r, clocks=b.last_clocks)
+
+    def spans_ms(x):
+        return [1000 * (e - s) for s, e in x["busy"]]
+    busy = sum(spans_ms(r["a"])) / 1000
+    return {"burst_of_native": round(r["a"]["rate"] / nat["rate"], 4),
+            "burst_busy_per_s": round(busy / 20, 4),
+            "kernel_span_ms": {"p50": pct(spans_ms(r["a"]), .5), "p90": pct(spans_ms(r["a"]), .9)},
+            "native_kernel_span_ms": {"p50": pct(spans_ms(nat), .5), "p90": pct(spans_ms(nat), .9)},
+            "infer": infer_stats(r["infer"], nati), "clocks": b.last_clocks}
+
+
+def burst_capped_infer_free(b, raw):
+    return burst_infer_free(b, raw, 0.5)
+
+
 # ... with training's turns longer, to give back what the co-running tenant takes in them.
 def train_capped_infer_free_60(b, raw):
     return train_capped_infer_free(b, raw, 0.6)
