@@ -620,6 +620,33 @@ def burst_capped_infer_free(b, raw):
     return burst_infer_free(b, raw, 0.5)
 
 
+def infer_pair(b, raw, hooked=False):
+    """Two light tenants together (batch-1 inference twice): with no hook (co-running), or both
+    hooked at 0.5 / 0.5 (exclusive turns). Whether two launch-bound tenants can co-run at all
+    without a holder in turns, and what turns cost them."""
+    _, nati = natives(b)
+    tenants = [("infer", ["--mode", "infer18"], "i" if hooked else None),
+               ("b", ["--mode", "infer18"], "j" if hooked else None)]
+    with b.schd([("i", 0.5, 0.5, 8 * GIB), ("j", 0.5, 0.5, 8 * GIB)]) if hooked \
+            else contextlib.nullcontext():
+        r = b.run(tenants, 20)
+    raw.update(infer_pair=r, clocks=b.last_clocks)
+    return {"infer": infer_stats(r["infer"], nati), "infer_b": infer_stats(r["b"], nati),
+            "clocks": b.last_clocks}
+
+
+def infer_pair_hooked(b, raw):
+    return infer_pair(b, raw, True)
+
+
+def train_capped_infer_free_65(b, raw):
+    return train_capped_infer_free(b, raw, 0.65)
+
+
+def train_capped_infer_free_75(b, raw):
+    return train_capped_infer_free(b, raw, 0.75)
+
+
 # ... with training's turns longer, to give back what the co-running tenant takes in them.
 def train_capped_infer_free_60(b, raw):
     return train_capped_infer_free(b, raw, 0.6)
