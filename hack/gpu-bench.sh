@@ -3,11 +3,13 @@
 # coverage, on one NVIDIA GPU with PyTorch. Prints one JSON table; raw results, a log and a
 # plot of the shares over time go to the output folder.
 #
-#   hack/gpu-bench.sh [--artifacts DIR] [--out DIR] [--pacing | --overhead]
+#   hack/gpu-bench.sh [--artifacts DIR] [--out DIR] [--pacing | --overhead | --share [SCENARIO ...]]
 #
 # --pacing runs hack/gpu/pacing.py instead: per-second shares of a capped tenant alone with
 # gem-schd's --pace-ms on and off, elasticity and accuracy 0.3/0.7 (docs/gpu-benchmarks.md).
 # --overhead runs hack/gpu/overhead.py: the small-kernel overhead over many A/B pairs.
+# --share runs hack/gpu/share.py: issue 14's table (shares as GPU time, the training and
+# inference pair, reload, two processes, kill -9), or the scenarios named after it.
 #
 # DIR (default .device-carry/gemhook) holds libgemhook.so.1 and gem-schd; when missing they are built
 # here (`make hook-release`, which needs cargo). Results are described in docs/gpu-benchmarks.md.
@@ -18,13 +20,16 @@ art=.device-carry/gemhook
 out=${OUT:-gpu-bench-out}
 pacing=0
 overhead=0
+share=0
+scenarios=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --artifacts) art=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --pacing) pacing=1; shift ;;
     --overhead) overhead=1; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --share) share=1; shift; scenarios=("$@"); break ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -39,6 +44,9 @@ nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv,nohead
 python3 -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$out/gpu.txt"
 if [ "$overhead" = 1 ]; then
   exec timeout "${BENCH_TIMEOUT:-560}" python3 hack/gpu/overhead.py "$art" "$out"
+fi
+if [ "$share" = 1 ]; then
+  exec timeout "${BENCH_TIMEOUT:-560}" python3 hack/gpu/share.py "$art" "$out" "${scenarios[@]}"
 fi
 if [ "$pacing" = 1 ]; then
   exec timeout "${BENCH_TIMEOUT:-560}" python3 hack/gpu/pacing.py "$art" "$out"

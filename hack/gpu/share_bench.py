@@ -1,0 +1,323 @@
+"""The machinery under share.py's scenarios: gem-schd started per scenario with a resource
+config, tenants (share_tenant.py) spawned with or without the hook and started together, the
+GPU's clocks and (SHARE_PMON=1) NVML's per-process utilisation sampled while they run, and the
+helpers that turn per-kernel busy intervals into shares per window."""
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench import Bench  # noqa: E402
+
+GIB = 1 << 30
+# Colour codes of a log written by an older build (logs are plain text since stop 34).
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class ShareBench(Bench):
+    extra = []  # more gem-schd arguments, for a variant of a scenario
+    debug = False  # gem-schd and hook debug logs (every grant, with its wait) into bench.log
+    schd_debug = False  # gem-schd's debug log only (every grant with the client's charged time)
+    hook_env = {}  # more environment for the hooked tenants, for a variant of a scenario
+    label_env = {}  # more environment for one tenant by its label (a variant's "infer" only)
+    last_clocks = None  # the GPU's SM clock, power and utilisation over the last run's timed part
+
+    @contextlib.contextmanager
+    def schd(self, clients):
+        """gem-schd with `clients` = [(id, request, limit, mem_bytes)] and `extra` arguments."""
+        self.write_config(clients)
+        cfg = os.path.join(self.root, "rc.txt")
+        tmpl = os.path.join(self.root, "pods", "{client}", "{gpu}.sock")
+        p = subprocess.Popen([self.schd_bin, "--gpu", self.uuid, "--config", cfg, "--socket-template", tmpl]
+                             + self.extra, stdout=self.logs, stderr=self.logs,
+                             env=dict(os.environ, RUST_LOG="gem_schd=debug"
+                                      if self.debug or self.schd_debug else "info"))
+        try:
+            for c in clients:
+                sock = self.sock_dir(c[0]) + f"/{self.uuid}.sock"
+                t0 = time.time()
+                while not os.path.exists(sock):
+                    if time.time() - t0 > 10 or p.poll() is not None:
+                        raise RuntimeError(f"gem-schd did not create {sock}")
+                    time.sleep(0.02)
+            yield
+        finally:
+            p.terminate()
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    def spawn(self, args, client=None, env=None):
+        label = args[args.index("--label") + 1] if "--label" in args else ""
+        cpu = pinned_cpu(label)
+        if cpu is not None:
+            args = args + ["--cpu", str(cpu)]
+        e = dict(os.environ, PYTHONUNBUFFERED="1")
+        if client is not None:
+            e.update(LD_PRELOAD=self.hook, KUBESHARE_SOCKET_DIR=self.sock_dir(client),
+                     KUBESHARE_HOOK_LOG="debug" if self.debug else "info", **self.hook_env)
+        e.update(env or {})
+        return subprocess.Popen([sys.executable, os.path.join(HERE, "share_tenant.py")] + args, env=e,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.logs, text=True)
+
+    def write_config(self, clients):
+        cfg = os.path.join(self.root, "rc.txt")
+        tmp = cfg + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{len(clients)}\n")
+            for c in clients:
+                f.write("%s %s %s %d\n" % c)
+        os.rename(tmp, cfg)
+
+    def run(self, tenants, seconds, at=(), timeout=150):
+        """tenants: [(label, [tenant args], client or None)]; `at`: [(s after start, fn)]."""
+        procs = [(lbl, self.spawn(args + ["--seconds", str(seconds), "--label", lbl], client,
+                                  self.label_env.get(lbl)))
+                 for lbl, args, client in tenants]
+
+        def expired(*_):
+            raise TimeoutError(f"tenants {[t[0] for t in tenants]} ran past {timeout} s")
+        signal.signal(signal.SIGALRM, expired)
+        signal.alarm(timeout)
+        try:
+            for lbl, p in procs:
+                if not p.stdout.readline():
+                    raise RuntimeError(f"{lbl} exited before warm-up (rc {p.wait()})")
+            start_at = time.time() + 0.5
+            for _, p in procs:
+                p.stdin.write(json.dumps({"start_at": start_at}) + "\n")
+                p.stdin.flush()
+            timers = [threading.Timer(start_at + t - time.time(), fn) for t, fn in at]
+            for t in timers:
+                t.start()
+            with sample_clocks() as clocks, sample_pmon({p.pid: lbl for lbl, p in procs}) as sm:
+                res = {}
+                for lbl, p in procs:
+                    line = p.stdout.readline()
+                    if not line:
+                        raise RuntimeError(f"{lbl} failed (rc {p.wait()})")
+                    res[lbl] = json.loads(line)
+            if sm:
+                clocks["pmon_sm_pct"] = sm
+            self.last_clocks = clocks
+            return res
+        finally:
+            signal.alarm(0)
+            for _, p in procs:
+                if p.poll() is None:
+                    p.kill()
+
+
+def pinned_cpu(label):
+    """With SHARE_PIN=1, the CPU a tenant is pinned to by its label: one per physical core (no
+    two tenants on hyperthread siblings), skipping the first core, so that tenants never share
+    a core. It did not remove the spread of a launch-bound tenant's native rate (batch-1
+    inference: 1.55–2.93 ms per request over three runs of one pinned call; issue 14, round 10)."""
+    if os.environ.get("SHARE_PIN") != "1":
+        return None
+    def topology(cpu, what):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/{what}") as f:
+                return f.read().strip()
+        except OSError:
+            return str(cpu)
+    cores = {}
+    for cpu in sorted(os.sched_getaffinity(0)):
+        cores.setdefault((topology(cpu, "physical_package_id"), topology(cpu, "core_id")), cpu)
+    firsts = sorted(cores.values())[1:]
+    order = ["infer", "train", "a", "b", "c", "a1", "a2", "native"]
+    i = order.index(label) if label in order else len(order) + sum(map(ord, label)) % 8
+    return firsts[(2 * i) % len(firsts)] if firsts else None
+
+
+@contextlib.contextmanager
+def sample_pmon(labels):
+    """With SHARE_PMON=1, NVML's per-process SM utilisation (`nvidia-smi pmon -s u`, one sample a
+    second) of each tenant by its label (`labels`: pid -> label), as p10 / p50 / p90 and the
+    samples: the only per-process GPU-time source when two contexts run at once (the GPU
+    time-slices them itself), so what it says of a co-running pair decides whether a share can
+    be accounted without exclusive turns (issue 14)."""
+    summary = {}
+    if os.environ.get("SHARE_PMON") != "1":
+        yield summary
+        return
+    p = subprocess.Popen(["nvidia-smi", "pmon", "-s", "u", "-d", "1"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        yield summary
+    finally:
+        p.send_signal(signal.SIGINT)
+        try:
+            out = p.communicate(timeout=5)[0]
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out = p.communicate()[0]
+        per = {}
+        for line in out.splitlines():
+            f = line.split()
+            if len(f) < 4 or line.startswith("#"):
+                continue
+            try:
+                pid, sm = int(f[1]), f[3]
+            except ValueError:
+                continue
+            if pid in labels and sm != "-":
+                per.setdefault(labels[pid], []).append(float(sm))
+        for lbl, xs in per.items():
+            summary[lbl] = {"p10_p50_p90": [pct(xs, .1), pct(xs, .5), pct(xs, .9)], "samples": xs}
+        if not per:
+            summary["raw_tail"] = out[-400:]
+
+
+@contextlib.contextmanager
+def sample_clocks():
+    """The GPU's SM clock (MHz), power (W), utilisation (%), memory clock (MHz), performance
+    state (the N of PN) and PCIe link generation every 50 ms while the block runs, as p10 / p50 /
+    p90 of each: a partly idle GPU clocks higher than a busy one (issue 14), so a tenant's
+    native rate and its rate beside a neighbour may be measured at different clocks."""
+    summary = {}
+    keys = ["sm_mhz", "power_w", "util_pct", "mem_mhz", "pstate", "pcie_gen"]
+    p = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,utilization.gpu,"
+                          "clocks.mem,pstate,pcie.link.gen.current",
+                          "--format=csv,noheader,nounits", "-lms", "50"],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    # With SHARE_PIN=1, the frequency of the inference tenant's core too (a launch-bound
+    # tenant's speed is its CPU's).
+    cpu = pinned_cpu("infer")
+    freq, stop = [], threading.Event()
+    def sample_freq():
+        path = f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_cur_freq"
+        while not stop.wait(0.05):
+            try:
+                with open(path) as f:
+                    freq.append(int(f.read()) / 1000)
+            except (OSError, ValueError):
+                return
+    sampler = threading.Thread(target=sample_freq, daemon=True)
+    if cpu is not None:
+        sampler.start()
+    try:
+        yield summary
+    finally:
+        stop.set()
+        if freq:
+            summary["infer_cpu_mhz"] = [pct(freq, .1), pct(freq, .5), pct(freq, .9)]
+        p.send_signal(signal.SIGINT)  # its loop ends cleanly on ^C, with its output flushed
+        try:
+            out = p.communicate(timeout=5)[0]
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out = p.communicate()[0]
+        rows = []
+        for line in out.splitlines():
+            try:
+                rows.append([float(x.strip().lstrip("P")) for x in line.split(",")])
+            except ValueError:
+                continue  # a partial last line, or "[N/A]"
+        for i, key in enumerate(keys):
+            col = [r[i] for r in rows if len(r) > i]
+            if col:
+                summary[key] = [pct(col, .1), pct(col, .5), pct(col, .9)]
+        summary["samples"] = len(rows)
+
+
+def windows(busy, t0, t1, width):
+    """GPU busy fraction per window of `width` s in [t0, t1), from the kernels' [start, end]
+    (s from the tenant's start, on the GPU's clock)."""
+    n = int(round((t1 - t0) / width))
+    acc = [0.0] * n
+    for a, b in busy:
+        if b <= t0 or a >= t1:
+            continue
+        for i in range(max(0, int((a - t0) // width)), min(n, int((b - t0) // width) + 1)):
+            lo, hi = t0 + i * width, t0 + (i + 1) * width
+            acc[i] += max(0.0, min(b, hi) - max(a, lo))
+    return [round(x / width, 4) for x in acc]
+
+
+def sliding_max(busy, t0, t1, width=1.0, step=0.1):
+    """The largest busy fraction over any window of `width` s starting on a `step` grid."""
+    fine = windows(busy, t0, t1, step)
+    k = int(round(width / step))
+    return round(max(sum(fine[i:i + k]) / k for i in range(len(fine) - k + 1)), 4)
+
+
+def union(*lists):
+    """Merged intervals: the GPU time of several processes of one client (when both run in
+    one hold, the GPU time-slices between their contexts and each one's events span the
+    other's kernels too, so their sums would count it twice)."""
+    out = []
+    for a, b in sorted(x for l in lists for x in l):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def total_busy(busy, t0, t1):
+    """Fraction of [t0, t1) the kernels kept the GPU busy."""
+    return windows(busy, t0, t1, t1 - t0)[0]
+
+
+def burst(ms):
+    return ["--mode", "burst", "--burst-ms", str(ms)]
+
+
+def charged(logfile, since, client):
+    """gem-schd's charged time of `client` over its 10 s window at its last grant logged after
+    byte `since` of the log (the debug line of each grant carries it), as a fraction."""
+    last = None
+    with open(logfile) as f:
+        f.seek(since)
+        for line in f:
+            line = ANSI.sub("", line)
+            if f"client={client} " in line and " grant" in line:
+                m = re.search(r"usage_us=(\d+)", line)
+                if m:
+                    last = int(m.group(1))
+    return None if last is None else round(last / 10e6, 4)
+
+
+def pct(v, q):
+    v = sorted(v)
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
+def stall(series):
+    ts = [0.0] + [p[0] for p in series]
+    return round(max(b - a for a, b in zip(ts, ts[1:])), 4)
+
+
+def variant(scenario, extra, hook_env=None, debug=False, schd_debug=False):
+    """`scenario` with more gem-schd arguments (and hook environment), as a scenario of its own;
+    `debug`: every grant logged by gem-schd and the hook, `schd_debug`: by gem-schd only (with
+    the client's charged time)."""
+    def run(b, raw):
+        b.extra, b.hook_env, b.debug = extra, hook_env or {}, debug or b.debug
+        b.schd_debug = schd_debug or b.schd_debug
+        try:
+            return scenario(b, raw)
+        finally:
+            b.extra, b.hook_env, b.debug, b.schd_debug = [], {}, False, False
+    return run
+
+
+def for_label(scenario, label, env):
+    """`scenario` with more environment for the tenant labelled `label` only."""
+    def run(b, raw):
+        b.label_env = {label: env}
+        try:
+            return scenario(b, raw)
+        finally:
+            b.label_env = {}
+    return run
