@@ -139,175 +139,173 @@ fn a_reload_that_drops_the_last_holder() {
 /// Applies `ops` to a core with three clients and six connections, checking the invariants
 /// after each, then runs the clock until every waiting request is served.
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
-    {
-        let params = Params {
-            window_us: 1_000_000,
-            base_quota_us: 20_000,
-            min_quota_us: 2_000,
-            grace_us: 10_000,
-            pace_us: 200_000,
-            pace_short_us: 50_000,
-        };
-        let init = specs(&[(0, 300, 500, 1000), (1, 200, 1000, 1000), (2, 0, 300, 500)]);
-        let mut w = World {
-            core: Core::new(params, &init, 0),
-            now: 0,
-            slots: (0..6).map(|s| (s as ConnId, s % 3)).collect(),
-            next_conn: 6,
-            pending: HashSet::new(),
-            limits: init.iter().map(|s| (s.id.clone(), s.mem_limit)).collect(),
-            config: init.iter().map(|s| s.id.clone()).collect(),
-            live: (0..6).collect(),
-        };
-        for s in 0..6 {
-            w.core.hello(s as ConnId, IDS[s % 3]).unwrap();
-        }
-        for op in ops {
-            let acts = match op {
-                Op::Request(s, o, b) => {
-                    let c = w.slots[s].0;
-                    let was_pending = w.pending.contains(&c);
-                    if w.conn_ok(s) && !was_pending {
+    let params = Params {
+        window_us: 1_000_000,
+        base_quota_us: 20_000,
+        min_quota_us: 2_000,
+        grace_us: 10_000,
+        pace_us: 200_000,
+        pace_short_us: 50_000,
+    };
+    let init = specs(&[(0, 300, 500, 1000), (1, 200, 1000, 1000), (2, 0, 300, 500)]);
+    let mut w = World {
+        core: Core::new(params, &init, 0),
+        now: 0,
+        slots: (0..6).map(|s| (s as ConnId, s % 3)).collect(),
+        next_conn: 6,
+        pending: HashSet::new(),
+        limits: init.iter().map(|s| (s.id.clone(), s.mem_limit)).collect(),
+        config: init.iter().map(|s| s.id.clone()).collect(),
+        live: (0..6).collect(),
+    };
+    for s in 0..6 {
+        w.core.hello(s as ConnId, IDS[s % 3]).unwrap();
+    }
+    for op in ops {
+        let acts = match op {
+            Op::Request(s, o, b) => {
+                let c = w.slots[s].0;
+                let was_pending = w.pending.contains(&c);
+                if w.conn_ok(s) && !was_pending {
+                    w.pending.insert(c);
+                }
+                let acts = w.core.token_request(w.now, c, o, b);
+                if !w.conn_ok(s) || was_pending {
+                    // Refused at once.
+                    let refused =
+                        matches!(acts.first(), Some(Action::Error { conn, .. }) if *conn == c);
+                    prop_assert!(refused, "request on {} not refused: {:?}", c, acts);
+                }
+                acts
+            }
+            Op::Release(s, u) => {
+                let c = w.slots[s].0;
+                w.core.release(w.now, c, u)
+            }
+            // A renewal goes to the holder alone, with no request waiting anywhere, and
+            // answers its Renew; anything else is a Yield (or an error for a connection
+            // the core does not know).
+            Op::Renew(s, b) => {
+                let c = w.slots[s].0;
+                let holder = w.core.holder().map(str::to_owned);
+                let any_pending = !w.pending.is_empty();
+                let acts = w.core.renew(w.now, c, b);
+                match acts.as_slice() {
+                    [Action::Grant { client, conns, .. }] => {
+                        prop_assert!(
+                            !any_pending,
+                            "renewed while requests waited: {:?}",
+                            w.pending
+                        );
+                        prop_assert_eq!(Some(client), holder.as_ref());
+                        prop_assert_eq!(conns, &vec![c]);
+                        // What `check` expects of a grant: an answered request.
                         w.pending.insert(c);
                     }
-                    let acts = w.core.token_request(w.now, c, o, b);
-                    if !w.conn_ok(s) || was_pending {
-                        // Refused at once.
-                        let refused =
-                            matches!(acts.first(), Some(Action::Error { conn, .. }) if *conn == c);
-                        prop_assert!(refused, "request on {} not refused: {:?}", c, acts);
-                    }
-                    acts
-                }
-                Op::Release(s, u) => {
-                    let c = w.slots[s].0;
-                    w.core.release(w.now, c, u)
-                }
-                // A renewal goes to the holder alone, with no request waiting anywhere, and
-                // answers its Renew; anything else is a Yield (or an error for a connection
-                // the core does not know).
-                Op::Renew(s, b) => {
-                    let c = w.slots[s].0;
-                    let holder = w.core.holder().map(str::to_owned);
-                    let any_pending = !w.pending.is_empty();
-                    let acts = w.core.renew(w.now, c, b);
-                    match acts.as_slice() {
-                        [Action::Grant { client, conns, .. }] => {
-                            prop_assert!(
-                                !any_pending,
-                                "renewed while requests waited: {:?}",
-                                w.pending
-                            );
-                            prop_assert_eq!(Some(client), holder.as_ref());
-                            prop_assert_eq!(conns, &vec![c]);
-                            // What `check` expects of a grant: an answered request.
-                            w.pending.insert(c);
-                        }
-                        [Action::Yield { conn }] => prop_assert_eq!(*conn, c),
-                        [Action::Error { conn, .. }] => {
-                            prop_assert_eq!(*conn, c);
-                            prop_assert!(!w.conn_ok(s));
-                        }
-                        other => prop_assert!(false, "Renew answered {:?}", other),
-                    }
-                    acts
-                }
-                Op::Reconnect(s) => {
-                    let (c, client) = w.slots[s];
-                    w.pending.remove(&c);
-                    let acts = w.core.disconnect(w.now, c);
-                    let n = w.next_conn;
-                    w.next_conn += 1;
-                    w.slots[s] = (n, client);
-                    w.live.remove(&c);
-                    let r = w.core.hello(n, IDS[client]);
-                    prop_assert_eq!(r.is_ok(), w.config.contains(IDS[client]));
-                    if r.is_ok() {
-                        w.live.insert(n);
-                    } else {
-                        // Not in the config: the slot stays unknown to the core.
-                        w.slots[s] = (u64::MAX - n, client);
-                    }
-                    acts
-                }
-                Op::Alloc(s, b) => {
-                    let c = w.slots[s].0;
-                    if let Ok(d) = w.core.mem_alloc(c, b) {
-                        let lim = w.limits[IDS[w.slots[s].1]];
-                        if d.granted {
-                            prop_assert!(d.used <= lim);
-                        }
-                        prop_assert_eq!(d.limit, lim);
-                    } else {
+                    [Action::Yield { conn }] => prop_assert_eq!(*conn, c),
+                    [Action::Error { conn, .. }] => {
+                        prop_assert_eq!(*conn, c);
                         prop_assert!(!w.conn_ok(s));
                     }
-                    vec![]
+                    other => prop_assert!(false, "Renew answered {:?}", other),
                 }
-                Op::Free(s, b) => {
-                    let _ = w.core.mem_free(w.slots[s].0, b);
-                    vec![]
-                }
-                Op::Config(v) => {
-                    let sp = specs(&v);
-                    w.config = sp.iter().map(|s| s.id.clone()).collect();
-                    for &(c, client) in &w.slots {
-                        if !w.config.contains(IDS[client]) {
-                            w.live.remove(&c);
-                        }
-                    }
-                    for s in &sp {
-                        w.limits.insert(s.id.clone(), s.mem_limit);
-                    }
-                    let acts = w.core.set_config(w.now, &sp);
-                    // Waiting requests of clients that left are answered with errors.
-                    for a in &acts {
-                        if let Action::Error { conn, code, .. } = a {
-                            prop_assert_eq!(*code, gem_proto::code::UNKNOWN_CLIENT);
-                            let slot = w.slots.iter().find(|s| s.0 == *conn).unwrap();
-                            prop_assert!(!w.config.contains(IDS[slot.1]));
-                        }
-                    }
-                    acts
-                }
-                Op::Advance(dt) => {
-                    w.now += dt;
-                    w.core.tick(w.now)
-                }
-            };
-            w.check(acts)?;
-            // Requests of clients that left the config are no longer pending.
-            let gone: Vec<ConnId> = w
-                .pending
-                .iter()
-                .copied()
-                .filter(|c| !w.live.contains(c))
-                .collect();
-            prop_assert!(
-                gone.is_empty(),
-                "requests of departed clients left unanswered: {gone:?}"
-            );
-        }
-        // Liveness: run the clock, releasing every grant at once; all waiters get served.
-        let mut steps = 0;
-        while !w.pending.is_empty() {
-            steps += 1;
-            prop_assert!(steps < 100_000, "waiters never served: {:?}", w.pending);
-            let next = w.core.next_wakeup(w.now);
-            prop_assert!(next.is_some(), "waiters but no wake-up: {:?}", w.pending);
-            w.now = next.unwrap().max(w.now);
-            let acts = w.core.tick(w.now);
-            let granted: Vec<ConnId> = acts
-                .iter()
-                .flat_map(|a| match a {
-                    Action::Grant { conns, .. } => conns.clone(),
-                    _ => vec![],
-                })
-                .collect();
-            w.check(acts)?;
-            for c in granted {
-                let acts = w.core.release(w.now, c, 0);
-                w.check(acts)?;
+                acts
             }
+            Op::Reconnect(s) => {
+                let (c, client) = w.slots[s];
+                w.pending.remove(&c);
+                let acts = w.core.disconnect(w.now, c);
+                let n = w.next_conn;
+                w.next_conn += 1;
+                w.slots[s] = (n, client);
+                w.live.remove(&c);
+                let r = w.core.hello(n, IDS[client]);
+                prop_assert_eq!(r.is_ok(), w.config.contains(IDS[client]));
+                if r.is_ok() {
+                    w.live.insert(n);
+                } else {
+                    // Not in the config: the slot stays unknown to the core.
+                    w.slots[s] = (u64::MAX - n, client);
+                }
+                acts
+            }
+            Op::Alloc(s, b) => {
+                let c = w.slots[s].0;
+                if let Ok(d) = w.core.mem_alloc(c, b) {
+                    let lim = w.limits[IDS[w.slots[s].1]];
+                    if d.granted {
+                        prop_assert!(d.used <= lim);
+                    }
+                    prop_assert_eq!(d.limit, lim);
+                } else {
+                    prop_assert!(!w.conn_ok(s));
+                }
+                vec![]
+            }
+            Op::Free(s, b) => {
+                let _ = w.core.mem_free(w.slots[s].0, b);
+                vec![]
+            }
+            Op::Config(v) => {
+                let sp = specs(&v);
+                w.config = sp.iter().map(|s| s.id.clone()).collect();
+                for &(c, client) in &w.slots {
+                    if !w.config.contains(IDS[client]) {
+                        w.live.remove(&c);
+                    }
+                }
+                for s in &sp {
+                    w.limits.insert(s.id.clone(), s.mem_limit);
+                }
+                let acts = w.core.set_config(w.now, &sp);
+                // Waiting requests of clients that left are answered with errors.
+                for a in &acts {
+                    if let Action::Error { conn, code, .. } = a {
+                        prop_assert_eq!(*code, gem_proto::code::UNKNOWN_CLIENT);
+                        let slot = w.slots.iter().find(|s| s.0 == *conn).unwrap();
+                        prop_assert!(!w.config.contains(IDS[slot.1]));
+                    }
+                }
+                acts
+            }
+            Op::Advance(dt) => {
+                w.now += dt;
+                w.core.tick(w.now)
+            }
+        };
+        w.check(acts)?;
+        // Requests of clients that left the config are no longer pending.
+        let gone: Vec<ConnId> = w
+            .pending
+            .iter()
+            .copied()
+            .filter(|c| !w.live.contains(c))
+            .collect();
+        prop_assert!(
+            gone.is_empty(),
+            "requests of departed clients left unanswered: {gone:?}"
+        );
+    }
+    // Liveness: run the clock, releasing every grant at once; all waiters get served.
+    let mut steps = 0;
+    while !w.pending.is_empty() {
+        steps += 1;
+        prop_assert!(steps < 100_000, "waiters never served: {:?}", w.pending);
+        let next = w.core.next_wakeup(w.now);
+        prop_assert!(next.is_some(), "waiters but no wake-up: {:?}", w.pending);
+        w.now = next.unwrap().max(w.now);
+        let acts = w.core.tick(w.now);
+        let granted: Vec<ConnId> = acts
+            .iter()
+            .flat_map(|a| match a {
+                Action::Grant { conns, .. } => conns.clone(),
+                _ => vec![],
+            })
+            .collect();
+        w.check(acts)?;
+        for c in granted {
+            let acts = w.core.release(w.now, c, 0);
+            w.check(acts)?;
         }
     }
     Ok(())

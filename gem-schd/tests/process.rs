@@ -52,6 +52,7 @@ impl Schd {
         )
         .unwrap()
     }
+
     /// Waits until a line of gem-schd's log satisfies `f`.
     #[track_caller]
     fn wait_log(&self, f: impl Fn(&str) -> bool, what: &str) {
