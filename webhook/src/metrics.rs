@@ -1,6 +1,6 @@
 //! The webhook's Prometheus metrics (`GET /metrics`, OpenMetrics text through the
-//! `prometheus-client` crate): admission requests by endpoint and outcome, and how
-//! long answering them took.
+//! `prometheus-client` crate): admission requests by endpoint and outcome, how long
+//! answering them took, and the serving certificate's reloads by result.
 
 use std::time::Duration;
 
@@ -59,12 +59,24 @@ struct EndpointLabels {
     endpoint: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    result: &'static str,
+}
+
+fn reload_result(ok: bool) -> ReloadLabels {
+    ReloadLabels {
+        result: if ok { "ok" } else { "failed" },
+    }
+}
+
 /// The webhook's metrics; cheap to update from every request.
 #[derive(Debug)]
 pub struct Stats {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     duration: Family<EndpointLabels, Histogram>,
+    tls_reloads: Family<ReloadLabels, Counter>,
 }
 
 impl Default for Stats {
@@ -86,7 +98,16 @@ impl Default for Stats {
             Unit::Seconds,
             duration.clone(),
         );
+        let tls_reloads = Family::<ReloadLabels, Counter>::default();
+        registry.register(
+            "tls_reloads",
+            "Reloads of the serving certificate after its files changed, by result (a failed one keeps the current certificate)",
+            tls_reloads.clone(),
+        );
         // Every series exists from the start, at 0, so rates work from the first scrape.
+        for ok in [true, false] {
+            let _ = tls_reloads.get_or_create(&reload_result(ok));
+        }
         for mode in [Mode::Mutate, Mode::Validate] {
             for o in Outcome::ALL {
                 let _ = requests.get_or_create(&RequestLabels {
@@ -102,6 +123,7 @@ impl Default for Stats {
             registry,
             requests,
             duration,
+            tls_reloads,
         }
     }
 }
@@ -137,6 +159,16 @@ impl Stats {
         Outcome::ALL.iter().map(|o| self.get(mode, *o)).sum()
     }
 
+    /// Counts one reload of the serving certificate (`ok`: it now serves the new files).
+    pub fn record_tls_reload(&self, ok: bool) {
+        self.tls_reloads.get_or_create(&reload_result(ok)).inc();
+    }
+
+    /// Certificate reloads so far that succeeded (`ok`) or failed.
+    pub fn tls_reloads(&self, ok: bool) -> u64 {
+        self.tls_reloads.get_or_create(&reload_result(ok)).get()
+    }
+
     /// The OpenMetrics text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -159,7 +191,9 @@ mod tests {
         s.record(Mode::Mutate, Outcome::Patched, Duration::from_micros(120));
         s.record(Mode::Mutate, Outcome::Patched, Duration::from_micros(80));
         s.record(Mode::Validate, Outcome::Denied, Duration::from_millis(2));
+        s.record_tls_reload(false);
         assert_eq!(s.get(Mode::Mutate, Outcome::Patched), 2);
+        assert_eq!((s.tls_reloads(true), s.tls_reloads(false)), (0, 1));
         assert_eq!(s.total(Mode::Mutate), 2);
         assert_eq!(s.total(Mode::Validate), 1);
         let text = s.render();
@@ -169,6 +203,8 @@ mod tests {
             "kubeshare_webhook_requests_total{endpoint=\"validate\",outcome=\"malformed\"} 0",
             "kubeshare_webhook_request_duration_seconds_count{endpoint=\"mutate\"} 2",
             "# UNIT kubeshare_webhook_request_duration_seconds seconds",
+            "kubeshare_webhook_tls_reloads_total{result=\"ok\"} 0",
+            "kubeshare_webhook_tls_reloads_total{result=\"failed\"} 1",
         ] {
             assert!(
                 text.lines().any(|l| l == want),

@@ -185,11 +185,11 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
                 source,
             })?;
     }
-    let reloader = tokio::spawn(reload_loop(tls.clone(), cfg.clone(), rx));
+    let stats = Arc::new(Stats::default());
+    let reloader = tokio::spawn(reload_loop(tls.clone(), cfg.clone(), rx, stats.clone()));
 
     let handle: Handle<SocketAddr> = Handle::new();
     let server = axum_server::bind_rustls(cfg.listen, tls).handle(handle.clone());
-    let stats = Arc::new(Stats::default());
     let app = router(stats.clone());
     let listen = cfg.listen;
     let task = tokio::spawn(async move {
@@ -228,7 +228,12 @@ fn stamp(cfg: &ServeConfig) -> Option<[(SystemTime, u64); 2]> {
     Some([one(&cfg.cert)?, one(&cfg.key)?])
 }
 
-async fn reload_loop(tls: RustlsConfig, cfg: ServeConfig, mut rx: mpsc::UnboundedReceiver<()>) {
+async fn reload_loop(
+    tls: RustlsConfig,
+    cfg: ServeConfig,
+    mut rx: mpsc::UnboundedReceiver<()>,
+    stats: Arc<Stats>,
+) {
     const MAX_RETRIES: u32 = 10;
     let mut loaded = stamp(&cfg);
     let mut retries = 0u32;
@@ -253,6 +258,7 @@ async fn reload_loop(tls: RustlsConfig, cfg: ServeConfig, mut rx: mpsc::Unbounde
             Ok(()) => {
                 if now != loaded {
                     tracing::info!(cert = %cfg.cert.display(), "reloaded TLS certificate");
+                    stats.record_tls_reload(true);
                 }
                 loaded = now;
                 retries = 0;
@@ -261,11 +267,13 @@ async fn reload_loop(tls: RustlsConfig, cfg: ServeConfig, mut rx: mpsc::Unbounde
                 // A half-rotated pair (new key, old certificate): keep serving the old
                 // one and try again shortly.
                 retries += 1;
+                stats.record_tls_reload(false);
                 tracing::warn!(error = %e, cert = %cfg.cert.display(), "TLS reload failed; keeping the current certificate, retrying");
             }
             Err(e) => {
                 retries = 0;
                 loaded = now;
+                stats.record_tls_reload(false);
                 tracing::error!(error = %e, cert = %cfg.cert.display(), "TLS reload failed; keeping the current certificate until the files change again");
             }
         }

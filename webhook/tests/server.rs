@@ -225,17 +225,35 @@ async fn reloads_the_certificate_when_the_files_change() {
     })
     .await;
 
+    let (_, _, leaf2) = request(addr, &first.ca_pem, "GET", "/healthz", vec![])
+        .await
+        .unwrap();
+    let stats = running.stats.clone();
+    assert!(
+        stats.tls_reloads(true) >= 1,
+        "the new leaf's reload is counted"
+    );
+    // A half-written pair may have failed once on the way: count from here.
+    let failed_before = stats.tls_reloads(false);
+
     // A broken certificate file: the server keeps its current certificate.
     std::fs::write(
         dir.path().join(certs::TLS_CERT),
         b"-----BEGIN CERTIFICATE-----\ngarbage\n",
     )
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let (status, _, _) = request(addr, &first.ca_pem, "GET", "/healthz", vec![])
+    // Wait for the reloader to have tried the broken file and refused it, then check that
+    // the certificate it served before is still served.
+    eventually("the broken certificate refused", || {
+        let stats = stats.clone();
+        async move { stats.tls_reloads(false) > failed_before }
+    })
+    .await;
+    let (status, _, leaf) = request(addr, &first.ca_pem, "GET", "/healthz", vec![])
         .await
         .unwrap();
     assert_eq!(status, 200);
+    assert_eq!(leaf, leaf2, "the certificate served before the broken file");
 
     // A new CA: clients of the new bundle get in, clients of the old one no longer do.
     let second = certs::generate(&cert_request(false), dir.path()).unwrap();
