@@ -528,15 +528,11 @@ fn a_tenant_alone_keeps_the_gpu_busy_through_the_pauses_of_its_cpu() {
     assert!(deep >= 0.85, "busy {deep:.3} with the sole allowance");
 }
 
-#[test]
-fn a_newcomer_waits_for_a_sole_holders_quota_and_its_allowance_only() {
-    // The sole allowance's price: e, alone at (0.5, 1.0) with a CPU ahead of the GPU, renews its
-    // holds (50 ms quotas) and may keep 5 ms of GPU work queued; f, at (0.5, 1.0) too, starts
-    // five times while e runs and launches one kernel. Its first launch waits for the rest of
-    // e's quota, then for e's queue, which e drains past its quota (and reports as overuse):
-    // 1.6–6.1 ms, where with no bound at all (`KUBESHARE_HOOK_MAX_AHEAD_US=0` for e) e drained
-    // 25–80 ms and f waited up to 102 ms.
-    let _s = serial();
+/// One run of the newcomer test below: e alone at (0.5, 1.0), its CPU ahead of the GPU, with
+/// `e_env` in its environment; f starts five times beside it and launches one kernel. Returns
+/// f's waits for its first launch, e's renewed quotas and e's drains past its quota at the
+/// hand-overs (µs, from e's log).
+fn newcomer_beside_a_sole_holder(e_env: &[(&str, &str)]) -> (Vec<u64>, Vec<u64>, Vec<u64>) {
     let env = Env::new();
     env.write_config(&[("e", 0.5, 1.0, GIB), ("f", 0.5, 1.0, GIB)]);
     let _schd = env.start_schd(&["e", "f"]);
@@ -544,6 +540,7 @@ fn a_newcomer_waits_for_a_sole_holders_quota_and_its_allowance_only() {
     let e = env
         .workload("e", "proc", &e_args)
         .env("KUBESHARE_HOOK_LOG", "debug")
+        .envs(e_env.iter().copied())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -560,27 +557,52 @@ fn a_newcomer_waits_for_a_sole_holders_quota_and_its_allowance_only() {
     let e = e.wait_with_output().unwrap();
     assert!(e.status.success(), "{e:?}");
     let log = String::from_utf8_lossy(&e.stderr);
-    let quotas: Vec<u64> = log
+    let quotas = log
         .lines()
         .filter_map(|l| number_after(l, "hold renewed for "))
         .collect();
-    let overuse: Vec<u64> = log
+    let drains = log
         .lines()
         .filter_map(|l| number_after(l, "(reported overuse "))
         .collect();
+    (waits, quotas, drains)
+}
+
+fn median(v: &[u64]) -> u64 {
+    let mut v = v.to_vec();
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+#[test]
+fn a_newcomer_waits_for_a_sole_holders_quota_and_its_allowance_only() {
+    // The sole allowance's price: e renews its holds (50 ms quotas) and may keep 5 ms of GPU
+    // work queued; f's first launch waits for the rest of e's quota, then for e's queue, which e
+    // drains past its quota (and reports as overuse). The control, in the same conditions, is
+    // e with no bound at all (`KUBESHARE_HOOK_MAX_AHEAD_US=0`). On a quiet machine e drained
+    // 1.6–6.1 ms with the bound and 25–80 ms without, and f waited 3–56 ms against up to 102
+    // ms; under CI's load the bound's drains reached 20 ms once (a wall-clock bound of 15 ms
+    // failed there), so the drains are judged against the control's.
+    let _s = serial();
+    let (waits, quotas, drains) = newcomer_beside_a_sole_holder(&[]);
+    let (waits0, _, drains0) =
+        newcomer_beside_a_sole_holder(&[("KUBESHARE_HOOK_MAX_AHEAD_US", "0")]);
     eprintln!(
-        "f's first launch after {waits:?} µs; e's quotas up to {:?} µs, its drains past them {overuse:?} µs",
+        "f's first launch after {waits:?} µs (no bound: {waits0:?}); e's quotas up to {:?} µs, \
+         its drains past them {drains:?} µs (no bound: {drains0:?})",
         quotas.iter().max()
     );
     assert!(quotas.len() >= 10, "e's renewals: {quotas:?}");
-    // e's drain past its quota at each hand-over to f: 1.6–6.1 ms (the sole allowance and the
-    // bound); with no bound, 25–80 ms.
-    assert!(overuse.len() >= 5, "e's hand-overs: {overuse:?}");
+    assert!(drains.len() >= 5, "e's hand-overs: {drains:?}");
     assert!(
-        overuse.iter().all(|o| *o <= 15_000),
-        "e drained {overuse:?} µs past its quotas"
+        drains0.len() >= 5,
+        "e's hand-overs with no bound: {drains0:?}"
     );
-    // So f waits at most e's quota (50 ms) and that drain: 3–56 ms here, up to 102 ms with no bound.
+    assert!(
+        2 * median(&drains) <= median(&drains0),
+        "e drained {drains:?} µs past its quotas with the bound, {drains0:?} without"
+    );
+    // So f waits at most e's quota (50 ms) and that drain.
     assert!(
         waits.iter().all(|w| *w <= 100_000),
         "f waited {waits:?} µs for its first launch"
