@@ -105,12 +105,16 @@ proc_state() {
 # not_dead PID: for waiting on a component we just started. While the kernel loads
 # a new program, /proc/PID/cmdline reads empty for a moment, so pid_alive alone
 # can report a process that is starting as gone; here only a missing or zombie
-# process counts as dead.
+# process counts as dead. A process in uninterruptible sleep (D: reading its binary
+# from disk, say) is alive whatever its cmdline reads: a kube-apiserver in state D at
+# its start was once taken for dead and failed a CI run ("exited (status unknown: pid
+# ... is in state D)"), likely the rare "exited with an empty log" of earlier runs too.
 not_dead() {
   local pid="$1" state
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
   state="$(proc_state "$pid")"
   [[ -n "$state" && "$state" != Z ]] || return 1
+  [[ "$state" == D ]] && return 0
   pid_alive "$pid" && return 0
   [[ -z "$(tr -d '\0' <"/proc/$pid/cmdline" 2>/dev/null)" ]]
 }
