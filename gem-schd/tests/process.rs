@@ -511,19 +511,35 @@ fn a_flooding_connection_stalls_only_itself() {
     flood.write_all(&hello).unwrap();
     assert!(matches!(read_reply(&mut flood), Reply::HelloOk { .. }));
     // 20 000 queries without reading a reply: gem-schd reads 32, then waits for this
-    // connection to read (the writer blocks when the socket fills: write from a thread).
+    // connection to read (the writer may block when the socket fills: write from a thread).
     let q = Request::MemQuery.encode().unwrap();
     let n = 20_000;
     let mut w = flood.try_clone().unwrap();
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let sent_w = sent.clone();
     let writer = std::thread::spawn(move || {
         for _ in 0..n {
             if w.write_all(&q).is_err() {
                 return false;
             }
+            sent_w.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         true
     });
-    std::thread::sleep(Duration::from_millis(300));
+    // The flood is in place once the writer is done or blocked on a full socket (no frame
+    // written for 100 ms).
+    let count = || sent.load(std::sync::atomic::Ordering::Relaxed);
+    let (mut last, mut still_since) = (count(), Instant::now());
+    wait_for(
+        || {
+            let now = count();
+            if now != last {
+                (last, still_since) = (now, Instant::now());
+            }
+            now == n || still_since.elapsed() >= Duration::from_millis(100)
+        },
+        "the flood to be written or blocked",
+    );
     // Others are served at once meanwhile.
     let mut other = s.connect("b");
     let t0 = Instant::now();
