@@ -30,6 +30,41 @@ def gpu_uuid():
     return out[0].strip().lower().replace("gpu-", "GPU-")
 
 
+def write_config(path, clients):
+    """gem-schd's resource config for `clients` = [(id, request, limit, mem_bytes)], written
+    whole and renamed into place as the node daemon does (a running gem-schd may reload it)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(f"{len(clients)}\n")
+        for c in clients:
+            f.write("%s %s %s %d\n" % c)
+    os.rename(tmp, path)
+
+
+@contextlib.contextmanager
+def start_schd(schd_bin, uuid, cfg, tmpl, clients, log, extra=(), env=None):
+    """gem-schd for GPU `uuid`, config `cfg`, sockets at `tmpl` ({client}, {gpu}), logging to
+    `log`, with `extra` arguments: ready once each of `clients` has its socket, terminated on
+    leaving the block."""
+    p = subprocess.Popen([schd_bin, "--gpu", uuid, "--config", cfg, "--socket-template", tmpl,
+                          *extra], stdout=log, stderr=log, env=env)
+    try:
+        for c in clients:
+            sock = tmpl.replace("{client}", c[0]).replace("{gpu}", uuid)
+            t0 = time.time()
+            while not os.path.exists(sock):
+                if time.time() - t0 > 10 or p.poll() is not None:
+                    raise RuntimeError(f"gem-schd did not create {sock}")
+                time.sleep(0.02)
+        yield
+    finally:
+        p.terminate()
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 class Bench:
     def __init__(self, hook, schd, out):
         self.hook, self.schd_bin, self.out = hook, schd, out
@@ -37,32 +72,12 @@ class Bench:
         self.root = tempfile.mkdtemp(prefix="ks-bench-")
         self.logs = open(os.path.join(out, "bench.log"), "a")
 
-    @contextlib.contextmanager
     def schd(self, clients):
         """gem-schd with `clients` = [(id, request, limit, mem_bytes)]."""
         cfg = os.path.join(self.root, "rc.txt")
-        with open(cfg, "w") as f:
-            f.write(f"{len(clients)}\n")
-            for c in clients:
-                f.write("%s %s %s %d\n" % c)
+        write_config(cfg, clients)
         tmpl = os.path.join(self.root, "pods", "{client}", "{gpu}.sock")
-        p = subprocess.Popen([self.schd_bin, "--gpu", self.uuid, "--config", cfg, "--socket-template", tmpl],
-                             stdout=self.logs, stderr=self.logs)
-        try:
-            for c in clients:
-                sock = self.sock_dir(c[0]) + f"/{self.uuid}.sock"
-                t0 = time.time()
-                while not os.path.exists(sock):
-                    if time.time() - t0 > 10 or p.poll() is not None:
-                        raise RuntimeError(f"gem-schd did not create {sock}")
-                    time.sleep(0.02)
-            yield
-        finally:
-            p.terminate()
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        return start_schd(self.schd_bin, self.uuid, cfg, tmpl, clients, self.logs)
 
     def sock_dir(self, client):
         return os.path.join(self.root, "pods", client)

@@ -15,7 +15,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench import Bench  # noqa: E402
+from bench import Bench, start_schd, write_config  # noqa: E402
 
 GIB = 1 << 30
 # Colour codes of a log written by an older build (logs are plain text since stop 34).
@@ -30,31 +30,13 @@ class ShareBench(Bench):
     label_env = {}  # more environment for one tenant by its label (a variant's "infer" only)
     last_clocks = None  # the GPU's SM clock, power and utilisation over the last run's timed part
 
-    @contextlib.contextmanager
     def schd(self, clients):
         """gem-schd with `clients` = [(id, request, limit, mem_bytes)] and `extra` arguments."""
         self.write_config(clients)
-        cfg = os.path.join(self.root, "rc.txt")
         tmpl = os.path.join(self.root, "pods", "{client}", "{gpu}.sock")
-        p = subprocess.Popen([self.schd_bin, "--gpu", self.uuid, "--config", cfg, "--socket-template", tmpl]
-                             + self.extra, stdout=self.logs, stderr=self.logs,
-                             env=dict(os.environ, RUST_LOG="gem_schd=debug"
-                                      if self.debug or self.schd_debug else "info"))
-        try:
-            for c in clients:
-                sock = self.sock_dir(c[0]) + f"/{self.uuid}.sock"
-                t0 = time.time()
-                while not os.path.exists(sock):
-                    if time.time() - t0 > 10 or p.poll() is not None:
-                        raise RuntimeError(f"gem-schd did not create {sock}")
-                    time.sleep(0.02)
-            yield
-        finally:
-            p.terminate()
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        env = dict(os.environ, RUST_LOG="gem_schd=debug" if self.debug or self.schd_debug else "info")
+        return start_schd(self.schd_bin, self.uuid, os.path.join(self.root, "rc.txt"), tmpl, clients,
+                          self.logs, self.extra, env)
 
     def spawn(self, args, client=None, env=None):
         label = args[args.index("--label") + 1] if "--label" in args else ""
@@ -70,13 +52,7 @@ class ShareBench(Bench):
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.logs, text=True)
 
     def write_config(self, clients):
-        cfg = os.path.join(self.root, "rc.txt")
-        tmp = cfg + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(f"{len(clients)}\n")
-            for c in clients:
-                f.write("%s %s %s %d\n" % c)
-        os.rename(tmp, cfg)
+        write_config(os.path.join(self.root, "rc.txt"), clients)
 
     def run(self, tenants, seconds, at=(), timeout=150):
         """tenants: [(label, [tenant args], client or None)]; `at`: [(s after start, fn)]."""

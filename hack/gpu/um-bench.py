@@ -26,6 +26,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench import start_schd, write_config  # noqa: E402
 GIB = 1 << 30
 
 
@@ -50,30 +52,12 @@ class Bench:
     @contextlib.contextmanager
     def schd(self, clients, tag, args=None):
         cfg = os.path.join(self.root, f"rc-{tag}.txt")
-        with open(cfg, "w") as f:
-            f.write(f"{len(clients)}\n")
-            for c in clients:
-                f.write("%s %s %s %d\n" % c)
+        write_config(cfg, clients)
         tmpl = os.path.join(self.root, tag, "{client}", "{gpu}.sock")
-        logf = open(os.path.join(self.out, f"um-{tag}-schd.log"), "a")
-        p = subprocess.Popen([self.schd_bin, "--gpu", self.uuid, "--config", cfg, "--socket-template", tmpl]
-                             + (self.schd_args if args is None else args),
-                             stdout=logf, stderr=logf)
-        try:
-            for c in clients:
-                sock = os.path.join(self.root, tag, c[0], f"{self.uuid}.sock")
-                t0 = time.time()
-                while not os.path.exists(sock):
-                    if time.time() - t0 > 10 or p.poll() is not None:
-                        raise RuntimeError(f"gem-schd did not create {sock}")
-                    time.sleep(0.02)
+        with open(os.path.join(self.out, f"um-{tag}-schd.log"), "a") as logf, \
+                start_schd(self.schd_bin, self.uuid, cfg, tmpl, clients, logf,
+                           self.schd_args if args is None else args):
             yield lambda client: os.path.join(self.root, tag, client)
-        finally:
-            p.terminate()
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
     def spawn(self, args, sock_dir, env, tag, label):
         e = dict(os.environ)
