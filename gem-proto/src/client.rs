@@ -47,6 +47,9 @@ pub struct MemVerdict {
     pub limit: u64,
 }
 
+/// How [`FrameError::UnknownKind`] reads, up to the kind.
+const UNKNOWN_KIND_PREFIX: &str = "unknown frame kind ";
+
 /// What can go wrong talking to gem-schd.
 #[derive(Debug, Error)]
 pub enum ClientError {
@@ -67,6 +70,17 @@ impl ClientError {
     /// in time. The connection stays usable: a partial frame read so far is kept.
     pub fn is_timeout(&self) -> bool {
         matches!(self, ClientError::Io(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut))
+    }
+
+    /// The frame kind gem-schd could not read, when it refused one as unknown (Error{2}
+    /// "unknown frame kind N", [`FrameError::UnknownKind`]): a gem-schd older than the frame.
+    pub fn refused_kind(&self) -> Option<u8> {
+        match self {
+            ClientError::Server { code, message } if *code == crate::code::BAD_FRAME => message
+                .strip_prefix(UNKNOWN_KIND_PREFIX)
+                .and_then(|k| k.trim().parse().ok()),
+            _ => None,
+        }
     }
 
     /// True when reconnecting may help (gem-schd went away or is restarting).
@@ -216,6 +230,11 @@ impl Client {
             Reply::Yield => Ok(None),
             other => Err(unexpected(other)),
         }
+    }
+
+    /// Report how busy this process kept the GPU ([`Request::Busy`]). No reply.
+    pub fn busy(&mut self, busy_us: u64, held_us: u64) -> Result<(), ClientError> {
+        self.send(&Request::Busy { busy_us, held_us })
     }
 
     /// Give the token back (the holder went idle). No reply.

@@ -41,6 +41,7 @@ pub mod kind {
     pub const MEM_FREE: u8 = 5;
     pub const MEM_QUERY: u8 = 6;
     pub const RENEW: u8 = 7;
+    pub const BUSY: u8 = 8;
     /// Server -> client kinds.
     pub const HELLO_OK: u8 = 64;
     pub const GRANT: u8 = 65;
@@ -71,6 +72,11 @@ pub enum Request {
     /// which spares the drain and the GPU's idle restart; otherwise Yield, and the holder
     /// drains and asks with a TokenRequest as usual. `burst_us` as in TokenRequest.
     Renew { burst_us: u64 },
+    /// How busy this process kept the GPU since its last Busy: `busy_us` of GPU time measured
+    /// by timing events around a sample of its launches (scaled to all of them), over
+    /// `held_us` of holds (the wall time of its holds in that span). Sent before the frame
+    /// that ends a hold; no reply. gem-schd keeps each client's fill (busy / held).
+    Busy { busy_us: u64, held_us: u64 },
 }
 
 /// A frame sent by gem-schd to a client.
@@ -140,7 +146,17 @@ impl Request {
             Request::MemFree { .. } => kind::MEM_FREE,
             Request::MemQuery => kind::MEM_QUERY,
             Request::Renew { .. } => kind::RENEW,
+            Request::Busy { .. } => kind::BUSY,
         }
+    }
+
+    /// Whether gem-schd answers this request when it accepts it (Release, MemFree and Busy
+    /// have no reply; a refusal of any request is answered with an Error).
+    pub fn expects_reply(&self) -> bool {
+        !matches!(
+            self,
+            Request::Release { .. } | Request::MemFree { .. } | Request::Busy { .. }
+        )
     }
 
     /// Append the encoded frame to `out`. Fails only for an over-long string.
@@ -162,6 +178,10 @@ impl Request {
             Request::MemAlloc { bytes } | Request::MemFree { bytes } => w.u64(*bytes),
             Request::MemQuery => {}
             Request::Renew { burst_us } => w.u64(*burst_us),
+            Request::Busy { busy_us, held_us } => {
+                w.u64(*busy_us);
+                w.u64(*held_us);
+            }
         }
         w.finish();
         Ok(())
@@ -194,6 +214,10 @@ impl Request {
             kind::MEM_FREE => Request::MemFree { bytes: r.u64()? },
             kind::MEM_QUERY => Request::MemQuery,
             kind::RENEW => Request::Renew { burst_us: r.u64()? },
+            kind::BUSY => Request::Busy {
+                busy_us: r.u64()?,
+                held_us: r.u64()?,
+            },
             other => return Err(FrameError::UnknownKind(other)),
         };
         r.end()?;
@@ -477,6 +501,42 @@ mod tests {
                 kind: kind::YIELD,
                 extra: 1
             })
+        );
+    }
+
+    #[test]
+    fn an_unknown_kind_is_named_in_the_refusal_the_client_reads() {
+        let e = Request::decode(&[2, 0, 0, 0, 1, 99]).unwrap_err();
+        let refusal = crate::ClientError::Server {
+            code: code::BAD_FRAME,
+            message: e.to_string(),
+        };
+        assert_eq!(refusal.refused_kind(), Some(99));
+        let other = crate::ClientError::Server {
+            code: code::BAD_FRAME,
+            message: FrameError::Truncated { kind: 8 }.to_string(),
+        };
+        assert_eq!(other.refused_kind(), None);
+    }
+
+    #[test]
+    fn busy_layout_is_as_specified() {
+        let b = Request::Busy {
+            busy_us: 258,
+            held_us: 1000,
+        }
+        .encode()
+        .unwrap();
+        assert_eq!(
+            b,
+            vec![
+                18, 0, 0, 0, 1, 8, 2, 1, 0, 0, 0, 0, 0, 0, 0xe8, 3, 0, 0, 0, 0, 0, 0
+            ]
+        );
+        // One field short is truncated, not a Busy of zero.
+        assert_eq!(
+            Request::decode(&[10, 0, 0, 0, 1, 8, 2, 1, 0, 0, 0, 0, 0, 0]),
+            Err(FrameError::Truncated { kind: kind::BUSY })
         );
     }
 

@@ -336,6 +336,16 @@ impl Actor {
                 let acts = self.core.renew(now, conn, burst_us);
                 self.perform(acts);
             }
+            Request::Busy { busy_us, held_us } => match self.core.busy(conn, busy_us, held_us) {
+                Ok(()) => {
+                    if let Some(c) = self.conns.get(&conn) {
+                        let fill = self.core.fill(&c.client).unwrap_or(f64::NAN);
+                        debug!(client = %c.client, busy_us, held_us, fill = %format_args!("{fill:.3}"), "busy");
+                    }
+                }
+                // Busy has no reply, but a refused one must not be silent.
+                Err(r) => self.send(conn, Reply::error(r.code, r.message)),
+            },
             Request::MemAlloc { bytes } => {
                 let r = match self.core.mem_alloc(conn, bytes) {
                     Ok(d) => Reply::MemVerdict {
@@ -455,11 +465,6 @@ async fn accept_loop(
     }
 }
 
-/// Whether gem-schd answers this request (and so it counts as in flight).
-fn wants_reply(r: &Request) -> bool {
-    !matches!(r, Request::Release { .. } | Request::MemFree { .. })
-}
-
 /// One connection: decode frames to the actor, write its replies back.
 async fn serve(stream: UnixStream, conn: ConnId, client: String, tx: mpsc::Sender<Cmd>) {
     let (out_tx, mut out_rx) = mpsc::channel::<Reply>(MAX_QUEUED_REPLIES);
@@ -486,7 +491,7 @@ async fn serve(stream: UnixStream, conn: ConnId, client: String, tx: mpsc::Sende
             match Request::decode(&buf) {
                 Ok(Some((req, used))) => {
                     buf.drain(..used);
-                    if wants_reply(&req) {
+                    if req.expects_reply() {
                         in_flight += 1;
                     }
                     if tx.send(Cmd::Frame { conn, req }).await.is_err() {

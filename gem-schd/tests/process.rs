@@ -616,3 +616,27 @@ fn usage_file_reports_token_time_and_memory_per_client() {
     assert_eq!(ua.mem_used, 4096, "{last}");
     assert_eq!(r.client("b").map(|c| (c.used_us, c.mem_used)), Some((0, 0)));
 }
+
+/// Busy frames have no reply: any number of them must not count against the connection's
+/// bound on requests awaiting replies (a hook reports one per hold; the first version of this
+/// frame stalled the connection after 32 holds), and gem-schd keeps the client's fill.
+#[test]
+fn busy_reports_need_no_reply_and_set_the_fill() {
+    let s = Schd::start("1\na 1.0 1.0 1000000\n", &["--quiet-ms", "0"]);
+    let mut a = s.connect("a");
+    // A stalled connection fails the test instead of hanging it.
+    a.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    // Three times gem-schd's bound (32 requests in flight per connection).
+    for _ in 0..96 {
+        a.request_token(0, 0).unwrap();
+        a.busy(1_500, 5_000).unwrap();
+        a.release(5_000).unwrap();
+    }
+    // Still served after three times the bound's worth of Busy frames.
+    a.request_token(0, 0).unwrap();
+    assert!(a.mem_alloc(4096).unwrap().granted);
+    s.wait_log(
+        |l| l.contains(" busy") && l.contains("fill=0.300"),
+        "a busy line with a's fill at 0.300",
+    );
+}

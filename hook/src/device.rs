@@ -292,14 +292,22 @@ pub fn drop_client(slot: &mut Option<Client>, fd: &AtomicI32) {
 
 // ------------------------------------------------------------------------------ launch gate
 
-/// Called before every kernel/graph launch on `stream`.
+/// Called before every kernel/graph launch on `stream`; what it returns goes to
+/// [`crate::timing::end`] with the launch's result (a launch being timed, `busy.rs`).
 #[inline]
-pub fn gate(stream: CUstream) {
+pub fn gate(stream: CUstream) -> Option<crate::timing::Sampling> {
     if !active() {
-        return;
+        return None;
     }
-    let Some(dev) = current_device() else { return };
+    let dev = current_device()?;
     let g = gpu(dev);
+    pass(dev, g, stream);
+    crate::timing::begin(g, stream)
+}
+
+/// The token gate: returns once a launch on `stream` may go.
+#[inline]
+fn pass(dev: usize, g: &Gpu, stream: CUstream) {
     let now = coarse_ns();
     if now < g.deadline.load(Ordering::Acquire) {
         g.last_launch.store(now, Ordering::Relaxed);
@@ -407,7 +415,7 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
     }
 }
 
-fn capturing(stream: CUstream) -> bool {
+pub(crate) fn capturing(stream: CUstream) -> bool {
     let mut status: c_int = 0;
     real!(r::cuStreamIsCapturing, FnIsCapturing, stream, &mut status) == CUDA_SUCCESS && status != 0
 }
@@ -430,12 +438,13 @@ fn acquire(dev: usize, stream: CUstream) {
             return; // another thread renewed it, or the device runs unmanaged for now
         }
         let (overuse_us, burst_us) = if g.holding.load(Ordering::Acquire) {
+            crate::timing::report(g, &mut t);
             if let Some(quota_us) = renew(dev, g, &mut t) {
                 start_hold(dev, g, &mut t, quota_us, true);
                 debug!("device {dev}: hold renewed for {quota_us} µs, nothing drained");
                 return;
             }
-            let r = end_hold(dev, g, &t);
+            let r = end_hold(dev, g, &mut t);
             crate::um::on_hold_end(dev);
             r
         } else {
@@ -451,6 +460,7 @@ fn acquire(dev: usize, stream: CUstream) {
                 return;
             }
         }
+        crate::timing::report(g, &mut t);
         let Some(c) = t.client.as_mut() else { continue };
         let asked = precise_ns();
         match wait_for_token(dev, c, overuse_us, burst_us) {
@@ -475,6 +485,7 @@ fn acquire(dev: usize, stream: CUstream) {
                 info!("device {dev}: gem-schd does not answer; reconnecting (launches wait)");
             }
             Err(Lost(e)) => {
+                note_refusal(&e);
                 info!("device {dev}: token request failed: {e}; reconnecting");
                 drop_client(&mut t.client, &g.token_fd);
             }
@@ -490,7 +501,12 @@ const SOLE_AFTER_RENEWALS: u32 = 2;
 /// Starts (or, `renewed`, renews) the hold gem-schd granted for `quota_us` from now: the
 /// deadlines the gate reads; returns the coarse one.
 fn start_hold(dev: usize, g: &Gpu, t: &mut Token, quota_us: u64, renewed: bool) -> u64 {
-    t.grant_ns = precise_ns();
+    let now = precise_ns();
+    if renewed {
+        // The renewed hold's time so far, reported with the next Busy.
+        t.held_ns += now.saturating_sub(t.grant_ns);
+    }
+    t.grant_ns = now;
     t.quota_us = quota_us;
     let renewals = if renewed {
         g.renewals_in_row.load(Ordering::Relaxed).saturating_add(1)
@@ -541,14 +557,24 @@ fn renew(dev: usize, g: &Gpu, t: &mut Token) -> Option<u64> {
     match c.renew(burst_us) {
         Ok(r) => r,
         Err(e) => {
-            if matches!(e, ClientError::Server { code, .. } if code == gem_proto::code::BAD_FRAME) {
-                RENEW_REFUSED.store(true, Ordering::Relaxed);
-            }
+            note_refusal(&e);
             info!("device {dev}: renewing the hold failed: {e}; draining and asking again");
             // gem-schd closes a connection after a frame it cannot read (and ends the hold).
             drop_client(&mut t.client, &g.token_fd);
             None
         }
+    }
+}
+
+/// A gem-schd older than a frame refuses it (Error{2} "unknown frame kind N") and hangs up;
+/// the refusal arrives as the answer to whatever this process asked next. From then on the
+/// frame is not sent again: Renew (the hold drains and asks again, as before it) or Busy
+/// (gem-schd learns no fill). One reconnection per frame it lacks.
+fn note_refusal(e: &ClientError) {
+    match e.refused_kind() {
+        Some(gem_proto::kind::RENEW) => RENEW_REFUSED.store(true, Ordering::Relaxed),
+        Some(gem_proto::kind::BUSY) => crate::timing::refused(),
+        _ => {}
     }
 }
 
@@ -587,11 +613,13 @@ fn wait_for_token(
 
 /// Ends a hold whose quota ran out, in the launching thread: waits for the queued work and
 /// returns (overuse, burst) to report with the next request.
-fn end_hold(dev: usize, g: &Gpu, t: &Token) -> (u64, u64) {
+fn end_hold(dev: usize, g: &Gpu, t: &mut Token) -> (u64, u64) {
     g.stop_launches();
     drain(dev);
     g.holding.store(false, Ordering::Release);
-    let used_us = precise_ns().saturating_sub(t.grant_ns) / 1000;
+    let used_ns = precise_ns().saturating_sub(t.grant_ns);
+    t.held_ns += used_ns;
+    let used_us = used_ns / 1000;
     // The burst was cut by the quota, not ended by the program: report the quota as its
     // length, so that a busy tenant's quota estimate stays put instead of creeping up by each
     // overrun; the overrun itself is reported (and charged) as overuse.
@@ -709,6 +737,7 @@ fn release_if_expired(dev: usize) {
     }
     // Its work may still run (the process waits in its own synchronisation): renewed, the
     // hold goes on as if a launch had renewed it.
+    crate::timing::report(g, &mut t);
     if let Some(quota_us) = renew(dev, g, &mut t) {
         start_hold(dev, g, &mut t, quota_us, true);
         debug!(
@@ -719,7 +748,10 @@ fn release_if_expired(dev: usize) {
     g.stop_launches();
     drain(dev);
     g.holding.store(false, Ordering::Release);
-    let used_us = precise_ns().saturating_sub(t.grant_ns) / 1000;
+    let used_ns = precise_ns().saturating_sub(t.grant_ns);
+    t.held_ns += used_ns;
+    crate::timing::report(g, &mut t);
+    let used_us = used_ns / 1000;
     t.idle_burst_us = used_us.min(t.quota_us);
     t.expired_overuse_us = used_us.saturating_sub(t.quota_us);
     if let Some(c) = t.client.as_mut()
@@ -776,7 +808,10 @@ fn release_if_idle(dev: usize, idle_ns: u64) {
         return;
     }
     g.holding.store(false, Ordering::Release);
-    let used_us = precise_ns().saturating_sub(t.grant_ns) / 1000;
+    let used_ns = precise_ns().saturating_sub(t.grant_ns);
+    t.held_ns += used_ns;
+    crate::timing::report(g, &mut t);
+    let used_us = used_ns / 1000;
     // A burst that ended by itself is the program's natural burst: gem-schd learns its
     // quota estimate from it (sent with the next request; Release carries no burst).
     t.idle_burst_us = used_us;

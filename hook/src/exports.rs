@@ -15,6 +15,7 @@ use crate::procaddr;
 use crate::real;
 use crate::real::real_dlsym;
 use crate::state::{Kind, forget_context, note_context, state};
+use crate::timing::end;
 use crate::um;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::Ordering;
@@ -145,8 +146,8 @@ macro_rules! launch_wrapper {
             params: PP,
             extra: PP,
         ) -> CUresult {
-            gate(stream);
-            real!(
+            let timed = gate(stream);
+            let r = real!(
                 r::$slot,
                 FnLaunch,
                 f,
@@ -160,7 +161,9 @@ macro_rules! launch_wrapper {
                 stream,
                 params,
                 extra
-            )
+            );
+            end(timed, r);
+            r
         }
     };
 }
@@ -182,8 +185,8 @@ macro_rules! coop_wrapper {
             stream: CUstream,
             params: PP,
         ) -> CUresult {
-            gate(stream);
-            real!(
+            let timed = gate(stream);
+            let r = real!(
                 r::$slot,
                 FnCoop,
                 f,
@@ -196,7 +199,9 @@ macro_rules! coop_wrapper {
                 shmem,
                 stream,
                 params
-            )
+            );
+            end(timed, r);
+            r
         }
     };
 }
@@ -215,11 +220,15 @@ macro_rules! launch_ex_wrapper {
             params: PP,
             extra: PP,
         ) -> CUresult {
-            if !config.is_null() {
+            let timed = if config.is_null() {
+                None
+            } else {
                 // SAFETY: the caller passes a valid CUlaunchConfig (the driver reads it too).
-                gate(unsafe { (*config).h_stream });
-            }
-            real!(r::$slot, FnLaunchEx, config, f, params, extra)
+                gate(unsafe { (*config).h_stream })
+            };
+            let r = real!(r::$slot, FnLaunchEx, config, f, params, extra);
+            end(timed, r);
+            r
         }
     };
 }
@@ -228,14 +237,18 @@ launch_ex_wrapper!(cuLaunchKernelEx_ptsz, cuLaunchKernelEx_ptsz);
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGraphLaunch(g: CUgraphExec, stream: CUstream) -> CUresult {
-    gate(stream);
-    real!(r::cuGraphLaunch, FnGraph, g, stream)
+    let timed = gate(stream);
+    let r = real!(r::cuGraphLaunch, FnGraph, g, stream);
+    end(timed, r);
+    r
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGraphLaunch_ptsz(g: CUgraphExec, stream: CUstream) -> CUresult {
-    gate(stream);
-    real!(r::cuGraphLaunch_ptsz, FnGraph, g, stream)
+    let timed = gate(stream);
+    let r = real!(r::cuGraphLaunch_ptsz, FnGraph, g, stream);
+    end(timed, r);
+    r
 }
 
 // ------------------------------------------------------------------------------ allocations

@@ -9,6 +9,7 @@
 #![allow(clippy::macro_metavars_in_unsafe)]
 
 pub mod ahead;
+pub mod busy;
 pub mod clock;
 pub mod config;
 pub mod cuda;
@@ -20,4 +21,5 @@ pub mod nvml;
 pub mod procaddr;
 pub mod real;
 pub mod state;
+pub mod timing;
 pub mod um;

@@ -38,6 +38,8 @@ pub struct Token {
     /// learns the holder's drain from it, and a zero there shortened nothing and lengthened
     /// the next grants.
     pub expired_overuse_us: u64,
+    /// Hold time (ns) not yet reported to gem-schd in a Busy frame (`timing::report`).
+    pub held_ns: u64,
 }
 
 pub struct MemConn {
@@ -87,6 +89,15 @@ pub struct Gpu {
     pub token: Mutex<Token>,
     pub mem: Mutex<MemConn>,
     pub uuid: OnceLock<Option<String>>,
+    /// Launches left before the next one is timed (`busy.rs`): plain loads and stores, racy
+    /// on purpose (a lost update moves a sample by a launch). Starts at 1: the first launch
+    /// sets the gap (or, sampling off, `u32::MAX`).
+    pub sample_in: AtomicU32,
+    /// The gap the current countdown started from: the launches the next sample stands for.
+    pub sample_gap: AtomicU32,
+    /// Launches of samples that could not take the pairs' lock (another thread held it).
+    pub sample_carry: AtomicU64,
+    pub busy: Mutex<crate::busy::Pairs>,
 }
 
 impl Gpu {
@@ -164,12 +175,17 @@ impl Gpu {
                 quota_us: 0,
                 idle_burst_us: 0,
                 expired_overuse_us: 0,
+                held_ns: 0,
             }),
             mem: Mutex::new(MemConn {
                 client: None,
                 bypass_until_ns: 0,
             }),
             uuid: OnceLock::new(),
+            sample_in: AtomicU32::new(1),
+            sample_gap: AtomicU32::new(1),
+            sample_carry: AtomicU64::new(0),
+            busy: Mutex::new(crate::busy::Pairs::new()),
         }
     }
 }

@@ -297,9 +297,9 @@ fn a_holder_stops_launching_when_its_gem_schd_dies() {
     );
 }
 
-/// What a gem-schd from before Renew does, over a real socket: answers Hello, grants every
-/// TokenRequest 5 ms, passes memory calls, and answers a frame it cannot read (a Renew) with
-/// Error{2} and a hang-up. Records the kinds of the frames it received.
+/// What a gem-schd from before Renew (and Busy) does, over a real socket: answers Hello,
+/// grants every TokenRequest 5 ms, passes memory calls, and answers a frame it cannot read (a
+/// Renew, a Busy) with Error{2} and a hang-up. Records the kinds of the frames it received.
 fn serve_like_an_old_gem_schd(
     sock: std::path::PathBuf,
     seen: std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>,
@@ -331,9 +331,15 @@ fn serve_like_an_old_gem_schd(
                             Request::TokenRequest { .. } => {
                                 ("request", Some(Reply::Grant { quota_us: 5000 }))
                             }
-                            Request::Renew { .. } => {
-                                seen.lock().unwrap().push("renew");
-                                let e = Reply::error(code::BAD_FRAME, "unknown frame kind 7");
+                            Request::Renew { .. } | Request::Busy { .. } => {
+                                let k = req.kind();
+                                seen.lock()
+                                    .unwrap()
+                                    .push(if k == 7 { "renew" } else { "busy" });
+                                let e = Reply::error(
+                                    code::BAD_FRAME,
+                                    format!("unknown frame kind {k}"),
+                                );
                                 let _ = s.write_all(&e.encode().unwrap());
                                 return; // and hang up, as gem-schd does after a bad frame
                             }
@@ -373,10 +379,11 @@ fn serve_like_an_old_gem_schd(
 }
 
 #[test]
-fn a_gem_schd_without_renew_costs_one_reconnection() {
-    // Version skew in an upgrade: a hook with renewals beside a gem-schd without them. The
-    // first Renew is refused (Error{2}, the connection closed); the hook drains, reconnects,
-    // asks with TokenRequests from then on and never sends Renew again.
+fn a_gem_schd_without_renew_or_busy_costs_one_reconnection_each() {
+    // Version skew in an upgrade: a hook with renewals and Busy reports beside a gem-schd
+    // without them. The first of each is refused (Error{2}, the connection closed, the refusal
+    // read as the answer to the next request); the hook drains, reconnects, and never sends
+    // that frame again: TokenRequests from then on.
     let _s = serial();
     let env = Env::new();
     let dir = env.client_dir("a");
@@ -398,6 +405,8 @@ fn a_gem_schd_without_renew_costs_one_reconnection() {
     let first = seen.iter().position(|k| *k == "renew");
     let after = first.map_or(0, |i| seen[i..].iter().filter(|k| **k == "request").count());
     assert_eq!(renews, 1, "Renews sent: {seen:?}");
+    let busy = seen.iter().filter(|k| **k == "busy").count();
+    assert_eq!(busy, 1, "Busy frames sent: {seen:?}");
     assert!(
         after >= 50,
         "token requests after the refusal: {after} of {seen:?}"

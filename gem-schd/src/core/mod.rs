@@ -199,6 +199,8 @@ struct ClientState {
     /// Open connections (Hello done).
     conns: usize,
     mem_used: u64,
+    /// How much of its holds its kernels filled (the hook's Busy reports).
+    fill: fill::Fill,
 }
 
 #[derive(Debug, Clone)]
@@ -393,6 +395,21 @@ impl Core {
     /// The current quota estimate of `id`.
     pub fn quota_estimate_us(&self, id: &str) -> Option<Micros> {
         self.ids.get(id).map(|k| self.clients[k].quota_us)
+    }
+
+    /// How much of its holds `id`'s kernels kept the GPU busy, in [0, 1] (see `fill`);
+    /// `None` before its processes reported enough.
+    pub fn fill(&self, id: &str) -> Option<f64> {
+        self.ids.get(id).and_then(|k| self.clients[k].fill.ratio())
+    }
+
+    /// Busy{busy, held} on `conn`: adds to its client's fill. No reply, no dispatch.
+    pub fn busy(&mut self, conn: ConnId, busy_us: Micros, held_us: Micros) -> Result<(), Refusal> {
+        let key = self.conn_client(conn)?;
+        if let Some(c) = self.clients.get_mut(&key) {
+            c.fill.report(busy_us, held_us);
+        }
+        Ok(())
     }
 
     /// Memory counted for `id`.
@@ -669,6 +686,7 @@ fn refusal_action(conn: ConnId, r: Refusal) -> Action {
 }
 
 mod dispatch;
+mod fill;
 mod reload;
 mod window;
 

@@ -75,6 +75,7 @@ impl Core {
                             last_entry: None,
                             conns: 0,
                             mem_used: 0,
+                            fill: Default::default(),
                         },
                     );
                 }

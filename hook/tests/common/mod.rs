@@ -83,6 +83,17 @@ impl Env {
 
     /// [`Env::start_schd`] with extra gem-schd arguments.
     pub fn start_schd_with(&self, clients: &[&str], extra: &[&str]) -> Proc {
+        self.start_schd_logging(clients, extra, "warn", Stdio::inherit())
+    }
+
+    /// [`Env::start_schd_with`] at log level `level` (`RUST_LOG`), its log written to `log`.
+    pub fn start_schd_logging(
+        &self,
+        clients: &[&str],
+        extra: &[&str],
+        level: &str,
+        log: impl Into<Stdio>,
+    ) -> Proc {
         let child = Command::new(bin_dir().join("gem-schd"))
             .args(extra)
             .arg("--gpu")
@@ -94,9 +105,9 @@ impl Env {
                 "{}/pods/{{client}}/{{gpu}}.sock",
                 self.path().display()
             ))
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", level)
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(log)
             .spawn()
             .unwrap();
         let p = Proc(child);

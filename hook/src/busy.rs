@@ -1,0 +1,265 @@
+//! How busy this process keeps the GPU: timing events around a sample of its launches
+//! (`KUBESHARE_HOOK_BUSY_EVERY`, one in 32 by default), reported to gem-schd as GPU time with
+//! the hold time it fell in (gem-proto `Busy`).
+//!
+//! A token hold says when a tenant may launch, not how much of the GPU it used: a batch-1
+//! inference tenant launches all through its turns and keeps the GPU ~30 % busy in them, a
+//! training step ~95 %. Events around a kernel measure its own context's time even while
+//! another context runs beside it (0.18 ms matmuls beside a co-running tenant measured as
+//! alone on an H100, issue 14 round 14), so they can account a tenant that does not run in
+//! exclusive turns. A pair costs ~2.8 µs of CPU, so only a sample is timed: each sample stands
+//! for the launches since the one before it (gaps drawn at random around the mean, so that a
+//! program's launch pattern cannot line up with them), and a sample that cannot be taken (all
+//! pairs pending, a graph capture, a failed record) hands its launches to the next one.
+//!
+//! This file is the pure bookkeeping (a ring of pairs, oldest first); `timing.rs` records and
+//! reads the events.
+
+/// Pairs in flight at most: at one sample in 32 launches, 2,048 launches of queued work.
+pub const PAIRS: usize = 64;
+
+/// What reading a pair found.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Elapsed {
+    /// Both events passed: the kernel between them took this many ms of GPU time.
+    Ms(f32),
+    /// The end event has not passed yet.
+    NotYet,
+    /// The events could not be read (destroyed context, driver error).
+    Broken,
+}
+
+/// The pairs of one device, made in one context.
+#[derive(Debug)]
+pub struct Pairs {
+    /// The context the events were made in (0: none yet).
+    pub ctx: usize,
+    /// Per slot, the (start, end) event handles (0: not made yet).
+    pub events: [(usize, usize); PAIRS],
+    weight: [u64; PAIRS],
+    head: usize,
+    len: usize,
+    /// Launches that no pending or future pair stands for yet.
+    carry: u64,
+    busy_ns: f64,
+    rng: u64,
+}
+
+impl Default for Pairs {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Pairs {
+    pub const fn new() -> Self {
+        Pairs {
+            ctx: 0,
+            events: [(0, 0); PAIRS],
+            weight: [0; PAIRS],
+            head: 0,
+            len: 0,
+            carry: 0,
+            busy_ns: 0.0,
+            rng: 0x9e37_79b9_7f4a_7c15,
+        }
+    }
+
+    /// Launches until the next sample: uniform in `[every / 2, every / 2 + every)`, about
+    /// `every` on average (each sample stands for its own gap, so the mean need not be exact).
+    pub fn next_gap(&mut self, every: u32) -> u32 {
+        // xorshift64: cheap, and only has to be unrelated to the program's launches.
+        let mut x = self.rng;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng = x;
+        let every = every.max(2);
+        every / 2 + (x % u64::from(every)) as u32
+    }
+
+    /// A sample standing for `launches` is about to be taken: the slot whose events to record
+    /// around the launch, or `None` when every pair is pending (the launches carry over).
+    pub fn begin(&mut self, launches: u64) -> Option<usize> {
+        let launches = launches.saturating_add(std::mem::take(&mut self.carry));
+        if self.len == PAIRS {
+            self.carry = launches;
+            return None;
+        }
+        let slot = (self.head + self.len) % PAIRS;
+        self.weight[slot] = launches;
+        self.len += 1;
+        Some(slot)
+    }
+
+    /// The pair just begun in `slot` was not recorded (or its launch failed): its launches
+    /// carry over to the next sample.
+    pub fn abandon(&mut self, slot: usize) {
+        if self.len > 0 && (self.head + self.len - 1) % PAIRS == slot {
+            self.len -= 1;
+            self.carry = self.carry.saturating_add(self.weight[slot]);
+        }
+    }
+
+    /// Launches no sample was taken for (a graph capture, no context): the next one stands
+    /// for them.
+    pub fn skip(&mut self, launches: u64) {
+        self.carry = self.carry.saturating_add(launches);
+    }
+
+    /// Reads the pending pairs oldest first, up to the first whose end has not passed.
+    pub fn harvest(&mut self, mut elapsed: impl FnMut(usize) -> Elapsed) {
+        while self.len > 0 {
+            let slot = self.head;
+            match elapsed(slot) {
+                Elapsed::NotYet => return,
+                Elapsed::Ms(ms) => {
+                    let ms = if ms.is_finite() {
+                        f64::from(ms.max(0.0))
+                    } else {
+                        0.0
+                    };
+                    self.busy_ns += ms * 1e6 * self.weight[slot] as f64;
+                }
+                // Its launches' time is unknown: the next sample stands for them.
+                Elapsed::Broken => self.carry = self.carry.saturating_add(self.weight[slot]),
+            }
+            self.head = (self.head + 1) % PAIRS;
+            self.len -= 1;
+        }
+    }
+
+    /// The GPU time measured since the last call, in ns.
+    pub fn take_busy_ns(&mut self) -> u64 {
+        std::mem::take(&mut self.busy_ns) as u64
+    }
+
+    /// Pairs begun and not read yet.
+    pub fn pending(&self) -> usize {
+        self.len
+    }
+
+    /// Forgets every pending pair (their context is gone or another one is current; the
+    /// caller destroys the events and zeroes `events`); what they stood for carries over.
+    pub fn clear(&mut self) {
+        while self.len > 0 {
+            self.carry = self.carry.saturating_add(self.weight[self.head]);
+            self.head = (self.head + 1) % PAIRS;
+            self.len -= 1;
+        }
+        self.head = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn gaps_average_the_setting_and_vary() {
+        let mut p = Pairs::new();
+        let gaps: Vec<u32> = (0..10_000).map(|_| p.next_gap(32)).collect();
+        assert!(gaps.iter().all(|g| (16..48).contains(g)));
+        let mean = gaps.iter().map(|g| f64::from(*g)).sum::<f64>() / gaps.len() as f64;
+        assert!((mean - 31.5).abs() < 0.5, "{mean}");
+        assert!(gaps.windows(2).any(|w| w[0] != w[1]));
+    }
+
+    #[test]
+    fn each_read_pair_counts_for_the_launches_it_stands_for() {
+        let mut p = Pairs::new();
+        let a = p.begin(10).unwrap();
+        let b = p.begin(30).unwrap();
+        p.harvest(|s| {
+            if s == a {
+                Elapsed::Ms(0.5)
+            } else {
+                Elapsed::NotYet
+            }
+        });
+        assert_eq!(p.take_busy_ns(), 5_000_000);
+        assert_eq!(p.pending(), 1);
+        p.harvest(|s| {
+            assert_eq!(s, b);
+            Elapsed::Ms(0.1)
+        });
+        assert_eq!(p.take_busy_ns(), 3_000_000);
+        assert_eq!(p.take_busy_ns(), 0);
+    }
+
+    #[test]
+    fn launches_without_a_pair_are_stood_for_by_the_next_one() {
+        let mut p = Pairs::new();
+        let s = p.begin(8).unwrap();
+        p.abandon(s); // its record failed
+        p.skip(4); // a capture
+        let s = p.begin(20).unwrap();
+        let broken = p.begin(5).unwrap();
+        p.harvest(|x| {
+            if x == s {
+                Elapsed::Ms(1.0)
+            } else {
+                assert_eq!(x, broken);
+                Elapsed::Broken
+            }
+        });
+        // 8 + 4 + 20 launches at 1 ms each; the broken pair's 5 carry on.
+        assert_eq!(p.take_busy_ns(), 32_000_000);
+        let s = p.begin(1).unwrap();
+        p.harvest(|_| Elapsed::Ms(2.0));
+        assert_eq!(p.take_busy_ns(), 12_000_000, "{s}");
+    }
+
+    #[test]
+    fn a_full_ring_carries_and_a_cleared_one_starts_over() {
+        let mut p = Pairs::new();
+        for _ in 0..PAIRS {
+            assert!(p.begin(1).is_some());
+        }
+        assert_eq!(p.begin(7), None);
+        p.clear();
+        assert_eq!(p.pending(), 0);
+        let s = p.begin(1).unwrap();
+        assert_eq!(s, 0);
+        p.harvest(|_| Elapsed::Ms(1.0));
+        assert_eq!(p.take_busy_ns(), (PAIRS as u64 + 7 + 1) * 1_000_000);
+    }
+
+    #[test]
+    fn odd_readings_count_as_nothing() {
+        let mut p = Pairs::new();
+        for ms in [f32::NAN, f32::INFINITY, -1.0] {
+            p.begin(100).unwrap();
+            p.harvest(|_| Elapsed::Ms(ms));
+        }
+        assert_eq!(p.take_busy_ns(), 0);
+    }
+
+    proptest! {
+        /// Whatever the order of begins, abandons, skips and reads, every launch is counted
+        /// once: with every kernel taking 1 µs, the busy time read equals the launches
+        /// stood for by pairs read, and the rest is still pending or carried.
+        #[test]
+        fn every_launch_is_counted_once(ops in proptest::collection::vec((0u8..4, 1u64..100), 1..300)) {
+            let mut p = Pairs::new();
+            let mut launches = 0u64;
+            let mut last: Option<usize> = None;
+            let mut busy = 0u64;
+            for (op, n) in ops {
+                match op {
+                    0 => { launches += n; last = p.begin(n); }
+                    1 => if let Some(s) = last.take() { p.abandon(s) },
+                    2 => { launches += n; p.skip(n); last = None; }
+                    _ => { p.harvest(|_| Elapsed::Ms(0.001)); last = None; }
+                }
+                busy += p.take_busy_ns();
+            }
+            p.harvest(|_| Elapsed::Ms(0.001));
+            busy += p.take_busy_ns();
+            let rest = p.carry;
+            prop_assert!(busy.abs_diff((launches - rest) * 1000) <= 1 + launches / 1000, "{} {} {}", busy, launches, rest);
+            prop_assert!(p.pending() == 0);
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! Timing a sample of the launches (`busy.rs` keeps the books): an event pair recorded around
+//! the launch on its stream, read once the GPU has passed it, and the GPU time measured sent
+//! to gem-schd in a Busy frame before each frame that ends or renews a hold.
+//!
+//! The launch fast path pays one plain load and store of a countdown per launch; the launch
+//! that takes it to zero comes here.
+
+use crate::busy::{Elapsed, Pairs};
+use crate::config::settings;
+use crate::cuda::*;
+use crate::device::{capturing, current_ctx};
+use crate::real;
+use crate::state::{Gpu, Token, lock};
+use std::sync::MutexGuard;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+#[allow(non_upper_case_globals)]
+mod r {
+    crate::slots!(
+        cuEventCreate,
+        cuEventDestroy_v2,
+        cuEventRecord,
+        cuEventQuery,
+        cuEventElapsedTime,
+    );
+}
+
+type CUevent = *mut std::ffi::c_void;
+type FnEventCreate = unsafe extern "C" fn(*mut CUevent, std::ffi::c_uint) -> CUresult;
+type FnEvent = unsafe extern "C" fn(CUevent) -> CUresult;
+type FnEventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
+type FnElapsed = unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult;
+/// `CUDA_ERROR_NOT_READY`.
+const NOT_READY: CUresult = 600;
+/// `CU_EVENT_DEFAULT`: events that record time.
+const EVENT_TIMED: std::ffi::c_uint = 0;
+
+/// A launch being timed: its start event is recorded; [`end`] records the other.
+pub struct Sampling {
+    pairs: MutexGuard<'static, Pairs>,
+    slot: usize,
+    stream: CUstream,
+}
+
+/// Called before a launch on `stream` of device `g`: counts it, and times one in about
+/// `KUBESHARE_HOOK_BUSY_EVERY`.
+#[inline]
+pub fn begin(g: &'static Gpu, stream: CUstream) -> Option<Sampling> {
+    let n = g.sample_in.load(Ordering::Relaxed);
+    if n > 1 {
+        g.sample_in.store(n - 1, Ordering::Relaxed);
+        return None;
+    }
+    crate::device::guard(None, || begin_cold(g, stream))
+}
+
+#[cold]
+fn begin_cold(g: &'static Gpu, stream: CUstream) -> Option<Sampling> {
+    let every = settings().busy_every;
+    if every == 0 {
+        g.sample_in.store(u32::MAX, Ordering::Relaxed);
+        return None;
+    }
+    let launches = u64::from(g.sample_gap.load(Ordering::Relaxed));
+    let Ok(mut pairs) = g.busy.try_lock() else {
+        // Another thread is timing a launch: these launches go to the next sample.
+        g.sample_carry.fetch_add(launches, Ordering::Relaxed);
+        g.sample_in.store(every, Ordering::Relaxed);
+        g.sample_gap.store(every, Ordering::Relaxed);
+        return None;
+    };
+    let launches = launches + g.sample_carry.swap(0, Ordering::Relaxed);
+    let gap = pairs.next_gap(every);
+    g.sample_gap.store(gap, Ordering::Relaxed);
+    g.sample_in.store(gap, Ordering::Relaxed);
+    let ctx = current_ctx();
+    if ctx == 0 || capturing(stream) {
+        pairs.skip(launches);
+        return None;
+    }
+    if pairs.ctx != ctx {
+        // Events belong to the context they were made in: start over in this one.
+        forget(&mut pairs);
+        pairs.ctx = ctx;
+    }
+    harvest(&mut pairs);
+    let slot = pairs.begin(launches)?;
+    let (mut start, mut end) = pairs.events[slot];
+    for e in [&mut start, &mut end] {
+        if *e == 0 {
+            let mut made: CUevent = std::ptr::null_mut();
+            if real!(r::cuEventCreate, FnEventCreate, &mut made, EVENT_TIMED) != CUDA_SUCCESS {
+                pairs.abandon(slot);
+                return None;
+            }
+            *e = made as usize;
+        }
+    }
+    pairs.events[slot] = (start, end);
+    if real!(r::cuEventRecord, FnEventRecord, start as CUevent, stream) != CUDA_SUCCESS {
+        pairs.abandon(slot);
+        return None;
+    }
+    Some(Sampling {
+        pairs,
+        slot,
+        stream,
+    })
+}
+
+/// Called after the launch `s` timed returned `launched`: records the end event.
+#[inline]
+pub fn end(s: Option<Sampling>, launched: CUresult) {
+    if let Some(mut s) = s {
+        let (_, end) = s.pairs.events[s.slot];
+        if launched != CUDA_SUCCESS
+            || real!(r::cuEventRecord, FnEventRecord, end as CUevent, s.stream) != CUDA_SUCCESS
+        {
+            s.pairs.abandon(s.slot);
+        }
+    }
+}
+
+/// Reads the pairs the GPU has passed.
+fn harvest(pairs: &mut Pairs) {
+    let events = pairs.events;
+    pairs.harvest(|slot| {
+        let (start, end) = events[slot];
+        match real!(r::cuEventQuery, FnEvent, end as CUevent) {
+            CUDA_SUCCESS => {}
+            NOT_READY => return Elapsed::NotYet,
+            _ => return Elapsed::Broken,
+        }
+        let mut ms = 0f32;
+        match real!(
+            r::cuEventElapsedTime,
+            FnElapsed,
+            &mut ms,
+            start as CUevent,
+            end as CUevent
+        ) {
+            CUDA_SUCCESS => Elapsed::Ms(ms),
+            _ => Elapsed::Broken,
+        }
+    });
+}
+
+/// Destroys every pair's events (made in `pairs.ctx`) and forgets the pending ones.
+fn forget(pairs: &mut Pairs) {
+    for (a, b) in pairs.events.iter_mut() {
+        for e in [a, b] {
+            if *e != 0 {
+                let _ = real!(r::cuEventDestroy_v2, FnEvent, *e as CUevent);
+                *e = 0;
+            }
+        }
+    }
+    pairs.clear();
+}
+
+/// Set once a gem-schd refused a Busy frame (one older than it): no more reports.
+static REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// gem-schd does not know Busy (see `device::note_refusal`).
+pub fn refused() {
+    if !REFUSED.swap(true, Ordering::Relaxed) {
+        crate::info!("gem-schd does not take Busy reports (an older version); not sending them");
+    }
+}
+
+/// Before a frame that ends or renews a hold on the token connection: sends gem-schd the
+/// GPU time measured since the last report and the hold time it fell in (`Token::held_ns`).
+/// A failed send is left to the frame that follows, which fails the same way.
+pub fn report(g: &Gpu, t: &mut Token) {
+    if settings().busy_every == 0 || REFUSED.load(Ordering::Relaxed) {
+        return;
+    }
+    let busy_ns = {
+        let mut pairs = lock(&g.busy);
+        harvest(&mut pairs);
+        pairs.take_busy_ns()
+    };
+    let held_ns = std::mem::take(&mut t.held_ns);
+    if busy_ns == 0 && held_ns == 0 {
+        return;
+    }
+    if let Some(c) = t.client.as_mut() {
+        let _ = c.busy(busy_ns / 1000, held_ns / 1000);
+    }
+}
