@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result};
 use gem_proto::{FrameError, Reply, Request, code};
 use gem_schd::config::{self, SocketTemplate};
-use gem_schd::core::{Action, ClientSpec, ConnId, Core, Micros, Params};
+use gem_schd::core::{Action, ClientSpec, CoRunSettings, ConnId, Core, Micros, Params};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
@@ -61,6 +61,8 @@ pub struct Settings {
     /// A capped client's turn under full contention includes its drain (see
     /// `Core::set_turn_includes_drain`).
     pub turn_includes_drain: bool,
+    /// Co-running of light clients (see `Core::set_co_run`).
+    pub co_run: CoRunSettings,
 }
 
 enum Cmd {
@@ -115,6 +117,7 @@ pub async fn run(
     core.set_max_lag(settings.max_lag.as_micros() as Micros);
     core.set_unpaced_when_full(settings.unpaced_when_full);
     core.set_turn_includes_drain(settings.turn_includes_drain);
+    core.set_co_run(settings.co_run);
     let mut actor = Actor {
         core,
         settings,
@@ -336,11 +339,16 @@ impl Actor {
                 let acts = self.core.renew(now, conn, burst_us);
                 self.perform(acts);
             }
-            Request::Busy { busy_us, held_us } => match self.core.busy(conn, busy_us, held_us) {
+            Request::Busy {
+                busy_us,
+                held_us,
+                launches,
+            } => match self.core.busy(now, conn, busy_us, held_us, launches) {
                 Ok(()) => {
                     if let Some(c) = self.conns.get(&conn) {
                         let fill = self.core.fill(&c.client).unwrap_or(f64::NAN);
-                        debug!(client = %c.client, busy_us, held_us, fill = %format_args!("{fill:.3}"), "busy");
+                        let limit = self.core.limit_in_force(&c.client).unwrap_or(0);
+                        debug!(client = %c.client, busy_us, held_us, fill = %format_args!("{fill:.3}"), launches, limit, "busy");
                     }
                 }
                 // Busy has no reply, but a refused one must not be silent.

@@ -1,10 +1,11 @@
 //! Property tests of the core under random event sequences: every TokenRequest is
-//! answered exactly once, one holder at a time, memory never granted past a limit,
+//! answered exactly once, one holder at a time (co-holds beside it when co-running is on,
+//! only for clients whose fill is light), memory never granted past a limit,
 //! and (liveness) every waiting request is eventually granted.
 
 use std::collections::{HashMap, HashSet};
 
-use gem_schd::core::{Action, ClientSpec, ConnId, Core, Micros, Params};
+use gem_schd::core::{Action, ClientSpec, CoRunSettings, ConnId, Core, Micros, Params};
 use proptest::prelude::*;
 
 const IDS: [&str; 3] = ["a", "b", "c"];
@@ -19,6 +20,8 @@ enum Op {
     Free(usize, u64),
     Config(Vec<(usize, u16, u16, u64)>),
     Advance(Micros),
+    /// A Busy report: busy and held µs, launches.
+    Busy(usize, Micros, Micros, u64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -32,6 +35,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => prop::collection::vec((0..3usize, 0..=1000u16, 1..=1000u16, 0..1500u64), 0..4)
             .prop_map(Op::Config),
         4 => (0..200_000u64).prop_map(Op::Advance),
+        3 => (0..6usize, 0..60_000u64, 0..60_000u64, 0..10_000u64)
+            .prop_map(|(c, b, h, l)| Op::Busy(c, b, h, l)),
     ]
 }
 
@@ -60,6 +65,8 @@ struct World {
     config: HashSet<String>,
     /// Connections that said Hello and whose client has not left since.
     live: HashSet<ConnId>,
+    /// The co-running threshold (0: off).
+    below: f64,
 }
 
 impl World {
@@ -73,11 +80,22 @@ impl World {
                     quota_us,
                 } => {
                     prop_assert!(quota_us > 0);
-                    granted_clients.insert(client.clone());
                     for c in conns {
                         prop_assert!(self.pending.remove(&c), "grant to {c} without a request");
                         let slot = self.slots.iter().find(|s| s.0 == c).unwrap();
                         prop_assert_eq!(IDS[slot.1], client.as_str());
+                        if self.core.in_co_hold(c) {
+                            // A co-hold runs beside the holder, granted to a light client
+                            // only (its fill may rise before the co-hold ends).
+                            prop_assert!(self.below > 0.0, "{client} co-runs with co-running off");
+                            let fill = self.core.fill(&client);
+                            prop_assert!(
+                                fill.is_some_and(|f| f < self.below),
+                                "{client} granted a co-hold at a fill of {fill:?}"
+                            );
+                        } else {
+                            granted_clients.insert(client.clone());
+                        }
                     }
                 }
                 // A second request on a waiting connection is refused (code 4) and
@@ -108,8 +126,8 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(1000))]
 
     #[test]
-    fn random_events_keep_the_invariants(ops in prop::collection::vec(op(), 1..120)) {
-        run(ops)?;
+    fn random_events_keep_the_invariants(ops in prop::collection::vec(op(), 1..120), co in any::<bool>()) {
+        run(ops, co)?;
     }
 }
 
@@ -131,14 +149,15 @@ fn a_reload_that_drops_the_last_holder() {
         Request(0, 4109, 0),
         Request(2, 0, 0),
     ];
-    if let Err(e) = run(ops) {
+    if let Err(e) = run(ops, false) {
         panic!("{e}");
     }
 }
 
-/// Applies `ops` to a core with three clients and six connections, checking the invariants
-/// after each, then runs the clock until every waiting request is served.
-fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+/// Applies `ops` to a core with three clients and six connections (co-running on if `co`),
+/// checking the invariants after each, then runs the clock until every waiting request is
+/// served.
+fn run(ops: Vec<Op>, co: bool) -> Result<(), TestCaseError> {
     let params = Params {
         window_us: 1_000_000,
         base_quota_us: 20_000,
@@ -157,7 +176,14 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         limits: init.iter().map(|s| (s.id.clone(), s.mem_limit)).collect(),
         config: init.iter().map(|s| s.id.clone()).collect(),
         live: (0..6).collect(),
+        below: if co { 0.6 } else { 0.0 },
     };
+    w.core.set_co_run(CoRunSettings {
+        below: w.below,
+        quota_us: 5_000,
+        probe_every_us: 500_000,
+        probe_us: 50_000,
+    });
     for s in 0..6 {
         w.core.hello(s as ConnId, IDS[s % 3]).unwrap();
     }
@@ -191,6 +217,11 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let any_pending = !w.pending.is_empty();
                 let acts = w.core.renew(w.now, c, b);
                 match acts.as_slice() {
+                    [Action::Grant { client, conns, .. }] if w.core.co_running(client) => {
+                        // A co-hold goes on beside whatever waits.
+                        prop_assert_eq!(conns, &vec![c]);
+                        w.pending.insert(c);
+                    }
                     [Action::Grant { client, conns, .. }] => {
                         prop_assert!(
                             !any_pending,
@@ -271,6 +302,11 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Advance(dt) => {
                 w.now += dt;
                 w.core.tick(w.now)
+            }
+            Op::Busy(s, b, h, l) => {
+                let r = w.core.busy(w.now, w.slots[s].0, b, h, l);
+                prop_assert_eq!(r.is_ok(), w.conn_ok(s));
+                vec![]
             }
         };
         w.check(acts)?;

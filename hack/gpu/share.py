@@ -9,7 +9,9 @@ beside it. Prints one JSON table; raw tenant results go to OUT/share-raw.json.
 
 `scenario@DIR` runs that scenario with DIR's hook and gem-schd instead, against the same native
 baselines (measured once per invocation), so that two builds alternate in one run;
-`scenario+log` runs it with gem-schd's and the hook's debug logs (every grant) in OUT/log-N-scenario.log.
+`scenario+log` runs it with gem-schd's and the hook's debug logs (every grant) in OUT/log-N-scenario.log;
+`scenario+fill` with gem-schd's debug log there, and adds each client's fill (how much of its holds
+its kernels kept the GPU busy, from the hook's Busy reports) to its result.
 Every run also reports the GPU's SM clock, power and utilisation over its timed part; with
 SHARE_PIN=1 each tenant is pinned to a core of its own.
 """
@@ -27,8 +29,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bench import log  # noqa: E402
-from share_bench import (ANSI, GIB, ShareBench, burst, charged, for_label, pct, sliding_max,  # noqa: E402
-                         stall, total_busy, union, variant, windows)
+from share_bench import (ANSI, GIB, ShareBench, burst, charged, fills, for_label, pct,  # noqa: E402
+                         sliding_max, stall, total_busy, union, variant, windows)
 
 ALL = ["alone", "three", "train_infer", "train_infer_nopace", "reload", "multiproc", "kill"]
 
@@ -128,6 +130,10 @@ train_infer_ahead50_debug = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US":
 train_infer_debug = train_infer_with([], debug=True)
 # train_infer with gem-schd's grant log only.
 train_infer_schdlog = variant(lambda b, raw: train_infer(b, raw), [], schd_debug=True)
+# Co-running (round 15): a client whose kernels fill less than 0.6 of its holds launches beside
+# the holder; the holder's limit is raised by the pace it loses (docs/gem-schd.md).
+CORUN = ["--co-run-below", "0.6"]
+train_infer_corun = variant(lambda b, raw: train_infer(b, raw), CORUN)
 
 
 def natives(b):
@@ -357,6 +363,10 @@ def train_capped_infer_free_75(b, raw):
     return train_capped_infer_free(b, raw, 0.75)
 
 
+infer_pair_corun = variant(infer_pair_hooked, CORUN)
+three_corun = variant(lambda b, raw: three(b, raw), CORUN)
+
+
 def infer_capped(b, raw):
     """Batch-1 inference alone under the hook at 0.5 (paced, no neighbour): what the token's
     turns cost it without another context on the GPU or the clocks a neighbour brings."""
@@ -384,6 +394,12 @@ def train_alone(b, raw, limit):
 def train_capped(b, raw):
     """ResNet-50 training alone under the hook at 0.5 (paced, no neighbour)."""
     return train_alone(b, raw, 0.5)
+
+
+def train_capped_70(b, raw):
+    """ResNet-50 training alone under the hook at 0.7: its turns as in train_capped_infer_free_70,
+    with nothing beside it (how much of its holds it fills alone)."""
+    return train_alone(b, raw, 0.7)
 
 
 def train_uncapped(b, raw):
@@ -556,9 +572,10 @@ def main():
     for n, label in enumerate(which):
         name, _, other = label.partition("@")
         name, _, flag = name.partition("+")
-        b.debug = flag == "log"
+        b.debug, b.schd_debug = flag == "log", flag == "fill"
         # Each logged scenario's debug log goes to a file of its own: OUT/log-N-NAME.log.
-        b.logs = open(os.path.join(out, f"log-{n}-{name}.log"), "w") if b.debug else main_log
+        logfile = os.path.join(out, f"log-{n}-{name}.log")
+        b.logs = open(logfile, "w") if flag else main_log
         art_n = other or art
         b.hook, b.schd_bin = os.path.join(art_n, "libgemhook.so.1"), os.path.join(art_n, "gem-schd")
         # A scenario run twice keeps both results: "train_infer", "train_infer#2", ...
@@ -576,6 +593,8 @@ def main():
             table[label] = {"error": repr(e)}
         if b.logs is not main_log:
             b.logs.close()
+        if flag == "fill" and isinstance(table[label], dict):
+            table[label]["fill"] = fills(logfile)
         log(label, f"{time.time() - t0:.0f} s", json.dumps(table[label]))
         with open(os.path.join(out, "share-raw.json"), "w") as f:
             json.dump(raw, f)

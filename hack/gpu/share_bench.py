@@ -264,6 +264,24 @@ def charged(logfile, since, client):
     return None if last is None else round(last / 10e6, 4)
 
 
+def fills(logfile):
+    """Per client, the fills gem-schd logged (its debug `busy` lines, one per Busy report from
+    the hook): {client: {"last", "median", "reports"}}."""
+    seen, limits = {}, {}
+    with open(logfile) as f:
+        for line in f:
+            line = ANSI.sub("", line)
+            m = re.search(r"client=(\S+) busy_us=(\d+) held_us=(\d+) fill=([0-9.]+)", line)
+            if m:
+                seen.setdefault(m.group(1), []).append(float(m.group(4)))
+                lim = re.search(r" limit=(\d+)", line)
+                if lim:
+                    limits.setdefault(m.group(1), []).append(int(lim.group(1)))
+    return {c: {"last": v[-1], "median": pct(v, 0.5), "reports": len(v),
+                "limit_in_force_median": pct(limits[c], 0.5) if limits.get(c) else None}
+            for c, v in seen.items()}
+
+
 def pct(v, q):
     v = sorted(v)
     return v[min(len(v) - 1, int(q * len(v)))]

@@ -1,22 +1,26 @@
-//! A client's fill: how much of its holds' wall time its own kernels kept the GPU busy, from
-//! the hook's Busy reports (timing events around a sample of its launches, scaled to all).
+//! Per-held-time figures from the hook's Busy reports: a client's fill (how much of its holds'
+//! wall time its own kernels kept the GPU busy, from timing events around a sample of its
+//! launches) and its pace (launches per µs held, its progress).
 //!
 //! A tenant that launches continuously but waits on its CPU between small kernels (batch-1
 //! inference) holds whole turns and fills a third of them; a training step fills ~95 %. The
-//! two are told apart by this ratio, not by how long they hold the token. Reports lag their
-//! holds (an event pair completes after the hold it was recorded in may have ended), so the
-//! ratio is kept over decaying sums of both, not per hold.
+//! two are told apart by the fill, not by how long they hold the token. Reports lag their
+//! holds (an event pair completes after the hold it was recorded in may have ended), so each
+//! figure is kept over decaying sums, not per hold.
 
 use super::Micros;
 
-/// Decaying sums of reported busy and held time.
+/// Decaying sums of a reported quantity and of the held time it came with.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Fill {
+pub struct PerHeld {
     busy: f64,
     held: f64,
 }
 
-impl Fill {
+/// A client's fill: busy time per held time.
+pub type Fill = PerHeld;
+
+impl PerHeld {
     /// The sums halve every this much reported held time: a second of holds.
     pub const HALF_LIFE_US: f64 = 1_000_000.0;
     /// No ratio before this much held time has been reported (a few 5 ms holds).
@@ -34,7 +38,12 @@ impl Fill {
 
     /// Busy over held time, in [0, 1]; `None` until enough has been reported.
     pub fn ratio(&self) -> Option<f64> {
-        (self.held >= Self::MIN_HELD_US).then(|| (self.busy / self.held).clamp(0.0, 1.0))
+        self.per_held().map(|r| r.clamp(0.0, 1.0))
+    }
+
+    /// The quantity per µs held, unbounded (a pace); `None` until enough has been reported.
+    pub fn per_held(&self) -> Option<f64> {
+        (self.held >= Self::MIN_HELD_US).then(|| self.busy / self.held)
     }
 }
 

@@ -201,6 +201,8 @@ struct ClientState {
     mem_used: u64,
     /// How much of its holds its kernels filled (the hook's Busy reports).
     fill: fill::Fill,
+    /// Co-running: its co-hold and charges, its pace, its boost (`corun.rs`).
+    co: corun::CoState,
 }
 
 #[derive(Debug, Clone)]
@@ -266,6 +268,10 @@ pub struct Core {
     /// The system's virtual time: the largest virtual time a client had when granted. A
     /// client back from idle when no one else competes starts at most the lag behind it.
     vtime: u128,
+    /// See [`Core::set_co_run`].
+    co_run: CoRunSettings,
+    /// When a co-hold was last opened or ended.
+    co_seen: Micros,
 }
 
 impl Core {
@@ -291,6 +297,8 @@ impl Core {
             turn_includes_drain: true,
             asked_again: None,
             vtime: 0,
+            co_run: CoRunSettings::default(),
+            co_seen: 0,
         };
         let _ = c.set_config(now, specs);
         c
@@ -380,6 +388,7 @@ impl Core {
     }
 
     /// Usage of `id` in the window ending at `now` (the running hold up to `now`).
+    /// Co-holds count with what they were charged (see `corun.rs`).
     pub fn usage_us(&self, now: Micros, id: &str) -> Option<Micros> {
         let key = *self.ids.get(id)?;
         let mut u = self.usage(key, now);
@@ -403,12 +412,21 @@ impl Core {
         self.ids.get(id).and_then(|k| self.clients[k].fill.ratio())
     }
 
-    /// Busy{busy, held} on `conn`: adds to its client's fill. No reply, no dispatch.
-    pub fn busy(&mut self, conn: ConnId, busy_us: Micros, held_us: Micros) -> Result<(), Refusal> {
+    /// Busy{busy, held, launches} on `conn`: adds to its client's fill and pace. No reply, no
+    /// dispatch.
+    pub fn busy(
+        &mut self,
+        now: Micros,
+        conn: ConnId,
+        busy_us: Micros,
+        held_us: Micros,
+        launches: u64,
+    ) -> Result<(), Refusal> {
         let key = self.conn_client(conn)?;
         if let Some(c) = self.clients.get_mut(&key) {
             c.fill.report(busy_us, held_us);
         }
+        self.learn_pace(now, key, held_us, launches);
         Ok(())
     }
 
@@ -472,11 +490,15 @@ impl Core {
             return out;
         }
         self.expire(now);
+        // A co-hold ends with its request: there is no hold to leave nor a late report to
+        // charge (it was charged by its fill).
+        let co_ended = self.co_end(now, key, conn);
         self.learn_burst(key, burst_us);
         self.learn_overrun(key, overuse_us);
         self.learn_drain(key, overuse_us);
         let mut queue = true;
-        if let Some(h) = &mut self.holder
+        if co_ended {
+        } else if let Some(h) = &mut self.holder
             && h.client == key
         {
             let remaining = h.quota_end.saturating_sub(now);
@@ -504,7 +526,16 @@ impl Core {
             self.report_late(now, key, |e| e.quota_end.saturating_add(overuse_us));
         }
         if queue {
-            self.enqueue(now, key, conn);
+            if self.co_ok(now, key) {
+                let quota_us = self.co_grant(now, key, conn);
+                out.push(Action::Grant {
+                    client: self.clients[&key].spec.id.clone(),
+                    conns: vec![conn],
+                    quota_us,
+                });
+            } else {
+                self.enqueue(now, key, conn);
+            }
         }
         self.dispatch(now, &mut out);
         out
@@ -519,6 +550,10 @@ impl Core {
             Err(_) => return out,
         };
         self.expire(now);
+        if self.co_end(now, key, conn) {
+            self.dispatch(now, &mut out);
+            return out;
+        }
         if let Some(e) = self
             .clients
             .get(&key)
@@ -553,6 +588,7 @@ impl Core {
             return out;
         };
         self.expire(now);
+        self.co_end(now, key, conn);
         if let Some(c) = self.clients.get_mut(&key) {
             c.waiting.retain(|x| *x != conn);
             c.conns = c.conns.saturating_sub(1);
@@ -685,9 +721,12 @@ fn refusal_action(conn: ConnId, r: Refusal) -> Action {
     }
 }
 
+mod corun;
 mod dispatch;
 mod fill;
 mod reload;
+
+pub use corun::CoRunSettings;
 mod window;
 
 #[cfg(test)]

@@ -76,6 +76,7 @@ impl Core {
                             conns: 0,
                             mem_used: 0,
                             fill: Default::default(),
+                            co: Default::default(),
                         },
                     );
                 }

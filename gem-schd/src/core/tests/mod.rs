@@ -5,6 +5,7 @@ use super::*;
 use gem_proto::code;
 
 mod contention;
+mod corun;
 mod pacing;
 
 const MS: Micros = 1000;

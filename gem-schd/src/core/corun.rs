@@ -1,0 +1,277 @@
+//! Co-running: a light client launches beside the token holder instead of waiting for turns.
+//!
+//! Exclusive turns cost a launch-bound tenant its speed: batch-1 inference at 0.5 beside
+//! training got 0.28–0.42 of its native rate on an H100, its kernels filling a third of its
+//! turns, and two such tenants in turns left the GPU 20–27 % busy (issue 14, rounds 13–14).
+//! A client whose fill (its kernels' share of its holds, from the hook's Busy reports) is
+//! below `--co-run-below` is granted at once, whoever holds the token: a co-hold, not a hold
+//! (no history entry, the holder keeps its turn), and the GPU time-slices the two contexts.
+//! The hook needs nothing new: a co-hold is answered with a Grant like any other.
+//!
+//! Accounting. A co-hold is charged what its client's kernels used of it (its wall time ×
+//! its fill), so its limit holds in GPU time; a co-runner over its limit (in the window or
+//! the pacing window) waits for turns like anyone. The holder loses more than that: beside
+//! co-running inference, training's rate on an H100 was 0.71 × its wall-time share, while its
+//! own kernels' events said it lost 8 % of its busy time (its kernels ran slower; round 15).
+//! So the holder's progress is measured instead: its launches per µs held (the hook counts
+//! them), beside co-runners and alone; the ratio is how much faster it goes alone, and its
+//! limit is raised by it (its *boost*, at most 3×) while co-runners run, so that it gets the
+//! progress its limit stands for. Its request (the guarantee to others) is unchanged. To keep
+//! the alone pace current, co-running pauses for `probe` every `probe_every` (co-runners
+//! take turns meanwhile).
+
+use super::fill::PerHeld;
+use super::*;
+
+/// Co-running settings (`Core::set_co_run`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CoRunSettings {
+    /// A client whose fill is below this co-runs (0 = off).
+    pub below: f64,
+    /// A co-hold's length: the co-runner reports (and is charged) this often.
+    pub quota_us: Micros,
+    /// Every this long, co-running pauses for `probe_us` so holders' pace alone is measured.
+    pub probe_every_us: Micros,
+    pub probe_us: Micros,
+}
+
+impl Default for CoRunSettings {
+    fn default() -> Self {
+        CoRunSettings {
+            below: 0.0,
+            quota_us: 20_000,
+            probe_every_us: 2_000_000,
+            probe_us: 150_000,
+        }
+    }
+}
+
+/// Reports within this long after a co-hold was open count as beside a co-runner.
+const BESIDE_US: Micros = 20_000;
+/// A boost is dropped once no co-hold has been open for this long.
+const BOOST_FADES_US: Micros = 1_000_000;
+/// The largest boost, in thousandths.
+const MAX_BOOST_MILLI: u32 = 3000;
+
+/// A client's co-running state.
+#[derive(Debug, Clone, Default)]
+pub(super) struct CoState {
+    /// The open co-hold: its connections and when it started.
+    hold: Option<(Vec<ConnId>, Micros)>,
+    /// (end, charge) of its ended co-holds, oldest first, within the window.
+    charges: VecDeque<(Micros, Micros)>,
+    /// Its pace (launches per µs held) alone and beside co-runners.
+    alone: PerHeld,
+    beside: PerHeld,
+    /// How much its limit is raised while co-runners run, in thousandths (1000: not).
+    boost_milli: u32,
+}
+
+impl ClientState {
+    /// The limit in force: the declared one, raised by the co-running boost.
+    pub(super) fn limit_milli(&self) -> u16 {
+        let boost = u64::from(self.co.boost_milli.max(1000));
+        (u64::from(self.spec.limit_milli) * boost / 1000).min(1000) as u16
+    }
+}
+
+impl Core {
+    /// Turns co-running on (`below` > 0) or off.
+    pub fn set_co_run(&mut self, s: CoRunSettings) {
+        self.co_run = s;
+    }
+
+    /// Whether `conn` of `key` is in its client's co-hold.
+    pub(super) fn co_holds(&self, key: Key, conn: ConnId) -> bool {
+        self.clients
+            .get(&key)
+            .and_then(|c| c.co.hold.as_ref())
+            .is_some_and(|(conns, _)| conns.contains(&conn))
+    }
+
+    /// Whether connection `conn` is in a co-hold now (its last grant was one).
+    pub fn in_co_hold(&self, conn: ConnId) -> bool {
+        self.conns
+            .get(&conn)
+            .and_then(|cs| cs.client)
+            .is_some_and(|k| self.co_holds(k, conn))
+    }
+
+    /// Whether `id` is in a co-hold now.
+    pub fn co_running(&self, id: &str) -> bool {
+        self.ids
+            .get(id)
+            .is_some_and(|k| self.clients[k].co.hold.is_some())
+    }
+
+    /// `id`'s limit in force, in thousandths (raised while co-runners run).
+    pub fn limit_in_force(&self, id: &str) -> Option<u16> {
+        self.ids.get(id).map(|k| self.clients[k].limit_milli())
+    }
+
+    fn probing(&self, now: Micros) -> bool {
+        let s = &self.co_run;
+        s.probe_every_us > 0 && now.saturating_sub(self.start) % s.probe_every_us < s.probe_us
+    }
+
+    fn light(&self, key: Key) -> bool {
+        let below = self.co_run.below;
+        below > 0.0
+            && self.clients.get(&key).is_some_and(|c| {
+                c.spec.limit_milli > 0 && c.fill.ratio().is_some_and(|f| f < below)
+            })
+    }
+
+    /// What the client's co-holds ended after `from` were charged.
+    pub(super) fn co_charged_since(&self, key: Key, from: Micros) -> Micros {
+        self.co_charges_after(key, from).map(|(_, ch)| ch).sum()
+    }
+
+    /// (end, charge) of the client's co-holds ended after `from`, oldest first.
+    pub(super) fn co_charges_after(
+        &self,
+        key: Key,
+        from: Micros,
+    ) -> impl Iterator<Item = (Micros, Micros)> + '_ {
+        self.clients
+            .get(&key)
+            .into_iter()
+            .flat_map(|c| c.co.charges.iter().copied())
+            .filter(move |(end, _)| *end > from)
+    }
+
+    /// Whether a TokenRequest of `key` at `now` is answered with a co-hold: co-running on and
+    /// not paused, the client light, and its usage (turns and co-holds) with one more co-hold
+    /// within its limit over the window and the pacing window.
+    pub(super) fn co_ok(&self, now: Micros, key: Key) -> bool {
+        // A process of the holder waits for (or joins) its client's hold.
+        if !self.light(key)
+            || self.probing(now)
+            || self.holder.as_ref().is_some_and(|h| h.client == key)
+        {
+            return false;
+        }
+        let c = &self.clients[&key];
+        let fill = c.fill.ratio().unwrap_or(1.0);
+        let next = (self.co_run.quota_us as f64 * fill) as Micros;
+        let lim = u128::from(c.spec.limit_milli);
+        let w = self.params.window_us;
+        let in_window = self.usage(key, now) + next;
+        if u128::from(in_window) * 1000 > lim * u128::from(w) {
+            return false;
+        }
+        let p = self.pace_window();
+        if p == 0 || lim >= 1000 {
+            return true;
+        }
+        let from = now.saturating_sub(p);
+        let turns: Micros = self.own_since(key, from).iter().map(|(s, e)| e - s).sum();
+        let in_pace = turns + self.co_charged_since(key, from) + next;
+        u128::from(in_pace) * 1000 <= lim * u128::from(p)
+    }
+
+    /// Opens (or joins) `key`'s co-hold for `conn`: the quota to grant.
+    pub(super) fn co_grant(&mut self, now: Micros, key: Key, conn: ConnId) -> Micros {
+        let quota = self.co_run.quota_us;
+        if let Some(c) = self.clients.get_mut(&key) {
+            match &mut c.co.hold {
+                Some((conns, _)) => conns.push(conn),
+                None => c.co.hold = Some((vec![conn], now)),
+            }
+        }
+        self.co_seen = now;
+        quota
+    }
+
+    /// `conn` of `key` reports the end of its part of a co-hold (a request, a release, a
+    /// hang-up): when it was the last, the co-hold is charged. False: `conn` was in none.
+    pub(super) fn co_end(&mut self, now: Micros, key: Key, conn: ConnId) -> bool {
+        let window = self.params.window_us;
+        // The hook stops launching at the quota's end and drains: a co-hold is charged no
+        // longer than that plus the grace a hold gets for its drain.
+        let longest = self.co_run.quota_us.saturating_add(self.params.grace_us);
+        let Some(c) = self.clients.get_mut(&key) else {
+            return false;
+        };
+        let Some((conns, start)) = &mut c.co.hold else {
+            return false;
+        };
+        let Some(i) = conns.iter().position(|x| *x == conn) else {
+            return false;
+        };
+        conns.swap_remove(i);
+        if conns.is_empty() {
+            let fill = c.fill.ratio().unwrap_or(1.0);
+            let charge = (now.saturating_sub(*start).min(longest) as f64 * fill) as Micros;
+            c.co.hold = None;
+            c.co.charges.push_back((now, charge));
+            while c
+                .co
+                .charges
+                .front()
+                .is_some_and(|(end, _)| end + window <= now)
+            {
+                c.co.charges.pop_front();
+            }
+        }
+        self.co_seen = now;
+        true
+    }
+
+    /// Whether a co-hold is open or was within [`BESIDE_US`].
+    fn co_active(&self, now: Micros) -> bool {
+        now < self.co_seen.saturating_add(BESIDE_US)
+            || self.clients.values().any(|c| c.co.hold.is_some())
+    }
+
+    /// A Busy report's progress part: the pace of a client that holds turns, beside
+    /// co-runners or alone, and the boost that evens them out.
+    pub(super) fn learn_pace(&mut self, now: Micros, key: Key, held_us: Micros, launches: u64) {
+        if self.co_run.below <= 0.0 || self.light(key) || held_us == 0 {
+            return;
+        }
+        let beside = self.co_active(now);
+        let fade = now > self.co_seen.saturating_add(BOOST_FADES_US)
+            && !self.clients.values().any(|c| c.co.hold.is_some());
+        let Some(c) = self.clients.get_mut(&key) else {
+            return;
+        };
+        if beside {
+            c.co.beside.report(launches, held_us);
+        } else {
+            c.co.alone.report(launches, held_us);
+        }
+        c.co.boost_milli = if fade {
+            1000
+        } else {
+            boost_milli(c.co.alone.per_held(), c.co.beside.per_held())
+        };
+    }
+}
+
+/// How much faster a holder goes alone than beside co-runners, in thousandths, within
+/// [1000, MAX_BOOST_MILLI]; 1000 until both paces are known.
+fn boost_milli(alone: Option<f64>, beside: Option<f64>) -> u32 {
+    match (alone, beside) {
+        (Some(a), Some(b)) if b > 0.0 && a.is_finite() => {
+            ((a / b) * 1000.0).clamp(1000.0, f64::from(MAX_BOOST_MILLI)) as u32
+        }
+        _ => 1000,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_boost_is_the_pace_lost_and_stays_within_bounds() {
+        assert_eq!(boost_milli(None, Some(1.0)), 1000);
+        assert_eq!(boost_milli(Some(1.0), None), 1000);
+        assert_eq!(boost_milli(Some(1.0), Some(0.0)), 1000);
+        assert_eq!(boost_milli(Some(1.0), Some(0.71)), 1408);
+        assert_eq!(boost_milli(Some(0.5), Some(1.0)), 1000, "never below 1");
+        assert_eq!(boost_milli(Some(10.0), Some(1.0)), MAX_BOOST_MILLI);
+        assert_eq!(boost_milli(Some(f64::INFINITY), Some(1.0)), 1000);
+    }
+}
