@@ -233,12 +233,8 @@ impl Client {
     }
 
     /// Report how busy this process kept the GPU ([`Request::Busy`]). No reply.
-    pub fn busy(&mut self, busy_us: u64, held_us: u64, launches: u64) -> Result<(), ClientError> {
-        self.send(&Request::Busy {
-            busy_us,
-            held_us,
-            launches,
-        })
+    pub fn busy(&mut self, busy_us: u64, held_us: u64) -> Result<(), ClientError> {
+        self.send(&Request::Busy { busy_us, held_us })
     }
 
     /// Give the token back (the holder went idle). No reply.

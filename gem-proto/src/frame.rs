@@ -74,14 +74,9 @@ pub enum Request {
     Renew { burst_us: u64 },
     /// How busy this process kept the GPU since its last Busy: `busy_us` of GPU time measured
     /// by timing events around a sample of its launches (scaled to all of them), over
-    /// `held_us` of holds (the wall time of its holds in that span), and the `launches` it
-    /// made in that span (its progress). Sent before the frame that ends a hold; no reply.
-    /// gem-schd keeps each client's fill (busy / held) and pace (launches / held).
-    Busy {
-        busy_us: u64,
-        held_us: u64,
-        launches: u64,
-    },
+    /// `held_us` of holds (the wall time of its holds in that span). Sent before the frame
+    /// that ends a hold; no reply. gem-schd keeps each client's fill (busy / held).
+    Busy { busy_us: u64, held_us: u64 },
 }
 
 /// A frame sent by gem-schd to a client.
@@ -183,14 +178,9 @@ impl Request {
             Request::MemAlloc { bytes } | Request::MemFree { bytes } => w.u64(*bytes),
             Request::MemQuery => {}
             Request::Renew { burst_us } => w.u64(*burst_us),
-            Request::Busy {
-                busy_us,
-                held_us,
-                launches,
-            } => {
+            Request::Busy { busy_us, held_us } => {
                 w.u64(*busy_us);
                 w.u64(*held_us);
-                w.u64(*launches);
             }
         }
         w.finish();
@@ -227,7 +217,6 @@ impl Request {
             kind::BUSY => Request::Busy {
                 busy_us: r.u64()?,
                 held_us: r.u64()?,
-                launches: r.u64()?,
             },
             other => return Err(FrameError::UnknownKind(other)),
         };
@@ -535,26 +524,18 @@ mod tests {
         let b = Request::Busy {
             busy_us: 258,
             held_us: 1000,
-            launches: 3,
         }
         .encode()
         .unwrap();
         assert_eq!(
             b,
             vec![
-                26, 0, 0, 0, 1, 8, 2, 1, 0, 0, 0, 0, 0, 0, 0xe8, 3, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0,
-                0, 0, 0, 0
+                18, 0, 0, 0, 1, 8, 2, 1, 0, 0, 0, 0, 0, 0, 0xe8, 3, 0, 0, 0, 0, 0, 0
             ]
         );
         // One field short is truncated, not a Busy of zero.
         assert_eq!(
-            Request::decode(
-                &b[..b.len() - 8]
-                    .iter()
-                    .enumerate()
-                    .map(|(i, x)| if i == 0 { 18 } else { *x })
-                    .collect::<Vec<u8>>()
-            ),
+            Request::decode(&[10, 0, 0, 0, 1, 8, 2, 1, 0, 0, 0, 0, 0, 0]),
             Err(FrameError::Truncated { kind: kind::BUSY })
         );
     }

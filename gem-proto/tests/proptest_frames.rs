@@ -30,13 +30,8 @@ fn request() -> impl Strategy<Value = Request> {
         any::<u64>().prop_map(|bytes| Request::MemFree { bytes }),
         Just(Request::MemQuery),
         any::<u64>().prop_map(|burst_us| Request::Renew { burst_us }),
-        (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(busy_us, held_us, launches)| {
-            Request::Busy {
-                busy_us,
-                held_us,
-                launches,
-            }
-        }),
+        (any::<u64>(), any::<u64>())
+            .prop_map(|(busy_us, held_us)| Request::Busy { busy_us, held_us }),
     ]
 }
 

@@ -339,16 +339,12 @@ impl Actor {
                 let acts = self.core.renew(now, conn, burst_us);
                 self.perform(acts);
             }
-            Request::Busy {
-                busy_us,
-                held_us,
-                launches,
-            } => match self.core.busy(now, conn, busy_us, held_us, launches) {
+            Request::Busy { busy_us, held_us } => match self.core.busy(conn, busy_us, held_us) {
                 Ok(()) => {
                     if let Some(c) = self.conns.get(&conn) {
                         let fill = self.core.fill(&c.client).unwrap_or(f64::NAN);
                         let limit = self.core.limit_in_force(&c.client).unwrap_or(0);
-                        debug!(client = %c.client, busy_us, held_us, fill = %format_args!("{fill:.3}"), launches, limit, "busy");
+                        debug!(client = %c.client, busy_us, held_us, fill = %format_args!("{fill:.3}"), limit, "busy");
                     }
                 }
                 // Busy has no reply, but a refused one must not be silent.

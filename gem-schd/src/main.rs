@@ -90,19 +90,13 @@ struct Args {
     turn_includes_drain: bool,
     /// Co-running: a client whose kernels fill less than this fraction of its holds (its
     /// fill, from the hook's Busy reports) launches beside the token holder instead of
-    /// waiting for turns, charged its fill of the time; holders' limits are raised by the
-    /// pace they lose to co-runners (docs/gem-schd.md, "Co-running"). 0 = off.
+    /// waiting for turns, charged its fill of the time; the holder's turns are charged the
+    /// rest (docs/gem-schd.md, "Co-running"). 0 = off.
     #[arg(long, default_value_t = 0.0)]
     co_run_below: f64,
     /// A co-hold's length, ms: a co-runner reports and is charged this often.
     #[arg(long, default_value_t = 20)]
     co_run_quota_ms: u64,
-    /// Every this many ms co-running pauses for --co-run-probe-ms, so that holders' pace
-    /// alone stays measured. 0 = never.
-    #[arg(long, default_value_t = 2000)]
-    co_run_probe_every_ms: u64,
-    #[arg(long, default_value_t = 150)]
-    co_run_probe_ms: u64,
     /// Poll the config's mtime this often as well as watching it, ms.
     #[arg(long, default_value_t = 1000)]
     poll_ms: u64,
@@ -143,9 +137,6 @@ fn main() -> Result<()> {
     if !(0.0..=1.0).contains(&args.co_run_below) {
         anyhow::bail!("--co-run-below must be a fill in 0..=1 (0 = off)");
     }
-    if args.co_run_probe_ms >= args.co_run_probe_every_ms && args.co_run_probe_every_ms > 0 {
-        anyhow::bail!("--co-run-probe-ms must be shorter than --co-run-probe-every-ms");
-    }
     let settings = daemon::Settings {
         gpu: args.gpu,
         config: args.config,
@@ -172,8 +163,6 @@ fn main() -> Result<()> {
         co_run: CoRunSettings {
             below: args.co_run_below,
             quota_us: args.co_run_quota_ms.max(1) * 1000,
-            probe_every_us: args.co_run_probe_every_ms * 1000,
-            probe_us: args.co_run_probe_ms * 1000,
         },
     };
     let rt = tokio::runtime::Builder::new_current_thread()

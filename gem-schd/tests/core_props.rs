@@ -20,8 +20,8 @@ enum Op {
     Free(usize, u64),
     Config(Vec<(usize, u16, u16, u64)>),
     Advance(Micros),
-    /// A Busy report: busy and held µs, launches.
-    Busy(usize, Micros, Micros, u64),
+    /// A Busy report: busy and held µs.
+    Busy(usize, Micros, Micros),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -35,8 +35,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => prop::collection::vec((0..3usize, 0..=1000u16, 1..=1000u16, 0..1500u64), 0..4)
             .prop_map(Op::Config),
         4 => (0..200_000u64).prop_map(Op::Advance),
-        3 => (0..6usize, 0..60_000u64, 0..60_000u64, 0..10_000u64)
-            .prop_map(|(c, b, h, l)| Op::Busy(c, b, h, l)),
+        3 => (0..6usize, 0..60_000u64, 0..60_000u64).prop_map(|(c, b, h)| Op::Busy(c, b, h)),
     ]
 }
 
@@ -181,8 +180,6 @@ fn run(ops: Vec<Op>, co: bool) -> Result<(), TestCaseError> {
     w.core.set_co_run(CoRunSettings {
         below: w.below,
         quota_us: 5_000,
-        probe_every_us: 500_000,
-        probe_us: 50_000,
     });
     for s in 0..6 {
         w.core.hello(s as ConnId, IDS[s % 3]).unwrap();
@@ -303,8 +300,8 @@ fn run(ops: Vec<Op>, co: bool) -> Result<(), TestCaseError> {
                 w.now += dt;
                 w.core.tick(w.now)
             }
-            Op::Busy(s, b, h, l) => {
-                let r = w.core.busy(w.now, w.slots[s].0, b, h, l);
+            Op::Busy(s, b, h) => {
+                let r = w.core.busy(w.slots[s].0, b, h);
                 prop_assert_eq!(r.is_ok(), w.conn_ok(s));
                 vec![]
             }

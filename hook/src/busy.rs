@@ -42,8 +42,6 @@ pub struct Pairs {
     /// Launches that no pending or future pair stands for yet.
     carry: u64,
     busy_ns: f64,
-    /// Launches counted since the last [`Pairs::take_launches`].
-    launched: u64,
     rng: u64,
 }
 
@@ -63,7 +61,6 @@ impl Pairs {
             len: 0,
             carry: 0,
             busy_ns: 0.0,
-            launched: 0,
             rng: 0x9e37_79b9_7f4a_7c15,
         }
     }
@@ -84,7 +81,6 @@ impl Pairs {
     /// A sample standing for `launches` is about to be taken: the slot whose events to record
     /// around the launch, or `None` when every pair is pending (the launches carry over).
     pub fn begin(&mut self, launches: u64) -> Option<usize> {
-        self.launched = self.launched.saturating_add(launches);
         let launches = launches.saturating_add(std::mem::take(&mut self.carry));
         if self.len == PAIRS {
             self.carry = launches;
@@ -108,7 +104,6 @@ impl Pairs {
     /// Launches no sample was taken for (a graph capture, no context): the next one stands
     /// for them.
     pub fn skip(&mut self, launches: u64) {
-        self.launched = self.launched.saturating_add(launches);
         self.carry = self.carry.saturating_add(launches);
     }
 
@@ -137,11 +132,6 @@ impl Pairs {
     /// The GPU time measured since the last call, in ns.
     pub fn take_busy_ns(&mut self) -> u64 {
         std::mem::take(&mut self.busy_ns) as u64
-    }
-
-    /// The launches counted (begun or skipped samples' gaps) since the last call.
-    pub fn take_launches(&mut self) -> u64 {
-        std::mem::take(&mut self.launched)
     }
 
     /// Pairs begun and not read yet.
@@ -204,7 +194,6 @@ mod tests {
         let s = p.begin(8).unwrap();
         p.abandon(s); // its record failed
         p.skip(4); // a capture
-        assert_eq!(p.take_launches(), 12);
         let s = p.begin(20).unwrap();
         let broken = p.begin(5).unwrap();
         p.harvest(|x| {

@@ -175,16 +175,16 @@ pub fn report(g: &Gpu, t: &mut Token) {
     if settings().busy_every == 0 || REFUSED.load(Ordering::Relaxed) {
         return;
     }
-    let (busy_ns, launches) = {
+    let busy_ns = {
         let mut pairs = lock(&g.busy);
         harvest(&mut pairs);
-        (pairs.take_busy_ns(), pairs.take_launches())
+        pairs.take_busy_ns()
     };
     let held_ns = std::mem::take(&mut t.held_ns);
-    if busy_ns == 0 && held_ns == 0 && launches == 0 {
+    if busy_ns == 0 && held_ns == 0 {
         return;
     }
     if let Some(c) = t.client.as_mut() {
-        let _ = c.busy(busy_ns / 1000, held_ns / 1000, launches);
+        let _ = c.busy(busy_ns / 1000, held_ns / 1000);
     }
 }

@@ -8,19 +8,17 @@
 //! (no history entry, the holder keeps its turn), and the GPU time-slices the two contexts.
 //! The hook needs nothing new: a co-hold is answered with a Grant like any other.
 //!
-//! Accounting. A co-hold is charged what its client's kernels used of it (its wall time ×
-//! its fill), so its limit holds in GPU time; a co-runner over its limit (in the window or
-//! the pacing window) waits for turns like anyone. The holder loses more than that: beside
-//! co-running inference, training's rate on an H100 was 0.71 × its wall-time share, while its
-//! own kernels' events said it lost 8 % of its busy time (its kernels ran slower; round 15).
-//! So the holder's progress is measured instead: its launches per µs held (the hook counts
-//! them), beside co-runners and alone; the ratio is how much faster it goes alone, and its
-//! limit is raised by it (its *boost*, at most 3×) while co-runners run, so that it gets the
-//! progress its limit stands for. Its request (the guarantee to others) is unchanged. To keep
-//! the alone pace current, co-running pauses for `probe` every `probe_every` (co-runners
-//! take turns meanwhile).
+//! Accounting: in GPU time. A co-hold is charged what its client's kernels used of it (its
+//! wall time × its fill), so its limit holds in GPU time; a co-runner over its limit (in the
+//! window or the pacing window) waits for turns like anyone. The holder shares its turns with
+//! the co-runners' kernels, so its turns are charged only the rest: while co-holds are open, a
+//! holder's limit is raised by `1 / (1 − f)`, `f` the co-runners' fills together (at most 3×;
+//! its request, the guarantee to others, is unchanged). Beside batch-1 inference (fill ~0.37
+//! co-running) training at 0.5 then takes turns of ~0.79 of the time. What each then gets of
+//! its native *rate* is the GPU's business (training lost 29 % of its rate beside co-running
+//! inference on an H100 while its own kernels' events said 8 %: its kernels ran slower), so
+//! the limits hold in GPU time, not in rates (docs/gem-schd.md, "Co-running").
 
-use super::fill::PerHeld;
 use super::*;
 
 /// Co-running settings (`Core::set_co_run`).
@@ -30,9 +28,6 @@ pub struct CoRunSettings {
     pub below: f64,
     /// A co-hold's length: the co-runner reports (and is charged) this often.
     pub quota_us: Micros,
-    /// Every this long, co-running pauses for `probe_us` so holders' pace alone is measured.
-    pub probe_every_us: Micros,
-    pub probe_us: Micros,
 }
 
 impl Default for CoRunSettings {
@@ -40,16 +35,10 @@ impl Default for CoRunSettings {
         CoRunSettings {
             below: 0.0,
             quota_us: 20_000,
-            probe_every_us: 2_000_000,
-            probe_us: 150_000,
         }
     }
 }
 
-/// Reports within this long after a co-hold was open count as beside a co-runner.
-const BESIDE_US: Micros = 20_000;
-/// A boost is dropped once no co-hold has been open for this long.
-const BOOST_FADES_US: Micros = 1_000_000;
 /// The largest boost, in thousandths.
 const MAX_BOOST_MILLI: u32 = 3000;
 
@@ -57,13 +46,10 @@ const MAX_BOOST_MILLI: u32 = 3000;
 #[derive(Debug, Clone, Default)]
 pub(super) struct CoState {
     /// The open co-hold: its connections and when it started.
-    hold: Option<(Vec<ConnId>, Micros)>,
+    pub(super) hold: Option<(Vec<ConnId>, Micros)>,
     /// (end, charge) of its ended co-holds, oldest first, within the window.
     charges: VecDeque<(Micros, Micros)>,
-    /// Its pace (launches per µs held) alone and beside co-runners.
-    alone: PerHeld,
-    beside: PerHeld,
-    /// How much its limit is raised while co-runners run, in thousandths (1000: not).
+    /// How much its limit is raised while co-runners run, in thousandths (≤ 1000: not).
     boost_milli: u32,
 }
 
@@ -109,11 +95,6 @@ impl Core {
         self.ids.get(id).map(|k| self.clients[k].limit_milli())
     }
 
-    fn probing(&self, now: Micros) -> bool {
-        let s = &self.co_run;
-        s.probe_every_us > 0 && now.saturating_sub(self.start) % s.probe_every_us < s.probe_us
-    }
-
     fn light(&self, key: Key) -> bool {
         let below = self.co_run.below;
         below > 0.0
@@ -140,15 +121,12 @@ impl Core {
             .filter(move |(end, _)| *end > from)
     }
 
-    /// Whether a TokenRequest of `key` at `now` is answered with a co-hold: co-running on and
-    /// not paused, the client light, and its usage (turns and co-holds) with one more co-hold
-    /// within its limit over the window and the pacing window.
+    /// Whether a TokenRequest of `key` at `now` is answered with a co-hold: co-running on, the
+    /// client light and not the holder, and its usage (turns and co-holds) with one more
+    /// co-hold within its limit over the window and the pacing window.
     pub(super) fn co_ok(&self, now: Micros, key: Key) -> bool {
         // A process of the holder waits for (or joins) its client's hold.
-        if !self.light(key)
-            || self.probing(now)
-            || self.holder.as_ref().is_some_and(|h| h.client == key)
-        {
+        if !self.light(key) || self.holder.as_ref().is_some_and(|h| h.client == key) {
             return false;
         }
         let c = &self.clients[&key];
@@ -179,7 +157,7 @@ impl Core {
                 None => c.co.hold = Some((vec![conn], now)),
             }
         }
-        self.co_seen = now;
+        self.refresh_boost();
         quota
     }
 
@@ -214,50 +192,35 @@ impl Core {
                 c.co.charges.pop_front();
             }
         }
-        self.co_seen = now;
+        self.refresh_boost();
         true
     }
 
-    /// Whether a co-hold is open or was within [`BESIDE_US`].
-    fn co_active(&self, now: Micros) -> bool {
-        now < self.co_seen.saturating_add(BESIDE_US)
-            || self.clients.values().any(|c| c.co.hold.is_some())
-    }
-
-    /// A Busy report's progress part: the pace of a client that holds turns, beside
-    /// co-runners or alone, and the boost that evens them out.
-    pub(super) fn learn_pace(&mut self, now: Micros, key: Key, held_us: Micros, launches: u64) {
-        if self.co_run.below <= 0.0 || self.light(key) || held_us == 0 {
-            return;
+    /// Sets every client's boost from the fills of the co-runners open now: a client not in
+    /// a co-hold shares the GPU with them, `f` of the time together, and its limit is raised
+    /// by `1 / (1 − f)`. Called when a co-hold opens or ends and when a fill changes.
+    pub(super) fn refresh_boost(&mut self) {
+        let f: f64 = self
+            .clients
+            .values()
+            .filter(|c| c.co.hold.is_some())
+            .map(|c| c.fill.ratio().unwrap_or(1.0))
+            .sum();
+        let boost = boost_milli(f);
+        for c in self.clients.values_mut() {
+            c.co.boost_milli = if c.co.hold.is_some() { 1000 } else { boost };
         }
-        let beside = self.co_active(now);
-        let fade = now > self.co_seen.saturating_add(BOOST_FADES_US)
-            && !self.clients.values().any(|c| c.co.hold.is_some());
-        let Some(c) = self.clients.get_mut(&key) else {
-            return;
-        };
-        if beside {
-            c.co.beside.report(launches, held_us);
-        } else {
-            c.co.alone.report(launches, held_us);
-        }
-        c.co.boost_milli = if fade {
-            1000
-        } else {
-            boost_milli(c.co.alone.per_held(), c.co.beside.per_held())
-        };
     }
 }
 
-/// How much faster a holder goes alone than beside co-runners, in thousandths, within
-/// [1000, MAX_BOOST_MILLI]; 1000 until both paces are known.
-fn boost_milli(alone: Option<f64>, beside: Option<f64>) -> u32 {
-    match (alone, beside) {
-        (Some(a), Some(b)) if b > 0.0 && a.is_finite() => {
-            ((a / b) * 1000.0).clamp(1000.0, f64::from(MAX_BOOST_MILLI)) as u32
-        }
-        _ => 1000,
+/// The boost beside co-runners that keep the GPU busy `f` of the time, in thousandths, within
+/// [1000, MAX_BOOST_MILLI].
+fn boost_milli(f: f64) -> u32 {
+    if f.is_nan() || f <= 0.0 {
+        return 1000;
     }
+    let left = (1.0 - f).max(1000.0 / f64::from(MAX_BOOST_MILLI));
+    ((1000.0 / left) as u32).clamp(1000, MAX_BOOST_MILLI)
 }
 
 #[cfg(test)]
@@ -265,13 +228,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_boost_is_the_pace_lost_and_stays_within_bounds() {
-        assert_eq!(boost_milli(None, Some(1.0)), 1000);
-        assert_eq!(boost_milli(Some(1.0), None), 1000);
-        assert_eq!(boost_milli(Some(1.0), Some(0.0)), 1000);
-        assert_eq!(boost_milli(Some(1.0), Some(0.71)), 1408);
-        assert_eq!(boost_milli(Some(0.5), Some(1.0)), 1000, "never below 1");
-        assert_eq!(boost_milli(Some(10.0), Some(1.0)), MAX_BOOST_MILLI);
-        assert_eq!(boost_milli(Some(f64::INFINITY), Some(1.0)), 1000);
+    fn the_boost_is_what_the_co_runners_leave_and_stays_within_bounds() {
+        assert_eq!(boost_milli(0.0), 1000);
+        assert_eq!(boost_milli(f64::NAN), 1000);
+        assert_eq!(boost_milli(-1.0), 1000);
+        assert_eq!(boost_milli(0.375), 1600);
+        assert_eq!(boost_milli(0.5), 2000);
+        assert_eq!(boost_milli(0.9), MAX_BOOST_MILLI);
+        assert_eq!(boost_milli(f64::INFINITY), MAX_BOOST_MILLI);
     }
 }

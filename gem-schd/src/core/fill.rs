@@ -1,6 +1,5 @@
-//! Per-held-time figures from the hook's Busy reports: a client's fill (how much of its holds'
-//! wall time its own kernels kept the GPU busy, from timing events around a sample of its
-//! launches) and its pace (launches per µs held, its progress).
+//! A client's fill: how much of its holds' wall time its own kernels kept the GPU busy, from
+//! the hook's Busy reports (timing events around a sample of its launches, scaled to all).
 //!
 //! A tenant that launches continuously but waits on its CPU between small kernels (batch-1
 //! inference) holds whole turns and fills a third of them; a training step fills ~95 %. The
@@ -10,17 +9,14 @@
 
 use super::Micros;
 
-/// Decaying sums of a reported quantity and of the held time it came with.
+/// Decaying sums of reported busy and held time.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct PerHeld {
+pub struct Fill {
     busy: f64,
     held: f64,
 }
 
-/// A client's fill: busy time per held time.
-pub type Fill = PerHeld;
-
-impl PerHeld {
+impl Fill {
     /// The sums halve every this much reported held time: a second of holds.
     pub const HALF_LIFE_US: f64 = 1_000_000.0;
     /// No ratio before this much held time has been reported (a few 5 ms holds).
@@ -38,12 +34,7 @@ impl PerHeld {
 
     /// Busy over held time, in [0, 1]; `None` until enough has been reported.
     pub fn ratio(&self) -> Option<f64> {
-        self.per_held().map(|r| r.clamp(0.0, 1.0))
-    }
-
-    /// The quantity per µs held, unbounded (a pace); `None` until enough has been reported.
-    pub fn per_held(&self) -> Option<f64> {
-        (self.held >= Self::MIN_HELD_US).then(|| self.busy / self.held)
+        (self.held >= Self::MIN_HELD_US).then(|| (self.busy / self.held).clamp(0.0, 1.0))
     }
 }
 

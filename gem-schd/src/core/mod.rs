@@ -270,8 +270,6 @@ pub struct Core {
     vtime: u128,
     /// See [`Core::set_co_run`].
     co_run: CoRunSettings,
-    /// When a co-hold was last opened or ended.
-    co_seen: Micros,
 }
 
 impl Core {
@@ -298,7 +296,6 @@ impl Core {
             asked_again: None,
             vtime: 0,
             co_run: CoRunSettings::default(),
-            co_seen: 0,
         };
         let _ = c.set_config(now, specs);
         c
@@ -412,21 +409,15 @@ impl Core {
         self.ids.get(id).and_then(|k| self.clients[k].fill.ratio())
     }
 
-    /// Busy{busy, held, launches} on `conn`: adds to its client's fill and pace. No reply, no
-    /// dispatch.
-    pub fn busy(
-        &mut self,
-        now: Micros,
-        conn: ConnId,
-        busy_us: Micros,
-        held_us: Micros,
-        launches: u64,
-    ) -> Result<(), Refusal> {
+    /// Busy{busy, held} on `conn`: adds to its client's fill. No reply, no dispatch.
+    pub fn busy(&mut self, conn: ConnId, busy_us: Micros, held_us: Micros) -> Result<(), Refusal> {
         let key = self.conn_client(conn)?;
         if let Some(c) = self.clients.get_mut(&key) {
             c.fill.report(busy_us, held_us);
+            if c.co.hold.is_some() {
+                self.refresh_boost();
+            }
         }
-        self.learn_pace(now, key, held_us, launches);
         Ok(())
     }
 

@@ -82,6 +82,8 @@ impl Core {
                 }
             }
         }
+        // A co-runner that left no longer shares the GPU with the holder.
+        self.refresh_boost();
         self.dispatch(now, &mut out);
         out
     }

@@ -4,8 +4,8 @@
 use super::*;
 
 /// Training-like `t` (0.5, 0.5) and inference-like `i` (0.5, 0.5); conn 1 = t, 2 = i. Co-running
-/// below a fill of 0.6, probes off unless asked.
-fn pair(probe_every_us: Micros) -> Core {
+/// below a fill of 0.6.
+fn pair() -> Core {
     let mut c = Core::new(
         params(),
         &[spec("t", 500, 500, 100), spec("i", 500, 500, 100)],
@@ -14,8 +14,6 @@ fn pair(probe_every_us: Micros) -> Core {
     c.set_co_run(CoRunSettings {
         below: 0.6,
         quota_us: 10 * MS,
-        probe_every_us,
-        probe_us: 100 * MS,
     });
     c.hello(1, "t").unwrap();
     c.hello(2, "i").unwrap();
@@ -23,17 +21,16 @@ fn pair(probe_every_us: Micros) -> Core {
 }
 
 /// `conn` reports its fill as `fill` over 40 ms of holds.
-fn fill(c: &mut Core, now: Micros, conn: ConnId, fill: f64) {
+fn fill(c: &mut Core, conn: ConnId, fill: f64) {
     let held = 40 * MS;
-    c.busy(now, conn, (held as f64 * fill) as Micros, held, 100)
-        .unwrap();
+    c.busy(conn, (held as f64 * fill) as Micros, held).unwrap();
 }
 
 #[test]
 fn a_light_client_runs_beside_the_holder_and_a_heavy_one_waits() {
-    let mut c = pair(0);
-    fill(&mut c, t(0), 1, 0.95);
-    fill(&mut c, t(0), 2, 0.3);
+    let mut c = pair();
+    fill(&mut c, 1, 0.95);
+    fill(&mut c, 2, 0.3);
     assert_eq!(grant(&c.token_request(t(0), 1, 0, 0)).unwrap().0, "t");
     // i is light: granted at once, while t holds the token.
     let acts = c.token_request(t(1), 2, 0, 0);
@@ -44,9 +41,9 @@ fn a_light_client_runs_beside_the_holder_and_a_heavy_one_waits() {
     // Its renewal goes on beside t too.
     assert_eq!(grant(&c.renew(t(11), 2, 0)).unwrap().0, "i");
     // Heavy, t is not co-run: with the same fill i would wait for t's turn to end.
-    let mut d = pair(0);
-    fill(&mut d, t(0), 1, 0.95);
-    fill(&mut d, t(0), 2, 0.95);
+    let mut d = pair();
+    fill(&mut d, 1, 0.95);
+    fill(&mut d, 2, 0.95);
     grant(&d.token_request(t(0), 1, 0, 0)).unwrap();
     assert_eq!(grant(&d.token_request(t(1), 2, 0, 0)), None);
     assert!(!d.co_running("i"));
@@ -61,7 +58,7 @@ fn off_by_default_and_unknown_fill_means_turns() {
     );
     c.hello(1, "t").unwrap();
     c.hello(2, "i").unwrap();
-    fill(&mut c, t(0), 2, 0.3);
+    fill(&mut c, 2, 0.3);
     grant(&c.token_request(t(0), 1, 0, 0)).unwrap();
     assert_eq!(
         grant(&c.token_request(t(1), 2, 0, 0)),
@@ -69,15 +66,15 @@ fn off_by_default_and_unknown_fill_means_turns() {
         "co-running is off"
     );
     // On, but i has reported nothing yet: it takes turns until its fill is known.
-    let mut d = pair(0);
+    let mut d = pair();
     grant(&d.token_request(t(0), 1, 0, 0)).unwrap();
     assert_eq!(grant(&d.token_request(t(1), 2, 0, 0)), None);
 }
 
 #[test]
 fn a_co_hold_is_charged_its_fill_and_a_co_runner_at_its_limit_takes_turns() {
-    let mut c = pair(0);
-    fill(&mut c, t(0), 2, 0.55);
+    let mut c = pair();
+    fill(&mut c, 2, 0.55);
     // i co-runs alone for 100 ms in 10 ms co-holds: charged 0.55 of that.
     let mut now = t(0);
     grant(&c.token_request(now, 2, 0, 0)).unwrap();
@@ -113,48 +110,48 @@ fn a_co_hold_is_charged_its_fill_and_a_co_runner_at_its_limit_takes_turns() {
 }
 
 #[test]
-fn the_holder_is_raised_by_the_pace_it_loses_while_co_runners_run() {
-    let mut c = pair(0);
-    fill(&mut c, t(0), 2, 0.3);
-    // t alone: 100 launches per ms held.
-    for k in 0..10 {
-        c.busy(t(k * 5), 1, 90 * MS, 100 * MS, 10_000).unwrap();
-    }
+fn the_holder_is_charged_what_the_co_runners_leave_of_its_turns() {
+    let mut c = pair();
+    fill(&mut c, 1, 0.95);
+    fill(&mut c, 2, 0.375);
     assert_eq!(c.limit_in_force("t"), Some(500));
-    // i co-runs; t's pace drops to 71 launches per ms.
-    grant(&c.token_request(t(100), 2, 0, 0)).unwrap();
-    for k in 0..10 {
-        c.busy(t(101 + k), 1, 90 * MS, 100 * MS, 7_100).unwrap();
-    }
-    let lim = c.limit_in_force("t").unwrap();
-    assert!((700..=710).contains(&lim), "t's limit in force {lim}");
-    // i leaves: a second after its last co-hold t's limit is its own again.
-    c.release(t(120), 2, 0);
-    c.busy(t(1200), 1, 90 * MS, 100 * MS, 10_000).unwrap();
+    // i co-runs, keeping the GPU busy 0.375 of the time: t's turns count 0.625 of their time,
+    // so its limit in turns is 0.5 / 0.625 = 0.8.
+    grant(&c.token_request(t(0), 2, 0, 0)).unwrap();
+    assert_eq!(c.limit_in_force("t"), Some(800));
+    assert_eq!(
+        c.limit_in_force("i"),
+        Some(500),
+        "a co-runner is charged its own fill"
+    );
+    // Its fill rises (the average of its reports): t's boost follows at once.
+    fill(&mut c, 2, 0.55);
+    let f = c.fill("i").unwrap();
+    assert!(f > 0.4);
+    let lim = f64::from(c.limit_in_force("t").unwrap());
+    assert!(
+        (lim - 500.0 / (1.0 - f)).abs() <= 2.0,
+        "t's limit in force {lim} beside a fill of {f}"
+    );
+    // i stops co-running: t's limit is its own again.
+    c.release(t(5), 2, 0);
+    assert_eq!(c.limit_in_force("t"), Some(500));
+    // Or i leaves the config while co-running.
+    grant(&c.token_request(t(10), 2, 0, 0)).unwrap();
+    assert!(c.limit_in_force("t").unwrap() > 500);
+    c.set_config(t(11), &[spec("t", 500, 500, 100)]);
     assert_eq!(c.limit_in_force("t"), Some(500));
 }
 
 #[test]
-fn co_running_pauses_for_probes_and_ends_with_the_connection() {
-    let mut c = pair(1000 * MS);
-    fill(&mut c, t(0), 1, 0.95);
-    fill(&mut c, t(0), 2, 0.3);
-    grant(&c.token_request(t(0), 1, 0, 0)).unwrap();
-    // T0 is 1 s after the core's start: inside a probe (the first 100 ms of each second).
-    assert_eq!(
-        grant(&c.token_request(t(1), 2, 0, 0)),
-        None,
-        "probing: i waits for turns"
-    );
-    let mut d = pair(1000 * MS);
-    fill(&mut d, t(0), 2, 0.3);
+fn a_co_hold_ends_with_the_connection_and_is_charged() {
+    let mut d = pair();
+    fill(&mut d, 2, 0.3);
     grant(&d.token_request(t(150), 1, 0, 0)).unwrap();
     assert!(grant(&d.token_request(t(151), 2, 0, 0)).is_some());
     assert!(d.co_running("i"));
     d.disconnect(t(155), 2);
     assert!(!d.co_running("i"));
-    assert!(
-        d.usage_us(t(155), "i").unwrap() > 0,
-        "the co-hold was charged at the hang-up"
-    );
+    let used = d.usage_us(t(155), "i").unwrap();
+    assert_eq!(used, 1200, "4 ms of co-hold at a fill of 0.3");
 }
