@@ -134,6 +134,9 @@ train_infer_schdlog = variant(lambda b, raw: train_infer(b, raw), [], schd_debug
 # the holder; the holder's limit is raised by the pace it loses (docs/gem-schd.md).
 CORUN = ["--co-run-below", "0.6"]
 train_infer_corun = variant(lambda b, raw: train_infer(b, raw), CORUN)
+# The same with one launch in 64 timed instead of 32 (half the sampling's cost, noisier fills).
+train_infer_corun64 = variant(lambda b, raw: train_infer(b, raw), CORUN,
+                              {"KUBESHARE_HOOK_BUSY_EVERY": "64"})
 
 
 def natives(b):
@@ -378,6 +381,8 @@ def infer_capped(b, raw):
 
 
 infer_capped_schdlog = variant(infer_capped, [], schd_debug=True)
+# Alone at 0.5 with co-running on: it co-runs (nobody holds the token), charged its fill.
+infer_capped_corun = variant(infer_capped, CORUN)
 
 
 def train_alone(b, raw, limit):
