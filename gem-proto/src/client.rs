@@ -232,6 +232,16 @@ impl Client {
         }
     }
 
+    /// Ask what gem-schd wants of this client ([`Request::Options`]): how often to time a
+    /// launch for Busy reports (0 = no reports).
+    pub fn options(&mut self) -> Result<u32, ClientError> {
+        self.send(&Request::Options)?;
+        match self.recv()? {
+            Reply::OptionsOk { busy_every } => Ok(busy_every),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Report how busy this process kept the GPU ([`Request::Busy`]). No reply.
     pub fn busy(&mut self, busy_us: u64, held_us: u64) -> Result<(), ClientError> {
         self.send(&Request::Busy { busy_us, held_us })

@@ -42,12 +42,14 @@ pub mod kind {
     pub const MEM_QUERY: u8 = 6;
     pub const RENEW: u8 = 7;
     pub const BUSY: u8 = 8;
+    pub const OPTIONS: u8 = 9;
     /// Server -> client kinds.
     pub const HELLO_OK: u8 = 64;
     pub const GRANT: u8 = 65;
     pub const MEM_VERDICT: u8 = 66;
     pub const MEM_INFO: u8 = 67;
     pub const YIELD: u8 = 68;
+    pub const OPTIONS_OK: u8 = 69;
     pub const ERROR: u8 = 127;
 }
 
@@ -77,6 +79,9 @@ pub enum Request {
     /// `held_us` of holds (the wall time of its holds in that span). Sent before the frame
     /// that ends a hold; no reply. gem-schd keeps each client's fill (busy / held).
     Busy { busy_us: u64, held_us: u64 },
+    /// What gem-schd wants of this client beyond the basics, asked once per token connection
+    /// after Hello: answered with OptionsOk.
+    Options,
 }
 
 /// A frame sent by gem-schd to a client.
@@ -109,6 +114,11 @@ pub enum Reply {
     },
     /// Answer to Renew: not renewed; the hold stands until the holder reports its end.
     Yield,
+    /// Answer to Options: time one launch in about `busy_every` and send Busy reports
+    /// (0 = none: this gem-schd does not use them).
+    OptionsOk {
+        busy_every: u32,
+    },
 }
 
 /// Why a frame could not be decoded (or encoded).
@@ -147,6 +157,7 @@ impl Request {
             Request::MemQuery => kind::MEM_QUERY,
             Request::Renew { .. } => kind::RENEW,
             Request::Busy { .. } => kind::BUSY,
+            Request::Options => kind::OPTIONS,
         }
     }
 
@@ -182,6 +193,7 @@ impl Request {
                 w.u64(*busy_us);
                 w.u64(*held_us);
             }
+            Request::Options => {}
         }
         w.finish();
         Ok(())
@@ -218,6 +230,7 @@ impl Request {
                 busy_us: r.u64()?,
                 held_us: r.u64()?,
             },
+            kind::OPTIONS => Request::Options,
             other => return Err(FrameError::UnknownKind(other)),
         };
         r.end()?;
@@ -235,6 +248,7 @@ impl Reply {
             Reply::MemInfo { .. } => kind::MEM_INFO,
             Reply::Error { .. } => kind::ERROR,
             Reply::Yield => kind::YIELD,
+            Reply::OptionsOk { .. } => kind::OPTIONS_OK,
         }
     }
 
@@ -287,6 +301,7 @@ impl Reply {
                 w.string(message)?;
             }
             Reply::Yield => {}
+            Reply::OptionsOk { busy_every } => w.u32(*busy_every),
         }
         w.finish();
         Ok(())
@@ -334,6 +349,9 @@ impl Reply {
                 message: r.string()?,
             },
             kind::YIELD => Reply::Yield,
+            kind::OPTIONS_OK => Reply::OptionsOk {
+                busy_every: r.u32()?,
+            },
             other => return Err(FrameError::UnknownKind(other)),
         };
         r.end()?;
@@ -537,6 +555,19 @@ mod tests {
         assert_eq!(
             Request::decode(&[10, 0, 0, 0, 1, 8, 2, 1, 0, 0, 0, 0, 0, 0]),
             Err(FrameError::Truncated { kind: kind::BUSY })
+        );
+    }
+
+    #[test]
+    fn options_layouts_are_as_specified() {
+        assert_eq!(Request::Options.encode().unwrap(), vec![2, 0, 0, 0, 1, 9]);
+        let b = Reply::OptionsOk { busy_every: 32 }.encode().unwrap();
+        assert_eq!(b, vec![6, 0, 0, 0, 1, 69, 32, 0, 0, 0]);
+        assert_eq!(
+            Reply::decode(&[5, 0, 0, 0, 1, 69, 32, 0, 0]),
+            Err(FrameError::Truncated {
+                kind: kind::OPTIONS_OK
+            })
         );
     }
 

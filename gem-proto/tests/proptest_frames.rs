@@ -29,6 +29,7 @@ fn request() -> impl Strategy<Value = Request> {
         any::<u64>().prop_map(|bytes| Request::MemAlloc { bytes }),
         any::<u64>().prop_map(|bytes| Request::MemFree { bytes }),
         Just(Request::MemQuery),
+        Just(Request::Options),
         any::<u64>().prop_map(|burst_us| Request::Renew { burst_us }),
         (any::<u64>(), any::<u64>())
             .prop_map(|(busy_us, held_us)| Request::Busy { busy_us, held_us }),
@@ -64,6 +65,7 @@ fn reply() -> impl Strategy<Value = Reply> {
         (any::<u64>(), any::<u64>()).prop_map(|(used, limit)| Reply::MemInfo { used, limit }),
         (any::<u16>(), string()).prop_map(|(code, message)| Reply::Error { code, message }),
         Just(Reply::Yield),
+        any::<u32>().prop_map(|busy_every| Reply::OptionsOk { busy_every }),
     ]
 }
 

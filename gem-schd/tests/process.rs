@@ -640,3 +640,27 @@ fn busy_reports_need_no_reply_and_set_the_fill() {
         "a busy line with a's fill at 0.300",
     );
 }
+
+/// Options: gem-schd asks for Busy reports only while it co-runs clients (they cost the hook a
+/// timed launch in 32); before Hello it is refused like any frame.
+#[test]
+fn options_ask_for_busy_reports_only_when_co_running() {
+    for (extra, want) in [(&[][..], 0), (&["--co-run-below", "0.6"][..], 32)] {
+        let mut args = vec!["--quiet-ms", "0"];
+        args.extend_from_slice(extra);
+        let s = Schd::start("1\na 1.0 1.0 1000000\n", &args);
+        let mut a = s.connect("a");
+        assert_eq!(a.options().unwrap(), want, "{extra:?}");
+    }
+    let s = Schd::start("1\na 1.0 1.0 1000000\n", &[]);
+    wait_for(|| s.sock("a").exists(), "socket to appear");
+    let mut raw = std::os::unix::net::UnixStream::connect(s.sock("a")).unwrap();
+    raw.write_all(&Request::Options.encode().unwrap()).unwrap();
+    assert!(matches!(
+        read_reply(&mut raw),
+        Reply::Error {
+            code: code::PROTOCOL_MISUSE,
+            ..
+        }
+    ));
+}

@@ -1,6 +1,6 @@
-//! How busy this process keeps the GPU: timing events around a sample of its launches
-//! (`KUBESHARE_HOOK_BUSY_EVERY`, one in 32 by default), reported to gem-schd as GPU time with
-//! the hold time it fell in (gem-proto `Busy`).
+//! How busy this process keeps the GPU: timing events around a sample of its launches (one in
+//! 32 when gem-schd asks for it, `KUBESHARE_HOOK_BUSY_EVERY` to override), reported to gem-schd
+//! as GPU time with the hold time it fell in (gem-proto `Busy`).
 //!
 //! A token hold says when a tenant may launch, not how much of the GPU it used: a batch-1
 //! inference tenant launches all through its turns and keeps the GPU ~30 % busy in them, a

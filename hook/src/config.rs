@@ -44,8 +44,9 @@ pub struct Settings {
     /// (`KUBESHARE_HOOK_RENEW`, default on; `0` = always drain and ask again, as before).
     pub renew: bool,
     /// One launch in about this many is timed with an event pair, to measure how busy the
-    /// process keeps the GPU (`KUBESHARE_HOOK_BUSY_EVERY`, default 32; 0 = off; see `busy.rs`).
-    pub busy_every: u32,
+    /// process keeps the GPU (`KUBESHARE_HOOK_BUSY_EVERY`; 0 = off; unset: what gem-schd asks
+    /// for in OptionsOk, see `busy.rs`).
+    pub busy_every: Option<u32>,
 }
 
 pub const DEFAULT_IO_TIMEOUT_MS: u64 = 5000;
@@ -145,17 +146,14 @@ fn parse_queue_us(name: &str, v: Option<&str>, default: u64) -> Result<u64, Stri
     }
 }
 
-/// See [`Settings::busy_every`]: a pair costs ~2.8 µs of CPU on an H100 (round 14), so one in
-/// 32 launches adds ~90 ns a launch on average.
-pub const DEFAULT_BUSY_EVERY: u32 = 32;
-
-pub fn parse_busy_every(v: Option<&str>) -> Result<u32, String> {
+/// See [`Settings::busy_every`]: `None` (unset) leaves it to gem-schd.
+pub fn parse_busy_every(v: Option<&str>) -> Result<Option<u32>, String> {
     match v.map(str::trim) {
-        None | Some("") => Ok(DEFAULT_BUSY_EVERY),
+        None | Some("") => Ok(None),
         Some(s) => match s.parse::<u32>() {
-            Ok(n) if n == 0 || (2..=100_000).contains(&n) => Ok(n),
+            Ok(n) if n == 0 || (2..=100_000).contains(&n) => Ok(Some(n)),
             _ => Err(format!(
-                "KUBESHARE_HOOK_BUSY_EVERY={s:?} is not 0 or a whole number in 2..=100000; using {DEFAULT_BUSY_EVERY}"
+                "KUBESHARE_HOOK_BUSY_EVERY={s:?} is not 0 or a whole number in 2..=100000; leaving it to gem-schd"
             )),
         },
     }
@@ -209,7 +207,7 @@ pub fn settings() -> &'static Settings {
         let busy_every = parse_busy_every(get("KUBESHARE_HOOK_BUSY_EVERY").as_deref())
             .unwrap_or_else(|e| {
                 crate::info!("{e}");
-                DEFAULT_BUSY_EVERY
+                None
             });
         let socket_dir = get(gem_proto::SOCKET_DIR_ENV)
             .filter(|s| !s.is_empty())
@@ -340,10 +338,11 @@ mod tests {
 
     #[test]
     fn busy_every() {
-        assert_eq!(parse_busy_every(None), Ok(DEFAULT_BUSY_EVERY));
-        assert_eq!(parse_busy_every(Some(" 0 ")), Ok(0));
-        assert_eq!(parse_busy_every(Some("2")), Ok(2));
-        assert_eq!(parse_busy_every(Some("100000")), Ok(100_000));
+        assert_eq!(parse_busy_every(None), Ok(None));
+        assert_eq!(parse_busy_every(Some("")), Ok(None));
+        assert_eq!(parse_busy_every(Some(" 0 ")), Ok(Some(0)));
+        assert_eq!(parse_busy_every(Some("2")), Ok(Some(2)));
+        assert_eq!(parse_busy_every(Some("100000")), Ok(Some(100_000)));
         for bad in ["1", "100001", "-4", "x", "4294967296"] {
             assert!(parse_busy_every(Some(bad)).is_err(), "{bad}");
         }

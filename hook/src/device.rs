@@ -232,7 +232,10 @@ pub fn connect(dev: usize, purpose: Purpose) -> Option<Client> {
     let timeout = Duration::from_millis(s.io_timeout_ms);
     loop {
         match Client::connect_timeout(&path, std::process::id(), &uuid, Some(timeout)) {
-            Ok(c) => {
+            Ok(mut c) => {
+                if purpose == Purpose::Token && !ask_options(&uuid, &mut c) {
+                    continue; // an older gem-schd closed the connection: connect again
+                }
                 let h = *c.hello();
                 gpu(dev).cap.store(h.mem_limit, Ordering::Relaxed);
                 let fd = match purpose {
@@ -280,6 +283,34 @@ pub fn connect(dev: usize, purpose: Purpose) -> Option<Client> {
                     std::thread::sleep(Duration::from_millis(100));
                 }
             },
+        }
+    }
+}
+
+/// Set once a gem-schd refused Options (one older than it): not asked again.
+static OPTIONS_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// Asks gem-schd's Options on a new token connection (unless the environment decided them):
+/// false when the connection is lost (an older gem-schd refuses Options and hangs up).
+fn ask_options(uuid: &str, c: &mut Client) -> bool {
+    if settings().busy_every.is_some() || OPTIONS_REFUSED.load(Ordering::Relaxed) {
+        return true;
+    }
+    match c.options() {
+        Ok(busy_every) => {
+            crate::timing::asked(busy_every);
+            debug!(
+                "gem-schd for {uuid} asks for Busy reports every {busy_every} launches (0: none)"
+            );
+            true
+        }
+        Err(e) => {
+            if e.refused_kind() == Some(gem_proto::kind::OPTIONS) {
+                OPTIONS_REFUSED.store(true, Ordering::Relaxed);
+            }
+            info!("asking gem-schd for {uuid} its options failed: {e}; connecting again");
+            std::thread::sleep(Duration::from_millis(10));
+            false
         }
     }
 }

@@ -12,7 +12,7 @@ use crate::device::{capturing, current_ctx};
 use crate::real;
 use crate::state::{Gpu, Token, lock};
 use std::sync::MutexGuard;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 #[allow(non_upper_case_globals)]
 mod r {
@@ -35,6 +35,25 @@ const NOT_READY: CUresult = 600;
 /// `CU_EVENT_DEFAULT`: events that record time.
 const EVENT_TIMED: std::ffi::c_uint = 0;
 
+/// What gem-schd asked for in OptionsOk (0 until it did, or if it wants no reports).
+static ASKED: AtomicU32 = AtomicU32::new(0);
+/// While nothing is timed, the countdown looks again after this many launches (gem-schd's
+/// answer comes with the first connection, after the first launch's countdown).
+const OFF_RECHECK: u32 = 1 << 16;
+
+/// gem-schd's OptionsOk: time one launch in about `busy_every` (0 = none).
+pub fn asked(busy_every: u32) {
+    ASKED.store(busy_every, Ordering::Relaxed);
+}
+
+/// One launch in about this many is timed (0 = none): `KUBESHARE_HOOK_BUSY_EVERY`, or what
+/// gem-schd asked for.
+pub fn every() -> u32 {
+    settings()
+        .busy_every
+        .unwrap_or_else(|| ASKED.load(Ordering::Relaxed))
+}
+
 /// A launch being timed: its start event is recorded; [`end`] records the other.
 pub struct Sampling {
     pairs: MutexGuard<'static, Pairs>,
@@ -56,9 +75,9 @@ pub fn begin(g: &'static Gpu, stream: CUstream) -> Option<Sampling> {
 
 #[cold]
 fn begin_cold(g: &'static Gpu, stream: CUstream) -> Option<Sampling> {
-    let every = settings().busy_every;
+    let every = every();
     if every == 0 {
-        g.sample_in.store(u32::MAX, Ordering::Relaxed);
+        g.sample_in.store(OFF_RECHECK, Ordering::Relaxed);
         return None;
     }
     let launches = u64::from(g.sample_gap.load(Ordering::Relaxed));
@@ -172,7 +191,7 @@ pub fn refused() {
 /// GPU time measured since the last report and the hold time it fell in (`Token::held_ns`).
 /// A failed send is left to the frame that follows, which fails the same way.
 pub fn report(g: &Gpu, t: &mut Token) {
-    if settings().busy_every == 0 || REFUSED.load(Ordering::Relaxed) {
+    if every() == 0 || REFUSED.load(Ordering::Relaxed) {
         return;
     }
     let busy_ns = {

@@ -630,18 +630,19 @@ fn fill_logged(log: &std::path::Path) -> (f64, usize) {
 
 #[test]
 fn gem_schd_learns_how_busy_a_tenant_keeps_the_gpu_from_its_timed_launches() {
-    // The hook times one launch in ~32 with an event pair and reports the GPU time with the
-    // hold time it fell in (Busy); gem-schd keeps the client's fill. A tenant whose CPU waits
-    // between short kernels (launch-bound, like batch-1 inference) and one whose CPU runs far
-    // ahead (like training) must be told apart, each near the busy fraction it measured itself.
+    // With co-running on, gem-schd asks the hook (Options) to time one launch in ~32 with an
+    // event pair and report the GPU time with the hold time it fell in (Busy); gem-schd keeps
+    // the client's fill. A tenant whose CPU waits between short kernels (launch-bound, like
+    // batch-1 inference) and one whose CPU runs far ahead (like training) must be told apart,
+    // each near the busy fraction it measured itself. Without co-running nothing is timed.
     let _s = serial();
-    let run = |args: &[&str]| {
+    let run = |schd_args: &[&str], args: &[&str]| {
         let env = Env::new();
         env.write_config(&[("e", 1.0, 1.0, GIB)]);
         let log = env.path().join("schd.log");
         let _schd = env.start_schd_logging(
             &["e"],
-            &[],
+            schd_args,
             "gem_schd=debug",
             std::fs::File::create(&log).unwrap(),
         );
@@ -649,12 +650,13 @@ fn gem_schd_learns_how_busy_a_tenant_keeps_the_gpu_from_its_timed_launches() {
         let (own, _, _) = busy_fraction(&out[0], 500);
         let (fill, reports) = fill_logged(&log);
         eprintln!(
-            "{args:?}: the tenant measured busy {own:.3}, gem-schd's fill {fill:.3} after {reports} reports"
+            "{schd_args:?} {args:?}: the tenant measured busy {own:.3}, gem-schd's fill {fill:.3} after {reports} reports"
         );
         (own, fill, reports)
     };
+    let co = ["--co-run-below", "0.6"];
     // 100 µs kernels with 400 µs of CPU each: the GPU waits for the CPU most of the time.
-    let (own, fill, reports) = run(&[
+    let launch_bound = [
         "launch",
         "--kernel-us",
         "100",
@@ -664,7 +666,8 @@ fn gem_schd_learns_how_busy_a_tenant_keeps_the_gpu_from_its_timed_launches() {
         "20",
         "--seconds",
         "3",
-    ]);
+    ];
+    let (own, fill, reports) = run(&co, &launch_bound);
     assert!(reports >= 10, "only {reports} Busy frames reached gem-schd");
     assert!(
         own < 0.6,
@@ -674,11 +677,12 @@ fn gem_schd_learns_how_busy_a_tenant_keeps_the_gpu_from_its_timed_launches() {
         (fill - own).abs() <= 0.1,
         "launch-bound: gem-schd's fill {fill:.3}, the tenant's own measure {own:.3}"
     );
-    let (own, fill, _) = run(&CPU_AHEAD[..CPU_AHEAD.len() - 1]
+    let far_ahead: Vec<&str> = CPU_AHEAD[..CPU_AHEAD.len() - 1]
         .iter()
         .copied()
         .chain(["3"])
-        .collect::<Vec<_>>());
+        .collect();
+    let (own, fill, _) = run(&co, &far_ahead);
     assert!(
         own > 0.8,
         "the tenant far ahead kept the GPU only {own:.3} busy"
@@ -686,5 +690,10 @@ fn gem_schd_learns_how_busy_a_tenant_keeps_the_gpu_from_its_timed_launches() {
     assert!(
         (fill - own).abs() <= 0.1,
         "far ahead: gem-schd's fill {fill:.3}, the tenant's own measure {own:.3}"
+    );
+    let (_, _, reports) = run(&[], &launch_bound);
+    assert_eq!(
+        reports, 0,
+        "Busy frames sent to a gem-schd that does not co-run"
     );
 }

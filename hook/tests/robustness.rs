@@ -297,9 +297,10 @@ fn a_holder_stops_launching_when_its_gem_schd_dies() {
     );
 }
 
-/// What a gem-schd from before Renew (and Busy) does, over a real socket: answers Hello,
-/// grants every TokenRequest 5 ms, passes memory calls, and answers a frame it cannot read (a
-/// Renew, a Busy) with Error{2} and a hang-up. Records the kinds of the frames it received.
+/// What a gem-schd from before Renew (and Options, Busy) does, over a real socket: answers
+/// Hello, grants every TokenRequest 5 ms, passes memory calls, and answers a frame it cannot
+/// read (a Renew, an Options, a Busy) with Error{2} and a hang-up. Records the kinds of the
+/// frames it received.
 fn serve_like_an_old_gem_schd(
     sock: std::path::PathBuf,
     seen: std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>,
@@ -331,11 +332,13 @@ fn serve_like_an_old_gem_schd(
                             Request::TokenRequest { .. } => {
                                 ("request", Some(Reply::Grant { quota_us: 5000 }))
                             }
-                            Request::Renew { .. } | Request::Busy { .. } => {
+                            Request::Renew { .. } | Request::Busy { .. } | Request::Options => {
                                 let k = req.kind();
-                                seen.lock()
-                                    .unwrap()
-                                    .push(if k == 7 { "renew" } else { "busy" });
+                                seen.lock().unwrap().push(match k {
+                                    7 => "renew",
+                                    9 => "options",
+                                    _ => "busy",
+                                });
                                 let e = Reply::error(
                                     code::BAD_FRAME,
                                     format!("unknown frame kind {k}"),
@@ -379,11 +382,11 @@ fn serve_like_an_old_gem_schd(
 }
 
 #[test]
-fn a_gem_schd_without_renew_or_busy_costs_one_reconnection_each() {
-    // Version skew in an upgrade: a hook with renewals and Busy reports beside a gem-schd
-    // without them. The first of each is refused (Error{2}, the connection closed, the refusal
-    // read as the answer to the next request); the hook drains, reconnects, and never sends
-    // that frame again: TokenRequests from then on.
+fn a_gem_schd_without_renew_or_options_costs_one_reconnection_each() {
+    // Version skew in an upgrade: a hook with renewals and Options beside a gem-schd without
+    // them. The first of each is refused (Error{2}, the connection closed); the hook
+    // reconnects and never sends that frame again: TokenRequests from then on, and no Busy
+    // reports (nobody asked for them).
     let _s = serial();
     let env = Env::new();
     let dir = env.client_dir("a");
@@ -405,8 +408,10 @@ fn a_gem_schd_without_renew_or_busy_costs_one_reconnection_each() {
     let first = seen.iter().position(|k| *k == "renew");
     let after = first.map_or(0, |i| seen[i..].iter().filter(|k| **k == "request").count());
     assert_eq!(renews, 1, "Renews sent: {seen:?}");
+    let options = seen.iter().filter(|k| **k == "options").count();
+    assert_eq!(options, 1, "Options sent: {seen:?}");
     let busy = seen.iter().filter(|k| **k == "busy").count();
-    assert_eq!(busy, 1, "Busy frames sent: {seen:?}");
+    assert_eq!(busy, 0, "Busy frames sent: {seen:?}");
     assert!(
         after >= 50,
         "token requests after the refusal: {after} of {seen:?}"
