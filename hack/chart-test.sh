@@ -49,6 +49,17 @@ fi
 grep -q 'schedulerName="Bad_Name"' "$WORK/bad.log" || { cat "$WORK/bad.log" >&2; die "the error does not name the bad scheduler name"; }
 log "schedulerName: set everywhere; a bad one is refused by name"
 
+# Co-running reaches gem-schd through the node daemon; a value outside 0..1 is refused by name.
+corun="$("$HELM" template kubeshare "$CHART" --set nodeDaemon.coRunBelow=0.6)"
+[[ "$(grep -c -- "- --gem-schd-arg=--co-run-below=0.6$" <<<"$corun")" == 1 ]] \
+  || die "nodeDaemon.coRunBelow=0.6 does not reach the node daemon's arguments once"
+! "$HELM" template kubeshare "$CHART" | grep -q -- "--co-run-below" || die "co-running is on by default"
+if "$HELM" template kubeshare "$CHART" --set nodeDaemon.coRunBelow=1.5 >"$WORK/bad.log" 2>&1; then
+  die "nodeDaemon.coRunBelow=1.5 was accepted"
+fi
+grep -q 'nodeDaemon.coRunBelow=1.5' "$WORK/bad.log" || { cat "$WORK/bad.log" >&2; die "the error does not name coRunBelow"; }
+log "nodeDaemon.coRunBelow: passed to gem-schd, off by default, a bad one refused by name"
+
 # ------------------------------------------------------------------ 2. manifests/
 HELM="$HELM" "$REPO/hack/render-manifests.sh" --check
 log "manifests/ is the chart rendered"
