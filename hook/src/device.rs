@@ -14,13 +14,9 @@
 //! is drained then); otherwise it waits for the work the process queued on the device in every
 //! context it uses (a hand-over must not leave work of this process running under the next
 //! holder), reports how far it overran the quota, and asks again (gem-schd then hands the
-//! token to whoever is due). A background thread gives the
-//! token back (Release) when the process has launched nothing for `KUBESHARE_HOOK_IDLE_MS`,
-//! once its queued work is done, so an idle tenant does not hold the GPU; the same thread
-//! ends a hold whose quota ran out while the process was not launching (blocked in its own
-//! synchronisation, or busy on the CPU), so that the next holder does not wait for this
-//! process's next launch; and it notices within 5 ms when gem-schd hangs up during a hold,
-//! and stops launches.
+//! token to whoever is due). A background thread (`idle.rs`) gives the token back when the
+//! process goes idle, ends holds whose quota ran out without a launch, and notices gem-schd
+//! hanging up.
 //!
 //! Timeouts (`KUBESHARE_HOOK_TIMEOUT_MS`, default 5000): every reply is awaited at most that
 //! long. A token wait may be longer by right (others hold the token), so on each timeout
@@ -531,7 +527,7 @@ const SOLE_AFTER_RENEWALS: u32 = 2;
 
 /// Starts (or, `renewed`, renews) the hold gem-schd granted for `quota_us` from now: the
 /// deadlines the gate reads; returns the coarse one.
-fn start_hold(dev: usize, g: &Gpu, t: &mut Token, quota_us: u64, renewed: bool) -> u64 {
+pub(crate) fn start_hold(dev: usize, g: &Gpu, t: &mut Token, quota_us: u64, renewed: bool) -> u64 {
     let now = precise_ns();
     if renewed {
         // The renewed hold's time so far, reported with the next Busy.
@@ -566,7 +562,7 @@ fn start_hold(dev: usize, g: &Gpu, t: &mut Token, quota_us: u64, renewed: bool) 
     }
     g.set_deadlines(coarse, precise);
     state().devices_seen.fetch_max(dev + 1, Ordering::Relaxed);
-    start_idle_thread();
+    crate::idle::start_idle_thread();
     coarse
 }
 
@@ -578,7 +574,7 @@ static RENEW_REFUSED: AtomicBool = AtomicBool::new(false);
 /// `Some(quota)`: the hold goes on, the work queued stays queued and the GPU never idles
 /// for the hand-over; `None`: drain and ask as usual (another client waits, the limit or
 /// pacing says wait, renewal is off, or the connection failed).
-fn renew(dev: usize, g: &Gpu, t: &mut Token) -> Option<u64> {
+pub(crate) fn renew(dev: usize, g: &Gpu, t: &mut Token) -> Option<u64> {
     if !settings().renew || RENEW_REFUSED.load(Ordering::Relaxed) {
         return None;
     }
@@ -655,203 +651,4 @@ fn end_hold(dev: usize, g: &Gpu, t: &mut Token) -> (u64, u64) {
     // length, so that a busy tenant's quota estimate stays put instead of creeping up by each
     // overrun; the overrun itself is reported (and charged) as overuse.
     (used_us.saturating_sub(t.quota_us), used_us.min(t.quota_us))
-}
-
-fn start_idle_thread() {
-    let st = state();
-    if st.idle_thread.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    let spawned = std::thread::Builder::new()
-        .name("gemhook-idle".into())
-        .spawn(|| {
-            let mut mode: c_int = CAPTURE_MODE_RELAXED;
-            let _ = real!(
-                r::cuThreadExchangeStreamCaptureMode,
-                FnCaptureMode,
-                &mut mode
-            );
-            let idle_ns = settings().idle_release_us * 1000;
-            // Also the period at which a hang-up of gem-schd is noticed (≤ 5 ms).
-            let tick = Duration::from_nanos((idle_ns / 2).clamp(500_000, 5_000_000));
-            let me = state() as *const _;
-            loop {
-                std::thread::sleep(next_wake(tick));
-                // In a forked child this thread does not exist; in the parent the state
-                // never changes. Stop if it somehow did.
-                if !std::ptr::eq(me, state()) {
-                    return;
-                }
-                for dev in 0..state().devices_seen.load(Ordering::Relaxed) {
-                    guard((), || watch_hangup(dev));
-                    guard((), || release_if_expired(dev));
-                    guard((), || release_if_idle(dev, idle_ns));
-                }
-            }
-        });
-    if spawned.is_err() {
-        st.idle_thread.store(false, Ordering::Release);
-    }
-}
-
-/// A holder whose gem-schd went away (killed, restarting) stops launching at once instead of
-/// running out its quota: a restarted gem-schd may grant someone else meanwhile. gem-schd
-/// sends nothing unasked to a holder, so anything readable (a hang-up, an error frame) means
-/// the hold is over.
-fn watch_hangup(dev: usize) {
-    let g = gpu(dev);
-    if !g.holding.load(Ordering::Acquire) {
-        return;
-    }
-    let fd = g.token_fd.load(Ordering::Acquire);
-    if fd < 0 {
-        return;
-    }
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN | libc::POLLRDHUP,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, no wait.
-    let n = unsafe { libc::poll(&mut p, 1, 0) };
-    if n > 0
-        && p.revents != 0
-        && (g.deadline.load(Ordering::Acquire) != 0
-            || g.deadline_precise.load(Ordering::Acquire) != 0)
-    {
-        g.stop_launches();
-        info!("device {dev}: gem-schd hung up during a hold; launches stop until a new grant");
-    }
-}
-
-/// How long after a hold's quota the idle thread ends it when no launch has: a launch in that
-/// time ends it the usual way.
-const EXPIRY_GRACE_NS: u64 = 100_000;
-/// The idle thread's shortest sleep (a hold it could not end yet is looked at again then).
-const MIN_NAP_NS: u64 = 50_000;
-
-/// The idle thread's next wake-up: its tick, or sooner when a hold's quota ends sooner.
-fn next_wake(tick: Duration) -> Duration {
-    let now = precise_ns();
-    let mut wake = tick;
-    for dev in 0..state().devices_seen.load(Ordering::Relaxed) {
-        let g = gpu(dev);
-        if g.holding.load(Ordering::Acquire) {
-            let at = g.hold_end.load(Ordering::Acquire) + EXPIRY_GRACE_NS;
-            wake = wake.min(Duration::from_nanos(at.saturating_sub(now).max(MIN_NAP_NS)));
-        }
-    }
-    wake
-}
-
-/// Ends a hold whose quota is over when the process has not launched since: it is blocked in
-/// its own synchronisation or busy on the CPU, and the hold would otherwise last until its next
-/// launch (or the idle release, 10 ms after its work is done), with the next holder waiting and
-/// the GPU idle meanwhile. The queued work is drained first, as at any hand-over; the use,
-/// overrun included, is reported in the Release (gem-schd charges it), and with the next
-/// request, as for a hold a launch ended, the overrun as the overuse (gem-schd learns the
-/// drain from it; the charge it already has) and the quota as the burst.
-fn release_if_expired(dev: usize) {
-    let g = gpu(dev);
-    if !g.holding.load(Ordering::Acquire)
-        || precise_ns() < g.hold_end.load(Ordering::Acquire) + EXPIRY_GRACE_NS
-    {
-        return;
-    }
-    let mut t = match g.token.try_lock() {
-        Ok(t) => t,
-        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-        Err(std::sync::TryLockError::WouldBlock) => return, // a launching thread ends it
-    };
-    if !g.holding.load(Ordering::Acquire) {
-        return;
-    }
-    // Its work may still run (the process waits in its own synchronisation): renewed, the
-    // hold goes on as if a launch had renewed it.
-    crate::timing::report(g, &mut t);
-    if let Some(quota_us) = renew(dev, g, &mut t) {
-        start_hold(dev, g, &mut t, quota_us, true);
-        debug!(
-            "device {dev}: hold renewed for {quota_us} µs while the process waits, nothing drained"
-        );
-        return;
-    }
-    g.stop_launches();
-    drain(dev);
-    g.holding.store(false, Ordering::Release);
-    let used_ns = precise_ns().saturating_sub(t.grant_ns);
-    t.held_ns += used_ns;
-    crate::timing::report(g, &mut t);
-    let used_us = used_ns / 1000;
-    t.idle_burst_us = used_us.min(t.quota_us);
-    t.expired_overuse_us = used_us.saturating_sub(t.quota_us);
-    if let Some(c) = t.client.as_mut()
-        && let Err(e) = c.release(used_us)
-    {
-        info!("device {dev}: release failed: {e}");
-        drop_client(&mut t.client, &g.token_fd);
-    }
-    debug!(
-        "device {dev}: hold expired without a launch; released after {used_us} µs of a {} µs grant",
-        t.quota_us
-    );
-    crate::um::on_hold_end(dev);
-}
-
-/// Idle means: no launch for `idle_ns` *after the queued work finished*. A program blocked in
-/// its own synchronisation while the GPU runs its burst is busy, not idle, so the thread first
-/// drains the queue (the token stays valid meanwhile, launches keep passing) and only releases
-/// once the GPU has been idle for this process for `idle_ns` with no launch since.
-fn release_if_idle(dev: usize, idle_ns: u64) {
-    let g = gpu(dev);
-    let last = g.last_launch.load(Ordering::Relaxed);
-    if !g.holding.load(Ordering::Acquire) || coarse_ns().saturating_sub(last) < idle_ns {
-        return;
-    }
-    let mut t = match g.token.try_lock() {
-        Ok(t) => t,
-        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-        Err(std::sync::TryLockError::WouldBlock) => return, // a launching thread is at the gate
-    };
-    if !g.holding.load(Ordering::Acquire) {
-        return;
-    }
-    let drained = g.drained_at.load(Ordering::Relaxed);
-    if drained <= last {
-        // Not yet seen drained since the last launch: wait for the queued work, note when.
-        drain(dev);
-        if g.last_launch.load(Ordering::Relaxed) == last {
-            g.drained_at
-                .store(coarse_ns().max(last + 1), Ordering::Relaxed);
-        }
-        return;
-    }
-    if coarse_ns().saturating_sub(drained) < idle_ns {
-        return;
-    }
-    // Idle for long enough: stop launches, make sure nothing slipped in, give the token back.
-    g.stop_launches();
-    drain(dev);
-    if g.last_launch.load(Ordering::Relaxed) != last {
-        // A launch raced with the check: it ran on the token still held; the next launch
-        // ends the hold the usual way (overuse report and a new request).
-        g.set_deadlines(coarse_ns() + 1, 0);
-        return;
-    }
-    g.holding.store(false, Ordering::Release);
-    let used_ns = precise_ns().saturating_sub(t.grant_ns);
-    t.held_ns += used_ns;
-    crate::timing::report(g, &mut t);
-    let used_us = used_ns / 1000;
-    // A burst that ended by itself is the program's natural burst: gem-schd learns its
-    // quota estimate from it (sent with the next request; Release carries no burst).
-    t.idle_burst_us = used_us;
-    if let Some(c) = t.client.as_mut()
-        && let Err(e) = c.release(used_us)
-    {
-        info!("device {dev}: release failed: {e}");
-        drop_client(&mut t.client, &g.token_fd);
-    }
-    debug!("device {dev}: idle, released the token after {used_us} µs");
-    crate::um::on_hold_end(dev);
 }

@@ -15,6 +15,7 @@ pub mod config;
 pub mod cuda;
 pub mod device;
 pub mod exports;
+pub mod idle;
 pub mod log;
 pub mod memory;
 pub mod nvml;
