@@ -6,7 +6,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-pub use gem_schd::core::{Action, ClientSpec, Core, Micros, Params};
+pub use gem_schd::core::{Action, ClientSpec, CoRunSettings, Core, Micros, Params};
 
 pub const MS: Micros = 1_000;
 pub const S: Micros = 1_000_000;
@@ -131,9 +131,21 @@ pub enum Ev {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Msg {
-    Request { overuse: Micros, burst: Micros },
-    Release { used: Micros },
-    Renew { burst: Micros },
+    Request {
+        overuse: Micros,
+        burst: Micros,
+    },
+    Release {
+        used: Micros,
+    },
+    Renew {
+        burst: Micros,
+    },
+    /// The hook's Busy report (`Sim::busy_reports`).
+    Busy {
+        busy: Micros,
+        held: Micros,
+    },
 }
 
 pub struct Client {
@@ -167,6 +179,10 @@ pub struct Client {
     /// GPU busy intervals of this client's bursts.
     pub segments: Vec<(Micros, Micros)>,
     pub errors: u32,
+    /// When the client last sent a Busy report, and since when it holds (its last grant)
+    /// without having reported it (`Sim::busy_reports`).
+    pub reported_at: Micros,
+    pub held_from: Option<Micros>,
 }
 
 impl Client {
@@ -205,6 +221,10 @@ pub struct Sim {
     /// at its deadline before draining, as the hook does (`Request::Renew`); off, they drain
     /// and ask with a request at every deadline (the hook before renewals).
     pub renew: bool,
+    /// Clients send a Busy report (their GPU time and hold time since the last one) before
+    /// each request, release and renewal, as the hook does when gem-schd co-runs clients
+    /// (exactly: the simulation knows each client's GPU time, the hook samples it).
+    pub busy_reports: bool,
 }
 
 pub fn spec(id: &str, req: u16, lim: u16) -> ClientSpec {
@@ -245,6 +265,8 @@ impl Sim {
                     samples: VecDeque::new(),
                     segments: vec![],
                     errors: 0,
+                    reported_at: 0,
+                    held_from: None,
                 }
             })
             .collect();
@@ -261,6 +283,7 @@ impl Sim {
             last_wake: None,
             reconfigs: vec![],
             renew: false,
+            busy_reports: false,
         };
         for i in 0..sim.clients.len() {
             sim.push(0, Ev::Ready(i));
@@ -378,6 +401,26 @@ impl Sim {
     }
 
     pub fn send(&mut self, t: Micros, i: usize, m: Msg) {
+        if self.busy_reports && !matches!(m, Msg::Busy { .. }) {
+            let c = &mut self.clients[i];
+            let from = c.reported_at;
+            let busy: Micros = c
+                .segments
+                .iter()
+                .rev()
+                .take_while(|(_, e)| *e > from)
+                .map(|&(s, e)| e.min(t).saturating_sub(s.max(from)))
+                .sum();
+            let held = c
+                .held_from
+                .take()
+                .map_or(0, |h| t.saturating_sub(h.max(from)));
+            if matches!(m, Msg::Renew { .. }) {
+                c.held_from = Some(t); // the hold goes on (or ends with the next report)
+            }
+            c.reported_at = t;
+            self.push(t + self.latency, Ev::ToSched(i, Msg::Busy { busy, held }));
+        }
         self.push(t + self.latency, Ev::ToSched(i, m));
     }
 
@@ -490,6 +533,10 @@ impl Sim {
                     }
                     Msg::Release { used } => self.core.release(t, i as u64, used),
                     Msg::Renew { burst } => self.core.renew(t, i as u64, burst),
+                    Msg::Busy { busy, held } => {
+                        let _ = self.core.busy(i as u64, busy, held);
+                        vec![]
+                    }
                 };
                 self.apply(t, acts);
             }
@@ -502,6 +549,7 @@ impl Sim {
                 c.holding = true;
                 c.grant_at = t;
                 c.quota = quota;
+                c.held_from = Some(t);
                 let per_kernel = c.pattern.launch_us > 0;
                 let seen = self.seen(t);
                 let c = &mut self.clients[i];
