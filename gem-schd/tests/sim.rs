@@ -5,6 +5,7 @@
 //! another in submission order and cannot be preempted. The harness is in `harness/mod.rs`.
 
 mod harness;
+use gem_schd::core::CoRunSettings;
 use harness::*;
 
 // ---- (0.3, 0.3) + (0.7, 0.7): both capped ----

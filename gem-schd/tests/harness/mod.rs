@@ -6,7 +6,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-pub use gem_schd::core::{Action, ClientSpec, CoRunSettings, Core, Micros, Params};
+pub use gem_schd::core::{Action, ClientSpec, Core, Micros, Params};
 
 pub const MS: Micros = 1_000;
 pub const S: Micros = 1_000_000;
