@@ -227,11 +227,17 @@ pub fn connect(dev: usize, purpose: Purpose) -> Option<Client> {
     let started = Instant::now();
     let timeout = Duration::from_millis(s.io_timeout_ms);
     loop {
-        match Client::connect_timeout(&path, std::process::id(), &uuid, Some(timeout)) {
-            Ok(mut c) => {
-                if purpose == Purpose::Token && !ask_options(&uuid, &mut c) {
-                    continue; // an older gem-schd closed the connection: connect again
+        let attempt = Client::connect_timeout(&path, std::process::id(), &uuid, Some(timeout))
+            .and_then(|mut c| {
+                if purpose == Purpose::Token {
+                    ask_options(&uuid, &mut c)?;
                 }
+                Ok(c)
+            });
+        match attempt {
+            // An older gem-schd refused Options and closed the connection: connect again.
+            Err(e) if e.refused_kind() == Some(gem_proto::kind::OPTIONS) => continue,
+            Ok(c) => {
                 let h = *c.hello();
                 gpu(dev).cap.store(h.mem_limit, Ordering::Relaxed);
                 let fd = match purpose {
@@ -286,27 +292,24 @@ pub fn connect(dev: usize, purpose: Purpose) -> Option<Client> {
 /// Set once a gem-schd refused Options (one older than it): not asked again.
 static OPTIONS_REFUSED: AtomicBool = AtomicBool::new(false);
 
-/// Asks gem-schd's Options on a new token connection (unless the environment decided them):
-/// false when the connection is lost (an older gem-schd refuses Options and hangs up).
-fn ask_options(uuid: &str, c: &mut Client) -> bool {
+/// Asks gem-schd's Options on a new token connection (unless the environment decided them).
+/// A refusal (an older gem-schd, which then hangs up) is remembered: not asked again.
+fn ask_options(uuid: &str, c: &mut Client) -> Result<(), ClientError> {
     if settings().busy_every.is_some() || OPTIONS_REFUSED.load(Ordering::Relaxed) {
-        return true;
+        return Ok(());
     }
     match c.options() {
         Ok(busy_every) => {
             crate::timing::asked(busy_every);
-            debug!(
-                "gem-schd for {uuid} asks for Busy reports every {busy_every} launches (0: none)"
-            );
-            true
+            debug!("gem-schd for {uuid} asks for Busy reports every {busy_every} launches (0: none)");
+            Ok(())
         }
         Err(e) => {
             if e.refused_kind() == Some(gem_proto::kind::OPTIONS) {
                 OPTIONS_REFUSED.store(true, Ordering::Relaxed);
+                info!("gem-schd for {uuid} does not know Options (an older version): connecting again without");
             }
-            info!("asking gem-schd for {uuid} its options failed: {e}; connecting again");
-            std::thread::sleep(Duration::from_millis(10));
-            false
+            Err(e)
         }
     }
 }
