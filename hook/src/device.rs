@@ -301,13 +301,17 @@ fn ask_options(uuid: &str, c: &mut Client) -> Result<(), ClientError> {
     match c.options() {
         Ok(busy_every) => {
             crate::timing::asked(busy_every);
-            debug!("gem-schd for {uuid} asks for Busy reports every {busy_every} launches (0: none)");
+            debug!(
+                "gem-schd for {uuid} asks for Busy reports every {busy_every} launches (0: none)"
+            );
             Ok(())
         }
         Err(e) => {
             if e.refused_kind() == Some(gem_proto::kind::OPTIONS) {
                 OPTIONS_REFUSED.store(true, Ordering::Relaxed);
-                info!("gem-schd for {uuid} does not know Options (an older version): connecting again without");
+                info!(
+                    "gem-schd for {uuid} does not know Options (an older version): connecting again without"
+                );
             }
             Err(e)
         }
