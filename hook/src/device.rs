@@ -72,12 +72,9 @@ type FnSync = unsafe extern "C" fn() -> CUresult;
 type FnIsCapturing = unsafe extern "C" fn(CUstream, *mut c_int) -> CUresult;
 type FnCaptureMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
 type FnUuid = unsafe extern "C" fn(*mut [u8; 16], CUdevice) -> CUresult;
-type CUevent = *mut std::ffi::c_void;
 type FnEventCreate = unsafe extern "C" fn(*mut CUevent, std::ffi::c_uint) -> CUresult;
 type FnEvent = unsafe extern "C" fn(CUevent) -> CUresult;
 type FnEventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
-/// `CUDA_ERROR_NOT_READY`: the event's work is not done yet.
-const NOT_READY: CUresult = 600;
 /// `CU_EVENT_DISABLE_TIMING`: the cheapest events.
 const EVENT_NO_TIMING: std::ffi::c_uint = 2;
 
@@ -139,11 +136,7 @@ fn ctx_device() -> Option<usize> {
 /// relaxed capture mode, so that it cannot invalidate a CUDA-graph capture in another thread.
 pub fn drain(dev: usize) {
     let mut mode: c_int = CAPTURE_MODE_RELAXED;
-    let swapped = real!(
-        r::cuThreadExchangeStreamCaptureMode,
-        FnCaptureMode,
-        &mut mode
-    ) == CUDA_SUCCESS;
+    let swapped = exchange_capture_mode(&mut mode) == CUDA_SUCCESS;
     let current = current_ctx();
     let mut done_current = false;
     for ctx in contexts() {
@@ -172,12 +165,14 @@ pub fn drain(dev: usize) {
         ring.clear();
     }
     if swapped {
-        let _ = real!(
-            r::cuThreadExchangeStreamCaptureMode,
-            FnCaptureMode,
-            &mut mode
-        );
+        let _ = exchange_capture_mode(&mut mode);
     }
+}
+
+/// `cuThreadExchangeStreamCaptureMode`: sets this thread's capture mode to `*mode` and leaves
+/// the previous one there.
+pub(crate) fn exchange_capture_mode(mode: &mut c_int) -> CUresult {
+    real!(r::cuThreadExchangeStreamCaptureMode, FnCaptureMode, mode)
 }
 
 fn sync_here() {
@@ -418,7 +413,7 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
         },
         |s| match real!(r::cuEventQuery, FnEvent, events[s] as CUevent) {
             CUDA_SUCCESS => ahead::Done::Yes,
-            NOT_READY => ahead::Done::NotYet,
+            CUDA_ERROR_NOT_READY => ahead::Done::NotYet,
             _ => ahead::Done::Broken,
         },
         |s| real!(r::cuEventSynchronize, FnEvent, events[s] as CUevent) == CUDA_SUCCESS,

@@ -8,19 +8,12 @@
 use crate::clock::{coarse_ns, precise_ns};
 use crate::config::settings;
 use crate::cuda::*;
-use crate::device::{drain, drop_client, guard, renew, start_hold};
+use crate::device::{drain, drop_client, exchange_capture_mode, guard, renew, start_hold};
 use crate::state::{gpu, state};
-use crate::{debug, info, real};
+use crate::{debug, info};
 use std::ffi::c_int;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-
-#[allow(non_upper_case_globals)]
-mod r {
-    crate::slots!(cuThreadExchangeStreamCaptureMode);
-}
-
-type FnCaptureMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
 
 pub(crate) fn start_idle_thread() {
     let st = state();
@@ -30,12 +23,9 @@ pub(crate) fn start_idle_thread() {
     let spawned = std::thread::Builder::new()
         .name("gemhook-idle".into())
         .spawn(|| {
+            // Its drains must not invalidate a graph capture in another thread.
             let mut mode: c_int = CAPTURE_MODE_RELAXED;
-            let _ = real!(
-                r::cuThreadExchangeStreamCaptureMode,
-                FnCaptureMode,
-                &mut mode
-            );
+            let _ = exchange_capture_mode(&mut mode);
             let idle_ns = settings().idle_release_us * 1000;
             // Also the period at which a hang-up of gem-schd is noticed (≤ 5 ms).
             let tick = Duration::from_nanos((idle_ns / 2).clamp(500_000, 5_000_000));

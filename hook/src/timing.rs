@@ -25,13 +25,10 @@ mod r {
     );
 }
 
-type CUevent = *mut std::ffi::c_void;
 type FnEventCreate = unsafe extern "C" fn(*mut CUevent, std::ffi::c_uint) -> CUresult;
 type FnEvent = unsafe extern "C" fn(CUevent) -> CUresult;
 type FnEventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
 type FnElapsed = unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult;
-/// `CUDA_ERROR_NOT_READY`.
-const NOT_READY: CUresult = 600;
 /// `CU_EVENT_DEFAULT`: events that record time.
 const EVENT_TIMED: std::ffi::c_uint = 0;
 
@@ -147,7 +144,7 @@ fn harvest(pairs: &mut Pairs) {
         let (start, end) = events[slot];
         match real!(r::cuEventQuery, FnEvent, end as CUevent) {
             CUDA_SUCCESS => {}
-            NOT_READY => return Elapsed::NotYet,
+            CUDA_ERROR_NOT_READY => return Elapsed::NotYet,
             _ => return Elapsed::Broken,
         }
         let mut ms = 0f32;
