@@ -98,33 +98,53 @@ class Bench:
         procs = [(lbl, self.spawn(["--mode", mode, "--seconds", str(seconds), "--label", lbl], client))
                  for lbl, mode, client in tenants]
         deadline = time.time() + timeout
-
-        def expired(*_):
-            raise TimeoutError(f"phase {[t[0] for t in tenants]} ran past {timeout} s")
-        signal.signal(signal.SIGALRM, expired)
-        signal.alarm(int(timeout))
-        try:
-            for lbl, p in procs:
-                line = p.stdout.readline()
-                if not line:
-                    raise RuntimeError(f"{lbl} exited before warm-up (rc {p.wait()})")
-            start_at = time.time() + 0.5
+        with tenants_running(procs, timeout, f"phase {[t[0] for t in tenants]}"):
+            start_together(procs)
+            res = read_results(procs)
             for _, p in procs:
-                p.stdin.write(json.dumps({"start_at": start_at}) + "\n")
-                p.stdin.flush()
-            res = {}
-            for lbl, p in procs:
-                line = p.stdout.readline()
-                if not line:
-                    raise RuntimeError(f"{lbl} failed (rc {p.wait()})")
-                res[lbl] = json.loads(line)
                 p.wait(max(1, deadline - time.time()))
             return res
-        finally:
-            signal.alarm(0)
-            for _, p in procs:
-                if p.poll() is None:
-                    p.kill()
+
+
+@contextlib.contextmanager
+def tenants_running(procs, timeout, what):
+    """While the block runs, tenants [(label, Popen)] have `timeout` s (then TimeoutError naming
+    `what`); on leaving it, those still running are killed."""
+    def expired(*_):
+        raise TimeoutError(f"{what} ran past {timeout} s")
+    signal.signal(signal.SIGALRM, expired)
+    signal.alarm(int(timeout))
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        for _, p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def start_together(procs):
+    """Waits for each tenant's warm-up line, then tells all to start 0.5 s from now (the tenant
+    protocol of tenant.py and share_tenant.py); returns that time."""
+    for lbl, p in procs:
+        if not p.stdout.readline():
+            raise RuntimeError(f"{lbl} exited before warm-up (rc {p.wait()})")
+    start_at = time.time() + 0.5
+    for _, p in procs:
+        p.stdin.write(json.dumps({"start_at": start_at}) + "\n")
+        p.stdin.flush()
+    return start_at
+
+
+def read_results(procs):
+    """Each tenant's result (its JSON line), by label."""
+    res = {}
+    for lbl, p in procs:
+        line = p.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{lbl} failed (rc {p.wait()})")
+        res[lbl] = json.loads(line)
+    return res
 
 
 def rate_between(r, t0, t1):

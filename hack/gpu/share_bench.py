@@ -4,7 +4,6 @@ GPU's clocks and (SHARE_PMON=1) NVML's per-process utilisation sampled while the
 helpers that turn per-kernel busy intervals into shares per window."""
 
 import contextlib
-import json
 import os
 import re
 import signal
@@ -15,7 +14,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench import Bench, start_schd, write_config  # noqa: E402
+from bench import (Bench, read_results, start_schd, start_together, tenants_running,  # noqa: E402
+                   write_config)
 
 GIB = 1 << 30
 # Colour codes of a log written by an older build (logs are plain text since stop 34).
@@ -60,37 +60,17 @@ class ShareBench(Bench):
                                   self.label_env.get(lbl)))
                  for lbl, args, client in tenants]
 
-        def expired(*_):
-            raise TimeoutError(f"tenants {[t[0] for t in tenants]} ran past {timeout} s")
-        signal.signal(signal.SIGALRM, expired)
-        signal.alarm(timeout)
-        try:
-            for lbl, p in procs:
-                if not p.stdout.readline():
-                    raise RuntimeError(f"{lbl} exited before warm-up (rc {p.wait()})")
-            start_at = time.time() + 0.5
-            for _, p in procs:
-                p.stdin.write(json.dumps({"start_at": start_at}) + "\n")
-                p.stdin.flush()
+        with tenants_running(procs, timeout, f"tenants {[t[0] for t in tenants]}"):
+            start_at = start_together(procs)
             timers = [threading.Timer(start_at + t - time.time(), fn) for t, fn in at]
             for t in timers:
                 t.start()
             with sample_clocks() as clocks, sample_pmon({p.pid: lbl for lbl, p in procs}) as sm:
-                res = {}
-                for lbl, p in procs:
-                    line = p.stdout.readline()
-                    if not line:
-                        raise RuntimeError(f"{lbl} failed (rc {p.wait()})")
-                    res[lbl] = json.loads(line)
+                res = read_results(procs)
             if sm:
                 clocks["pmon_sm_pct"] = sm
             self.last_clocks = clocks
             return res
-        finally:
-            signal.alarm(0)
-            for _, p in procs:
-                if p.poll() is None:
-                    p.kill()
 
 
 def pinned_cpu(label):
