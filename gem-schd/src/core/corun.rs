@@ -148,17 +148,23 @@ impl Core {
         u128::from(in_pace) * 1000 <= lim * u128::from(p)
     }
 
-    /// Opens (or joins) `key`'s co-hold for `conn`: the quota to grant.
-    pub(super) fn co_grant(&mut self, now: Micros, key: Key, conn: ConnId) -> Micros {
-        let quota = self.co_run.quota_us;
+    /// Opens (or joins) `key`'s co-hold for `conn` (a client `co_ok` passed): the Grant that
+    /// answers it.
+    pub(super) fn co_grant(&mut self, now: Micros, key: Key, conn: ConnId) -> Action {
+        let mut client = String::new();
         if let Some(c) = self.clients.get_mut(&key) {
             match &mut c.co.hold {
                 Some((conns, _)) => conns.push(conn),
                 None => c.co.hold = Some((vec![conn], now)),
             }
+            client.clone_from(&c.spec.id);
         }
         self.refresh_boost();
-        quota
+        Action::Grant {
+            client,
+            conns: vec![conn],
+            quota_us: self.co_run.quota_us,
+        }
     }
 
     /// `conn` of `key` reports the end of its part of a co-hold (a request, a release, a

@@ -51,12 +51,7 @@ impl Core {
                 return vec![Action::Yield { conn }];
             }
             self.co_end(now, key, conn);
-            let quota_us = self.co_grant(now, key, conn);
-            return vec![Action::Grant {
-                client: self.clients[&key].spec.id.clone(),
-                conns: vec![conn],
-                quota_us,
-            }];
+            return vec![self.co_grant(now, key, conn)];
         }
         let sole_holder = self
             .holder

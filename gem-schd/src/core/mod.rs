@@ -201,7 +201,7 @@ struct ClientState {
     mem_used: u64,
     /// How much of its holds its kernels filled (the hook's Busy reports).
     fill: fill::Fill,
-    /// Co-running: its co-hold and charges, its pace, its boost (`corun.rs`).
+    /// Co-running: its co-hold and charges, its boost (`corun.rs`).
     co: corun::CoState,
 }
 
@@ -481,14 +481,14 @@ impl Core {
             return out;
         }
         self.expire(now);
-        // A co-hold ends with its request: there is no hold to leave nor a late report to
-        // charge (it was charged by its fill).
         let co_ended = self.co_end(now, key, conn);
         self.learn_burst(key, burst_us);
         self.learn_overrun(key, overuse_us);
         self.learn_drain(key, overuse_us);
         let mut queue = true;
         if co_ended {
+            // Its co-hold ended with this request and was charged by its fill: there is no
+            // hold to leave nor a late report to charge.
         } else if let Some(h) = &mut self.holder
             && h.client == key
         {
@@ -518,12 +518,7 @@ impl Core {
         }
         if queue {
             if self.co_ok(now, key) {
-                let quota_us = self.co_grant(now, key, conn);
-                out.push(Action::Grant {
-                    client: self.clients[&key].spec.id.clone(),
-                    conns: vec![conn],
-                    quota_us,
-                });
+                out.push(self.co_grant(now, key, conn));
             } else {
                 self.enqueue(now, key, conn);
             }
@@ -716,9 +711,9 @@ mod corun;
 mod dispatch;
 mod fill;
 mod reload;
+mod window;
 
 pub use corun::CoRunSettings;
-mod window;
 
 #[cfg(test)]
 mod tests;
