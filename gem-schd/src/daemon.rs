@@ -30,9 +30,12 @@ pub const MAX_IN_FLIGHT: usize = 32;
 pub const MAX_QUEUED_REPLIES: usize = 64;
 /// Commands queued for the actor (all connections together).
 const INBOX: usize = 4096;
-/// One launch in this many timed for Busy reports, asked of hooks while co-running is on: a
-/// timed launch costs ~9 µs of CPU on an H100, one in 32 adds ~0.3 µs a launch on average.
-const BUSY_EVERY_FOR_CO_RUN: u32 = 32;
+/// One launch in this many timed for Busy reports, asked of hooks while co-running is on. A
+/// timed launch costs ~6 µs of CPU on an H100: one in 32 added +228–236 ns a launch on
+/// average, one in 256 +43–58 ns, as much as nothing timed (+45–58 ns) in the same A/B
+/// (docs/gpu-benchmarks.md, issue 14 round 16); batch-1 inference still gets ~10 samples a
+/// co-hold.
+const BUSY_EVERY_FOR_CO_RUN: u32 = 256;
 /// How often the usage report is rewritten.
 const USAGE_EVERY: Duration = Duration::from_secs(1);
 

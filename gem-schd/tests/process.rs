@@ -642,10 +642,10 @@ fn busy_reports_need_no_reply_and_set_the_fill() {
 }
 
 /// Options: gem-schd asks for Busy reports only while it co-runs clients (they cost the hook a
-/// timed launch in 32); before Hello it is refused like any frame.
+/// timed launch in 256); before Hello it is refused like any frame.
 #[test]
 fn options_ask_for_busy_reports_only_when_co_running() {
-    for (extra, want) in [(&[][..], 0), (&["--co-run-below", "0.6"][..], 32)] {
+    for (extra, want) in [(&[][..], 0), (&["--co-run-below", "0.6"][..], 256)] {
         let mut args = vec!["--quiet-ms", "0"];
         args.extend_from_slice(extra);
         let s = Schd::start("1\na 1.0 1.0 1000000\n", &args);

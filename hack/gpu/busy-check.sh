@@ -4,6 +4,8 @@
 # $EVERY; `ask` leaves it unset, so the hook does what gem-schd asks: here, without
 # co-running, nothing), then share.py scenarios with each client's fill from gem-schd's log
 # (`+fill`).
+# SCHD_ARGS adds gem-schd arguments for the A/B (`--co-run-below 0.6`: `ask` then gets what a
+# gem-schd that co-runs asks for).
 #   EVERY="32 0 ask" hack/gpu/busy-check.sh ARTIFACT_DIR OUT [share.py scenario ...]
 # ARTIFACT_DIR holds libgemhook.so.1 and gem-schd (cargo build --release -p gemhook -p gem-schd).
 set -uo pipefail
@@ -15,7 +17,7 @@ nvcc -O2 -o "$work/launch_ab" "$here/launch_ab.cu" -lcuda || exit 1
 U=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
 printf '1\nsolo 1.0 1.0 4294967296\n' >"$work/rc.txt"
 "$art/gem-schd" --gpu "$U" --config "$work/rc.txt" --socket-template "$work/pods/{client}/{gpu}.sock" \
-  --quiet-ms 0 2>"$work/schd.log" &
+  --quiet-ms 0 ${SCHD_ARGS:-} 2>"$work/schd.log" &
 pids+=($!); sleep 0.5
 for e in ${EVERY:-32 0 ask}; do
   echo "== per-launch cost, KUBESHARE_HOOK_BUSY_EVERY=$e"

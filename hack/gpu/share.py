@@ -137,6 +137,10 @@ train_infer_corun = variant(lambda b, raw: train_infer(b, raw), CORUN)
 # The same with one launch in 64 timed instead of 32 (half the sampling's cost, noisier fills).
 train_infer_corun64 = variant(lambda b, raw: train_infer(b, raw), CORUN,
                               {"KUBESHARE_HOOK_BUSY_EVERY": "64"})
+train_infer_corun128 = variant(lambda b, raw: train_infer(b, raw), CORUN,
+                               {"KUBESHARE_HOOK_BUSY_EVERY": "128"})
+train_infer_corun256 = variant(lambda b, raw: train_infer(b, raw), CORUN,
+                               {"KUBESHARE_HOOK_BUSY_EVERY": "256"})
 
 
 def natives(b):
@@ -505,6 +509,13 @@ infer_capped_noahead = for_label(infer_capped, "infer", {"KUBESHARE_HOOK_MAX_AHE
 infer_capped_short0 = variant(infer_capped, ["--pace-short-ms", "0"])
 train_infer_early0 = train_infer_with([], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "0"})
 train_infer_early5000 = train_infer_with([], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "5000"})
+
+
+# The table's other rows with co-running on: matmul tenants fill their holds (above 0.6), so
+# they should keep to turns and their shares (issue 14 round 16).
+alone_corun = variant(alone, CORUN)
+reload_corun = variant(reload, CORUN)
+multiproc_corun = variant(multiproc, CORUN)
 
 
 def grants(logfile):

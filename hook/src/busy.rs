@@ -1,5 +1,5 @@
 //! How busy this process keeps the GPU: timing events around a sample of its launches (one in
-//! 32 when gem-schd asks for it, `KUBESHARE_HOOK_BUSY_EVERY` to override), reported to gem-schd
+//! 256 when gem-schd asks for it, `KUBESHARE_HOOK_BUSY_EVERY` to override), reported to gem-schd
 //! as GPU time with the hold time it fell in (gem-proto `Busy`).
 //!
 //! A token hold says when a tenant may launch, not how much of the GPU it used: a batch-1
@@ -7,7 +7,7 @@
 //! training step ~95 %. Events around a kernel measure its own context's time even while
 //! another context runs beside it (0.18 ms matmuls beside a co-running tenant measured as
 //! alone on an H100, issue 14 round 14), so they can account a tenant that does not run in
-//! exclusive turns. A pair costs ~2.8 µs of CPU, so only a sample is timed: each sample stands
+//! exclusive turns. A timed launch costs ~6 µs of CPU, so only a sample is timed: each sample stands
 //! for the launches since the one before it (gaps drawn at random around the mean, so that a
 //! program's launch pattern cannot line up with them), and a sample that cannot be taken (all
 //! pairs pending, a graph capture, a failed record) hands its launches to the next one.
@@ -15,7 +15,7 @@
 //! This file is the pure bookkeeping (a ring of pairs, oldest first); `timing.rs` records and
 //! reads the events.
 
-/// Pairs in flight at most: at one sample in 32 launches, 2,048 launches of queued work.
+/// Pairs in flight at most: at one sample in 256 launches, 16,384 launches of queued work.
 pub const PAIRS: usize = 64;
 
 /// What reading a pair found.

@@ -5,7 +5,7 @@
 //! The launch fast path pays one plain load and store of a countdown per launch; the launch
 //! that takes it to zero comes here.
 
-use crate::busy::{Elapsed, Pairs};
+use crate::busy::{Elapsed, PAIRS, Pairs};
 use crate::config::settings;
 use crate::cuda::*;
 use crate::device::{capturing, current_ctx};
@@ -20,7 +20,6 @@ mod r {
         cuEventCreate,
         cuEventDestroy_v2,
         cuEventRecord,
-        cuEventQuery,
         cuEventElapsedTime,
     );
 }
@@ -72,7 +71,12 @@ pub fn begin(g: &'static Gpu, stream: CUstream) -> Option<Sampling> {
 
 #[cold]
 fn begin_cold(g: &'static Gpu, stream: CUstream) -> Option<Sampling> {
-    let every = every();
+    // A gem-schd that refused Busy gets no reports: nothing to time them for.
+    let every = if REFUSED.load(Ordering::Relaxed) {
+        0
+    } else {
+        every()
+    };
     if every == 0 {
         g.sample_in.store(OFF_RECHECK, Ordering::Relaxed);
         return None;
@@ -99,7 +103,11 @@ fn begin_cold(g: &'static Gpu, stream: CUstream) -> Option<Sampling> {
         forget(&mut pairs);
         pairs.ctx = ctx;
     }
-    harvest(&mut pairs);
+    // Reading pairs costs a driver call each and one more for the first not passed yet:
+    // leave it to the reports (one per hold) unless the ring fills.
+    if pairs.pending() >= PAIRS / 2 {
+        harvest(&mut pairs);
+    }
     let slot = pairs.begin(launches)?;
     let (mut start, mut end) = pairs.events[slot];
     for e in [&mut start, &mut end] {
@@ -137,16 +145,12 @@ pub fn end(s: Option<Sampling>, launched: CUresult) {
     }
 }
 
-/// Reads the pairs the GPU has passed.
+/// Reads the pairs the GPU has passed: one `cuEventElapsedTime` each, which answers
+/// `CUDA_ERROR_NOT_READY` while either event is still ahead of the GPU.
 fn harvest(pairs: &mut Pairs) {
     let events = pairs.events;
     pairs.harvest(|slot| {
         let (start, end) = events[slot];
-        match real!(r::cuEventQuery, FnEvent, end as CUevent) {
-            CUDA_SUCCESS => {}
-            CUDA_ERROR_NOT_READY => return Elapsed::NotYet,
-            _ => return Elapsed::Broken,
-        }
         let mut ms = 0f32;
         match real!(
             r::cuEventElapsedTime,
@@ -156,6 +160,7 @@ fn harvest(pairs: &mut Pairs) {
             end as CUevent
         ) {
             CUDA_SUCCESS => Elapsed::Ms(ms),
+            CUDA_ERROR_NOT_READY => Elapsed::NotYet,
             _ => Elapsed::Broken,
         }
     });

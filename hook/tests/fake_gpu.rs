@@ -630,7 +630,7 @@ fn fill_logged(log: &std::path::Path) -> (f64, usize) {
 
 #[test]
 fn gem_schd_learns_how_busy_a_tenant_keeps_the_gpu_from_its_timed_launches() {
-    // With co-running on, gem-schd asks the hook (Options) to time one launch in ~32 with an
+    // With co-running on, gem-schd asks the hook (Options) to time one launch in ~256 with an
     // event pair and report the GPU time with the hold time it fell in (Busy); gem-schd keeps
     // the client's fill. A tenant whose CPU waits between short kernels (launch-bound, like
     // batch-1 inference) and one whose CPU runs far ahead (like training) must be told apart,
