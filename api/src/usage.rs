@@ -5,11 +5,14 @@
 //!
 //! ```text
 //! gem-schd-usage v1 window_us=10000000 at_us=123456789
-//! 6f1c…-pod-uid-a 2987000 1073741824
-//! 9b2e…-pod-uid-b 7001000 0
+//! 6f1c…-pod-uid-a 2987000 1073741824 fill_milli=312 co_used_us=2987000
+//! 9b2e…-pod-uid-b 7001000 0 fill_milli=905
 //! ```
 //! Line 1: the format, the accounting window and gem-schd's clock when written; then
-//! one line `ID USED_US MEM_USED_BYTES` per configured client. `parse(render(r)) == r`.
+//! one line `ID USED_US MEM_USED_BYTES` per configured client, with co-running's figures
+//! after it where there are any (`fill_milli`: how much of its holds the client's kernels
+//! keep the GPU busy, once known; `co_used_us`: the part of USED_US charged for running beside
+//! the token holder). `parse(render(r)) == r`.
 
 use std::fmt::Write as _;
 
@@ -28,6 +31,11 @@ pub struct ClientUsage {
     pub used_us: u64,
     /// Device memory counted for the client (all its processes).
     pub mem_used: u64,
+    /// How much of its holds the client's kernels kept the GPU busy, in thousandths (from
+    /// its hooks' Busy reports; `None` until known, or with co-running off).
+    pub fill_milli: Option<u16>,
+    /// The part of `used_us` charged for co-holds (running beside the token holder).
+    pub co_used_us: u64,
 }
 
 /// The whole report.
@@ -55,6 +63,19 @@ impl ClientUsage {
         }
         (self.used_us as f64 / window_us as f64).min(1.0)
     }
+
+    /// The part of [`share`](Self::share) charged for co-holds, in [0, 1].
+    pub fn co_share(&self, window_us: u64) -> f64 {
+        if window_us == 0 {
+            return 0.0;
+        }
+        (self.co_used_us as f64 / window_us as f64).min(1.0)
+    }
+
+    /// The client's fill in [0, 1], once known.
+    pub fn fill(&self) -> Option<f64> {
+        self.fill_milli.map(|f| f64::from(f) / 1000.0)
+    }
 }
 
 impl UsageReport {
@@ -64,7 +85,14 @@ impl UsageReport {
             self.window_us, self.at_us
         );
         for c in &self.clients {
-            let _ = writeln!(out, "{} {} {}", c.id, c.used_us, c.mem_used);
+            let _ = write!(out, "{} {} {}", c.id, c.used_us, c.mem_used);
+            if let Some(f) = c.fill_milli {
+                let _ = write!(out, " fill_milli={f}");
+            }
+            if c.co_used_us > 0 {
+                let _ = write!(out, " co_used_us={}", c.co_used_us);
+            }
+            out.push('\n');
         }
         out
     }
@@ -106,7 +134,7 @@ impl UsageReport {
                 continue;
             }
             let f: Vec<&str> = line.split_whitespace().collect();
-            let [id, used, mem] = f.as_slice() else {
+            let [id, used, mem, extra @ ..] = f.as_slice() else {
                 return Err(err(
                     n,
                     format!("expected `ID USED_US MEM_USED_BYTES`, found {line:?}"),
@@ -122,11 +150,32 @@ impl UsageReport {
                 s.parse::<u64>()
                     .map_err(|_| err(n, format!("{what} {s:?} is not a whole number")))
             };
-            clients.push(ClientUsage {
+            let mut c = ClientUsage {
                 id: id.to_string(),
                 used_us: num(used, "USED_US")?,
                 mem_used: num(mem, "MEM_USED_BYTES")?,
-            });
+                fill_milli: None,
+                co_used_us: 0,
+            };
+            for field in extra {
+                let (k, v) = field
+                    .split_once('=')
+                    .ok_or_else(|| err(n, format!("{field:?} is not key=value")))?;
+                match k {
+                    "fill_milli" => {
+                        c.fill_milli =
+                            Some(v.parse().ok().filter(|f| *f <= 1000).ok_or_else(|| {
+                                err(
+                                    n,
+                                    format!("fill_milli={v:?} is not a whole number in 0..=1000"),
+                                )
+                            })?)
+                    }
+                    "co_used_us" => c.co_used_us = num(v, "co_used_us")?,
+                    _ => return Err(err(n, format!("unknown field {k:?}"))),
+                }
+            }
+            clients.push(c);
         }
         Ok(UsageReport {
             window_us,
@@ -155,15 +204,24 @@ mod tests {
                     id: "a".into(),
                     used_us: 3_000_000,
                     mem_used: 1 << 30,
+                    fill_milli: Some(312),
+                    co_used_us: 2_500_000,
                 },
                 ClientUsage {
                     id: "b".into(),
                     used_us: 12_000_000,
                     mem_used: 0,
+                    fill_milli: None,
+                    co_used_us: 0,
                 },
             ],
         };
         let text = r.render();
+        assert!(
+            text.contains("\na 3000000 1073741824 fill_milli=312 co_used_us=2500000\n"),
+            "{text}"
+        );
+        assert!(text.contains("\nb 12000000 0\n"), "{text}");
         assert_eq!(UsageReport::parse(&text), Ok(r.clone()));
         assert!((r.clients[0].share(r.window_us) - 0.3).abs() < 1e-12);
         assert_eq!(r.clients[1].share(r.window_us), 1.0);
@@ -202,6 +260,31 @@ mod tests {
                 2,
                 "client ID",
             ),
+            (
+                "gem-schd-usage v1 window_us=5 at_us=0\na 1 0 fill_milli=1001\n",
+                2,
+                "fill_milli",
+            ),
+            (
+                "gem-schd-usage v1 window_us=5 at_us=0\na 1 0 fill_milli=-1\n",
+                2,
+                "fill_milli",
+            ),
+            (
+                "gem-schd-usage v1 window_us=5 at_us=0\na 1 0 co_used_us=x\n",
+                2,
+                "co_used_us",
+            ),
+            (
+                "gem-schd-usage v1 window_us=5 at_us=0\na 1 0 fill\n",
+                2,
+                "key=value",
+            ),
+            (
+                "gem-schd-usage v1 window_us=5 at_us=0\na 1 0 color=red\n",
+                2,
+                "unknown",
+            ),
         ] {
             let e = UsageReport::parse(text).expect_err(text);
             assert_eq!(e.line, line, "{text:?}: {e}");
@@ -217,11 +300,19 @@ mod tests {
 
         #[test]
         fn round_trips(window in 1u64..u64::MAX, at in any::<u64>(),
-                       cs in proptest::collection::btree_map("[a-z0-9-]{1,40}", (any::<u64>(), any::<u64>()), 0..8)) {
+                       cs in proptest::collection::btree_map(
+                           "[a-z0-9-]{1,40}",
+                           (any::<u64>(), any::<u64>(), proptest::option::of(0u16..=1000), any::<u64>()),
+                           0..8)) {
             let r = UsageReport {
                 window_us: window,
                 at_us: at,
-                clients: cs.into_iter().map(|(id, (u, m))| ClientUsage { id, used_us: u, mem_used: m }).collect(),
+                clients: cs
+                    .into_iter()
+                    .map(|(id, (u, m, fill_milli, co_used_us))| ClientUsage {
+                        id, used_us: u, mem_used: m, fill_milli, co_used_us,
+                    })
+                    .collect(),
             };
             prop_assert_eq!(UsageReport::parse(&r.render()), Ok(r));
         }

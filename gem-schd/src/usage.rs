@@ -1,6 +1,7 @@
 //! The usage report gem-schd writes for the node daemon (`--usage-file`): per
-//! configured client, the token time held over the accounting window and the memory
-//! counted for it (format: `kubeshare_api::usage`). Built from the core (pure), written
+//! configured client, the token time held over the accounting window (co-holds with what
+//! they were charged, also on their own), its fill and the memory counted for it (format:
+//! `kubeshare_api::usage`). Built from the core (pure), written
 //! atomically (a temporary file, then `rename`) so a reader never sees half of it.
 
 use std::io::Write as _;
@@ -18,6 +19,10 @@ pub fn report(core: &Core, now: Micros) -> UsageReport {
             id: id.to_string(),
             used_us: core.usage_us(now, id).unwrap_or(0),
             mem_used: core.mem_used(id).unwrap_or(0),
+            fill_milli: core
+                .fill(id)
+                .map(|f| (f.clamp(0.0, 1.0) * 1000.0).round() as u16),
+            co_used_us: core.co_usage_us(now, id).unwrap_or(0),
         })
         .collect();
     clients.sort_by(|a, b| a.id.cmp(&b.id));

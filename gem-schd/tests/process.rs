@@ -622,7 +622,12 @@ fn usage_file_reports_token_time_and_memory_per_client() {
 /// frame stalled the connection after 32 holds), and gem-schd keeps the client's fill.
 #[test]
 fn busy_reports_need_no_reply_and_set_the_fill() {
-    let s = Schd::start("1\na 1.0 1.0 1000000\n", &["--quiet-ms", "0"]);
+    let out = tempfile::tempdir().unwrap();
+    let usage = out.path().join("usage.txt");
+    let s = Schd::start(
+        "1\na 1.0 1.0 1000000\n",
+        &["--quiet-ms", "0", "--usage-file", usage.to_str().unwrap()],
+    );
     let mut a = s.connect("a");
     // A stalled connection fails the test instead of hanging it.
     a.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -638,6 +643,17 @@ fn busy_reports_need_no_reply_and_set_the_fill() {
     s.wait_log(
         |l| l.contains(" busy") && l.contains("fill=0.300"),
         "a busy line with a's fill at 0.300",
+    );
+    // The usage report carries it to the node daemon's metrics.
+    wait_for(
+        || {
+            std::fs::read_to_string(&usage)
+                .ok()
+                .and_then(|t| kubeshare_api::UsageReport::parse(&t).ok())
+                .and_then(|r| r.client("a").and_then(|c| c.fill_milli))
+                == Some(300)
+        },
+        "a's fill (300 thousandths) in the usage report",
     );
 }
 

@@ -867,5 +867,29 @@ fn co_running_charges_the_light_tenant_its_gpu_time_and_keeps_the_heavy_ones_sha
         hc + lc > ht + lt + 0.03,
         "co-running did not keep the GPU busier"
     );
+    // The usage report (the node daemon's metrics) tells the co-runner apart: its fill, and
+    // its usage charged for co-holds; the heavy tenant ran none.
+    let r = gem_schd::usage::report(&co.core, 60 * S);
+    let (heavy, light) = (r.client("heavy").unwrap(), r.client("light").unwrap());
+    eprintln!("usage report: {heavy:?} {light:?}");
+    // (Below its duty alone: beside the heavy tenant its kernels wait in the GPU's queue.)
+    let fill = light.fill().unwrap_or(f64::NAN);
+    assert!(
+        fill > 0.05 && fill < launch_bound().duty(),
+        "the light tenant's reported fill {fill:.3}"
+    );
+    assert!(
+        light.co_used_us > 0 && light.co_used_us <= light.used_us,
+        "light: {} µs of {} charged for co-holds",
+        light.co_used_us,
+        light.used_us
+    );
+    assert!(
+        (light.co_share(r.window_us) - charged).abs() <= 0.05,
+        "light's co-hold share {:.3}, charged {charged:.3}",
+        light.co_share(r.window_us)
+    );
+    assert_eq!(heavy.co_used_us, 0, "the heavy tenant never co-ran");
+    assert!(heavy.fill().is_some_and(|f| f > 0.6), "heavy: {heavy:?}");
     assert_within_limits(&turns);
 }

@@ -202,6 +202,8 @@ pub fn render(
     let pod_limit = Family::<PodLabels, FGauge>::default();
     let pod_mem = Family::<PodLabels, Gauge>::default();
     let pod_delivered = Family::<PodLabels, FGauge>::default();
+    let pod_co_run = Family::<PodLabels, FGauge>::default();
+    let pod_fill = Family::<PodLabels, FGauge>::default();
     let pod_mem_used = Family::<PodLabels, Gauge>::default();
     for p in &s.desired.placements {
         let (namespace, pod) = p
@@ -229,6 +231,10 @@ pub fn render(
                     && let Some(c) = r.client(&p.pod_uid)
                 {
                     pod_delivered.get_or_create(&l).set(c.share(r.window_us));
+                    pod_co_run.get_or_create(&l).set(c.co_share(r.window_us));
+                    if let Some(f) = c.fill() {
+                        pod_fill.get_or_create(&l).set(f);
+                    }
                     pod_mem_used.get_or_create(&l).set(to_i64(c.mem_used));
                 }
             }
@@ -255,6 +261,16 @@ pub fn render(
         "gpu_delivered_share",
         "Share of the GPU's time the pod held the token over gem-schd's window (10 s by default)",
         pod_delivered,
+    );
+    pod_reg.register(
+        "gpu_co_run_share",
+        "The part of the delivered share charged for running beside the token holder (co-running)",
+        pod_co_run,
+    );
+    pod_reg.register(
+        "gpu_fill",
+        "How much of its holds the pod's kernels keep the GPU busy (from its hooks' timed launches; while co-running is on)",
+        pod_fill,
     );
     pod_reg.register_with_unit(
         "gpu_memory_used",
@@ -354,6 +370,8 @@ mod tests {
                     id: "b".into(),
                     used_us: 4_800_000,
                     mem_used: 123,
+                    fill_milli: Some(312),
+                    co_used_us: 2_500_000,
                 }],
             },
         )]);
@@ -382,6 +400,22 @@ mod tests {
                 "kubeshare_pod_gpu_request_share{{namespace=\"ns2\",pod=\"big\",gpu_uuid=\"{}\"}} 1.0",
                 gpu(1)
             ),
+            format!(
+                "kubeshare_pod_gpu_delivered_share{{namespace=\"ns1\",pod=\"train\",gpu_uuid=\"{}\"}} 0.48",
+                gpu(0)
+            ),
+            format!(
+                "kubeshare_pod_gpu_co_run_share{{namespace=\"ns1\",pod=\"train\",gpu_uuid=\"{}\"}} 0.25",
+                gpu(0)
+            ),
+            format!(
+                "kubeshare_pod_gpu_fill{{namespace=\"ns1\",pod=\"train\",gpu_uuid=\"{}\"}} 0.312",
+                gpu(0)
+            ),
+            format!(
+                "kubeshare_pod_gpu_memory_used_bytes{{namespace=\"ns1\",pod=\"train\",gpu_uuid=\"{}\"}} 123",
+                gpu(0)
+            ),
             format!("kubeshare_node_gpu_allocated_memory_bytes{l0} 400"),
             format!("kubeshare_node_gpu_memory_bytes{l1} 1000"),
             format!("kubeshare_node_gem_schd_up{l0} 1"),
@@ -398,7 +432,14 @@ mod tests {
         assert_eq!(text.matches("# EOF").count(), 1, "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
         assert!(!render(&s, &procs, false, &usage).contains("gem_schd"));
-        // No report, no delivered share (never a made-up 0).
-        assert!(!render(&s, &procs, true, &BTreeMap::new()).contains("delivered_share{"));
+        // No report, no delivered share (never a made-up 0); no fill before one is known.
+        let bare = render(&s, &procs, true, &BTreeMap::new());
+        assert!(!bare.contains("delivered_share{"), "{bare}");
+        assert!(!bare.contains("co_run_share{"), "{bare}");
+        let mut unknown = usage.clone();
+        if let Some(r) = unknown.get_mut(&gpu(0)) {
+            r.clients[0].fill_milli = None;
+        }
+        assert!(!render(&s, &procs, true, &unknown).contains("gpu_fill{"));
     }
 }

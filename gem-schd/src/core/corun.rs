@@ -90,6 +90,12 @@ impl Core {
             .is_some_and(|k| self.clients[k].co.hold.is_some())
     }
 
+    /// The part of `id`'s usage in the window ending at `now` charged for co-holds.
+    pub fn co_usage_us(&self, now: Micros, id: &str) -> Option<Micros> {
+        let key = *self.ids.get(id)?;
+        Some(self.co_charged_since(key, now.saturating_sub(self.params.window_us)))
+    }
+
     /// `id`'s limit in force, in thousandths (raised while co-runners run).
     pub fn limit_in_force(&self, id: &str) -> Option<u16> {
         self.ids.get(id).map(|k| self.clients[k].limit_milli())
