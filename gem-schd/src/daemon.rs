@@ -225,9 +225,10 @@ impl Actor {
                     quota_us,
                 } => {
                     // The client's charged time over the window, to cross-check against
-                    // the GPU busy time a benchmark measures with events.
+                    // the GPU busy time a benchmark measures with events; `co`: a co-hold.
                     let usage_us = self.core.usage_us(self.now(), &client).unwrap_or(0);
-                    debug!(%client, quota_us, usage_us, conns = conns.len(), "grant");
+                    let co = self.core.co_running(&client);
+                    debug!(%client, quota_us, usage_us, conns = conns.len(), co, "grant");
                     for c in conns {
                         self.send(c, Reply::Grant { quota_us });
                     }

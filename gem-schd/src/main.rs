@@ -91,7 +91,7 @@ struct Args {
     /// Co-running: a client whose kernels fill less than this fraction of its holds (its
     /// fill, from the hook's Busy reports) launches beside the token holder instead of
     /// waiting for turns, charged its fill of the time; the holder's turns are charged the
-    /// rest (docs/gem-schd.md, "Co-running"). 0 = off (the chart's node daemons pass 0.6).
+    /// rest (docs/gem-schd.md, "Co-running"). 0 = off (the chart's `nodeDaemon.coRunBelow`).
     #[arg(long, default_value_t = 0.0)]
     co_run_below: f64,
     /// A co-hold's length, ms: a co-runner reports and is charged this often.

@@ -511,6 +511,37 @@ train_infer_early0 = train_infer_with([], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "0"}
 train_infer_early5000 = train_infer_with([], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "5000"})
 
 
+def train_infer_batch(batch):
+    """train_infer with ResNet-18 inference at `batch` images a request: a tenant whose fill lies
+    between batch-1 inference's (~0.3) and training's (~0.8), near co-running's threshold (0.6),
+    so that it may move between co-holds and turns (issue 14 round 16). Its native rate is
+    measured once per invocation (median of SHARE_NATIVE_RUNS)."""
+    def run(b, raw):
+        nat, _ = natives(b)
+        key = f"infer_b{batch}"
+        mode = ["--mode", "infer18", "--batch", str(batch)]
+        if key not in NATIVE:
+            runs = sorted((b.run([("infer", mode, None)], 8)["infer"]
+                           for _ in range(max(1, int(os.environ.get("SHARE_NATIVE_RUNS", "3"))))),
+                          key=lambda r: r["rate"])
+            NATIVE[key] = runs[len(runs) // 2]
+            NATIVE[key]["native_rates"] = [round(r["rate"], 1) for r in runs]
+        nati = NATIVE[key]
+        with b.schd([("t", 0.5, 0.5, 40 * GIB), ("i", 0.5, 0.5, 8 * GIB)]):
+            r = b.run([("train", ["--mode", "train50"], "t"), ("infer", mode, "i")], 20)
+        raw.update(train_infer=r, clocks=b.last_clocks)
+        return {"train_of_native": round(r["train"]["rate"] / nat["rate"], 4),
+                "infer": infer_stats(r["infer"], nati), "batch": batch,
+                "train_longest_stall_s": stall(r["train"]["series"]), "clocks": b.last_clocks}
+    return run
+
+
+train_infer_b8 = train_infer_batch(8)
+train_infer_b8_corun = variant(train_infer_batch(8), CORUN)
+train_infer_b16 = train_infer_batch(16)
+train_infer_b16_corun = variant(train_infer_batch(16), CORUN)
+
+
 # The table's other rows with co-running on: matmul tenants fill their holds (above 0.6), so
 # they should keep to turns and their shares (issue 14 round 16).
 alone_corun = variant(alone, CORUN)

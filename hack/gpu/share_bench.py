@@ -246,11 +246,17 @@ def charged(logfile, since, client):
 
 def fills(logfile):
     """Per client, the fills gem-schd logged (its debug `busy` lines, one per Busy report from
-    the hook): {client: {"last", "median", "reports"}}."""
-    seen, limits = {}, {}
+    the hook), and how many of its grants were co-holds: {client: {"last", "median", "reports",
+    "limit_in_force_median", "grants", "co_grants"}}."""
+    seen, limits, grants = {}, {}, {}
     with open(logfile) as f:
         for line in f:
             line = ANSI.sub("", line)
+            g = re.search(r"grant client=(\S+) .* co=(true|false)", line)
+            if g:
+                n = grants.setdefault(g.group(1), [0, 0])
+                n[0] += 1
+                n[1] += g.group(2) == "true"
             m = re.search(r"client=(\S+) busy_us=(\d+) held_us=(\d+) fill=([0-9.]+)", line)
             if m:
                 seen.setdefault(m.group(1), []).append(float(m.group(4)))
@@ -258,7 +264,8 @@ def fills(logfile):
                 if lim:
                     limits.setdefault(m.group(1), []).append(int(lim.group(1)))
     return {c: {"last": v[-1], "median": pct(v, 0.5), "reports": len(v),
-                "limit_in_force_median": pct(limits[c], 0.5) if limits.get(c) else None}
+                "limit_in_force_median": pct(limits[c], 0.5) if limits.get(c) else None,
+                "grants": grants.get(c, [0, 0])[0], "co_grants": grants.get(c, [0, 0])[1]}
             for c, v in seen.items()}
 
 

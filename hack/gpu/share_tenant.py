@@ -174,10 +174,10 @@ class Tick:
 
 
 class Infer18:
-    def __init__(self, duty=None):
+    def __init__(self, duty=None, batch=1):
         import torchvision
         self.m = torchvision.models.resnet18().cuda().eval()
-        self.x = torch.randn(1, 3, 224, 224, device="cuda")
+        self.x = torch.randn(batch, 3, 224, 224, device="cuda")
         self.lat, self.req_t, self.gpu_ms, self.first = [], [], [], []
         self.ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         self.duty = duty  # (on s, off s, idle, guard s) or None
@@ -222,6 +222,7 @@ def main():
     p.add_argument("--mode", required=True, choices=["burst", "train50", "infer18", "fill", "tick"])
     p.add_argument("--tick-us", type=float, default=500, help="tick: a kernel this often")
     p.add_argument("--burst-ms", type=float, default=16)
+    p.add_argument("--batch", type=int, default=1, help="infer18: images per request")
     p.add_argument("--seconds", type=float, default=10)
     p.add_argument("--label", default="")
     p.add_argument("--duty-on-ms", type=float,
@@ -240,7 +241,7 @@ def main():
     duty = ((a.duty_on_ms / 1000, a.duty_off_ms / 1000, a.duty_idle, a.duty_guard_ms / 1000)
             if a.duty_on_ms else None)
     w = {"burst": lambda: Burst(a.burst_ms), "train50": Train50,
-         "infer18": lambda: Infer18(duty), "fill": lambda: Filler(duty),
+         "infer18": lambda: Infer18(duty, a.batch), "fill": lambda: Filler(duty),
          "tick": lambda: Tick(a.tick_us)}[a.mode]()
     for _ in range(3):
         w.step(time.time())

@@ -51,6 +51,9 @@ pub(super) struct CoState {
     charges: VecDeque<(Micros, Micros)>,
     /// How much its limit is raised while co-runners run, in thousandths (≤ 1000: not).
     boost_milli: u32,
+    /// Its last grant was a co-hold: it goes on co-running while its co-holds' fill is below
+    /// the threshold; after a turn it starts again only if its turns' fill is (`fill.rs`).
+    pub(super) co_mode: bool,
 }
 
 impl ClientState {
@@ -105,7 +108,12 @@ impl Core {
         let below = self.co_run.below;
         below > 0.0
             && self.clients.get(&key).is_some_and(|c| {
-                c.spec.limit_milli > 0 && c.fill.ratio().is_some_and(|f| f < below)
+                let fill = if c.co.co_mode {
+                    c.fill.co()
+                } else {
+                    c.fill.start_fill()
+                };
+                c.spec.limit_milli > 0 && fill.is_some_and(|f| f < below)
             })
     }
 
@@ -136,7 +144,7 @@ impl Core {
             return false;
         }
         let c = &self.clients[&key];
-        let fill = c.fill.ratio().unwrap_or(1.0);
+        let fill = c.fill.co().unwrap_or(1.0);
         let next = (self.co_run.quota_us as f64 * fill) as Micros;
         let lim = u128::from(c.spec.limit_milli);
         let w = self.params.window_us;
@@ -163,6 +171,7 @@ impl Core {
                 Some((conns, _)) => conns.push(conn),
                 None => c.co.hold = Some((vec![conn], now)),
             }
+            c.co.co_mode = true;
             client.clone_from(&c.spec.id);
         }
         self.refresh_boost();
@@ -191,7 +200,7 @@ impl Core {
         };
         conns.swap_remove(i);
         if conns.is_empty() {
-            let fill = c.fill.ratio().unwrap_or(1.0);
+            let fill = c.fill.co().unwrap_or(1.0);
             let charge = (now.saturating_sub(*start).min(longest) as f64 * fill) as Micros;
             c.co.hold = None;
             c.co.charges.push_back((now, charge));
@@ -216,7 +225,7 @@ impl Core {
             .clients
             .values()
             .filter(|c| c.co.hold.is_some())
-            .map(|c| c.fill.ratio().unwrap_or(1.0))
+            .map(|c| c.fill.co().unwrap_or(1.0))
             .sum();
         let boost = boost_milli(f);
         for c in self.clients.values_mut() {

@@ -359,6 +359,8 @@ impl Core {
         let conns = std::mem::take(&mut c.waiting);
         let seq = self.first_seq + self.history.len() as u64;
         c.last_entry = Some(seq);
+        // A turn: whether it co-runs again is judged on its turns' fill (`fill.rs`).
+        c.co.co_mode = false;
         let client = c.spec.id.clone();
         for conn in &conns {
             if let Some(cs) = self.conns.get_mut(conn) {

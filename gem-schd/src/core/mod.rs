@@ -199,8 +199,8 @@ struct ClientState {
     /// Open connections (Hello done).
     conns: usize,
     mem_used: u64,
-    /// How much of its holds its kernels filled (the hook's Busy reports).
-    fill: fill::Fill,
+    /// How much of its turns and of its co-holds its kernels filled (the hook's Busy reports).
+    fill: fill::Fills,
     /// Co-running: its co-hold and charges, its boost (`corun.rs`).
     co: corun::CoState,
 }
@@ -403,17 +403,27 @@ impl Core {
         self.ids.get(id).map(|k| self.clients[k].quota_us)
     }
 
-    /// How much of its holds `id`'s kernels kept the GPU busy, in [0, 1] (see `fill`);
-    /// `None` before its processes reported enough.
+    /// How much of its holds `id`'s kernels kept the GPU busy, in [0, 1] (see `fill`): of its
+    /// co-holds while it co-runs, else of its turns; `None` before its processes reported
+    /// enough.
     pub fn fill(&self, id: &str) -> Option<f64> {
-        self.ids.get(id).and_then(|k| self.clients[k].fill.ratio())
+        self.ids.get(id).and_then(|k| {
+            let c = &self.clients[k];
+            if c.co.co_mode {
+                c.fill.co()
+            } else {
+                c.fill.turns()
+            }
+        })
     }
 
     /// Busy{busy, held} on `conn`: adds to its client's fill. No reply, no dispatch.
     pub fn busy(&mut self, conn: ConnId, busy_us: Micros, held_us: Micros) -> Result<(), Refusal> {
         let key = self.conn_client(conn)?;
+        // The report precedes the frame that ends or renews the hold it measured.
+        let in_co = self.co_holds(key, conn);
         if let Some(c) = self.clients.get_mut(&key) {
-            c.fill.report(busy_us, held_us);
+            c.fill.report(in_co, busy_us, held_us);
             if c.co.hold.is_some() {
                 self.refresh_boost();
             }
