@@ -11,14 +11,8 @@
 set -uo pipefail
 art=$(cd "$1" && pwd); out=$2; shift 2; mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
-work=$(mktemp -d); pids=(); trap 'kill "${pids[@]}" 2>/dev/null; rm -rf "$work"' EXIT
-nvidia-smi --query-gpu=name,uuid,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-nvcc -O2 -o "$work/launch_ab" "$here/launch_ab.cu" -lcuda || exit 1
-U=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
-printf '1\nsolo 1.0 1.0 4294967296\n' >"$work/rc.txt"
-"$art/gem-schd" --gpu "$U" --config "$work/rc.txt" --socket-template "$work/pods/{client}/{gpu}.sock" \
-  --quiet-ms 0 ${SCHD_ARGS:-} 2>"$work/schd.log" &
-pids+=($!); sleep 0.5
+# shellcheck source=solo-ab.sh
+. "$here/solo-ab.sh"
 for e in ${EVERY:-32 0 ask}; do
   echo "== per-launch cost, KUBESHARE_HOOK_BUSY_EVERY=$e"
   if [ "$e" = ask ]; then set=(env -u KUBESHARE_HOOK_BUSY_EVERY); else set=(env KUBESHARE_HOOK_BUSY_EVERY="$e"); fi
