@@ -12,7 +12,8 @@
 //! inference filled 0.63 of its turns and 0.41 of its co-holds on an H100, batch-1 0.43 and
 //! 0.31; issue 14 round 16). One sum over both moved a client near the threshold in and out of
 //! co-running with the mix of its holds, so [`Fills`] keeps one per kind of hold: starting to
-//! co-run is judged on the turns' fill, going on with it on the co-holds'.
+//! co-run is judged on the turns' fill, going on with it on the co-holds'. (Batch-8 inference
+//! still went in and out in one H100 run of two: after any turn it is judged on its turns.)
 
 use super::Micros;
 
