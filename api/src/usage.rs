@@ -27,7 +27,8 @@ const MAGIC: &str = "gem-schd-usage v1";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientUsage {
     pub id: String,
-    /// Token time held within the window ending at `at_us`.
+    /// GPU time charged within the window ending at `at_us`: the token time held (less what
+    /// co-runners took of its turns) plus its co-holds' charges.
     pub used_us: u64,
     /// Device memory counted for the client (all its processes).
     pub mem_used: u64,

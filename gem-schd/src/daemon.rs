@@ -346,17 +346,19 @@ impl Actor {
                 let acts = self.core.renew(now, conn, burst_us);
                 self.perform(acts);
             }
-            Request::Busy { busy_us, held_us } => match self.core.busy(conn, busy_us, held_us) {
-                Ok(()) => {
-                    if let Some(c) = self.conns.get(&conn) {
-                        let fill = self.core.fill(&c.client).unwrap_or(f64::NAN);
-                        let limit = self.core.limit_in_force(&c.client).unwrap_or(0);
-                        debug!(client = %c.client, busy_us, held_us, fill = %format_args!("{fill:.3}"), limit, "busy");
+            Request::Busy { busy_us, held_us } => {
+                match self.core.busy(self.now(), conn, busy_us, held_us) {
+                    Ok(()) => {
+                        if let Some(c) = self.conns.get(&conn) {
+                            let fill = self.core.fill(&c.client).unwrap_or(f64::NAN);
+                            let limit = self.core.limit_in_force(&c.client).unwrap_or(0);
+                            debug!(client = %c.client, busy_us, held_us, fill = %format_args!("{fill:.3}"), limit, "busy");
+                        }
                     }
+                    // Busy has no reply, but a refused one must not be silent.
+                    Err(r) => self.send(conn, Reply::error(r.code, r.message)),
                 }
-                // Busy has no reply, but a refused one must not be silent.
-                Err(r) => self.send(conn, Reply::error(r.code, r.message)),
-            },
+            }
             Request::Options => {
                 let hello = self.conns.get(&conn).is_some_and(|c| c.hello);
                 let r = if hello {

@@ -1,7 +1,7 @@
 //! The usage report gem-schd writes for the node daemon (`--usage-file`): per
-//! configured client, the token time held over the accounting window (co-holds with what
-//! they were charged, also on their own), its fill and the memory counted for it (format:
-//! `kubeshare_api::usage`). Built from the core (pure), written
+//! configured client, the GPU time charged over the accounting window (its turns less what
+//! co-runners took of them, plus its co-holds with what they were charged, also on their
+//! own), its fill and the memory counted for it (format: `kubeshare_api::usage`). Built from the core (pure), written
 //! atomically (a temporary file, then `rename`) so a reader never sees half of it.
 
 use std::io::Write as _;
@@ -17,7 +17,11 @@ pub fn report(core: &Core, now: Micros) -> UsageReport {
         .client_ids()
         .map(|id| ClientUsage {
             id: id.to_string(),
-            used_us: core.usage_us(now, id).unwrap_or(0),
+            // GPU time: its turns less what co-runners took of them, plus its co-holds.
+            used_us: core
+                .usage_us(now, id)
+                .unwrap_or(0)
+                .saturating_sub(core.co_credit_us(now, id).unwrap_or(0)),
             mem_used: core.mem_used(id).unwrap_or(0),
             fill_milli: core
                 .fill(id)

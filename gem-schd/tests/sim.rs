@@ -890,6 +890,15 @@ fn co_running_charges_the_light_tenant_its_gpu_time_and_keeps_the_heavy_ones_sha
         light.co_share(r.window_us)
     );
     assert_eq!(heavy.co_used_us, 0, "the heavy tenant never co-ran");
+    // Its token time may pass its declared limit (its limit is raised beside the co-runner);
+    // what the report delivers is GPU time, credited what the co-runner took of its turns.
+    let token = co.core.usage_us(60 * S, "heavy").unwrap() as f64 / r.window_us as f64;
+    let delivered = heavy.share(r.window_us);
+    eprintln!("heavy: token time {token:.3}, delivered {delivered:.3}");
+    assert!(
+        delivered <= 0.5 + 0.01 && delivered < token,
+        "heavy delivered {delivered:.3} (token time {token:.3}) at a 0.5 limit"
+    );
     assert!(heavy.fill().is_some_and(|f| f > 0.6), "heavy: {heavy:?}");
     assert_within_limits(&turns);
 }

@@ -174,7 +174,7 @@ impl Core {
             c.co.co_mode = true;
             client.clone_from(&c.spec.id);
         }
-        self.refresh_boost();
+        self.refresh_boost(now);
         Action::Grant {
             client,
             conns: vec![conn],
@@ -213,14 +213,16 @@ impl Core {
                 c.co.charges.pop_front();
             }
         }
-        self.refresh_boost();
+        self.refresh_boost(now);
         true
     }
 
     /// Sets every client's boost from the fills of the co-runners open now: a client not in
     /// a co-hold shares the GPU with them, `f` of the time together, and its limit is raised
-    /// by `1 / (1 − f)`. Called when a co-hold opens or ends and when a fill changes.
-    pub(super) fn refresh_boost(&mut self) {
+    /// by `1 / (1 − f)`; the same `f` (as capped) goes on the co-runners' curve from `now`, to
+    /// credit the holder's turns with it (`co_area.rs`). Called when a co-hold opens or ends,
+    /// when a fill changes and when the config drops a client.
+    pub(super) fn refresh_boost(&mut self, now: Micros) {
         let f: f64 = self
             .clients
             .values()
@@ -231,6 +233,24 @@ impl Core {
         for c in self.clients.values_mut() {
             c.co.boost_milli = if c.co.hold.is_some() { 1000 } else { boost };
         }
+        self.co_area.set_rate(now, 1.0 - 1000.0 / f64::from(boost));
+        self.co_area
+            .prune(now.saturating_sub(self.params.window_us));
+    }
+
+    /// What co-runners took of `id`'s turns in the window ending at `now` (its holds' time
+    /// that its raised limit let it have on top of its declared one): its usage less this is
+    /// the GPU time it was charged for, within its declared limit.
+    pub fn co_credit_us(&self, now: Micros, id: &str) -> Option<Micros> {
+        let key = *self.ids.get(id)?;
+        let cutoff = now.saturating_sub(self.params.window_us);
+        let credit: f64 = self
+            .history
+            .iter()
+            .filter(|e| e.client == key)
+            .map(|e| self.co_area.between(e.start.max(cutoff), e.end.min(now)))
+            .sum();
+        Some(credit as Micros)
     }
 }
 

@@ -270,6 +270,8 @@ pub struct Core {
     vtime: u128,
     /// See [`Core::set_co_run`].
     co_run: CoRunSettings,
+    /// What co-runners took of the GPU over time (`co_area.rs`), to credit holders' turns.
+    co_area: co_area::CoArea,
 }
 
 impl Core {
@@ -296,6 +298,7 @@ impl Core {
             asked_again: None,
             vtime: 0,
             co_run: CoRunSettings::default(),
+            co_area: Default::default(),
         };
         let _ = c.set_config(now, specs);
         c
@@ -417,15 +420,21 @@ impl Core {
         })
     }
 
-    /// Busy{busy, held} on `conn`: adds to its client's fill. No reply, no dispatch.
-    pub fn busy(&mut self, conn: ConnId, busy_us: Micros, held_us: Micros) -> Result<(), Refusal> {
+    /// Busy{busy, held} on `conn` at `now`: adds to its client's fill. No reply, no dispatch.
+    pub fn busy(
+        &mut self,
+        now: Micros,
+        conn: ConnId,
+        busy_us: Micros,
+        held_us: Micros,
+    ) -> Result<(), Refusal> {
         let key = self.conn_client(conn)?;
         // The report precedes the frame that ends or renews the hold it measured.
         let in_co = self.co_holds(key, conn);
         if let Some(c) = self.clients.get_mut(&key) {
             c.fill.report(in_co, busy_us, held_us);
             if c.co.hold.is_some() {
-                self.refresh_boost();
+                self.refresh_boost(now);
             }
         }
         Ok(())
@@ -717,6 +726,7 @@ fn refusal_action(conn: ConnId, r: Refusal) -> Action {
     }
 }
 
+mod co_area;
 mod corun;
 mod dispatch;
 mod fill;

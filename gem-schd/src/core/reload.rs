@@ -83,7 +83,7 @@ impl Core {
             }
         }
         // A co-runner that left no longer shares the GPU with the holder.
-        self.refresh_boost();
+        self.refresh_boost(now);
         self.dispatch(now, &mut out);
         out
     }

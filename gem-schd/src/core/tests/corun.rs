@@ -24,7 +24,10 @@ fn pair() -> Core {
 /// enough to judge a start of co-running on).
 fn fill(c: &mut Core, conn: ConnId, fill: f64) {
     let held = 250 * MS;
-    c.busy(conn, (held as f64 * fill) as Micros, held).unwrap();
+    // At the start: a report's time only places a fill change on the co-runners' curve,
+    // which never goes back (a later change counts from its last point).
+    c.busy(T0, conn, (held as f64 * fill) as Micros, held)
+        .unwrap();
 }
 
 #[test]
@@ -163,7 +166,7 @@ fn starting_is_judged_on_the_turns_fill_and_going_on_on_the_co_holds() {
     // A few turns are not enough to judge: 100 ms of them at 0.3, and i still takes turns
     // (a start on a warm-up's holds would stick, judged on co-holds from then on).
     let mut d = pair();
-    d.busy(2, 30 * MS, 100 * MS).unwrap();
+    d.busy(T0, 2, 30 * MS, 100 * MS).unwrap();
     grant(&d.token_request(t(0), 1, 0, 0)).unwrap();
     assert_eq!(grant(&d.token_request(t(1), 2, 0, 0)), None);
     assert!(!d.co_running("i"));
@@ -200,4 +203,46 @@ fn starting_is_judged_on_the_turns_fill_and_going_on_on_the_co_holds() {
     if grant(&acts).is_some() {
         assert_eq!(c.holder(), Some("i"));
     }
+}
+
+#[test]
+fn the_holders_turns_are_credited_what_co_runners_took_of_them() {
+    // i co-runs beside t's turn, keeping the GPU 0.375 busy: t's limit is raised to 0.8 in
+    // the checks, and the usage report credits t's turn 0.375 of its time, so what it reports
+    // as t's delivered share is GPU time, within t's declared limit.
+    let mut c = pair();
+    fill(&mut c, 1, 0.95);
+    fill(&mut c, 2, 0.375);
+    // t holds for 100 ms, renewing its 10 ms turns; i's co-holds run beside it all along.
+    grant(&c.token_request(t(0), 1, 0, 0)).unwrap();
+    assert_eq!(grant(&c.token_request(t(0), 2, 0, 0)).unwrap().0, "i");
+    let mut now = t(0);
+    for _ in 0..10 {
+        now += 10 * MS;
+        assert_eq!(grant(&c.renew(now, 1, 0)).unwrap().0, "t");
+        assert_eq!(grant(&c.token_request(now, 2, 0, 0)).unwrap().0, "i");
+    }
+    assert_eq!(c.holder(), Some("t"));
+    let held = (now - t(0)) as f64;
+    let credit = c.co_credit_us(now, "t").unwrap() as f64;
+    assert!(
+        (credit - 0.375 * held).abs() <= 0.01 * held,
+        "credited {credit} µs of {held} µs of turns"
+    );
+    assert_eq!(
+        c.co_credit_us(now, "i"),
+        Some(0),
+        "a co-runner has no turn to credit"
+    );
+    let r = crate::usage::report(&c, now);
+    let used = r.client("t").unwrap().used_us as f64;
+    assert!(
+        (used - 0.625 * held).abs() <= 0.01 * held,
+        "t reported {used} µs for {held} µs of turns"
+    );
+    // Nothing runs beside t once i is gone: no more credit.
+    c.disconnect(now, 2);
+    let later = now + 5 * MS;
+    let more = c.co_credit_us(later, "t").unwrap() as f64 - credit;
+    assert!(more.abs() < 1.0, "credited {more} µs with nobody beside t");
 }
