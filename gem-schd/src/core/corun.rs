@@ -51,8 +51,8 @@ pub(super) struct CoState {
     charges: VecDeque<(Micros, Micros)>,
     /// How much its limit is raised while co-runners run, in thousandths (≤ 1000: not).
     boost_milli: u32,
-    /// Its last grant was a co-hold: it goes on co-running while its co-holds' fill is below
-    /// the threshold; after a turn it starts again only if its turns' fill is (`fill.rs`).
+    /// It co-runs: since its first co-hold, and until a turn finds its co-holds' fill no longer
+    /// below the threshold (after which it starts again only if its turns' fill is; `fill.rs`).
     pub(super) co_mode: bool,
 }
 

@@ -312,6 +312,7 @@ impl Core {
             return;
         };
         let p = self.params;
+        let co_below = self.co_run.below;
         // Picked ahead of the last holder although that one is behind (by less than a turn):
         // this turn is shorter by the lead, which evens them out without back-to-back turns.
         let lead_us = match last_holder {
@@ -359,8 +360,13 @@ impl Core {
         let conns = std::mem::take(&mut c.waiting);
         let seq = self.first_seq + self.history.len() as u64;
         c.last_entry = Some(seq);
-        // A turn: whether it co-runs again is judged on its turns' fill (`fill.rs`).
-        c.co.co_mode = false;
+        // A turn ends co-running when its co-holds' fill is no longer light: from then on it
+        // starts again only on its turns' fill (`fill.rs`). A turn its limit or pacing window
+        // forced keeps it co-running (batch-8 inference filling 0.63 of its turns and 0.41 of
+        // its co-holds on an H100 otherwise fell back to turns for good after one).
+        if c.fill.co().is_none_or(|f| f >= co_below) {
+            c.co.co_mode = false;
+        }
         let client = c.spec.id.clone();
         for conn in &conns {
             if let Some(cs) = self.conns.get_mut(conn) {

@@ -246,3 +246,32 @@ fn the_holders_turns_are_credited_what_co_runners_took_of_them() {
     let more = c.co_credit_us(later, "t").unwrap() as f64 - credit;
     assert!(more.abs() < 1.0, "credited {more} µs with nobody beside t");
 }
+
+#[test]
+fn a_turn_its_limit_forced_keeps_a_co_runner_co_running() {
+    // i fills 0.5 of its turns, so it starts co-running (alone: nobody holds the token), and
+    // 0.55 of its co-holds. At its limit (0.5 of the 1 s window) it takes a turn, in which it
+    // fills 0.9: its turns' fill is then above 0.6, its co-holds' still below. Under its
+    // limit again it co-runs again: the forced turn judged nothing about its co-holds.
+    let mut c = pair();
+    fill(&mut c, 2, 0.5);
+    let mut now = t(0);
+    assert_eq!(grant(&c.token_request(now, 2, 0, 0)).unwrap().0, "i");
+    fill(&mut c, 2, 0.55);
+    while c.co_running("i") && now < t(5000) {
+        now += 10 * MS;
+        grant(&c.token_request(now, 2, 0, 0));
+    }
+    assert!(now < t(1000), "still co-running at {} ms", (now - T0) / MS);
+    assert_eq!(c.holder(), Some("i"), "at its limit i takes a turn");
+    for _ in 0..4 {
+        fill(&mut c, 2, 0.9);
+    }
+    c.release(now + MS, 2, MS);
+    assert!(c.fill("i").is_some_and(|f| f < 0.6), "{:?}", c.fill("i"));
+    // A window later it is under its limit: a co-hold again, not a turn.
+    now += 1100 * MS;
+    assert_eq!(grant(&c.token_request(now, 2, 0, 0)).unwrap().0, "i");
+    assert!(c.co_running("i"));
+    assert_eq!(c.holder(), None);
+}
