@@ -363,7 +363,7 @@ impl Core {
         // A turn ends co-running when its co-holds' fill is no longer light: from then on it
         // starts again only on its turns' fill (`fill.rs`). A turn its limit or pacing window
         // forced keeps it co-running (batch-8 inference filling 0.63 of its turns and 0.41 of
-        // its co-holds on an H100 otherwise fell back to turns for good after one).
+        // its co-holds on an H100 could otherwise fall back to turns for good after one).
         if c.fill.co().is_none_or(|f| f >= co_below) {
             c.co.co_mode = false;
         }

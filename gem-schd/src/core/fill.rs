@@ -13,7 +13,8 @@
 //! 0.31; issue 14 round 16). One sum over both moved a client near the threshold in and out of
 //! co-running with the mix of its holds, so [`Fills`] keeps one per kind of hold: starting to
 //! co-run is judged on the turns' fill, going on with it on the co-holds'. (Batch-8 inference
-//! still went in and out in one H100 run of two: after any turn it is judged on its turns.)
+//! still went in and out in one H100 run of two with these fills alone, likely after turns its
+//! limit or pacing window forced; such a turn now keeps it co-running, `dispatch.rs`.)
 
 use super::Micros;
 
