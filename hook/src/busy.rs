@@ -18,6 +18,15 @@
 /// Pairs in flight at most: at one sample in 256 launches, 16,384 launches of queued work.
 pub const PAIRS: usize = 64;
 
+/// A tenant whose launches come slowly is sampled more often than `every` asks, so that a gap
+/// spans about this much time (gem-schd judges fills over a few hundred ms of holds): at 1 in
+/// 256, a tenant launching 2,000 times a second was sampled every 128 ms and one sample in a
+/// 20 ms co-hold read as a fill of 1 (through the fake driver). Fast launchers (batch-1
+/// inference on an H100, ~44,000 a second: 256 launches in ~6 ms) keep the asked rate.
+pub const GAP_TARGET_NS: u64 = 10_000_000;
+/// The fewest launches a gap may stand for.
+pub const MIN_GAP: u32 = 8;
+
 /// What reading a pair found.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Elapsed {
@@ -43,6 +52,9 @@ pub struct Pairs {
     carry: u64,
     busy_ns: f64,
     rng: u64,
+    /// The mean gap in use (0: not yet set) and when the last gap was drawn.
+    mean: u32,
+    last_ns: u64,
 }
 
 impl Default for Pairs {
@@ -62,7 +74,27 @@ impl Pairs {
             carry: 0,
             busy_ns: 0.0,
             rng: 0x9e37_79b9_7f4a_7c15,
+            mean: 0,
+            last_ns: 0,
         }
+    }
+
+    /// The mean gap for the next sample at `now_ns`: `every`, or less (down to [`MIN_GAP`])
+    /// while a gap takes more than twice [`GAP_TARGET_NS`]; back up (doubling) while it takes
+    /// less than half.
+    pub fn mean_gap(&mut self, every: u32, now_ns: u64) -> u32 {
+        let since = now_ns.saturating_sub(self.last_ns);
+        self.last_ns = now_ns;
+        let floor = MIN_GAP.min(every).max(1);
+        if self.mean == 0 || self.mean > every {
+            self.mean = every;
+        }
+        if since > 2 * GAP_TARGET_NS {
+            self.mean = (self.mean / 2).max(floor);
+        } else if since < GAP_TARGET_NS / 2 {
+            self.mean = self.mean.saturating_mul(2).min(every);
+        }
+        self.mean
     }
 
     /// Launches until the next sample: uniform in `[every / 2, every / 2 + every)`, about
@@ -164,6 +196,34 @@ mod tests {
         let mean = gaps.iter().map(|g| f64::from(*g)).sum::<f64>() / gaps.len() as f64;
         assert!((mean - 31.5).abs() < 0.5, "{mean}");
         assert!(gaps.windows(2).any(|w| w[0] != w[1]));
+    }
+
+    #[test]
+    fn slow_launchers_are_sampled_more_often_and_fast_ones_at_the_asked_rate() {
+        let mut p = Pairs::new();
+        let ms = 1_000_000u64;
+        // 256 launches take 128 ms (2,000 a second): the mean halves down to where a gap
+        // takes 10–20 ms (16 launches: 8 ms... 32: 16 ms).
+        let mut now = 0;
+        let mut mean = p.mean_gap(256, now);
+        for _ in 0..20 {
+            now += u64::from(mean) * ms / 2;
+            mean = p.mean_gap(256, now);
+        }
+        assert!((16..=32).contains(&mean), "{mean}");
+        // Then the tenant launches 44,000 a second: back to 256 within a few gaps.
+        for _ in 0..10 {
+            now += u64::from(mean) * ms / 44;
+            mean = p.mean_gap(256, now);
+        }
+        assert_eq!(mean, 256);
+        // Never below the floor nor above what is asked; a smaller ask takes effect at once.
+        for _ in 0..20 {
+            now += 1_000 * ms;
+            mean = p.mean_gap(256, now);
+        }
+        assert_eq!(mean, MIN_GAP);
+        assert_eq!(p.mean_gap(4, now + 1), 4);
     }
 
     #[test]

@@ -90,7 +90,8 @@ fn begin_cold(g: &'static Gpu, stream: CUstream) -> Option<Sampling> {
         return None;
     };
     let launches = launches + g.sample_carry.swap(0, Ordering::Relaxed);
-    let gap = pairs.next_gap(every);
+    let mean = pairs.mean_gap(every, crate::clock::precise_ns());
+    let gap = pairs.next_gap(mean);
     g.sample_gap.store(gap, Ordering::Relaxed);
     g.sample_in.store(gap, Ordering::Relaxed);
     let ctx = current_ctx();
