@@ -51,8 +51,8 @@ pub(super) struct CoState {
     charges: VecDeque<(Micros, Micros)>,
     /// How much its limit is raised while co-runners run, in thousandths (≤ 1000: not).
     boost_milli: u32,
-    /// It co-runs: since its first co-hold, and until a turn finds its co-holds' fill no longer
-    /// below the threshold (after which it starts again only if its turns' fill is; `fill.rs`).
+    /// Its last grant was a co-hold: it goes on co-running while its co-holds' fill is below
+    /// the threshold; after a turn it starts again only if its turns' fill is (`fill.rs`).
     pub(super) co_mode: bool,
 }
 
@@ -136,20 +136,22 @@ impl Core {
     }
 
     /// Whether a TokenRequest of `key` at `now` is answered with a co-hold: co-running on, the
-    /// client light and not the holder, and its usage (turns and co-holds) with one more
-    /// co-hold within its limit over the window and the pacing window.
+    /// client light and not the holder, and its usage (turns and co-holds) below its limit over
+    /// the window and the pacing window.
     pub(super) fn co_ok(&self, now: Micros, key: Key) -> bool {
         // A process of the holder waits for (or joins) its client's hold.
         if !self.light(key) || self.holder.as_ref().is_some_and(|h| h.client == key) {
             return false;
         }
         let c = &self.clients[&key];
-        let fill = c.fill.co().unwrap_or(1.0);
-        let next = (self.co_run.quota_us as f64 * fill) as Micros;
         let lim = u128::from(c.spec.limit_milli);
         let w = self.params.window_us;
-        let in_window = self.usage(key, now) + next;
-        if u128::from(in_window) * 1000 > lim * u128::from(w) {
+        // Below its limit, as a turn must be (not with the next co-hold's charge on top: in the
+        // band between, a turn would be granted, charged its wall time, and keep the window
+        // full; through the fake driver a launch-bound tenant took 600 turns against 50
+        // co-holds that way). A co-hold's charge (its fill of the quota) may pass the limit
+        // as a turn's last quota may.
+        if u128::from(self.usage(key, now)) * 1000 >= lim * u128::from(w) {
             return false;
         }
         let p = self.pace_window();
@@ -158,8 +160,44 @@ impl Core {
         }
         let from = now.saturating_sub(p);
         let turns: Micros = self.own_since(key, from).iter().map(|(s, e)| e - s).sum();
-        let in_pace = turns + self.co_charged_since(key, from) + next;
-        u128::from(in_pace) * 1000 <= lim * u128::from(p)
+        // Its turns count at the GPU time they used (their fill), as its co-holds do: a light
+        // client back from a turn otherwise found its pacing window full of the turn's wall
+        // time, queued for another turn, and so on for good (through the fake driver a
+        // launch-bound tenant took 616 turns against 34 co-holds).
+        let turns = (turns as f64 * c.fill.turns().unwrap_or(1.0)) as Micros;
+        let in_pace = turns + self.co_charged_since(key, from);
+        u128::from(in_pace) * 1000 < lim * u128::from(p)
+    }
+
+    /// Waiting clients that may co-run now (light and below their limit again: the window
+    /// slid, a fill changed) get co-holds instead of waiting on for a turn, which would charge
+    /// them its wall time and keep their window full: through the fake driver a launch-bound
+    /// tenant that once reached its limit took turns from then on (600 turns against 50
+    /// co-holds).
+    pub(super) fn serve_co_waiters(&mut self, now: Micros, out: &mut Vec<Action>) {
+        if self.co_run.below <= 0.0 {
+            return;
+        }
+        let ready: Vec<Key> = self
+            .clients
+            .iter()
+            .filter(|(_, c)| !c.waiting.is_empty())
+            .map(|(k, _)| *k)
+            .filter(|k| self.co_ok(now, *k))
+            .collect();
+        for key in ready {
+            let conns = self
+                .clients
+                .get_mut(&key)
+                .map(|c| std::mem::take(&mut c.waiting))
+                .unwrap_or_default();
+            for conn in conns {
+                if let Some(cs) = self.conns.get_mut(&conn) {
+                    cs.waiting = false;
+                }
+                out.push(self.co_grant(now, key, conn));
+            }
+        }
     }
 
     /// Opens (or joins) `key`'s co-hold for `conn` (a client `co_ok` passed): the Grant that

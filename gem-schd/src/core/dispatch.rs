@@ -161,6 +161,9 @@ impl Core {
     /// Grant the token if it is free and someone eligible waits.
     pub(super) fn dispatch(&mut self, now: Micros, out: &mut Vec<Action>) {
         self.expire(now);
+        if now >= self.quiet_until {
+            self.serve_co_waiters(now, out);
+        }
         if self.holder.is_some() || now < self.quiet_until {
             return;
         }
@@ -312,7 +315,6 @@ impl Core {
             return;
         };
         let p = self.params;
-        let co_below = self.co_run.below;
         // Picked ahead of the last holder although that one is behind (by less than a turn):
         // this turn is shorter by the lead, which evens them out without back-to-back turns.
         let lead_us = match last_holder {
@@ -360,13 +362,10 @@ impl Core {
         let conns = std::mem::take(&mut c.waiting);
         let seq = self.first_seq + self.history.len() as u64;
         c.last_entry = Some(seq);
-        // A turn ends co-running when its co-holds' fill is no longer light: from then on it
-        // starts again only on its turns' fill (`fill.rs`). A turn its limit or pacing window
-        // forced keeps it co-running (batch-8 inference filling 0.63 of its turns and 0.41 of
-        // its co-holds on an H100 could otherwise fall back to turns for good after one).
-        if c.fill.co().is_none_or(|f| f >= co_below) {
-            c.co.co_mode = false;
-        }
+        // A turn: whether it co-runs again is judged on its turns' fill (`fill.rs`). A
+        // co-runner at its limit is not sent here: it waits and is served a co-hold when
+        // below it again (`serve_co_waiters`).
+        c.co.co_mode = false;
         let client = c.spec.id.clone();
         for conn in &conns {
             if let Some(cs) = self.conns.get_mut(conn) {

@@ -26,10 +26,11 @@ pub struct Fills {
 }
 
 impl Fills {
-    /// No judging a client light from its turns before this much of them was reported: a
-    /// co-running client is judged on its co-holds from then on, so a start on a few noisy
-    /// holds (a warm-up) would stick.
-    pub const ENTER_MIN_HELD_US: f64 = 200_000.0;
+    /// No judging a client on a kind of hold before this much of it was reported: fills come
+    /// from a sample of launches, and a start of co-running on a few noisy turns (a warm-up)
+    /// would stick, as would an end on one co-hold whose one sample read as a fill of 1
+    /// (through the fake driver, a tenant launching 2,000 times a second).
+    pub const JUDGE_MIN_HELD_US: f64 = 200_000.0;
 
     /// Adds one report of a turn (`in_co` false) or a co-hold.
     pub fn report(&mut self, in_co: bool, busy_us: Micros, held_us: Micros) {
@@ -42,13 +43,15 @@ impl Fills {
 
     /// The turns' fill, once enough of them was reported to judge a start of co-running.
     pub fn start_fill(&self) -> Option<f64> {
-        self.turns.ratio_after(Self::ENTER_MIN_HELD_US)
+        self.turns.ratio_after(Self::JUDGE_MIN_HELD_US)
     }
 
-    /// The co-holds' fill (the turns' until the co-holds have reported): what a co-hold is
+    /// The co-holds' fill (the turns' until enough co-holds have reported): what a co-hold is
     /// charged of its time and judged on to go on.
     pub fn co(&self) -> Option<f64> {
-        self.co.ratio().or_else(|| self.turns.ratio())
+        self.co
+            .ratio_after(Self::JUDGE_MIN_HELD_US)
+            .or_else(|| self.turns.ratio())
     }
 
     /// The turns' fill.
@@ -137,8 +140,12 @@ mod tests {
             f.report(false, 3_150, 5_000);
         }
         assert!(f.start_fill().is_some_and(|r| (r - 0.63).abs() < 1e-9));
-        // Co-holds report a lower fill; the turns' stays what it was.
-        for _ in 0..10 {
+        // Co-holds report a lower fill; until 200 ms of them the turns' stands for it (one
+        // lump of a sample in one co-hold is no fill), then theirs; the turns' stays.
+        let mut lump = f;
+        lump.report(true, 90_000, 20_000);
+        assert_eq!(lump.co(), f.turns());
+        for _ in 0..30 {
             f.report(true, 4_100, 10_000);
         }
         assert!(f.co().is_some_and(|r| (r - 0.41).abs() < 1e-9));
