@@ -14,7 +14,8 @@
 //! co-running with the mix of its holds, so [`Fills`] keeps one per kind of hold: starting to
 //! co-run is judged on the turns' fill, going on with it on the co-holds'. (Batch-8 inference
 //! still went in and out in one H100 run of two with these fills alone, likely after turns its
-//! limit or pacing window forced; such a turn now keeps it co-running, `dispatch.rs`.)
+//! limit or pacing window forced; a co-runner at its limit now waits for a co-hold instead,
+//! `corun.rs`.)
 
 use super::Micros;
 
