@@ -186,15 +186,7 @@ impl Core {
             .filter(|k| self.co_ok(now, *k))
             .collect();
         for key in ready {
-            let conns = self
-                .clients
-                .get_mut(&key)
-                .map(|c| std::mem::take(&mut c.waiting))
-                .unwrap_or_default();
-            for conn in conns {
-                if let Some(cs) = self.conns.get_mut(&conn) {
-                    cs.waiting = false;
-                }
+            for conn in self.take_waiting(key) {
                 out.push(self.co_grant(now, key, conn));
             }
         }

@@ -158,6 +158,21 @@ impl Core {
         c.waiting.push(conn);
     }
 
+    /// Takes `key`'s waiting connections, no longer waiting: a grant answers them.
+    pub(super) fn take_waiting(&mut self, key: Key) -> Vec<ConnId> {
+        let conns = self
+            .clients
+            .get_mut(&key)
+            .map(|c| std::mem::take(&mut c.waiting))
+            .unwrap_or_default();
+        for conn in &conns {
+            if let Some(cs) = self.conns.get_mut(conn) {
+                cs.waiting = false;
+            }
+        }
+        conns
+    }
+
     /// Grant the token if it is free and someone eligible waits.
     pub(super) fn dispatch(&mut self, now: Micros, out: &mut Vec<Action>) {
         self.expire(now);
@@ -359,7 +374,6 @@ impl Core {
                 self.turn_includes_drain,
             ));
         }
-        let conns = std::mem::take(&mut c.waiting);
         let seq = self.first_seq + self.history.len() as u64;
         c.last_entry = Some(seq);
         // A turn: whether it co-runs again is judged on its turns' fill (`fill.rs`). A
@@ -367,11 +381,7 @@ impl Core {
         // below it again (`serve_co_waiters`).
         c.co.co_mode = false;
         let client = c.spec.id.clone();
-        for conn in &conns {
-            if let Some(cs) = self.conns.get_mut(conn) {
-                cs.waiting = false;
-            }
-        }
+        let conns = self.take_waiting(key);
         let quota_end = now + quota;
         self.history.push_back(Entry {
             client: key,
