@@ -47,6 +47,14 @@ pub struct UsageReport {
     pub clients: Vec<ClientUsage>,
 }
 
+/// `us` as a share of the window, in [0, 1] (0 for an empty window).
+fn of_window(us: u64, window_us: u64) -> f64 {
+    if window_us == 0 {
+        return 0.0;
+    }
+    (us as f64 / window_us as f64).min(1.0)
+}
+
 /// A malformed report; `line` is 1-based.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("usage report line {line}: {message}")]
@@ -59,18 +67,12 @@ impl ClientUsage {
     /// The share of the GPU's time the client held over the window, in [0, 1]
     /// (capped: a hold that straddles the window's start is counted whole).
     pub fn share(&self, window_us: u64) -> f64 {
-        if window_us == 0 {
-            return 0.0;
-        }
-        (self.used_us as f64 / window_us as f64).min(1.0)
+        of_window(self.used_us, window_us)
     }
 
     /// The part of [`share`](Self::share) charged for co-holds, in [0, 1].
     pub fn co_share(&self, window_us: u64) -> f64 {
-        if window_us == 0 {
-            return 0.0;
-        }
-        (self.co_used_us as f64 / window_us as f64).min(1.0)
+        of_window(self.co_used_us, window_us)
     }
 
     /// The client's fill in [0, 1], once known.
