@@ -1,8 +1,9 @@
 //! The usage report gem-schd writes for the node daemon (`--usage-file`): per
 //! configured client, the GPU time charged over the accounting window (its turns less what
 //! co-runners took of them, plus its co-holds with what they were charged, also on their
-//! own), its fill and the memory counted for it (format: `kubeshare_api::usage`). Built from the core (pure), written
-//! atomically (a temporary file, then `rename`) so a reader never sees half of it.
+//! own), its fill and the memory counted for it (format: `kubeshare_api::usage`). Built from
+//! the core (pure), written atomically (a temporary file, then `rename`) so a reader never
+//! sees half of it.
 
 use std::io::Write as _;
 use std::path::Path;

@@ -7,10 +7,10 @@
 //! training step ~95 %. Events around a kernel measure its own context's time even while
 //! another context runs beside it (0.18 ms matmuls beside a co-running tenant measured as
 //! alone on an H100, issue 14 round 14), so they can account a tenant that does not run in
-//! exclusive turns. A timed launch costs ~6 µs of CPU, so only a sample is timed: each sample stands
-//! for the launches since the one before it (gaps drawn at random around the mean, so that a
-//! program's launch pattern cannot line up with them), and a sample that cannot be taken (all
-//! pairs pending, a graph capture, a failed record) hands its launches to the next one.
+//! exclusive turns. A timed launch costs ~6 µs of CPU, so only a sample is timed: each sample
+//! stands for the launches since the one before it (gaps drawn at random around the mean, so
+//! that a program's launch pattern cannot line up with them), and a sample that cannot be taken
+//! (all pairs pending, a graph capture, a failed record) hands its launches to the next one.
 //!
 //! This file is the pure bookkeeping (a ring of pairs, oldest first); `timing.rs` records and
 //! reads the events.

@@ -259,7 +259,7 @@ pub fn render(
     );
     pod_reg.register(
         "gpu_delivered_share",
-        "Share of the GPU's time the pod held the token over gem-schd's window (10 s by default)",
+        "Share of gem-schd's window (10 s by default) charged to the pod: the token time it held, less what co-runners took of its turns, plus its co-holds",
         pod_delivered,
     );
     pod_reg.register(
