@@ -149,18 +149,26 @@ def natives(b):
     with the median rate is its baseline, every rate kept beside it: a launch-bound tenant's
     native rate moved 346–594 requests/s between 8 s runs on one H100 host (round 10), where
     training's held to ±2 %."""
-    if not NATIVE:
+    if "train" not in NATIVE:
         NATIVE["train"] = b.run([("train", ["--mode", "train50"], None)], 8)["train"]
         NATIVE["train"]["clocks"] = b.last_clocks
+    return NATIVE["train"], native_median(b, "infer", ["--mode", "infer18"])
+
+
+def native_median(b, key, mode):
+    """The native inference run (tenant arguments `mode`) with the median rate of
+    SHARE_NATIVE_RUNS (default 3), measured once per invocation and kept as NATIVE[key], every
+    rate and its clocks beside it."""
+    if key not in NATIVE:
         runs = []
         for _ in range(max(1, int(os.environ.get("SHARE_NATIVE_RUNS", "3")))):
-            r = b.run([("infer", ["--mode", "infer18"], None)], 8)["infer"]
+            r = b.run([("infer", mode, None)], 8)["infer"]
             r["clocks"] = b.last_clocks
             runs.append(r)
         runs.sort(key=lambda r: r["rate"])
-        NATIVE["infer"] = runs[len(runs) // 2]
-        NATIVE["infer"]["native_rates"] = [round(r["rate"], 1) for r in runs]
-    return NATIVE["train"], NATIVE["infer"]
+        NATIVE[key] = runs[len(runs) // 2]
+        NATIVE[key]["native_rates"] = [round(r["rate"], 1) for r in runs]
+    return NATIVE[key]
 
 
 def native_infer(b, raw):
@@ -518,15 +526,8 @@ def train_infer_batch(batch):
     measured once per invocation (median of SHARE_NATIVE_RUNS)."""
     def run(b, raw):
         nat, _ = natives(b)
-        key = f"infer_b{batch}"
         mode = ["--mode", "infer18", "--batch", str(batch)]
-        if key not in NATIVE:
-            runs = sorted((b.run([("infer", mode, None)], 8)["infer"]
-                           for _ in range(max(1, int(os.environ.get("SHARE_NATIVE_RUNS", "3"))))),
-                          key=lambda r: r["rate"])
-            NATIVE[key] = runs[len(runs) // 2]
-            NATIVE[key]["native_rates"] = [round(r["rate"], 1) for r in runs]
-        nati = NATIVE[key]
+        nati = native_median(b, f"infer_b{batch}", mode)
         with b.schd([("t", 0.5, 0.5, 40 * GIB), ("i", 0.5, 0.5, 8 * GIB)]):
             r = b.run([("train", ["--mode", "train50"], "t"), ("infer", mode, "i")], 20)
         raw.update(train_infer=r, clocks=b.last_clocks)
