@@ -19,10 +19,7 @@ pub fn report(core: &Core, now: Micros) -> UsageReport {
         .map(|id| ClientUsage {
             id: id.to_string(),
             // GPU time: its turns less what co-runners took of them, plus its co-holds.
-            used_us: core
-                .usage_us(now, id)
-                .unwrap_or(0)
-                .saturating_sub(core.co_credit_us(now, id).unwrap_or(0)),
+            used_us: core.usage_us(now, id).unwrap_or(0),
             mem_used: core.mem_used(id).unwrap_or(0),
             fill_milli: core
                 .fill(id)

@@ -892,7 +892,9 @@ fn co_running_charges_the_light_tenant_its_gpu_time_and_keeps_the_heavy_ones_sha
     assert_eq!(heavy.co_used_us, 0, "the heavy tenant never co-ran");
     // Its token time may pass its declared limit (its limit is raised beside the co-runner);
     // what the report delivers is GPU time, credited what the co-runner took of its turns.
-    let token = co.core.usage_us(60 * S, "heavy").unwrap() as f64 / r.window_us as f64;
+    let token = (co.core.usage_us(60 * S, "heavy").unwrap()
+        + co.core.co_credit_us(60 * S, "heavy").unwrap()) as f64
+        / r.window_us as f64;
     let delivered = heavy.share(r.window_us);
     eprintln!("heavy: token time {token:.3}, delivered {delivered:.3}");
     assert!(

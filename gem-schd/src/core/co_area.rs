@@ -1,9 +1,8 @@
 //! How much of the GPU co-runners took, over time: the integral of the open co-holds' fills
 //! (capped as the holder's boost is), kept as a piecewise-linear curve over the window. A
-//! holder's turns are credited what co-runners took of them, so that the usage report's
-//! delivered share is GPU time: the checks raise the holder's limit by `1 / (1 − f)` instead
-//! (`corun.rs`), which lets its token time pass its declared limit (on the real-node test a
-//! pod at 0.3 reported 0.315 before this), while turns less the credit stay within it.
+//! holder's turns are credited what co-runners took of them, both in the window's check and
+//! in the usage report, so that its usage is GPU time and the check holds what the report
+//! delivers (`corun.rs`).
 
 use std::collections::VecDeque;
 

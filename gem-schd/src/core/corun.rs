@@ -11,10 +11,15 @@
 //! Accounting: in GPU time. A co-hold is charged what its client's kernels used of it (its
 //! wall time × its fill), so its limit holds in GPU time; a co-runner over its limit (in the
 //! window or the pacing window) waits for turns like anyone. The holder shares its turns with
-//! the co-runners' kernels, so its turns are charged only the rest: while co-holds are open, a
-//! holder's limit is raised by `1 / (1 − f)`, `f` the co-runners' fills together (at most 3×;
-//! its request, the guarantee to others, is unchanged). Beside batch-1 inference (fill ~0.37
-//! co-running) training at 0.5 then takes turns of ~0.79 of the time. What each then gets of
+//! the co-runners' kernels, so its turns are charged only the rest: the window's check counts
+//! them less what the co-runners took of them (`co_area.rs`, the integral of their fills),
+//! which is what the usage report delivers, so the check and the report agree; pacing, which
+//! reads turns' token time, raises the holder's limit by `1 / (1 − f)` while co-holds are
+//! open, `f` the co-runners' fills together (at most 3×; its request, the guarantee to others,
+//! is unchanged). (Raising the limit in the window's check too let a turn granted on a boost
+//! that a co-hold's end then withdrew pass the declared limit in GPU time: CI's real-node test
+//! read 0.315 and 0.322 for a pod at 0.3.) Beside batch-1 inference (fill ~0.37 co-running)
+//! training at 0.5 then takes turns of ~0.79 of the time. What each then gets of
 //! its native *rate* is the GPU's business (training lost 29 % of its rate beside co-running
 //! inference on an H100 while its own kernels' events said 8 %: its kernels ran slower), so
 //! the limits hold in GPU time, not in rates (docs/gem-schd.md, "Co-running").
@@ -57,8 +62,10 @@ pub(super) struct CoState {
 }
 
 impl ClientState {
-    /// The limit in force: the declared one, raised by the co-running boost.
-    pub(super) fn limit_milli(&self) -> u16 {
+    /// The limit in force over its turns' token time, for pacing and the size of its turns:
+    /// the declared one, raised by the co-running boost. (The window's check holds its turns'
+    /// GPU time, credited what co-runners took of them, to the declared limit.)
+    pub(super) fn pace_limit_milli(&self) -> u16 {
         let boost = u64::from(self.co.boost_milli.max(1000));
         (u64::from(self.spec.limit_milli) * boost / 1000).min(1000) as u16
     }
@@ -99,9 +106,10 @@ impl Core {
         Some(self.co_charged_since(key, now.saturating_sub(self.params.window_us)))
     }
 
-    /// `id`'s limit in force, in thousandths (raised while co-runners run).
+    /// `id`'s limit in force over its turns' token time (pacing), in thousandths: raised
+    /// while co-runners run.
     pub fn limit_in_force(&self, id: &str) -> Option<u16> {
-        self.ids.get(id).map(|k| self.clients[k].limit_milli())
+        self.ids.get(id).map(|k| self.clients[k].pace_limit_milli())
     }
 
     fn light(&self, key: Key) -> bool {
@@ -248,9 +256,9 @@ impl Core {
     }
 
     /// Sets every client's boost from the fills of the co-runners open now: a client not in
-    /// a co-hold shares the GPU with them, `f` of the time together, and its limit is raised
-    /// by `1 / (1 − f)`; the same `f` (as capped) goes on the co-runners' curve from `now`, to
-    /// credit the holder's turns with it (`co_area.rs`). Called when a co-hold opens or ends,
+    /// a co-hold shares the GPU with them, `f` of the time together, and its pacing limit is
+    /// raised by `1 / (1 − f)`; the same `f` (as capped) goes on the co-runners' curve from
+    /// `now`, to credit the holder's turns with it (`co_area.rs`). Called when a co-hold opens or ends,
     /// when a fill changes and when the config drops a client.
     pub(super) fn refresh_boost(&mut self, now: Micros) {
         let f: f64 = self
@@ -268,19 +276,29 @@ impl Core {
             .prune(now.saturating_sub(self.params.window_us));
     }
 
-    /// What co-runners took of `id`'s turns in the window ending at `now` (its holds' time
-    /// that its raised limit let it have on top of its declared one): its usage less this is
-    /// the GPU time it was charged for, within its declared limit.
+    /// What co-runners took of `id`'s turns in the window ending at `now`: its token time
+    /// less its usage (`Core::usage_us`, GPU time).
     pub fn co_credit_us(&self, now: Micros, id: &str) -> Option<Micros> {
         let key = *self.ids.get(id)?;
-        let cutoff = now.saturating_sub(self.params.window_us);
+        Some(self.credit(key, now.saturating_sub(self.params.window_us), now))
+    }
+
+    /// What co-runners took of `key`'s turns between `from` and `to` (`co_area.rs`); a turn
+    /// still running counts to its recorded end at the co-runners' rate now.
+    pub(super) fn credit(&self, key: Key, from: Micros, to: Micros) -> Micros {
+        // Nobody co-ran then (co-running off, or not lately): no turn to look through.
+        if self.co_area.between(from, to) <= 0.0 {
+            return 0;
+        }
         let credit: f64 = self
             .history
             .iter()
+            .rev()
+            .take_while(|e| e.end > from)
             .filter(|e| e.client == key)
-            .map(|e| self.co_area.between(e.start.max(cutoff), e.end.min(now)))
+            .map(|e| self.co_area.between(e.start.max(from), e.end.min(to)))
             .sum();
-        Some(credit as Micros)
+        credit as Micros
     }
 }
 

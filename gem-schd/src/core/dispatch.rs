@@ -208,8 +208,9 @@ impl Core {
             if c.waiting.is_empty() {
                 continue;
             }
+            // GPU time (turns credited what co-runners took of them) against the declared limit.
             let usage = u128::from(self.usage(key, now));
-            let allowed_milli = u128::from(c.limit_milli()) * w_eff;
+            let allowed_milli = u128::from(c.spec.limit_milli) * w_eff;
             // Under full contention the window's limit is not checked either, for the reason
             // pacing is not (`fully_contended`): on an H100 a (0.5, 0.5) training tenant whose
             // window still held its warm-up sat at its 10 s limit, each of its turns waiting for
@@ -352,7 +353,7 @@ impl Core {
                 .map(|q| m.saturating_sub(self.clients[&key].overrun_us).max(q)),
         };
         let c = self.clients.get_mut(&key).expect("picked from clients");
-        let cap = (u128::from(c.limit_milli()) * window / 1000) as u64;
+        let cap = (u128::from(c.pace_limit_milli()) * window / 1000) as u64;
         let mut quota = c.quota_us.max(p.min_quota_us).min(cap.max(1));
         // Do not hand out much more than the limit allows in this window.
         quota = quota.min(headroom.max(p.min_quota_us)).max(1);
@@ -367,7 +368,7 @@ impl Core {
         // quota (the base 50 ms for a hook that never goes idle, which reports the quota as
         // its burst) left the other tenants 50 ms and more without the GPU, and made its
         // share over a second swing by a whole turn (0.15–0.22 for a 0.2 tenant on an H100).
-        if full && c.limit_milli() < 1000 {
+        if full && c.spec.limit_milli < 1000 {
             quota = quota.min(full_turn_grant(
                 p.min_quota_us,
                 c.drain_us.saturating_add(lead_us),

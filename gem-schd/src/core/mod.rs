@@ -387,8 +387,8 @@ impl Core {
         self.grants
     }
 
-    /// Usage of `id` in the window ending at `now` (the running hold up to `now`).
-    /// Co-holds count with what they were charged (see `corun.rs`).
+    /// Usage of `id` in the window ending at `now` (the running hold up to `now`), in GPU
+    /// time: turns less what co-runners took of them, co-holds as charged (see `corun.rs`).
     pub fn usage_us(&self, now: Micros, id: &str) -> Option<Micros> {
         let key = *self.ids.get(id)?;
         let mut u = self.usage(key, now);
@@ -396,7 +396,10 @@ impl Core {
             && h.client == key
             && let Some(e) = self.entry(h.seq)
         {
-            u = u.saturating_sub(e.end.saturating_sub(now.max(e.start)));
+            // The rest of the running turn, as `usage` counted it.
+            let from = now.max(e.start);
+            let ahead = e.end.saturating_sub(from);
+            u = u.saturating_sub(ahead.saturating_sub(self.co_area.between(from, e.end) as Micros));
         }
         Some(u)
     }

@@ -10,7 +10,7 @@ impl Core {
     pub(super) fn ready_at(&self, key: Key, now: Micros) -> Option<Micros> {
         let c = self.clients.get(&key)?;
         let usage = u128::from(self.usage(key, now)) * 1000;
-        let window_ok = usage < u128::from(c.limit_milli()) * u128::from(self.w_eff(now))
+        let window_ok = usage < u128::from(c.spec.limit_milli) * u128::from(self.w_eff(now))
             || self.fully_contended();
         let w = if window_ok {
             now
@@ -41,7 +41,7 @@ impl Core {
     /// gone 100 ms later, and a (0.5, 0.5) client beside a (0.1, 1.0) one with such bursts
     /// got 0.44 (`capped_and_elastic_busy_swapped_patterns` in tests/sim.rs).
     pub(super) fn pace_rules(&self, key: Key, c: &ClientState) -> impl Iterator<Item = PaceRule> {
-        let lim = c.limit_milli();
+        let lim = c.pace_limit_milli();
         let on = lim > 0 && lim < 1000 && !self.fully_contended();
         let long = self.pace_window();
         let alone = !self
@@ -202,7 +202,7 @@ impl Core {
     /// When a waiting client at its limit becomes eligible, if nothing else happens.
     pub(super) fn eligible_at(&self, key: Key, now: Micros) -> Option<Micros> {
         let c = self.clients.get(&key)?;
-        let lim = u128::from(c.limit_milli());
+        let lim = u128::from(c.spec.limit_milli);
         if lim == 0 {
             return None;
         }
@@ -217,28 +217,32 @@ impl Core {
             return Some(now + dt.min(w - uptime).max(1));
         }
         // The window slides: the client loses its oldest usage as the cutoff passes, a hold's
-        // bit by bit, a co-hold's charge whole once its end leaves the window.
+        // bit by bit (its GPU time: evenly over its wall time), a co-hold's charge whole once
+        // its end leaves the window.
         let need = u64::try_from(excess / 1000 + 1).unwrap_or(u64::MAX);
         let cutoff = now.saturating_sub(w);
-        // (time from which it slides out, amount, whether it slides out bit by bit)
-        let mut pieces: Vec<(Micros, Micros, bool)> = self
+        // (time from which it slides out, GPU time, wall time over which it slides out: 0 at once)
+        let mut pieces: Vec<(Micros, Micros, Micros)> = self
             .history
             .iter()
             .filter(|e| e.client == key && e.end > cutoff)
             .map(|e| {
-                let s = e.start.max(cutoff);
-                (s, e.end.min(now).saturating_sub(s), true)
+                let (s, end) = (e.start.max(cutoff), e.end.min(now));
+                let wall = end.saturating_sub(s);
+                let credit = self.co_area.between(s, end) as Micros;
+                (s, wall.saturating_sub(credit), wall)
             })
             .chain(
                 self.co_charges_after(key, cutoff)
-                    .map(|(end, ch)| (end, ch, false)),
+                    .map(|(end, ch)| (end, ch, 0)),
             )
             .collect();
         pieces.sort_unstable_by_key(|p| p.0);
         let mut lost = 0;
-        for (s, amount, gradual) in pieces {
+        for (s, amount, wall) in pieces {
             if lost + amount >= need {
-                let at = if gradual { s + (need - lost) } else { s };
+                let rest = u128::from(need - lost) * u128::from(wall) / u128::from(amount.max(1));
+                let at = s + u64::try_from(rest).unwrap_or(u64::MAX).min(wall);
                 return Some(now + (at - cutoff).max(1));
             }
             lost += amount;
@@ -256,7 +260,8 @@ impl Core {
         self.history.get(usize::try_from(i).ok()?)
     }
 
-    /// Usage of `key` in the window ending at `now`, entries counted as recorded.
+    /// Usage of `key` in the window ending at `now`, in GPU time: its turns, counted as
+    /// recorded and less what co-runners took of them, plus its co-holds' charges.
     pub(super) fn usage(&self, key: Key, now: Micros) -> Micros {
         let Some(c) = self.clients.get(&key) else {
             return 0;
@@ -274,7 +279,7 @@ impl Core {
             }
         }
         // Co-holds count with what they were charged (`corun.rs`).
-        u + self.co_charged_since(key, cutoff)
+        u.saturating_sub(self.credit(key, cutoff, Micros::MAX)) + self.co_charged_since(key, cutoff)
     }
 
     pub(super) fn prune(&mut self, now: Micros) {
