@@ -330,3 +330,52 @@ fn a_holder_beside_an_intermittent_co_runner_stays_within_its_limit_in_gpu_time(
         "t's turns were not raised beside i: {token:.3}"
     );
 }
+
+#[test]
+fn a_co_runner_is_held_to_its_limit_while_the_window_is_still_growing() {
+    // gem-schd started at T0: a co-hold, like a turn, needs usage below the limit over the
+    // time since (not over the whole 1 s window, against which i, filling 0.3 of its
+    // co-holds at a limit of 0.2, co-ran unchecked until it had used 0.2 s).
+    let mut c = Core::new(
+        params(),
+        &[spec("t", 500, 500, 100), spec("i", 200, 200, 100)],
+        T0,
+    );
+    c.set_co_run(CoRunSettings {
+        below: 0.6,
+        quota_us: 10 * MS,
+    });
+    c.hello(1, "t").unwrap();
+    c.hello(2, "i").unwrap();
+    fill(&mut c, 1, 0.95);
+    fill(&mut c, 2, 0.3);
+    grant(&c.token_request(t(0), 1, 0, 0)).unwrap();
+    let (mut until, mut waits, mut co_holds) = (None::<Micros>, false, 0);
+    let mut now = t(0);
+    while now < t(500) {
+        let mut acts = Vec::new();
+        if until.is_some_and(|u| now >= u) || (until.is_none() && !waits) {
+            until = None;
+            waits = true;
+            acts.extend(c.token_request(now, 2, 0, 0));
+        }
+        acts.extend(c.tick(now));
+        for a in &acts {
+            if matches!(a, Action::Grant { client, .. } if client == "i") {
+                until = Some(now + 10 * MS);
+                waits = false;
+                co_holds += u32::from(c.co_running("i"));
+                c.busy(now, 2, 3 * MS, 10 * MS).unwrap();
+            }
+        }
+        let used = c.usage_us(now, "i").unwrap();
+        let allowed = (now - T0) / 5 + 3 * MS;
+        assert!(
+            used <= allowed,
+            "i used {used} µs by {} ms (its limit allows {allowed} µs and a co-hold's charge)",
+            (now - T0) / MS
+        );
+        now += MS;
+    }
+    assert!(co_holds >= 10, "i co-ran {co_holds} times");
+}
