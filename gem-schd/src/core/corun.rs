@@ -171,14 +171,13 @@ impl Core {
             return true;
         }
         let from = now.saturating_sub(p);
-        let turns: Micros = self.own_since(key, from).iter().map(|(s, e)| e - s).sum();
-        // Its turns count at the GPU time they used (their fill), as its co-holds do: a light
-        // client back from a turn otherwise found its pacing window full of the turn's wall
-        // time, queued for another turn, and so on for good (through the fake driver a
-        // launch-bound tenant took 616 turns against 34 co-holds).
-        let turns = (turns as f64 * c.fill.turns().unwrap_or(1.0)) as Micros;
-        let in_pace = turns + self.co_charged_since(key, from);
-        u128::from(in_pace) * 1000 < lim * u128::from(p)
+        // Its turns and co-holds in the pacing window, as a turn's pacing counts them (its
+        // turns at their token time against its limit in force). A light client back from a
+        // turn may find the window full of it and wait; it is served a co-hold, not a turn,
+        // once there is room (`serve_co_waiters` goes before the turns, and this check is
+        // looser than a turn's, which also needs room for a min quota).
+        let in_pace: Micros = self.own_since(key, from).iter().map(|(s, e)| e - s).sum();
+        u128::from(in_pace) * 1000 < u128::from(c.pace_limit_milli()) * u128::from(p)
     }
 
     /// Waiting clients that may co-run now (light and below their limit again: the window
