@@ -49,19 +49,20 @@ fi
 grep -q 'schedulerName="Bad_Name"' "$WORK/bad.log" || { cat "$WORK/bad.log" >&2; die "the error does not name the bad scheduler name"; }
 log "schedulerName: set everywhere; a bad one is refused by name"
 
-# Co-running reaches gem-schd through the node daemon, off by default and with 0; a value
-# outside 0..1 is refused by name.
-corun="$("$HELM" template kubeshare "$CHART" --set nodeDaemon.coRunBelow=0.6)"
-[[ "$(grep -c -- "- --gem-schd-arg=--co-run-below=0.6$" <<<"$corun")" == 1 ]] \
-  || die "nodeDaemon.coRunBelow=0.6 does not reach the node daemon's arguments once"
-! "$HELM" template kubeshare "$CHART" | grep -q -- "--co-run-below" || die "co-running is on by default"
+# Co-running reaches gem-schd through the node daemon, on (0.6) by default, another value as
+# set, off with 0; a value outside 0..1 is refused by name.
+[[ "$("$HELM" template kubeshare "$CHART" | grep -c -- "- --gem-schd-arg=--co-run-below=0.6$")" == 1 ]] \
+  || die "co-running (0.6) does not reach the node daemon's arguments once by default"
+corun="$("$HELM" template kubeshare "$CHART" --set nodeDaemon.coRunBelow=0.45)"
+[[ "$(grep -c -- "- --gem-schd-arg=--co-run-below=0.45$" <<<"$corun")" == 1 ]] \
+  || die "nodeDaemon.coRunBelow=0.45 does not reach the node daemon's arguments once"
 ! "$HELM" template kubeshare "$CHART" --set nodeDaemon.coRunBelow=0 | grep -q -- "--co-run-below" \
   || die "nodeDaemon.coRunBelow=0 left co-running on"
 if "$HELM" template kubeshare "$CHART" --set nodeDaemon.coRunBelow=1.5 >"$WORK/bad.log" 2>&1; then
   die "nodeDaemon.coRunBelow=1.5 was accepted"
 fi
 grep -q 'nodeDaemon.coRunBelow=1.5' "$WORK/bad.log" || { cat "$WORK/bad.log" >&2; die "the error does not name coRunBelow"; }
-log "nodeDaemon.coRunBelow: passed to gem-schd, off by default and with 0, a bad one refused by name"
+log "nodeDaemon.coRunBelow: 0.6 by default, passed to gem-schd as set, off with 0, a bad one refused by name"
 
 # ------------------------------------------------------------------ 2. manifests/
 HELM="$HELM" "$REPO/hack/render-manifests.sh" --check
