@@ -243,8 +243,12 @@ impl Client {
     }
 
     /// Report how busy this process kept the GPU ([`Request::Busy`]). No reply.
-    pub fn busy(&mut self, busy_us: u64, held_us: u64) -> Result<(), ClientError> {
-        self.send(&Request::Busy { busy_us, held_us })
+    pub fn busy(&mut self, busy_us: u64, held_us: u64, earlier_us: u64) -> Result<(), ClientError> {
+        self.send(&Request::Busy {
+            busy_us,
+            held_us,
+            earlier_us,
+        })
     }
 
     /// Give the token back (the holder went idle). No reply.

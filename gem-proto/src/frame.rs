@@ -75,10 +75,17 @@ pub enum Request {
     /// drains and asks with a TokenRequest as usual. `burst_us` as in TokenRequest.
     Renew { burst_us: u64 },
     /// How busy this process kept the GPU since its last Busy: `busy_us` of GPU time measured
-    /// by timing events around a sample of its launches (scaled to all of them), over
-    /// `held_us` of holds (the wall time of its holds in that span). Sent before the frame
-    /// that ends a hold; no reply. gem-schd keeps each client's fill (busy / held).
-    Busy { busy_us: u64, held_us: u64 },
+    /// by timing events around a sample of its launches (scaled to all of them) launched in
+    /// its current grant, over `held_us` of holds (the wall time of its holds in that span),
+    /// and `earlier_us` measured of launches in its grants before (their events passed only
+    /// after the report that ended them). Sent before the frame that ends a hold; no reply.
+    /// gem-schd keeps each client's fill (busy / held) per kind of hold. `earlier_us` is
+    /// optional on the wire (a frame without it reads as 0), for hooks older than it.
+    Busy {
+        busy_us: u64,
+        held_us: u64,
+        earlier_us: u64,
+    },
     /// What gem-schd wants of this client beyond the basics, asked once per token connection
     /// after Hello: answered with OptionsOk.
     Options,
@@ -189,9 +196,14 @@ impl Request {
             Request::MemAlloc { bytes } | Request::MemFree { bytes } => w.u64(*bytes),
             Request::MemQuery => {}
             Request::Renew { burst_us } => w.u64(*burst_us),
-            Request::Busy { busy_us, held_us } => {
+            Request::Busy {
+                busy_us,
+                held_us,
+                earlier_us,
+            } => {
                 w.u64(*busy_us);
                 w.u64(*held_us);
+                w.u64(*earlier_us);
             }
             Request::Options => {}
         }
@@ -229,6 +241,7 @@ impl Request {
             kind::BUSY => Request::Busy {
                 busy_us: r.u64()?,
                 held_us: r.u64()?,
+                earlier_us: if r.rest.is_empty() { 0 } else { r.u64()? },
             },
             kind::OPTIONS => Request::Options,
             other => return Err(FrameError::UnknownKind(other)),
@@ -542,14 +555,48 @@ mod tests {
         let b = Request::Busy {
             busy_us: 258,
             held_us: 1000,
+            earlier_us: 3,
         }
         .encode()
         .unwrap();
         assert_eq!(
             b,
             vec![
-                18, 0, 0, 0, 1, 8, 2, 1, 0, 0, 0, 0, 0, 0, 0xe8, 3, 0, 0, 0, 0, 0, 0
+                26, 0, 0, 0, 1, 8, 2, 1, 0, 0, 0, 0, 0, 0, 0xe8, 3, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0,
+                0, 0, 0, 0
             ]
+        );
+        // A hook older than `earlier_us` sends two fields: read as none earlier.
+        let old = [
+            18, 0, 0, 0, 1, 8, 2, 1, 0, 0, 0, 0, 0, 0, 0xe8, 3, 0, 0, 0, 0, 0, 0,
+        ];
+        assert_eq!(
+            Request::decode(&old),
+            Ok(Some((
+                Request::Busy {
+                    busy_us: 258,
+                    held_us: 1000,
+                    earlier_us: 0
+                },
+                old.len()
+            )))
+        );
+        // Part of the third field is truncated; more than three is refused.
+        assert_eq!(
+            Request::decode(&[
+                22, 0, 0, 0, 1, 8, 2, 1, 0, 0, 0, 0, 0, 0, 0xe8, 3, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0
+            ]),
+            Err(FrameError::Truncated { kind: kind::BUSY })
+        );
+        let mut long = b.clone();
+        long[0] += 1;
+        long.push(0);
+        assert_eq!(
+            Request::decode(&long),
+            Err(FrameError::TrailingBytes {
+                kind: kind::BUSY,
+                extra: 1
+            })
         );
         // One field short is truncated, not a Busy of zero.
         assert_eq!(

@@ -31,8 +31,13 @@ fn request() -> impl Strategy<Value = Request> {
         Just(Request::MemQuery),
         Just(Request::Options),
         any::<u64>().prop_map(|burst_us| Request::Renew { burst_us }),
-        (any::<u64>(), any::<u64>())
-            .prop_map(|(busy_us, held_us)| Request::Busy { busy_us, held_us }),
+        (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(busy_us, held_us, earlier_us)| {
+            Request::Busy {
+                busy_us,
+                held_us,
+                earlier_us,
+            }
+        }),
     ]
 }
 

@@ -346,8 +346,15 @@ impl Actor {
                 let acts = self.core.renew(now, conn, burst_us);
                 self.perform(acts);
             }
-            Request::Busy { busy_us, held_us } => {
-                match self.core.busy(self.now(), conn, busy_us, held_us) {
+            Request::Busy {
+                busy_us,
+                held_us,
+                earlier_us,
+            } => {
+                match self
+                    .core
+                    .busy(self.now(), conn, busy_us, held_us, earlier_us)
+                {
                     Ok(()) => {
                         if let Some(c) = self.conns.get(&conn) {
                             let fill = self.core.fill(&c.client).unwrap_or(f64::NAN);

@@ -301,7 +301,7 @@ fn run(ops: Vec<Op>, co: bool) -> Result<(), TestCaseError> {
                 w.core.tick(w.now)
             }
             Op::Busy(s, b, h) => {
-                let r = w.core.busy(w.now, w.slots[s].0, b, h);
+                let r = w.core.busy(w.now, w.slots[s].0, b, h, 0);
                 prop_assert_eq!(r.is_ok(), w.conn_ok(s));
                 vec![]
             }

@@ -530,6 +530,7 @@ const SOLE_AFTER_RENEWALS: u32 = 2;
 /// Starts (or, `renewed`, renews) the hold gem-schd granted for `quota_us` from now: the
 /// deadlines the gate reads; returns the coarse one.
 pub(crate) fn start_hold(dev: usize, g: &Gpu, t: &mut Token, quota_us: u64, renewed: bool) -> u64 {
+    crate::timing::granted(g);
     let now = precise_ns();
     if renewed {
         // The renewed hold's time so far, reported with the next Busy.

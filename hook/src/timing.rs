@@ -190,23 +190,33 @@ pub fn refused() {
     }
 }
 
+/// A grant (a hold or a renewal) starts on device `g`: pairs pending from before measure
+/// earlier grants (`Pairs::next_grant`).
+pub fn granted(g: &Gpu) {
+    if every() == 0 || REFUSED.load(Ordering::Relaxed) {
+        return;
+    }
+    lock(&g.busy).next_grant();
+}
+
 /// Before a frame that ends or renews a hold on the token connection: sends gem-schd the
-/// GPU time measured since the last report and the hold time it fell in (`Token::held_ns`).
+/// GPU time measured since the last report (of launches in this grant, and late, of earlier
+/// ones) and the hold time it fell in (`Token::held_ns`).
 /// A failed send is left to the frame that follows, which fails the same way.
 pub fn report(g: &Gpu, t: &mut Token) {
     if every() == 0 || REFUSED.load(Ordering::Relaxed) {
         return;
     }
-    let busy_ns = {
+    let (busy_ns, earlier_ns) = {
         let mut pairs = lock(&g.busy);
         harvest(&mut pairs);
         pairs.take_busy_ns()
     };
     let held_ns = std::mem::take(&mut t.held_ns);
-    if busy_ns == 0 && held_ns == 0 {
+    if busy_ns == 0 && held_ns == 0 && earlier_ns == 0 {
         return;
     }
     if let Some(c) = t.client.as_mut() {
-        let _ = c.busy(busy_ns / 1000, held_ns / 1000);
+        let _ = c.busy(busy_ns / 1000, held_ns / 1000, earlier_ns / 1000);
     }
 }

@@ -24,6 +24,7 @@
 //! inference on an H100 while its own kernels' events said 8 %: its kernels ran slower), so
 //! the limits hold in GPU time, not in rates (docs/gem-schd.md, "Co-running").
 
+use super::window::stride;
 use super::*;
 
 /// Co-running settings (`Core::set_co_run`).
@@ -245,6 +246,10 @@ impl Core {
             let charge = (now.saturating_sub(*start).min(longest) as f64 * fill) as Micros;
             c.co.hold = None;
             c.co.charges.push_back((now, charge));
+            // Its virtual time counts the charge as a turn's does its quota: under full
+            // contention turns go by virtual time alone (no limit, no pacing), and a co-runner
+            // whose co-holds did not count there took its request's share of the turns on top.
+            c.pass = c.pass.saturating_add(stride(charge, c.spec.request_milli));
             while c
                 .co
                 .charges

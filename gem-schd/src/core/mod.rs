@@ -211,6 +211,9 @@ struct ConnState {
     client: Option<Key>,
     mem: u64,
     waiting: bool,
+    /// Whether its last Busy report came in a co-hold (`None`: none yet): the kind of hold
+    /// its next report's `earlier` time was measured in.
+    reported_co: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -423,18 +426,31 @@ impl Core {
         })
     }
 
-    /// Busy{busy, held} on `conn` at `now`: adds to its client's fill. No reply, no dispatch.
+    /// Busy{busy, held, earlier} on `conn` at `now`: adds to its client's fill. No reply, no
+    /// dispatch.
     pub fn busy(
         &mut self,
         now: Micros,
         conn: ConnId,
         busy_us: Micros,
         held_us: Micros,
+        earlier_us: Micros,
     ) -> Result<(), Refusal> {
         let key = self.conn_client(conn)?;
         // The report precedes the frame that ends or renews the hold it measured.
         let in_co = self.co_holds(key, conn);
+        // What was measured of its earlier grants goes to the kind of hold its last report came
+        // in: a client that alternates kinds otherwise had each kind's late samples counted in
+        // the other's fill (through the fake driver a GPU-bound tenant's turns read 0.007, so it
+        // co-ran after each turn).
+        let earlier_co = match self.conns.get_mut(&conn) {
+            Some(cs) => cs.reported_co.replace(in_co).unwrap_or(in_co),
+            None => in_co,
+        };
         if let Some(c) = self.clients.get_mut(&key) {
+            if earlier_us > 0 {
+                c.fill.report(earlier_co, earlier_us, 0);
+            }
             c.fill.report(in_co, busy_us, held_us);
             if c.co.hold.is_some() {
                 self.refresh_boost(now);
@@ -467,6 +483,7 @@ impl Core {
                 client: Some(key),
                 mem: 0,
                 waiting: false,
+                reported_co: None,
             },
         );
         Ok(HelloInfo {

@@ -534,7 +534,7 @@ impl Sim {
                     Msg::Release { used } => self.core.release(t, i as u64, used),
                     Msg::Renew { burst } => self.core.renew(t, i as u64, burst),
                     Msg::Busy { busy, held } => {
-                        let _ = self.core.busy(t, i as u64, busy, held);
+                        let _ = self.core.busy(t, i as u64, busy, held, 0);
                         vec![]
                     }
                 };

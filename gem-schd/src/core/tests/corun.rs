@@ -26,7 +26,7 @@ fn fill(c: &mut Core, conn: ConnId, fill: f64) {
     let held = 250 * MS;
     // At the start: a report's time only places a fill change on the co-runners' curve,
     // which never goes back (a later change counts from its last point).
-    c.busy(T0, conn, (held as f64 * fill) as Micros, held)
+    c.busy(T0, conn, (held as f64 * fill) as Micros, held, 0)
         .unwrap();
 }
 
@@ -177,7 +177,7 @@ fn starting_is_judged_on_the_turns_fill_and_going_on_on_the_co_holds() {
     // A few turns are not enough to judge: 100 ms of them at 0.3, and i still takes turns
     // (a start on a warm-up's holds would stick, judged on co-holds from then on).
     let mut d = pair();
-    d.busy(T0, 2, 30 * MS, 100 * MS).unwrap();
+    d.busy(T0, 2, 30 * MS, 100 * MS, 0).unwrap();
     grant(&d.token_request(t(0), 1, 0, 0)).unwrap();
     assert_eq!(grant(&d.token_request(t(1), 2, 0, 0)), None);
     assert!(!d.co_running("i"));
@@ -303,7 +303,7 @@ fn a_holder_beside_an_intermittent_co_runner_stays_within_its_limit_in_gpu_time(
                     }
                     _ => {
                         // Its co-holds fill 0.375 of their time.
-                        c.busy(now, 2, 5_625, 15 * MS).unwrap();
+                        c.busy(now, 2, 5_625, 15 * MS, 0).unwrap();
                         i_until = Some(now + 15 * MS);
                     }
                 }
@@ -365,7 +365,7 @@ fn a_co_runner_is_held_to_its_limit_while_the_window_is_still_growing() {
                 until = Some(now + 10 * MS);
                 waits = false;
                 co_holds += u32::from(c.co_running("i"));
-                c.busy(now, 2, 3 * MS, 10 * MS).unwrap();
+                c.busy(now, 2, 3 * MS, 10 * MS, 0).unwrap();
             }
         }
         let used = c.usage_us(now, "i").unwrap();
@@ -387,8 +387,10 @@ fn turns_and_co_holds_are_paced_together() {
     // other: seen through the fake driver), so it co-runs after each turn and takes a turn
     // after each co-hold. Pacing counted only turns for a turn and turns at their fill for a
     // co-hold: each kind passed beside the other, and i used 0.54 of the GPU for 2 s, 0.33 of
-    // the 10 s window after (the real-node test with co-running on). gem-schd has run for a
-    // while (its window is full) when i and t start.
+    // the 10 s window after (the real-node test with co-running on). With the two paced
+    // together i still reached 0.316: the requests add up to the GPU, so whenever both waited
+    // turns went by virtual time alone, which its co-holds did not advance. gem-schd has run
+    // for a while (its window is full) when i and t start.
     let p = Params {
         pace_us: 100 * MS,
         ..params()
@@ -422,7 +424,8 @@ fn turns_and_co_holds_are_paced_together() {
                 if conn == 2 {
                     let held = 10 * MS;
                     let f = if co { 0.95 } else { 0.05 };
-                    c.busy(now, 2, (held as f64 * f) as Micros, held).unwrap();
+                    c.busy(now, 2, (held as f64 * f) as Micros, held, 0)
+                        .unwrap();
                 }
                 acts.extend(c.token_request(now, conn, 0, 0));
             }
@@ -435,7 +438,7 @@ fn turns_and_co_holds_are_paced_together() {
         }
     }
     eprintln!("i: at most {worst:.3} of the time since it started");
-    assert!(worst <= 0.3 + 0.02, "i used {worst:.3} at a 0.3 limit");
+    assert!(worst <= 0.3 + 0.005, "i used {worst:.3} at a 0.3 limit");
 }
 
 /// Notes the grants in `acts` as holds of their connections (a co-hold's quota or a turn's).
@@ -452,4 +455,32 @@ fn note_grants(c: &Core, acts: &[Action], now: Micros, holds: &mut [Option<(Micr
             }
         }
     }
+}
+
+#[test]
+fn time_measured_late_counts_for_the_kind_of_hold_it_was_launched_in() {
+    // i's turns fill 0.5 (it starts co-running); its first co-hold's report carries 100 ms
+    // measured of the turn before (`earlier`): that goes to its turns, not to the co-hold,
+    // whose own 2 ms of 10 say 0.2.
+    let mut c = pair();
+    fill(&mut c, 1, 0.95);
+    fill(&mut c, 2, 0.5);
+    grant(&c.token_request(t(0), 1, 0, 0)).unwrap();
+    assert_eq!(grant(&c.token_request(t(1), 2, 0, 0)).unwrap().0, "i");
+    assert!(c.co_running("i"));
+    c.busy(t(11), 2, 2 * MS, 10 * MS, 100 * MS).unwrap();
+    let key = c.ids["i"];
+    let fills = c.clients[&key].fill;
+    let turns = fills.turns().unwrap();
+    assert!(turns > 0.8, "the turns' fill {turns:.3}");
+    let mut co = fills;
+    // What the co-holds alone read once enough of them reported: 0.2 more of the same.
+    for _ in 0..30 {
+        co.report(true, 2 * MS, 10 * MS);
+    }
+    let co = co.co().unwrap();
+    assert!((co - 0.2).abs() < 0.01, "the co-holds' fill {co:.3}");
+    // A report with no earlier time changes nothing of the turns'.
+    c.busy(t(21), 2, 2 * MS, 10 * MS, 0).unwrap();
+    assert_eq!(c.clients[&key].fill.turns(), Some(turns));
 }
