@@ -49,6 +49,9 @@ pub struct MemVerdict {
 
 /// How [`FrameError::UnknownKind`] reads, up to the kind.
 const UNKNOWN_KIND_PREFIX: &str = "unknown frame kind ";
+/// How [`FrameError::TrailingBytes`] reads, up to the kind, and after it.
+const TRAILING_PREFIX: &str = "frame kind ";
+const TRAILING_INFIX: &str = " has ";
 
 /// What can go wrong talking to gem-schd.
 #[derive(Debug, Error)]
@@ -73,12 +76,21 @@ impl ClientError {
     }
 
     /// The frame kind gem-schd could not read, when it refused one as unknown (Error{2}
-    /// "unknown frame kind N", [`FrameError::UnknownKind`]): a gem-schd older than the frame.
+    /// "unknown frame kind N", [`FrameError::UnknownKind`]) or as longer than it knows it
+    /// ("frame kind N has M trailing bytes": a Busy with `earlier_us` sent to a gem-schd that
+    /// reads two fields): a gem-schd older than the frame.
     pub fn refused_kind(&self) -> Option<u8> {
         match self {
-            ClientError::Server { code, message } if *code == crate::code::BAD_FRAME => message
-                .strip_prefix(UNKNOWN_KIND_PREFIX)
-                .and_then(|k| k.trim().parse().ok()),
+            ClientError::Server { code, message } if *code == crate::code::BAD_FRAME => {
+                if let Some(k) = message.strip_prefix(UNKNOWN_KIND_PREFIX) {
+                    return k.trim().parse().ok();
+                }
+                let rest = message.strip_prefix(TRAILING_PREFIX)?;
+                let (k, tail) = rest.split_once(TRAILING_INFIX)?;
+                tail.ends_with("trailing bytes")
+                    .then(|| k.trim().parse().ok())
+                    .flatten()
+            }
             _ => None,
         }
     }

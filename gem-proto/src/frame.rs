@@ -548,6 +548,23 @@ mod tests {
             message: FrameError::Truncated { kind: 8 }.to_string(),
         };
         assert_eq!(other.refused_kind(), None);
+        // An older gem-schd refuses a Busy with a field it does not know as trailing bytes.
+        let longer = crate::ClientError::Server {
+            code: code::BAD_FRAME,
+            message: FrameError::TrailingBytes { kind: 8, extra: 8 }.to_string(),
+        };
+        assert_eq!(longer.refused_kind(), Some(kind::BUSY));
+        for odd in [
+            "frame kind x has 8 trailing bytes",
+            "frame kind 8 has",
+            "frame kind 8",
+        ] {
+            let e = crate::ClientError::Server {
+                code: code::BAD_FRAME,
+                message: odd.into(),
+            };
+            assert_eq!(e.refused_kind(), None, "{odd}");
+        }
     }
 
     #[test]

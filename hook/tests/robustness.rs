@@ -300,10 +300,13 @@ fn a_holder_stops_launching_when_its_gem_schd_dies() {
 /// What a gem-schd from before Renew (and Options, Busy) does, over a real socket: answers
 /// Hello, grants every TokenRequest 5 ms, passes memory calls, and answers a frame it cannot
 /// read (a Renew, an Options, a Busy) with Error{2} and a hang-up. Records the kinds of the
-/// frames it received.
+/// frames it received. With `two_field_busy` it is one from after Options and Busy but before
+/// Busy's `earlier_us`: it asks for reports (one launch in 8) and takes a Busy of two fields,
+/// refusing a longer one as trailing bytes (and hanging up).
 fn serve_like_an_old_gem_schd(
     sock: std::path::PathBuf,
     seen: std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>,
+    two_field_busy: bool,
 ) {
     use gem_proto::{Reply, Request, code};
     use std::io::{Read, Write};
@@ -318,7 +321,25 @@ fn serve_like_an_old_gem_schd(
                 loop {
                     while let Ok(Some((req, used))) = Request::decode(&buf) {
                         buf.drain(..used);
+                        // A Busy frame of two fields: 4 + 1 + 1 + 16 bytes.
                         let (what, reply) = match req {
+                            Request::Options if two_field_busy => {
+                                ("options", Some(Reply::OptionsOk { busy_every: 8 }))
+                            }
+                            Request::Busy { .. } if two_field_busy && used == 22 => ("busy", None),
+                            Request::Busy { .. } if two_field_busy => {
+                                seen.lock().unwrap().push("busy3");
+                                let e = Reply::error(
+                                    code::BAD_FRAME,
+                                    gem_proto::FrameError::TrailingBytes {
+                                        kind: req.kind(),
+                                        extra: used - 22,
+                                    }
+                                    .to_string(),
+                                );
+                                let _ = s.write_all(&e.encode().unwrap());
+                                return;
+                            }
                             Request::Hello { .. } => (
                                 "hello",
                                 Some(Reply::HelloOk {
@@ -392,7 +413,7 @@ fn a_gem_schd_without_renew_or_options_costs_one_reconnection_each() {
     let dir = env.client_dir("a");
     std::fs::create_dir_all(&dir).unwrap();
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    serve_like_an_old_gem_schd(dir.join(format!("{GPU}.sock")), seen.clone());
+    serve_like_an_old_gem_schd(dir.join(format!("{GPU}.sock")), seen.clone(), false);
     let run = env
         .workload(
             "a",
@@ -412,6 +433,39 @@ fn a_gem_schd_without_renew_or_options_costs_one_reconnection_each() {
     assert_eq!(options, 1, "Options sent: {seen:?}");
     let busy = seen.iter().filter(|k| **k == "busy").count();
     assert_eq!(busy, 0, "Busy frames sent: {seen:?}");
+    assert!(
+        after >= 50,
+        "token requests after the refusal: {after} of {seen:?}"
+    );
+}
+
+#[test]
+fn a_gem_schd_reading_two_field_busy_costs_one_reconnection() {
+    // Version skew in an upgrade or a rollback: a hook whose Busy carries `earlier_us` beside a
+    // gem-schd that reads two fields and refuses the third as trailing bytes. The first Busy
+    // is refused (the connection closed); the hook reconnects and sends no more Busy, its
+    // token requests going on.
+    let _s = serial();
+    let env = Env::new();
+    let dir = env.client_dir("a");
+    std::fs::create_dir_all(&dir).unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    serve_like_an_old_gem_schd(dir.join(format!("{GPU}.sock")), seen.clone(), true);
+    let run = env
+        .workload(
+            "a",
+            "proc",
+            &["launch", "--kernel-us", "1000", "--seconds", "1"],
+        )
+        .spawn()
+        .unwrap();
+    let out = Proc(run).finish(Duration::from_secs(20));
+    assert!(out[0]["kernels"].as_u64().unwrap() >= 200, "{out:?}");
+    let seen = seen.lock().unwrap().clone();
+    let refused = seen.iter().filter(|k| **k == "busy3").count();
+    assert_eq!(refused, 1, "three-field Busy frames sent: {seen:?}");
+    let first = seen.iter().position(|k| *k == "busy3").unwrap_or(0);
+    let after = seen[first..].iter().filter(|k| **k == "request").count();
     assert!(
         after >= 50,
         "token requests after the refusal: {after} of {seen:?}"
