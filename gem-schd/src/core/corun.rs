@@ -113,7 +113,11 @@ impl Core {
         self.ids.get(id).map(|k| self.clients[k].pace_limit_milli())
     }
 
-    fn light(&self, key: Key) -> bool {
+    /// Whether `key` co-runs rather than takes turns: co-running on, and its fill (of its
+    /// co-holds while it co-runs, else of its turns, judged on enough of them) below the
+    /// threshold. A light client waits for co-holds only (`serve_co_waiters`), never for a
+    /// turn (`dispatch` passes it over).
+    pub(super) fn light(&self, key: Key) -> bool {
         let below = self.co_run.below;
         below > 0.0
             && self.clients.get(&key).is_some_and(|c| {

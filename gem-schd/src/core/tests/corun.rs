@@ -484,3 +484,50 @@ fn time_measured_late_counts_for_the_kind_of_hold_it_was_launched_in() {
     c.busy(t(21), 2, 2 * MS, 10 * MS, 0).unwrap();
     assert_eq!(c.clients[&key].fill.turns(), Some(turns));
 }
+
+#[test]
+fn a_light_client_at_its_limit_waits_for_a_co_hold_not_a_turn_under_full_contention() {
+    // i (light) co-runs up to its limit and waits; t asks too. Their requests add up to the
+    // GPU, and under full contention turns go by virtual time with no limit checked, so i
+    // used to be granted a turn, charged wall time, which kept it from co-running again (on
+    // an H200 it took 542 turns against 717 co-holds in one run). Now t takes the turn and
+    // i waits for room for a co-hold.
+    let mut c = pair();
+    fill(&mut c, 1, 0.95);
+    fill(&mut c, 2, 0.55);
+    let mut now = t(0);
+    grant(&c.token_request(now, 2, 0, 0)).unwrap();
+    while c.co_running("i") && now < t(5000) {
+        now += 10 * MS;
+        grant(&c.token_request(now, 2, 0, 0));
+    }
+    assert!(!c.co_running("i"), "i still co-running at its limit");
+    assert_eq!(c.holder(), None);
+    // t asks: t, not i, holds the token.
+    let g = grant(&c.token_request(now, 1, 0, 0)).map(|g| g.0.to_string());
+    assert_eq!(g.as_deref(), Some("t"));
+    // Through t's turns, until i is below its limit again: i is never granted a turn, and
+    // gets a co-hold once there is room.
+    let mut co_again = false;
+    while !co_again && now < t(3000) {
+        now = c.next_wakeup(now).map_or(now + MS, |w| w.max(now + 1));
+        let mut acts = c.tick(now);
+        if c.holder().is_none() {
+            acts.extend(c.token_request(now, 1, 0, 0));
+        }
+        for a in &acts {
+            if let Action::Grant { client, conns, .. } = a
+                && client == "i"
+            {
+                assert!(
+                    c.in_co_hold(conns[0]),
+                    "i granted a turn at {} ms",
+                    (now - T0) / MS
+                );
+                co_again = true;
+            }
+        }
+        assert_ne!(c.holder(), Some("i"));
+    }
+    assert!(co_again, "i never co-ran again");
+}
