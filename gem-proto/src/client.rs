@@ -302,8 +302,37 @@ impl Client {
     fn send(&mut self, req: &Request) -> Result<(), ClientError> {
         self.out.clear();
         req.encode_into(&mut self.out)?;
-        send_all(&self.stream, &self.out)?;
+        if let Err(e) = send_all(&self.stream, &self.out) {
+            // gem-schd answers a frame it cannot read with an Error and hangs up. After a frame
+            // with no reply (Busy) the next write finds the connection closed while that Error
+            // still waits to be read: without it, an older gem-schd's refusal of a Busy read as
+            // a lost connection, and the hook sent Busy again after reconnecting.
+            return Err(self.received_error().unwrap_or(e.into()));
+        }
         Ok(())
+    }
+
+    /// An Error reply that has already arrived, read without waiting (after a failed write).
+    fn received_error(&mut self) -> Option<ClientError> {
+        self.stream.set_nonblocking(true).ok()?;
+        let mut chunk = [0u8; 512];
+        // A refusal is one short frame: a few reads at most.
+        for _ in 0..16 {
+            match self.stream.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+        let _ = self.stream.set_nonblocking(false);
+        while let Ok(Some((reply, n))) = Reply::decode(&self.buf) {
+            self.buf.drain(..n);
+            if let Reply::Error { code, message } = reply {
+                return Some(ClientError::Server { code, message });
+            }
+        }
+        None
     }
 
     fn recv(&mut self) -> Result<Reply, ClientError> {

@@ -402,18 +402,19 @@ fn serve_like_an_old_gem_schd(
     });
 }
 
-#[test]
-fn a_gem_schd_without_renew_or_options_costs_one_reconnection_each() {
-    // Version skew in an upgrade: a hook with renewals and Options beside a gem-schd without
-    // them. The first of each is refused (Error{2}, the connection closed); the hook
-    // reconnects and never sends that frame again: TokenRequests from then on, and no Busy
-    // reports (nobody asked for them).
+/// Runs a 1 s launch loop of client a beside [`serve_like_an_old_gem_schd`]: the kinds of the
+/// frames that gem-schd received, once the loop got through.
+fn frames_beside_an_old_gem_schd(two_field_busy: bool) -> Vec<&'static str> {
     let _s = serial();
     let env = Env::new();
     let dir = env.client_dir("a");
     std::fs::create_dir_all(&dir).unwrap();
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    serve_like_an_old_gem_schd(dir.join(format!("{GPU}.sock")), seen.clone(), false);
+    serve_like_an_old_gem_schd(
+        dir.join(format!("{GPU}.sock")),
+        seen.clone(),
+        two_field_busy,
+    );
     let run = env
         .workload(
             "a",
@@ -424,15 +425,27 @@ fn a_gem_schd_without_renew_or_options_costs_one_reconnection_each() {
         .unwrap();
     let out = Proc(run).finish(Duration::from_secs(20));
     assert!(out[0]["kernels"].as_u64().unwrap() >= 200, "{out:?}");
-    let seen = seen.lock().unwrap().clone();
-    let renews = seen.iter().filter(|k| **k == "renew").count();
-    let first = seen.iter().position(|k| *k == "renew");
-    let after = first.map_or(0, |i| seen[i..].iter().filter(|k| **k == "request").count());
-    assert_eq!(renews, 1, "Renews sent: {seen:?}");
-    let options = seen.iter().filter(|k| **k == "options").count();
-    assert_eq!(options, 1, "Options sent: {seen:?}");
-    let busy = seen.iter().filter(|k| **k == "busy").count();
-    assert_eq!(busy, 0, "Busy frames sent: {seen:?}");
+    seen.lock().unwrap().clone()
+}
+
+/// TokenRequests from the first frame of kind `kind` on (0 if none was sent).
+fn requests_after(seen: &[&str], kind: &str) -> usize {
+    let first = seen.iter().position(|k| *k == kind);
+    first.map_or(0, |i| seen[i..].iter().filter(|k| **k == "request").count())
+}
+
+#[test]
+fn a_gem_schd_without_renew_or_options_costs_one_reconnection_each() {
+    // Version skew in an upgrade: a hook with renewals and Options beside a gem-schd without
+    // them. The first of each is refused (Error{2}, the connection closed); the hook
+    // reconnects and never sends that frame again: TokenRequests from then on, and no Busy
+    // reports (nobody asked for them).
+    let seen = frames_beside_an_old_gem_schd(false);
+    let count = |kind: &str| seen.iter().filter(|k| **k == kind).count();
+    assert_eq!(count("renew"), 1, "Renews sent: {seen:?}");
+    assert_eq!(count("options"), 1, "Options sent: {seen:?}");
+    assert_eq!(count("busy"), 0, "Busy frames sent: {seen:?}");
+    let after = requests_after(&seen, "renew");
     assert!(
         after >= 50,
         "token requests after the refusal: {after} of {seen:?}"
@@ -445,27 +458,10 @@ fn a_gem_schd_reading_two_field_busy_costs_one_reconnection() {
     // gem-schd that reads two fields and refuses the third as trailing bytes. The first Busy
     // is refused (the connection closed); the hook reconnects and sends no more Busy, its
     // token requests going on.
-    let _s = serial();
-    let env = Env::new();
-    let dir = env.client_dir("a");
-    std::fs::create_dir_all(&dir).unwrap();
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    serve_like_an_old_gem_schd(dir.join(format!("{GPU}.sock")), seen.clone(), true);
-    let run = env
-        .workload(
-            "a",
-            "proc",
-            &["launch", "--kernel-us", "1000", "--seconds", "1"],
-        )
-        .spawn()
-        .unwrap();
-    let out = Proc(run).finish(Duration::from_secs(20));
-    assert!(out[0]["kernels"].as_u64().unwrap() >= 200, "{out:?}");
-    let seen = seen.lock().unwrap().clone();
+    let seen = frames_beside_an_old_gem_schd(true);
     let refused = seen.iter().filter(|k| **k == "busy3").count();
     assert_eq!(refused, 1, "three-field Busy frames sent: {seen:?}");
-    let first = seen.iter().position(|k| *k == "busy3").unwrap_or(0);
-    let after = seen[first..].iter().filter(|k| **k == "request").count();
+    let after = requests_after(&seen, "busy3");
     assert!(
         after >= 50,
         "token requests after the refusal: {after} of {seen:?}"

@@ -10,7 +10,8 @@
 //!
 //! Accounting: in GPU time. A co-hold is charged what its client's kernels used of it (its
 //! wall time × its fill), so its limit holds in GPU time; a co-runner over its limit (in the
-//! window or the pacing window) waits for turns like anyone. The holder shares its turns with
+//! window or the pacing window) waits until it is below it again, for a co-hold: a light client
+//! never takes a turn (`dispatch` passes it over). The holder shares its turns with
 //! the co-runners' kernels, so its turns are charged only the rest: the window's check counts
 //! them less what the co-runners took of them (`co_area.rs`, the integral of their fills),
 //! which is what the usage report delivers, so the check and the report agree; pacing, which
@@ -177,10 +178,9 @@ impl Core {
         }
         let from = now.saturating_sub(p);
         // Its turns and co-holds in the pacing window, as a turn's pacing counts them (its
-        // turns at their token time against its limit in force). A light client back from a
-        // turn may find the window full of it and wait; it is served a co-hold, not a turn,
-        // once there is room (`serve_co_waiters` goes before the turns, and this check is
-        // looser than a turn's, which also needs room for a min quota).
+        // turns at their token time against its limit in force). A light client that finds the
+        // window full (of a turn it took before it was light) waits and is served a co-hold
+        // once there is room (`serve_co_waiters`); it is never given a turn meanwhile.
         let in_pace: Micros = self.own_since(key, from).iter().map(|(s, e)| e - s).sum();
         u128::from(in_pace) * 1000 < u128::from(c.pace_limit_milli()) * u128::from(p)
     }
@@ -270,8 +270,8 @@ impl Core {
     /// Sets every client's boost from the fills of the co-runners open now: a client not in
     /// a co-hold shares the GPU with them, `f` of the time together, and its pacing limit is
     /// raised by `1 / (1 − f)`; the same `f` (as capped) goes on the co-runners' curve from
-    /// `now`, to credit the holder's turns with it (`co_area.rs`). Called when a co-hold opens or ends,
-    /// when a fill changes and when the config drops a client.
+    /// `now`, to credit the holder's turns with it (`co_area.rs`). Called when a co-hold opens
+    /// or ends, when a fill changes and when the config drops a client.
     pub(super) fn refresh_boost(&mut self, now: Micros) {
         let f: f64 = self
             .clients

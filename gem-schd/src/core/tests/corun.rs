@@ -1,5 +1,5 @@
 //! Co-running (`corun.rs`): light clients granted beside the holder, charged by their fill,
-//! held to their limit; holders' limits raised by the pace they lose.
+//! held to their limit; holders charged in GPU time (their turns less what co-runners took).
 
 use super::*;
 
@@ -218,9 +218,9 @@ fn starting_is_judged_on_the_turns_fill_and_going_on_on_the_co_holds() {
 
 #[test]
 fn the_holders_turns_are_credited_what_co_runners_took_of_them() {
-    // i co-runs beside t's turn, keeping the GPU 0.375 busy: t's limit is raised to 0.8 in
-    // the checks, and the usage report credits t's turn 0.375 of its time, so what it reports
-    // as t's delivered share is GPU time, within t's declared limit.
+    // i co-runs beside t's turn, keeping the GPU 0.375 busy: t's pacing limit is raised to
+    // 0.8, and its turns are credited 0.375 of their time (in the window's check and the usage
+    // report), so what is reported as t's delivered share is GPU time, within its limit.
     let mut c = pair();
     fill(&mut c, 1, 0.95);
     fill(&mut c, 2, 0.375);
