@@ -395,3 +395,66 @@ mod layout_tests {
         );
     }
 }
+
+#[cfg(test)]
+mod refusal_tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::unix::net::UnixListener;
+
+    /// Reads one whole request frame from `s`.
+    fn read_request(s: &mut UnixStream) -> Request {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 256];
+        loop {
+            if let Ok(Some((req, _))) = Request::decode(&buf) {
+                return req;
+            }
+            let n = s.read(&mut chunk).expect("read a request");
+            assert!(n > 0, "the client hung up");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    #[test]
+    fn a_refusal_of_a_frame_without_reply_is_read_when_the_next_write_fails() {
+        // gem-schd refuses a Busy it cannot read with an Error and hangs up. Busy has no
+        // reply, so the client learns of it at its next frame: that write fails, and the
+        // Error waiting in the socket must come out as the refusal (naming Busy), not as a
+        // lost connection.
+        let dir = std::env::temp_dir().join(format!("gem-proto-refusal-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("gem.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            assert!(matches!(read_request(&mut s), Request::Hello { .. }));
+            let ok = Reply::HelloOk {
+                request_milli: 500,
+                limit_milli: 500,
+                mem_limit: 1,
+                mem_used: 0,
+                window_ms: 10_000,
+            };
+            s.write_all(&ok.encode().unwrap()).unwrap();
+            assert!(matches!(read_request(&mut s), Request::Busy { .. }));
+            let refusal = Reply::error(
+                crate::code::BAD_FRAME,
+                FrameError::TrailingBytes {
+                    kind: crate::kind::BUSY,
+                    extra: 8,
+                }
+                .to_string(),
+            );
+            s.write_all(&refusal.encode().unwrap()).unwrap();
+            // Dropped here: the hang-up.
+        });
+        let mut c = Client::connect(&path, 1, "GPU-x").unwrap();
+        c.busy(1, 2, 3).unwrap();
+        server.join().unwrap();
+        let e = c.send_token_request(0, 0).unwrap_err();
+        assert_eq!(e.refused_kind(), Some(crate::kind::BUSY), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
