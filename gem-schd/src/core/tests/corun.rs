@@ -30,6 +30,18 @@ fn fill(c: &mut Core, conn: ConnId, fill: f64) {
         .unwrap();
 }
 
+/// `pair()` with t (fill 0.95) holding the token from t(0) and i, its turns filling
+/// `i_fill`, granted a co-hold beside it at `i_at`.
+fn i_co_running_beside_t(i_fill: f64, i_at: Micros) -> Core {
+    let mut c = pair();
+    fill(&mut c, 1, 0.95);
+    fill(&mut c, 2, i_fill);
+    grant(&c.token_request(t(0), 1, 0, 0)).unwrap();
+    assert_eq!(grant(&c.token_request(i_at, 2, 0, 0)).unwrap().0, "i");
+    assert!(c.co_running("i"));
+    c
+}
+
 #[test]
 fn a_light_client_runs_beside_the_holder_and_a_heavy_one_waits() {
     let mut c = pair();
@@ -183,11 +195,7 @@ fn starting_is_judged_on_the_turns_fill_and_going_on_on_the_co_holds() {
     assert!(!d.co_running("i"));
 
     // i fills 0.5 of its turns: it starts co-running beside t.
-    let mut c = pair();
-    fill(&mut c, 1, 0.95);
-    fill(&mut c, 2, 0.5);
-    grant(&c.token_request(t(0), 1, 0, 0)).unwrap();
-    assert_eq!(grant(&c.token_request(t(1), 2, 0, 0)).unwrap().0, "i");
+    let mut c = i_co_running_beside_t(0.5, t(1));
     // Its kernels fill 0.25 of its co-holds (they wait for the GPU beside t's): a co-hold is
     // charged that, not its turns' 0.5, and t's boost follows it.
     fill(&mut c, 2, 0.25);
@@ -221,12 +229,8 @@ fn the_holders_turns_are_credited_what_co_runners_took_of_them() {
     // i co-runs beside t's turn, keeping the GPU 0.375 busy: t's pacing limit is raised to
     // 0.8, and its turns are credited 0.375 of their time (in the window's check and the usage
     // report), so what is reported as t's delivered share is GPU time, within its limit.
-    let mut c = pair();
-    fill(&mut c, 1, 0.95);
-    fill(&mut c, 2, 0.375);
     // t holds for 100 ms, renewing its 10 ms turns; i's co-holds run beside it all along.
-    grant(&c.token_request(t(0), 1, 0, 0)).unwrap();
-    assert_eq!(grant(&c.token_request(t(0), 2, 0, 0)).unwrap().0, "i");
+    let mut c = i_co_running_beside_t(0.375, t(0));
     let mut now = t(0);
     for _ in 0..10 {
         now += 10 * MS;
@@ -462,12 +466,7 @@ fn time_measured_late_counts_for_the_kind_of_hold_it_was_launched_in() {
     // i's turns fill 0.5 (it starts co-running); its first co-hold's report carries 100 ms
     // measured of the turn before (`earlier`): that goes to its turns, not to the co-hold,
     // whose own 2 ms of 10 say 0.2.
-    let mut c = pair();
-    fill(&mut c, 1, 0.95);
-    fill(&mut c, 2, 0.5);
-    grant(&c.token_request(t(0), 1, 0, 0)).unwrap();
-    assert_eq!(grant(&c.token_request(t(1), 2, 0, 0)).unwrap().0, "i");
-    assert!(c.co_running("i"));
+    let mut c = i_co_running_beside_t(0.5, t(1));
     c.busy(t(11), 2, 2 * MS, 10 * MS, 100 * MS).unwrap();
     let key = c.ids["i"];
     let fills = c.clients[&key].fill;
