@@ -149,6 +149,13 @@ impl Core {
             .filter(move |(end, _)| *end > from)
     }
 
+    /// Whether `key` waits for a turn: it has requests waiting and is not light (a light client
+    /// waits for co-holds only: it is neither a candidate for a turn nor counts toward full
+    /// contention).
+    pub(super) fn waits_for_turn(&self, key: Key, c: &ClientState) -> bool {
+        !c.waiting.is_empty() && !self.light(key)
+    }
+
     /// Whether a TokenRequest of `key` at `now` is answered with a co-hold: co-running on, the
     /// client light and not the holder, and its usage (turns and co-holds) below its limit over
     /// the window and the pacing window.

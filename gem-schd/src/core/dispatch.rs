@@ -210,7 +210,7 @@ impl Core {
             // and under full contention (no checks on turns) it was granted a turn again, and
             // so on (on an H200 batch-1 inference beside training took 542 turns against 717
             // co-holds in one run, p99 3.4× native).
-            if c.waiting.is_empty() || self.light(key) {
+            if !self.waits_for_turn(key, c) {
                 continue;
             }
             // GPU time (turns credited what co-runners took of them) against the declared limit.

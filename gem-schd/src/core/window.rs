@@ -76,13 +76,12 @@ impl Core {
     /// Only with turns by virtual time (`max_lag` > 0): ranked by usage over the window
     /// (Gemini), the checks are what keeps a client from running ahead.
     pub(super) fn fully_contended(&self) -> bool {
-        // Light clients wait for co-holds, not turns (`corun.rs`): they do not contend for turns.
         self.unpaced_when_full
             && self.max_lag_us > 0
             && self
                 .clients
                 .iter()
-                .filter(|(k, c)| !c.waiting.is_empty() && !self.light(**k))
+                .filter(|(k, c)| self.waits_for_turn(**k, c))
                 .map(|(_, c)| u32::from(c.spec.request_milli))
                 .sum::<u32>()
                 >= 1000
