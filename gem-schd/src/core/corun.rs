@@ -14,12 +14,13 @@
 //! never takes a turn (`dispatch` passes it over). The holder shares its turns with
 //! the co-runners' kernels, so its turns are charged only the rest: the window's check counts
 //! them less what the co-runners took of them (`co_area.rs`, the integral of their fills),
-//! which is what the usage report delivers, so the check and the report agree; pacing, which
-//! reads turns' token time, raises the holder's limit by `1 / (1 − f)` while co-holds are
-//! open, `f` the co-runners' fills together (at most 3×; its request, the guarantee to others,
-//! is unchanged). (Raising the limit in the window's check too let a turn granted on a boost
-//! that a co-hold's end then withdrew pass the declared limit in GPU time: CI's real-node test
-//! read 0.315 and 0.322 for a pod at 0.3.) Beside batch-1 inference (fill ~0.37 co-running)
+//! which is what the usage report delivers, so the check and the report agree, and so does
+//! pacing, which counts a turn granted now at `1 − f` of its length, `f` the fills of the
+//! co-runners open now together (the boost `1 / (1 − f)`, at most 3×, sizes its turns; its
+//! request, the guarantee to others, is unchanged). (Raising the limit instead let a turn
+//! granted on a boost that a co-hold's end then withdrew pass the declared limit in GPU time:
+//! CI's real-node test read 0.315 and 0.322 for a pod at 0.3; in pacing, the withdrawn boost
+//! made the last second's turns count whole and the holder wait with the GPU idle.) Beside batch-1 inference (fill ~0.37 co-running)
 //! training at 0.5 then takes turns of ~0.79 of the time. What each then gets of
 //! its native *rate* is the GPU's business (training lost 29 % of its rate beside co-running
 //! inference on an H100 while its own kernels' events said 8 %: its kernels ran slower), so
@@ -64,12 +65,17 @@ pub(super) struct CoState {
 }
 
 impl ClientState {
-    /// The limit in force over its turns' token time, for pacing and the size of its turns:
-    /// the declared one, raised by the co-running boost. (The window's check holds its turns'
-    /// GPU time, credited what co-runners took of them, to the declared limit.)
+    /// The limit in force over its turns' token time, for the size of its turns: the
+    /// declared one, raised by the co-running boost.
     pub(super) fn pace_limit_milli(&self) -> u16 {
         let boost = u64::from(self.co.boost_milli.max(1000));
         (u64::from(self.spec.limit_milli) * boost / 1000).min(1000) as u16
+    }
+
+    /// The GPU time a µs of a turn granted now counts for, in thousandths: what the
+    /// co-runners open now leave of it (`1 / boost`).
+    pub(super) fn hold_rate_milli(&self) -> u32 {
+        1_000_000 / self.co.boost_milli.max(1000)
     }
 }
 
@@ -184,12 +190,40 @@ impl Core {
             return true;
         }
         let from = now.saturating_sub(p);
-        // Its turns and co-holds in the pacing window, as a turn's pacing counts them (its
-        // turns at their token time against its limit in force). A light client that finds the
-        // window full (of a turn it took before it was light) waits and is served a co-hold
-        // once there is room (`serve_co_waiters`); it is never given a turn meanwhile.
+        // Its turns and co-holds in the pacing window in GPU time, as a turn's pacing counts
+        // them. A light client that finds the window full (of a turn it took before it was
+        // light) waits and is served a co-hold once there is room (`serve_co_waiters`); it is
+        // never given a turn meanwhile.
         let in_pace: Micros = self.own_since(key, from).iter().map(|(s, e)| e - s).sum();
-        u128::from(in_pace) * 1000 < u128::from(c.pace_limit_milli()) * u128::from(p)
+        u128::from(in_pace) * 1000 < lim * u128::from(p)
+    }
+
+    /// When a light waiting client passes `co_ok`'s checks, if nothing else happens: its
+    /// usage below its limit over the window so far and over the pacing window. (A turn's
+    /// wake-up waits for room for a min quota and the client's overrun, later than a co-hold
+    /// needs: a paced co-runner woke late unless another client's request dispatched.)
+    pub(super) fn co_ready_at(&self, key: Key, now: Micros) -> Option<Micros> {
+        let c = self.clients.get(&key)?;
+        let lim = u128::from(c.spec.limit_milli);
+        let window_ok = u128::from(self.usage(key, now)) * 1000 < lim * u128::from(self.w_eff(now));
+        let w = if window_ok {
+            now
+        } else {
+            self.eligible_at(key, now)?
+        };
+        let p = self.pace_window();
+        if p == 0 || lim >= 1000 {
+            return Some(w);
+        }
+        // Below `limit × p`: at most the µs under it, with no hold to fit.
+        let below = (lim * u128::from(p)).div_ceil(1000) as Micros;
+        let rule = PaceRule {
+            window: p,
+            budget: below.checked_sub(1)?,
+            exact: true,
+            rate_milli: 1000,
+        };
+        Some(w.max(self.pace_ready_at(key, now, rule, 0)?))
     }
 
     /// Waiting clients that may co-run now (light and below their limit again: the window

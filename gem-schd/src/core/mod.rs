@@ -62,8 +62,12 @@ pub struct Params {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PaceRule {
     pub window: Micros,
+    /// GPU time allowed over the window.
     pub budget: Micros,
     pub exact: bool,
+    /// The GPU time a µs of a new hold counts for, in thousandths (below 1000 while
+    /// co-runners share the holder's turns).
+    pub rate_milli: u32,
 }
 
 impl Default for Params {

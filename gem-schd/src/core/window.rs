@@ -8,6 +8,10 @@ impl Core {
     /// When a waiting client passes both its limit and its pacing allowance, if
     /// nothing else happens (both only loosen as time passes, so the later of the two).
     pub(super) fn ready_at(&self, key: Key, now: Micros) -> Option<Micros> {
+        // A light client waits for a co-hold, whose checks full contention does not lift.
+        if self.light(key) {
+            return self.co_ready_at(key, now);
+        }
         let c = self.clients.get(&key)?;
         let usage = u128::from(self.usage(key, now)) * 1000;
         let window_ok = usage < u128::from(c.spec.limit_milli) * u128::from(self.w_eff(now))
@@ -29,10 +33,10 @@ impl Core {
         self.params.pace_us.min(self.params.window_us)
     }
 
-    /// The pacing rules of a client: `limit × pace` over the pacing window, and `limit ×
-    /// pace short` over the short one while no other client waits for the token; none when
-    /// pacing does not apply (off, an uncapped client, a limit of 0, which the window check
-    /// already holds back, or full contention).
+    /// The pacing rules of a client: `limit × pace` of GPU time over the pacing window, and
+    /// `limit × pace short` over the short one while no other client waits for the token;
+    /// none when pacing does not apply (off, an uncapped client, a limit of 0, which the
+    /// window check already holds back, or full contention).
     ///
     /// The short rule is for a client that has the GPU to itself, which would otherwise
     /// spend its pacing allowance in one block and then wait out the rest of the window.
@@ -40,9 +44,17 @@ impl Core {
     /// only lost it time: headroom that came back while a neighbour ran a 20 ms burst was
     /// gone 100 ms later, and a (0.5, 0.5) client beside a (0.1, 1.0) one with such bursts
     /// got 0.44 (`capped_and_elastic_busy_swapped_patterns` in tests/sim.rs).
+    ///
+    /// Past turns count in GPU time (`own_since`), a new one at the rate the co-runners open
+    /// now leave it (`rate_milli`). Pacing read token time against a limit raised while
+    /// co-runners ran, so when a co-hold ended the turns of the last second counted whole
+    /// against the declared limit again: training at 0.5 waited ~50 ms beside co-running
+    /// batch-8 inference that was at its own limit, the GPU idle (inference's co-holds
+    /// waited up to 70 ms on an H200; `a_holders_pacing_does_not_jump_back_when_a_co_hold_ends`).
     pub(super) fn pace_rules(&self, key: Key, c: &ClientState) -> impl Iterator<Item = PaceRule> {
-        let lim = c.pace_limit_milli();
+        let lim = c.spec.limit_milli;
         let on = lim > 0 && lim < 1000 && !self.fully_contended();
+        let rate_milli = c.hold_rate_milli();
         let long = self.pace_window();
         let alone = !self
             .clients
@@ -60,6 +72,7 @@ impl Core {
                 window,
                 budget: ((u128::from(lim) * u128::from(window) / 1000) as u64).max(1),
                 exact: window == long,
+                rate_milli,
             })
     }
 
@@ -110,11 +123,13 @@ impl Core {
             .max(1)
     }
 
-    /// The client's own use from `from` on, clipped to it, ordered by start: its turns, after
-    /// the usage its account carried (all of which precedes its entries in the history), and
-    /// its co-holds' charges, each as a piece of that length ending with the co-hold. Pacing
-    /// holds turns and co-holds together: with each check counting only one kind (or the
-    /// other at a discount), a tenant at 0.3 that alternated them was charged 0.33 of its
+    /// The client's own use from `from` on, in GPU time, clipped to it, ordered by start: its
+    /// turns, each less what co-runners took of it (`co_area.rs`), as a piece of that length
+    /// ending with the turn (it slides out of a window no earlier than its GPU time did),
+    /// after the usage its account carried (all of which precedes its entries in the
+    /// history), and its co-holds' charges, each likewise a piece ending with the co-hold.
+    /// Pacing holds turns and co-holds together: with each check counting only one kind (or
+    /// the other at a discount), a tenant at 0.3 that alternated them was charged 0.33 of its
     /// first 10 s through the fake driver (the real-node test with co-running on).
     pub(super) fn own_since(&self, key: Key, from: Micros) -> Vec<(Micros, Micros)> {
         // Entries are in order and never overlap, so their ends are ordered too.
@@ -124,7 +139,11 @@ impl Core {
             .rev()
             .take_while(|e| e.end > from)
             .filter(|e| e.client == key)
-            .map(|e| (e.start.max(from), e.end))
+            .map(|e| {
+                let start = e.start.max(from);
+                let credit = self.co_area.between(start, e.end) as Micros;
+                (start.saturating_add(credit).min(e.end), e.end)
+            })
             .collect();
         if let Some(c) = self.clients.get(&key) {
             v.extend(
@@ -149,36 +168,52 @@ impl Core {
     }
 
     /// The longest hold `q` starting at `now` that keeps the client's usage over the
-    /// rule's window ending at `now + q` within its budget: `q` plus its usage in
-    /// `[now + q - window, ..)` (old usage slides out while the new hold runs).
+    /// rule's window ending at `now + q` within its budget: its usage in `[now + q - window,
+    /// ..)` plus the hold's, `q` at the rule's rate (old usage slides out while the new hold
+    /// runs).
     pub(super) fn pace_headroom(&self, key: Key, now: Micros, rule: PaceRule) -> Micros {
-        let PaceRule { window, budget, .. } = rule;
+        let PaceRule {
+            window,
+            budget,
+            rate_milli,
+            ..
+        } = rule;
+        let rate = u128::from(rate_milli.clamp(1, 1000));
         let from = now.saturating_sub(window);
         let segs = self.own_since(key, from);
         let used: Micros = segs.iter().map(|(s, e)| e - s).sum();
         let Some(slack) = budget.checked_sub(used) else {
             return 0;
         };
-        // Moving the window's start from `from`, the hold may grow by the gaps between
-        // the client's old pieces only up to `slack` (over its own pieces, the old
-        // usage sliding out pays for the new).
-        let (mut pos, mut gaps) = (from, 0);
+        // In thousandths of a µs of GPU time. As the window's start moves on from `from`,
+        // the hold grows as much: over a gap between the client's old pieces that costs the
+        // slack the hold's rate, over an old piece the piece slides out as fast (at a rate
+        // below 1 the slack grows).
+        let mut slack = u128::from(slack) * 1000;
+        let mut pos = from;
         for (s, e) in segs {
             if s > pos {
+                let cost = u128::from(s - pos) * rate;
                 // Strictly more: a gap that uses the slack up exactly still lets the
-                // hold run on over the next old piece (it slides out 1:1).
-                if gaps + (s - pos) > slack {
+                // hold run on over the next old piece.
+                if cost > slack {
                     break;
                 }
-                gaps += s - pos;
+                slack -= cost;
             }
+            slack += u128::from(e.saturating_sub(pos.max(s))) * (1000 - rate);
             pos = pos.max(e);
         }
-        pos + (slack - gaps) - from
+        let more = u64::try_from(slack / rate).unwrap_or(Micros::MAX);
+        (pos - from).saturating_add(more)
     }
 
     /// When the rule's headroom reaches `need` (`now` if it has), assuming no new use:
-    /// the first `t` with `need + usage in [t + need - window, ..) <= budget`.
+    /// the first `t` with `need + usage in [t + need - window, ..) <= budget`. The hold
+    /// counts whole here, as if nobody co-ran: at a lower rate it fits no later (each µs of
+    /// it costs less), and taking the rate into this formula alone woke gem-schd before the
+    /// headroom was there, again and again (a gap at the window's start costs the rate
+    /// before the old usage slides out); a dispatch on another event finds the hold sooner.
     pub(super) fn pace_ready_at(
         &self,
         key: Key,

@@ -530,3 +530,116 @@ fn a_light_client_at_its_limit_waits_for_a_co_hold_not_a_turn_under_full_content
     }
     assert!(co_again, "i never co-ran again");
 }
+
+#[test]
+fn a_holders_pacing_does_not_jump_back_when_a_co_hold_ends() {
+    // t (0.5, GPU-bound) takes turns while i (0.5) co-runs 20 ms co-holds filling 0.58 back
+    // to back (gem-schd's default settings). t's pacing read its turns' token time against a limit raised while i co-ran:
+    // when a co-hold ended the boost went, the turns of the last 100 ms counted whole against
+    // 0.5, and t waited ~50 ms; i, at its own limit, waited too, and the GPU sat idle (on an
+    // H200 batch-8 inference waited up to 70 ms for a co-hold, max latency 77–82 ms in three
+    // runs of four). Paced in GPU time (turns less what co-runners took of them), a co-hold's
+    // end changes nothing of t's past.
+    let mut c = Core::new(
+        Params::default(),
+        &[spec("t", 500, 500, 100), spec("i", 500, 500, 100)],
+        0,
+    );
+    c.set_max_wait(50 * MS);
+    c.set_max_lag(10 * MS);
+    c.set_unpaced_when_full(true);
+    c.set_turn_includes_drain(true);
+    c.set_co_run(CoRunSettings {
+        below: 0.6,
+        quota_us: 20 * MS,
+    });
+    c.hello(1, "t").unwrap();
+    c.hello(2, "i").unwrap();
+    fill(&mut c, 1, 0.85);
+    fill(&mut c, 2, 0.3);
+    let mut holds: [Option<(Micros, bool)>; 2] = [None, None];
+    let mut now = t(0);
+    for conn in [1, 2] {
+        let acts = c.token_request(now, conn, 0, 0);
+        note_grants(&c, &acts, now, &mut holds);
+    }
+    let (mut idle_since, mut longest, mut co_holds) = (None::<Micros>, 0, 0u32);
+    while now < t(12000) {
+        now += 100;
+        let mut acts = Vec::new();
+        for conn in [1u64, 2] {
+            let slot = &mut holds[conn as usize - 1];
+            if let Some((end, co)) = *slot
+                && now >= end
+            {
+                *slot = None;
+                if conn == 2 {
+                    co_holds += u32::from(co);
+                    let held = 20 * MS;
+                    c.busy(now, 2, held * 58 / 100, held, 0).unwrap();
+                }
+                acts.extend(c.token_request(now, conn, 0, 0));
+            }
+        }
+        acts.extend(c.tick(now));
+        note_grants(&c, &acts, now, &mut holds);
+        // Both wait, nobody runs: the GPU is idle.
+        if holds.iter().all(Option::is_none) {
+            let since = *idle_since.get_or_insert(now);
+            longest = longest.max(now - since);
+        } else {
+            idle_since = None;
+        }
+    }
+    let share = |id| c.usage_us(now, id).unwrap() as f64 / c.params().window_us as f64;
+    let (ts, is) = (share("t"), share("i"));
+    eprintln!(
+        "longest idle {} ms; t {ts:.3}, i {is:.3} of the window; {co_holds} co-holds",
+        longest / MS
+    );
+    assert!(co_holds > 100, "i co-ran {co_holds} times");
+    assert!(
+        ts <= 0.5 + 0.005 && is <= 0.5 + 0.005,
+        "t {ts:.3}, i {is:.3}"
+    );
+    assert!(
+        longest <= 10 * MS,
+        "both waited with the GPU idle for {} ms",
+        longest / MS
+    );
+}
+
+#[test]
+fn a_paced_co_runner_is_woken_when_a_co_hold_passes_its_checks() {
+    // i co-runs alone until its pacing window is full, then waits. Its wake-up asked for a
+    // turn's room (a min quota plus its overrun) while a co-hold needs only to be below its
+    // limit: it woke late, unless another client's request happened to dispatch.
+    let p = Params {
+        pace_us: 100 * MS,
+        ..params()
+    };
+    let mut c = Core::new(p, &[spec("t", 500, 500, 100), spec("i", 500, 500, 100)], 0);
+    c.set_co_run(CoRunSettings {
+        below: 0.6,
+        quota_us: 10 * MS,
+    });
+    c.hello(1, "t").unwrap();
+    c.hello(2, "i").unwrap();
+    fill(&mut c, 2, 0.55);
+    let mut now = t(0);
+    grant(&c.token_request(now, 2, 0, 0)).unwrap();
+    while c.co_running("i") && now < t(1000) {
+        now += 10 * MS;
+        grant(&c.token_request(now, 2, 0, 0));
+    }
+    assert!(!c.co_running("i"), "i never reached its pacing limit");
+    let wake = c.next_wakeup(now).expect("i waits for a wake-up");
+    assert!(wake > now);
+    assert_eq!(
+        grant(&c.tick(wake - 1)),
+        None,
+        "i could co-run before its wake-up"
+    );
+    assert_eq!(grant(&c.tick(wake)).map(|g| g.0), Some("i"));
+    assert!(c.co_running("i"));
+}
