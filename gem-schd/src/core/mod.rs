@@ -218,8 +218,6 @@ struct ConnState {
     /// Whether its last Busy report came in a co-hold (`None`: none yet): the kind of hold
     /// its next report's `earlier` time was measured in.
     reported_co: Option<bool>,
-    /// When its last Busy report came (`None`: none yet).
-    reported_at: Option<Micros>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -449,14 +447,10 @@ impl Core {
         // in: a client that alternates kinds otherwise had each kind's late samples counted in
         // the other's fill (through the fake driver a GPU-bound tenant's turns read 0.007, so it
         // co-ran after each turn).
-        let (earlier_co, since) = match self.conns.get_mut(&conn) {
-            Some(cs) => (
-                cs.reported_co.replace(in_co).unwrap_or(in_co),
-                cs.reported_at.replace(now),
-            ),
-            None => (in_co, None),
+        let earlier_co = match self.conns.get_mut(&conn) {
+            Some(cs) => cs.reported_co.replace(in_co).unwrap_or(in_co),
+            None => in_co,
         };
-        let (busy_us, earlier_us) = within_span(busy_us, earlier_us, since, now, held_us);
         if let Some(c) = self.clients.get_mut(&key) {
             if earlier_us > 0 {
                 c.fill.report(earlier_co, earlier_us, 0);
@@ -494,7 +488,6 @@ impl Core {
                 mem: 0,
                 waiting: false,
                 reported_co: None,
-                reported_at: None,
             },
         );
         Ok(HelloInfo {
@@ -740,33 +733,6 @@ impl Core {
             }) => Ok(*k),
         }
     }
-}
-
-/// A Busy report's GPU time (`busy`, `earlier`) scaled down, both alike, to at most the wall
-/// time since the connection's previous report (`since`; or the hold time reported, if
-/// longer): the launches it measured ran in that span. Each sample stands for the launches
-/// of its gap (`hook/src/busy.rs`), so one long kernel sampled among short ones reads as
-/// hundreds of ms: on an H200 batch-1 inference reported 827 ms busy in a 20 ms co-hold,
-/// its co-holds' fill stayed above the threshold for ~0.3 s and it took turns meanwhile, up
-/// to 48 ms a request. Several streams busy at once lose their overlap, which a fill (at
-/// most 1) does not count anyway.
-fn within_span(
-    busy: Micros,
-    earlier: Micros,
-    since: Option<Micros>,
-    now: Micros,
-    held: Micros,
-) -> (Micros, Micros) {
-    let Some(since) = since else {
-        return (busy, earlier);
-    };
-    let span = u128::from(now.saturating_sub(since).max(held));
-    let total = u128::from(busy) + u128::from(earlier);
-    if total <= span {
-        return (busy, earlier);
-    }
-    let scale = |x: Micros| (u128::from(x) * span / total) as Micros;
-    (scale(busy), scale(earlier))
 }
 
 fn unknown(id: &str) -> Refusal {

@@ -384,31 +384,3 @@ fn carried_pacing_spreads_the_new_limit_over_the_window() {
     // A span too short for a µs per piece.
     assert!(carried_pacing(0, 19, 500).is_empty());
 }
-
-proptest::proptest! {
-    /// A report's GPU time is kept whole within the span since the last report, else scaled
-    /// down to it, busy and earlier alike.
-    #[test]
-    fn a_report_counts_at_most_its_span(
-        busy in 0u64..10_000_000_000,
-        earlier in 0u64..10_000_000_000,
-        since in proptest::option::of(0u64..1_000_000_000),
-        after in 0u64..1_000_000_000,
-        held in 0u64..100_000_000,
-    ) {
-        let now = since.unwrap_or(0) + after;
-        let (b, e) = within_span(busy, earlier, since, now, held);
-        proptest::prop_assert!(b <= busy && e <= earlier);
-        match since {
-            None => proptest::prop_assert_eq!((b, e), (busy, earlier)),
-            Some(_) => {
-                let span = after.max(held);
-                if busy + earlier <= span {
-                    proptest::prop_assert_eq!((b, e), (busy, earlier));
-                } else {
-                    proptest::prop_assert!(b + e <= span && b + e + 2 >= span);
-                }
-            }
-        }
-    }
-}
