@@ -643,3 +643,28 @@ fn a_paced_co_runner_is_woken_when_a_co_hold_passes_its_checks() {
     assert_eq!(grant(&c.tick(wake)).map(|g| g.0), Some("i"));
     assert!(c.co_running("i"));
 }
+
+#[test]
+fn a_gpu_bound_client_whose_samples_come_late_stays_heavy() {
+    // A sample stands for its gap's launches, which may have run before the last report: a
+    // GPU-bound client in 5 ms turns reports 36 ms busy every eighth turn. Counted only up to
+    // the wall time since its last report, ResNet-50 training's fill read ~0.51 on an H200
+    // and it co-ran, charged half its GPU time (0.62–0.68 of its native rate at 0.5). (Its
+    // turns start 15 ms apart, within its limit.)
+    let mut c = pair();
+    fill(&mut c, 1, 0.95);
+    let mut now = t(0);
+    for n in 0..200u64 {
+        grant(&c.token_request(now, 1, 0, 0)).unwrap();
+        now += 5 * MS;
+        let busy = if n % 8 == 7 { 36 * MS } else { 0 };
+        c.busy(now, 1, busy, 5 * MS, 0).unwrap();
+        grant(&c.release(now, 1, 0));
+        now += 10 * MS;
+    }
+    let f = c.fill("t").unwrap();
+    assert!(f > 0.85, "t's fill {f:.3}");
+    grant(&c.token_request(now, 1, 0, 0)).unwrap();
+    assert_eq!(c.holder(), Some("t"));
+    assert!(!c.co_running("t"));
+}
