@@ -20,11 +20,12 @@
 //! request, the guarantee to others, is unchanged). (Raising the limit instead let a turn
 //! granted on a boost that a co-hold's end then withdrew pass the declared limit in GPU time:
 //! CI's real-node test read 0.315 and 0.322 for a pod at 0.3; in pacing, the withdrawn boost
-//! made the last second's turns count whole and the holder wait with the GPU idle.) Beside batch-1 inference (fill ~0.37 co-running)
-//! training at 0.5 then takes turns of ~0.79 of the time. What each then gets of
-//! its native *rate* is the GPU's business (training lost 29 % of its rate beside co-running
-//! inference on an H100 while its own kernels' events said 8 %: its kernels ran slower), so
-//! the limits hold in GPU time, not in rates (docs/gem-schd.md, "Co-running").
+//! made the last second's turns count whole and the holder wait with the GPU idle.) Beside
+//! batch-1 inference (fill ~0.37 co-running) training at 0.5 then takes turns of ~0.79 of the
+//! time. What each then gets of its native *rate* is the GPU's business (training lost 29 %
+//! of its rate beside co-running inference on an H100 while its own kernels' events said 8 %:
+//! its kernels ran slower), so the limits hold in GPU time, not in rates (docs/gem-schd.md,
+//! "Co-running").
 
 use super::window::stride;
 use super::*;

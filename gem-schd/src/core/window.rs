@@ -189,22 +189,22 @@ impl Core {
         // the hold grows as much: over a gap between the client's old pieces that costs the
         // slack the hold's rate, over an old piece the piece slides out as fast (at a rate
         // below 1 the slack grows).
-        let mut slack = u128::from(slack) * 1000;
+        let mut left = u128::from(slack) * 1000;
         let mut pos = from;
         for (s, e) in segs {
             if s > pos {
                 let cost = u128::from(s - pos) * rate;
                 // Strictly more: a gap that uses the slack up exactly still lets the
                 // hold run on over the next old piece.
-                if cost > slack {
+                if cost > left {
                     break;
                 }
-                slack -= cost;
+                left -= cost;
             }
-            slack += u128::from(e.saturating_sub(pos.max(s))) * (1000 - rate);
+            left += u128::from(e.saturating_sub(pos.max(s))) * (1000 - rate);
             pos = pos.max(e);
         }
-        let more = u64::try_from(slack / rate).unwrap_or(Micros::MAX);
+        let more = u64::try_from(left / rate).unwrap_or(Micros::MAX);
         (pos - from).saturating_add(more)
     }
 
