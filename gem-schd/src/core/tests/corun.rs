@@ -3,21 +3,27 @@
 
 use super::*;
 
-/// Training-like `t` (0.5, 0.5) and inference-like `i` (0.5, 0.5); conn 1 = t, 2 = i. Co-running
-/// below a fill of 0.6.
-fn pair() -> Core {
-    let mut c = Core::new(
-        params(),
-        &[spec("t", 500, 500, 100), spec("i", 500, 500, 100)],
-        0,
-    );
+/// `t` (conn 1) and `i` (conn 2) at `(request, limit)` in thousandths, co-running below a fill
+/// of 0.6 in co-holds of `quota_us`, gem-schd started at `start`.
+fn t_and_i(p: Params, t_at: (u16, u16), i_at: (u16, u16), quota_us: Micros, start: Micros) -> Core {
+    let specs = [
+        spec("t", t_at.0, t_at.1, 100),
+        spec("i", i_at.0, i_at.1, 100),
+    ];
+    let mut c = Core::new(p, &specs, start);
     c.set_co_run(CoRunSettings {
         below: 0.6,
-        quota_us: 10 * MS,
+        quota_us,
     });
     c.hello(1, "t").unwrap();
     c.hello(2, "i").unwrap();
     c
+}
+
+/// Training-like `t` (0.5, 0.5) and inference-like `i` (0.5, 0.5); conn 1 = t, 2 = i. Co-running
+/// below a fill of 0.6.
+fn pair() -> Core {
+    t_and_i(params(), (500, 500), (500, 500), 10 * MS, 0)
 }
 
 /// `conn` reports its fill as `fill` over 250 ms of holds (turns, unless it is in a co-hold;
@@ -340,17 +346,7 @@ fn a_co_runner_is_held_to_its_limit_while_the_window_is_still_growing() {
     // gem-schd started at T0: a co-hold, like a turn, needs usage below the limit over the
     // time since (not over the whole 1 s window, against which i, filling 0.3 of its
     // co-holds at a limit of 0.2, co-ran unchecked until it had used 0.2 s).
-    let mut c = Core::new(
-        params(),
-        &[spec("t", 500, 500, 100), spec("i", 200, 200, 100)],
-        T0,
-    );
-    c.set_co_run(CoRunSettings {
-        below: 0.6,
-        quota_us: 10 * MS,
-    });
-    c.hello(1, "t").unwrap();
-    c.hello(2, "i").unwrap();
+    let mut c = t_and_i(params(), (500, 500), (200, 200), 10 * MS, T0);
     fill(&mut c, 1, 0.95);
     fill(&mut c, 2, 0.3);
     grant(&c.token_request(t(0), 1, 0, 0)).unwrap();
@@ -399,24 +395,48 @@ fn turns_and_co_holds_are_paced_together() {
         pace_us: 100 * MS,
         ..params()
     };
-    let mut c = Core::new(p, &[spec("t", 700, 700, 100), spec("i", 300, 300, 100)], 0);
-    c.set_co_run(CoRunSettings {
-        below: 0.6,
-        quota_us: 10 * MS,
-    });
-    c.hello(1, "t").unwrap();
-    c.hello(2, "i").unwrap();
+    let mut c = t_and_i(p, (700, 700), (300, 300), 10 * MS, 0);
     fill(&mut c, 1, 0.95);
     fill(&mut c, 2, 0.05);
-    // conn → (hold end, in a co-hold); none: waiting.
-    let mut holds: [Option<(Micros, bool)>; 2] = [None, None];
-    let mut now = t(0);
+    let mut worst: f64 = 0.0;
+    let ended = |c: &mut Core, conn, co, now| {
+        if conn == 2 {
+            let held = 10 * MS;
+            let f = if co { 0.95 } else { 0.05 };
+            c.busy(now, 2, (held as f64 * f) as Micros, held, 0)
+                .unwrap();
+        }
+    };
+    drive(&mut c, t(0), t(1000), ended, |c, _, now| {
+        if now >= t(200) {
+            let used = c.usage_us(now, "i").unwrap() as f64;
+            worst = worst.max(used / (now - T0) as f64);
+        }
+    });
+    eprintln!("i: at most {worst:.3} of the time since it started");
+    assert!(worst <= 0.3 + 0.005, "i used {worst:.3} at a 0.3 limit");
+}
+
+/// t's and i's holds: conn → (hold end, in a co-hold); none: waiting.
+type Holds = [Option<(Micros, bool)>; 2];
+
+/// Runs t and i from `from` to `until` in steps of 100 µs, each asking for the token at
+/// `from` and again as soon as its hold ends (`ended(c, conn, co, now)` first, to report
+/// it); `each(c, holds, now)` after every step.
+fn drive(
+    c: &mut Core,
+    from: Micros,
+    until: Micros,
+    mut ended: impl FnMut(&mut Core, ConnId, bool, Micros),
+    mut each: impl FnMut(&Core, &Holds, Micros),
+) {
+    let mut holds: Holds = [None, None];
+    let mut now = from;
     for conn in [1, 2] {
         let acts = c.token_request(now, conn, 0, 0);
-        note_grants(&c, &acts, now, &mut holds);
+        note_grants(c, &acts, now, &mut holds);
     }
-    let mut worst: f64 = 0.0;
-    while now < t(1000) {
+    while now < until {
         now += 100;
         let mut acts = Vec::new();
         for conn in [1u64, 2] {
@@ -425,28 +445,18 @@ fn turns_and_co_holds_are_paced_together() {
                 && now >= end
             {
                 *slot = None;
-                if conn == 2 {
-                    let held = 10 * MS;
-                    let f = if co { 0.95 } else { 0.05 };
-                    c.busy(now, 2, (held as f64 * f) as Micros, held, 0)
-                        .unwrap();
-                }
+                ended(c, conn, co, now);
                 acts.extend(c.token_request(now, conn, 0, 0));
             }
         }
         acts.extend(c.tick(now));
-        note_grants(&c, &acts, now, &mut holds);
-        if now >= t(200) {
-            let used = c.usage_us(now, "i").unwrap() as f64;
-            worst = worst.max(used / (now - T0) as f64);
-        }
+        note_grants(c, &acts, now, &mut holds);
+        each(c, &holds, now);
     }
-    eprintln!("i: at most {worst:.3} of the time since it started");
-    assert!(worst <= 0.3 + 0.005, "i used {worst:.3} at a 0.3 limit");
 }
 
 /// Notes the grants in `acts` as holds of their connections (a co-hold's quota or a turn's).
-fn note_grants(c: &Core, acts: &[Action], now: Micros, holds: &mut [Option<(Micros, bool)>; 2]) {
+fn note_grants(c: &Core, acts: &[Action], now: Micros, holds: &mut Holds) {
     for a in acts {
         if let Action::Grant {
             conns, quota_us, ..
@@ -540,49 +550,23 @@ fn a_holders_pacing_does_not_jump_back_when_a_co_hold_ends() {
     // H200 batch-8 inference waited up to 70 ms for a co-hold, max latency 77–82 ms in three
     // runs of four). Paced in GPU time (turns less what co-runners took of them), a co-hold's
     // end changes nothing of t's past.
-    let mut c = Core::new(
-        Params::default(),
-        &[spec("t", 500, 500, 100), spec("i", 500, 500, 100)],
-        0,
-    );
+    let mut c = t_and_i(Params::default(), (500, 500), (500, 500), 20 * MS, 0);
     c.set_max_wait(50 * MS);
     c.set_max_lag(10 * MS);
     c.set_unpaced_when_full(true);
     c.set_turn_includes_drain(true);
-    c.set_co_run(CoRunSettings {
-        below: 0.6,
-        quota_us: 20 * MS,
-    });
-    c.hello(1, "t").unwrap();
-    c.hello(2, "i").unwrap();
     fill(&mut c, 1, 0.85);
     fill(&mut c, 2, 0.3);
-    let mut holds: [Option<(Micros, bool)>; 2] = [None, None];
-    let mut now = t(0);
-    for conn in [1, 2] {
-        let acts = c.token_request(now, conn, 0, 0);
-        note_grants(&c, &acts, now, &mut holds);
-    }
     let (mut idle_since, mut longest, mut co_holds) = (None::<Micros>, 0, 0u32);
-    while now < t(12000) {
-        now += 100;
-        let mut acts = Vec::new();
-        for conn in [1u64, 2] {
-            let slot = &mut holds[conn as usize - 1];
-            if let Some((end, co)) = *slot
-                && now >= end
-            {
-                *slot = None;
-                if conn == 2 {
-                    co_holds += u32::from(co);
-                    let held = 20 * MS;
-                    c.busy(now, 2, held * 58 / 100, held, 0).unwrap();
-                }
-                acts.extend(c.token_request(now, conn, 0, 0));
-            }
+    let ended = |c: &mut Core, conn, co, now| {
+        if conn == 2 {
+            co_holds += u32::from(co);
+            let held = 20 * MS;
+            c.busy(now, 2, held * 58 / 100, held, 0).unwrap();
         }
-        acts.extend(c.tick(now));
-        note_grants(&c, &acts, now, &mut holds);
+    };
+    let now = t(12000);
+    drive(&mut c, t(0), now, ended, |_, holds, now| {
         // Both wait, nobody runs: the GPU is idle.
         if holds.iter().all(Option::is_none) {
             let since = *idle_since.get_or_insert(now);
@@ -590,7 +574,7 @@ fn a_holders_pacing_does_not_jump_back_when_a_co_hold_ends() {
         } else {
             idle_since = None;
         }
-    }
+    });
     let share = |id| c.usage_us(now, id).unwrap() as f64 / c.params().window_us as f64;
     let (ts, is) = (share("t"), share("i"));
     eprintln!(
@@ -618,13 +602,7 @@ fn a_paced_co_runner_is_woken_when_a_co_hold_passes_its_checks() {
         pace_us: 100 * MS,
         ..params()
     };
-    let mut c = Core::new(p, &[spec("t", 500, 500, 100), spec("i", 500, 500, 100)], 0);
-    c.set_co_run(CoRunSettings {
-        below: 0.6,
-        quota_us: 10 * MS,
-    });
-    c.hello(1, "t").unwrap();
-    c.hello(2, "i").unwrap();
+    let mut c = t_and_i(p, (500, 500), (500, 500), 10 * MS, 0);
     fill(&mut c, 2, 0.55);
     let mut now = t(0);
     grant(&c.token_request(now, 2, 0, 0)).unwrap();
