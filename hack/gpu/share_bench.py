@@ -257,12 +257,17 @@ def fills(logfile):
                 n = grants.setdefault(g.group(1), [0, 0])
                 n[0] += 1
                 n[1] += g.group(2) == "true"
-            m = re.search(r"client=(\S+) busy_us=(\d+) held_us=(\d+) fill=([0-9.]+)", line)
-            if m:
-                seen.setdefault(m.group(1), []).append(float(m.group(4)))
-                lim = re.search(r" limit=(\d+)", line)
-                if lim:
-                    limits.setdefault(m.group(1), []).append(int(lim.group(1)))
+            # By field name, not position: a field added to the line (as `earlier_us` was once)
+            # left every fill out of a whole GPU call's results.
+            if "busy_us=" in line and "fill=" in line:
+                kv = dict(re.findall(r"(\w+)=\"?([^\s\"]+)", line))
+                try:
+                    client, fill = kv["client"], float(kv["fill"])
+                except (KeyError, ValueError):
+                    continue
+                seen.setdefault(client, []).append(fill)
+                if kv.get("limit", "").isdigit():
+                    limits.setdefault(client, []).append(int(kv["limit"]))
     return {c: {"last": v[-1], "median": pct(v, 0.5), "reports": len(v),
                 "limit_in_force_median": pct(limits[c], 0.5) if limits.get(c) else None,
                 "grants": grants.get(c, [0, 0])[0], "co_grants": grants.get(c, [0, 0])[1]}
