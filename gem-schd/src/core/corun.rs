@@ -67,8 +67,9 @@ pub(super) struct CoState {
 
 impl ClientState {
     /// The limit in force over its turns' token time, for the size of its turns: the
-    /// declared one, raised by the co-running boost.
-    pub(super) fn pace_limit_milli(&self) -> u16 {
+    /// declared one, raised by the co-running boost (pacing counts GPU time against the
+    /// declared one, `hold_rate_milli`).
+    pub(super) fn boosted_limit_milli(&self) -> u16 {
         let boost = u64::from(self.co.boost_milli.max(1000));
         (u64::from(self.spec.limit_milli) * boost / 1000).min(1000) as u16
     }
@@ -118,7 +119,9 @@ impl Core {
     /// `id`'s limit in force over its turns' token time (pacing), in thousandths: raised
     /// while co-runners run.
     pub fn limit_in_force(&self, id: &str) -> Option<u16> {
-        self.ids.get(id).map(|k| self.clients[k].pace_limit_milli())
+        self.ids
+            .get(id)
+            .map(|k| self.clients[k].boosted_limit_milli())
     }
 
     /// Whether `key` co-runs rather than takes turns: co-running on, and its fill (of its
@@ -206,12 +209,7 @@ impl Core {
     pub(super) fn co_ready_at(&self, key: Key, now: Micros) -> Option<Micros> {
         let c = self.clients.get(&key)?;
         let lim = u128::from(c.spec.limit_milli);
-        let window_ok = u128::from(self.usage(key, now)) * 1000 < lim * u128::from(self.w_eff(now));
-        let w = if window_ok {
-            now
-        } else {
-            self.eligible_at(key, now)?
-        };
+        let w = self.window_ready_at(key, now, false)?;
         let p = self.pace_window();
         if p == 0 || lim >= 1000 {
             return Some(w);

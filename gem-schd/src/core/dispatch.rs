@@ -358,7 +358,7 @@ impl Core {
                 .map(|q| m.saturating_sub(self.clients[&key].overrun_us).max(q)),
         };
         let c = self.clients.get_mut(&key).expect("picked from clients");
-        let cap = (u128::from(c.pace_limit_milli()) * window / 1000) as u64;
+        let cap = (u128::from(c.boosted_limit_milli()) * window / 1000) as u64;
         let mut quota = c.quota_us.max(p.min_quota_us).min(cap.max(1));
         // Do not hand out much more than the limit allows in this window.
         quota = quota.min(headroom.max(p.min_quota_us)).max(1);

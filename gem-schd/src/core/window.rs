@@ -13,19 +13,24 @@ impl Core {
             return self.co_ready_at(key, now);
         }
         let c = self.clients.get(&key)?;
-        let usage = u128::from(self.usage(key, now)) * 1000;
-        let window_ok = usage < u128::from(c.spec.limit_milli) * u128::from(self.w_eff(now))
-            || self.fully_contended();
-        let w = if window_ok {
-            now
-        } else {
-            self.eligible_at(key, now)?
-        };
+        let w = self.window_ready_at(key, now, self.fully_contended())?;
         let mut p = now;
         for rule in self.pace_rules(key, c) {
             p = p.max(self.pace_ready_at(key, now, rule, self.pace_need(c, rule))?);
         }
         Some(w.max(p))
+    }
+
+    /// When a waiting client is below its limit over the window (`now` if it is, or if
+    /// `unchecked`: full contention lifts the check for turns), if nothing else happens.
+    pub(super) fn window_ready_at(&self, key: Key, now: Micros, unchecked: bool) -> Option<Micros> {
+        let c = self.clients.get(&key)?;
+        let usage = u128::from(self.usage(key, now)) * 1000;
+        if unchecked || usage < u128::from(c.spec.limit_milli) * u128::from(self.w_eff(now)) {
+            Some(now)
+        } else {
+            self.eligible_at(key, now)
+        }
     }
 
     /// The pacing window in force (never longer than the window, whose history it reads).

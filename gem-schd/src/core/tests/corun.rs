@@ -494,6 +494,18 @@ fn time_measured_late_counts_for_the_kind_of_hold_it_was_launched_in() {
     assert_eq!(c.clients[&key].fill.turns(), Some(turns));
 }
 
+/// i asks at `from` (and is granted) and again at each of its 10 ms co-holds' end until it
+/// is not granted a co-hold (at its limit) or `until`: when it stopped.
+fn co_run_i_until_it_waits(c: &mut Core, from: Micros, until: Micros) -> Micros {
+    let mut now = from;
+    grant(&c.token_request(now, 2, 0, 0)).unwrap();
+    while c.co_running("i") && now < until {
+        now += 10 * MS;
+        grant(&c.token_request(now, 2, 0, 0));
+    }
+    now
+}
+
 #[test]
 fn a_light_client_at_its_limit_waits_for_a_co_hold_not_a_turn_under_full_contention() {
     // i (light) co-runs up to its limit and waits; t asks too. Their requests add up to the
@@ -504,12 +516,7 @@ fn a_light_client_at_its_limit_waits_for_a_co_hold_not_a_turn_under_full_content
     let mut c = pair();
     fill(&mut c, 1, 0.95);
     fill(&mut c, 2, 0.55);
-    let mut now = t(0);
-    grant(&c.token_request(now, 2, 0, 0)).unwrap();
-    while c.co_running("i") && now < t(5000) {
-        now += 10 * MS;
-        grant(&c.token_request(now, 2, 0, 0));
-    }
+    let mut now = co_run_i_until_it_waits(&mut c, t(0), t(5000));
     assert!(!c.co_running("i"), "i still co-running at its limit");
     assert_eq!(c.holder(), None);
     // t asks: t, not i, holds the token.
@@ -544,9 +551,9 @@ fn a_light_client_at_its_limit_waits_for_a_co_hold_not_a_turn_under_full_content
 #[test]
 fn a_holders_pacing_does_not_jump_back_when_a_co_hold_ends() {
     // t (0.5, GPU-bound) takes turns while i (0.5) co-runs 20 ms co-holds filling 0.58 back
-    // to back (gem-schd's default settings). t's pacing read its turns' token time against a limit raised while i co-ran:
-    // when a co-hold ended the boost went, the turns of the last 100 ms counted whole against
-    // 0.5, and t waited ~50 ms; i, at its own limit, waited too, and the GPU sat idle (on an
+    // to back (gem-schd's default settings). t's pacing read its turns' token time against a
+    // limit raised while i co-ran: when a co-hold ended the boost went, the turns of the last
+    // second counted whole against 0.5, and t waited ~50 ms; i, at its own limit, waited too, and the GPU sat idle (on an
     // H200 batch-8 inference waited up to 70 ms for a co-hold, max latency 77–82 ms in three
     // runs of four). Paced in GPU time (turns less what co-runners took of them), a co-hold's
     // end changes nothing of t's past.
@@ -604,12 +611,7 @@ fn a_paced_co_runner_is_woken_when_a_co_hold_passes_its_checks() {
     };
     let mut c = t_and_i(p, (500, 500), (500, 500), 10 * MS, 0);
     fill(&mut c, 2, 0.55);
-    let mut now = t(0);
-    grant(&c.token_request(now, 2, 0, 0)).unwrap();
-    while c.co_running("i") && now < t(1000) {
-        now += 10 * MS;
-        grant(&c.token_request(now, 2, 0, 0));
-    }
+    let now = co_run_i_until_it_waits(&mut c, t(0), t(1000));
     assert!(!c.co_running("i"), "i never reached its pacing limit");
     let wake = c.next_wakeup(now).expect("i waits for a wake-up");
     assert!(wake > now);
