@@ -546,6 +546,24 @@ train_infer_b16_corun = variant(train_infer_batch(16), CORUN)
 # The table's other rows with co-running on: matmul tenants fill their holds (above 0.6), so
 # they should keep to turns and their shares (issue 14 round 16).
 alone_corun = variant(alone, CORUN)
+
+
+def train_pair(b, raw):
+    """Two ResNet-50 training tenants at 0.3 and 0.7: both GPU-bound, with kernels of very
+    different lengths (a sample of them times a long convolution or a short elementwise one),
+    so a fill misread as light would let them co-run and the GPU's time slicing, not their
+    limits, split it (issue 14 round 19)."""
+    nat, _ = natives(b)
+    with b.schd([("t", 0.3, 0.3, 30 * GIB), ("u", 0.7, 0.7, 30 * GIB)]):
+        r = b.run([("train", ["--mode", "train50"], "t"), ("train2", ["--mode", "train50"], "u")], 20)
+    raw.update(train_pair=r, clocks=b.last_clocks)
+    return {"t_of_native": round(r["train"]["rate"] / nat["rate"], 4), "t_target": 0.3,
+            "u_of_native": round(r["train2"]["rate"] / nat["rate"], 4), "u_target": 0.7,
+            "longest_stall_s": [stall(r["train"]["series"]), stall(r["train2"]["series"])],
+            "clocks": b.last_clocks}
+
+
+train_pair_corun = variant(train_pair, CORUN)
 reload_corun = variant(reload, CORUN)
 multiproc_corun = variant(multiproc, CORUN)
 

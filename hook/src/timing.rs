@@ -90,15 +90,13 @@ fn begin_cold(g: &'static Gpu, stream: CUstream) -> Option<Sampling> {
         return None;
     };
     let launches = launches + g.sample_carry.swap(0, Ordering::Relaxed);
-    // These launches were made since the last sample was drawn.
-    let since = pairs.last_sample_ns();
     let mean = pairs.mean_gap(every, crate::clock::precise_ns());
     let gap = pairs.next_gap(mean);
     g.sample_gap.store(gap, Ordering::Relaxed);
     g.sample_in.store(gap, Ordering::Relaxed);
     let ctx = current_ctx();
     if ctx == 0 || capturing(stream) {
-        pairs.skip(launches, since);
+        pairs.skip(launches);
         return None;
     }
     if pairs.ctx != ctx {
@@ -111,7 +109,7 @@ fn begin_cold(g: &'static Gpu, stream: CUstream) -> Option<Sampling> {
     if pairs.pending() >= PAIRS / 2 {
         harvest(&mut pairs);
     }
-    let slot = pairs.begin(launches, since)?;
+    let slot = pairs.begin(launches)?;
     let (mut start, mut end) = pairs.events[slot];
     for e in [&mut start, &mut end] {
         if *e == 0 {
@@ -152,7 +150,7 @@ pub fn end(s: Option<Sampling>, launched: CUresult) {
 /// `CUDA_ERROR_NOT_READY` while either event is still ahead of the GPU.
 fn harvest(pairs: &mut Pairs) {
     let events = pairs.events;
-    pairs.harvest(crate::clock::precise_ns(), |slot| {
+    pairs.harvest(|slot| {
         let (start, end) = events[slot];
         let mut ms = 0f32;
         match real!(
