@@ -564,6 +564,9 @@ def train_pair(b, raw):
 
 
 train_pair_corun = variant(train_pair, CORUN)
+# The same with 20 ms turns (gem-schd's min quota, default 5 ms): how much of the trainers' loss
+# against their limits is hand-overs.
+train_pair_corun_minq20 = variant(train_pair, CORUN + ["--min-quota-ms", "20"])
 reload_corun = variant(reload, CORUN)
 multiproc_corun = variant(multiproc, CORUN)
 
