@@ -32,6 +32,12 @@ impl Fills {
     /// would stick, as would an end on one co-hold whose one sample read as a fill of 1
     /// (through the fake driver, a tenant launching 2,000 times a second).
     pub const JUDGE_MIN_HELD_US: f64 = 200_000.0;
+    /// A start of co-running is judged on more turns than that: a process's first holds are
+    /// its start-up (contexts, allocations; its kernels busy 0.02–0.18 of 30–44 ms holds for
+    /// matmul tenants on an H200) and its samples reach gem-schd in lumps a report late, so
+    /// 200 ms of turns read GPU-bound tenants at 0.2–0.4 and all three of a run co-ran for a
+    /// second (issue 14 round 19). Half a second of turns (decayed) outweighs the start-up.
+    pub const START_MIN_HELD_US: f64 = 500_000.0;
 
     /// Adds one report of a turn (`in_co` false) or a co-hold.
     pub fn report(&mut self, in_co: bool, busy_us: Micros, held_us: Micros) {
@@ -44,7 +50,7 @@ impl Fills {
 
     /// The turns' fill, once enough of them was reported to judge a start of co-running.
     pub fn start_fill(&self) -> Option<f64> {
-        self.turns.ratio_after(Self::JUDGE_MIN_HELD_US)
+        self.turns.ratio_after(Self::START_MIN_HELD_US)
     }
 
     /// The co-holds' fill (the turns' until enough co-holds have reported): what a co-hold is
@@ -138,6 +144,12 @@ mod tests {
         // Until the co-holds report, a co-hold is judged on the turns.
         assert_eq!(f.co(), f.turns());
         for _ in 0..40 {
+            f.report(false, 3_150, 5_000);
+        }
+        // 300 ms: enough to judge a co-hold on, not a start (a process's start-up weighs).
+        assert_eq!(f.start_fill(), None);
+        assert!(f.co().is_some());
+        for _ in 0..70 {
             f.report(false, 3_150, 5_000);
         }
         assert!(f.start_fill().is_some_and(|r| (r - 0.63).abs() < 1e-9));
