@@ -657,7 +657,7 @@ fn a_gpu_bound_client_does_not_co_run_on_its_start_up_turns() {
     // then reached gem-schd a report late in lumps (~30 ms of GPU time every third turn); the
     // 200 ms of turns a start was judged on read 0.2–0.4, all three co-ran for ~1 s, and the
     // one at 0.5 read 0.599 of a 1 s window. Here i does the same beside a heavy t: three
-    // 40 ms start-up holds at 0.05, then GPU-bound turns reported in lumps a turn late.
+    // 40 ms start-up holds at 0.05, then GPU-bound turns whose time comes in lumps.
     let mut c = t_and_i(params(), (500, 500), (500, 500), 10 * MS, 0);
     fill(&mut c, 1, 0.95);
     let (mut reports, mut owed, mut co_steps) = (0u32, 0, 0u32);
