@@ -636,7 +636,9 @@ def main():
     which = sys.argv[3:] or ALL
     os.makedirs(out, exist_ok=True)
     b = ShareBench(os.path.join(art, "libgemhook.so.1"), os.path.join(art, "gem-schd"), out)
-    table, raw = {}, {}
+    # Which GPU ran the call, for comparing runs across calls (hosts differ by ~10 %).
+    table, raw = {}, {"_gpu": b.uuid}
+    log("gpu", b.uuid)
     main_log = b.logs
     for n, label in enumerate(which):
         name, _, other = label.partition("@")
