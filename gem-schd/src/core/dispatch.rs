@@ -305,7 +305,7 @@ impl Core {
             // Not under full contention: virtual time alone then gives proportional turns, and
             // the bound (first come, first served past it) gave a training tenant with 100 ms
             // non-preemptible steps a turn after every 50 ms wait, 0.64–0.69 of the GPU
-            // beside a 0.5 inference tenant (`inference_beside_training_...` in tests/sim.rs).
+            // beside a 0.5 inference tenant (`inference_beside_training_...` in tests/sim_pacing.rs).
             if below
                 && !full
                 && self.max_wait_us > 0

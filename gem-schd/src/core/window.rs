@@ -116,7 +116,7 @@ impl Core {
     /// Not under the short window's rule, which bounds waits and leaves the share to the
     /// exact one: waiting there for a min quota plus a 15 ms overrun left a (0.5, 0.5)
     /// client of 20 ms bursts two of them per 100 ms, 0.43 of the GPU beside a (0.1, 1.0)
-    /// one (`pace_table` in tests/sim.rs).
+    /// one (`pace_table` in tests/sim_pacing.rs).
     pub(super) fn pace_need(&self, c: &ClientState, rule: PaceRule) -> Micros {
         if !rule.exact {
             return 1;
