@@ -179,14 +179,12 @@ impl Core {
         // Over the window so far, as a turn is checked: against the whole window a co-runner
         // took up to its limit × 10 s in gem-schd's first seconds (through the fake driver a
         // tenant at 0.3 was charged 0.93 s in its first 2.4 s, and 0.327 of the window that
-        // followed).
-        let w = self.w_eff(now);
-        // Below its limit, as a turn must be (not with the next co-hold's charge on top: in the
-        // band between, a turn would be granted, charged its wall time, and keep the window
-        // full; through the fake driver a launch-bound tenant took 600 turns against 50
-        // co-holds that way). A co-hold's charge (its fill of the quota) may pass the limit
+        // followed). Below its limit, as a turn must be (not with the next co-hold's charge on
+        // top: in the band between, a turn would be granted, charged its wall time, and keep
+        // the window full; through the fake driver a launch-bound tenant took 600 turns against
+        // 50 co-holds that way). A co-hold's charge (its fill of the quota) may pass the limit
         // as a turn's last quota may.
-        if u128::from(self.usage(key, now)) * 1000 >= lim * u128::from(w) {
+        if !self.below_limit_over_window(key, c, now) {
             return false;
         }
         let p = self.pace_window();

@@ -25,12 +25,18 @@ impl Core {
     /// `unchecked`: full contention lifts the check for turns), if nothing else happens.
     pub(super) fn window_ready_at(&self, key: Key, now: Micros, unchecked: bool) -> Option<Micros> {
         let c = self.clients.get(&key)?;
-        let usage = u128::from(self.usage(key, now)) * 1000;
-        if unchecked || usage < u128::from(c.spec.limit_milli) * u128::from(self.w_eff(now)) {
+        if unchecked || self.below_limit_over_window(key, c, now) {
             Some(now)
         } else {
             self.eligible_at(key, now)
         }
+    }
+
+    /// Whether the client's usage is below its limit over the window so far (a turn's and a
+    /// co-hold's check alike).
+    pub(super) fn below_limit_over_window(&self, key: Key, c: &ClientState, now: Micros) -> bool {
+        u128::from(self.usage(key, now)) * 1000
+            < u128::from(c.spec.limit_milli) * u128::from(self.w_eff(now))
     }
 
     /// The pacing window in force (never longer than the window, whose history it reads).
