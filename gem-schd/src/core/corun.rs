@@ -255,7 +255,9 @@ impl Core {
                 Some((conns, _)) => conns.push(conn),
                 None => c.co.hold = Some((vec![conn], now)),
             }
-            c.co.co_mode = true;
+            if !std::mem::replace(&mut c.co.co_mode, true) {
+                c.fill.back_to_co();
+            }
             client.clone_from(&c.spec.id);
         }
         self.refresh_boost(now);

@@ -382,10 +382,13 @@ impl Core {
         }
         let seq = self.first_seq + self.history.len() as u64;
         c.last_entry = Some(seq);
-        // A turn: whether it co-runs again is judged on its turns' fill (`fill.rs`). A
+        // A turn: whether it co-runs again is judged on its turns' fill, from this turn on
+        // if it co-ran until now (`Fills::left_co`). A
         // co-runner at its limit is not sent here: it waits and is served a co-hold when
         // below it again (`serve_co_waiters`).
-        c.co.co_mode = false;
+        if std::mem::replace(&mut c.co.co_mode, false) {
+            c.fill.left_co();
+        }
         let client = c.spec.id.clone();
         let conns = self.take_waiting(key);
         let quota_end = now + quota;

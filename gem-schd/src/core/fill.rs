@@ -16,6 +16,16 @@
 //! still went in and out in one H100 run of two with these fills alone, likely after turns its
 //! limit or pacing window forced; a co-runner at its limit now waits for a co-hold instead,
 //! `corun.rs`.)
+//!
+//! A co-hold's samples are not all of the client's own time: a pair of events around a kernel
+//! that waited for the holder's time slice reads that slice too, and a sample stands for ~256
+//! launches, so one such sample read 869 ms in a 20 ms co-hold of batch-1 inference on an H200
+//! (issue 14 round 20). Its co-holds' fill rose to 0.91 and took ~1.5 s of co-holds to decay;
+//! meanwhile each turn it was sent to read light (turns are exclusive: no slice to take in), so
+//! it went back to a co-hold, found the co-holds' fill heavy again, and so on, its requests
+//! waiting for turns (max 66 ms, p99 3.3× native). So a client sent from co-holds to turns is
+//! judged on the turns it takes from then on, and when they read light its co-holds' fill
+//! starts over ([`Fills::left_co`], [`Fills::back_to_co`]).
 
 use super::Micros;
 
@@ -24,6 +34,9 @@ use super::Micros;
 pub struct Fills {
     turns: Fill,
     co: Fill,
+    /// Its turns since it was last sent from co-holds to turns (`None`: it has not been, or
+    /// went back since).
+    since_co: Option<Fill>,
 }
 
 impl Fills {
@@ -38,19 +51,47 @@ impl Fills {
     /// 200 ms of turns read GPU-bound tenants at 0.2–0.4 and all three of a run co-ran for a
     /// second (issue 14 round 19). Half a second of turns (decayed) outweighs the start-up.
     pub const START_MIN_HELD_US: f64 = 500_000.0;
+    /// A client sent from co-holds to turns goes back after this much of its turns since then
+    /// read light: enough samples not to go back on one or two (a light client's turns fill
+    /// ~0.3), few enough turns that its requests wait for them only briefly (at 5 ms turns
+    /// beside one other client, ~100 ms).
+    pub const BACK_MIN_HELD_US: f64 = 50_000.0;
 
     /// Adds one report of a turn (`in_co` false) or a co-hold.
     pub fn report(&mut self, in_co: bool, busy_us: Micros, held_us: Micros) {
         if in_co {
             self.co.report(busy_us, held_us)
         } else {
-            self.turns.report(busy_us, held_us)
+            self.turns.report(busy_us, held_us);
+            if let Some(f) = &mut self.since_co {
+                f.report(busy_us, held_us);
+            }
         }
     }
 
-    /// The turns' fill, once enough of them was reported to judge a start of co-running.
+    /// The client was sent from co-holds to a turn: its turns are judged afresh from now.
+    pub fn left_co(&mut self) {
+        self.since_co = Some(Fill::default());
+    }
+
+    /// The client co-runs again. If it had been sent to turns (its co-holds' fill judged it
+    /// heavy) and its turns since then read light, that fill was not its own (a sample that
+    /// took in the holder's time slice): its co-holds' fill starts over, the turns' standing
+    /// for it until enough co-holds have reported.
+    pub fn back_to_co(&mut self) {
+        if self.since_co.take().is_some() {
+            self.co = Fill::default();
+        }
+    }
+
+    /// The turns' fill to judge a start of co-running on: of the turns since the client was
+    /// sent from co-holds to turns once enough of them was reported, or (never sent) of its
+    /// turns once enough of them was reported.
     pub fn start_fill(&self) -> Option<f64> {
-        self.turns.ratio_after(Self::START_MIN_HELD_US)
+        match &self.since_co {
+            Some(f) => f.ratio_after(Self::BACK_MIN_HELD_US),
+            None => self.turns.ratio_after(Self::START_MIN_HELD_US),
+        }
     }
 
     /// The co-holds' fill (the turns' until enough co-holds have reported): what a co-hold is
@@ -163,6 +204,49 @@ mod tests {
         }
         assert!(f.co().is_some_and(|r| (r - 0.41).abs() < 1e-9));
         assert!(f.start_fill().is_some_and(|r| (r - 0.63).abs() < 1e-9));
+    }
+
+    #[test]
+    fn a_client_sent_to_turns_is_judged_on_its_turns_since_and_then_starts_its_co_fill_over() {
+        let mut f = Fills::default();
+        for _ in 0..120 {
+            f.report(false, 1_500, 5_000);
+        }
+        for _ in 0..30 {
+            f.report(true, 3_500, 10_000);
+        }
+        assert!(f.co().is_some_and(|r| (r - 0.35).abs() < 1e-9));
+        // Going back to co-holds without having left them keeps their fill.
+        let mut kept = f;
+        kept.back_to_co();
+        assert_eq!(kept, f);
+        // One sample that took in the holder's time slice (869 ms in a 20 ms co-hold, H200).
+        f.report(true, 869_000, 20_000);
+        assert!(f.co().is_some_and(|r| r > 0.8), "{:?}", f.co());
+        // Sent to turns: judged on its turns from now, not on those of the last seconds (which
+        // read light whatever it does now).
+        f.left_co();
+        assert_eq!(f.start_fill(), None);
+        for _ in 0..10 {
+            f.report(false, 1_500, 5_000);
+        }
+        assert_eq!(f.start_fill(), None, "50 ms of turns, decayed");
+        f.report(false, 1_500, 5_000);
+        assert!(f.start_fill().is_some_and(|r| (r - 0.3).abs() < 1e-9));
+        // Back to co-holds: their fill starts over (the turns' stands for it meanwhile).
+        f.back_to_co();
+        assert_eq!(f.co(), f.turns());
+        for _ in 0..25 {
+            f.report(true, 3_500, 10_000);
+        }
+        assert!(f.co().is_some_and(|r| (r - 0.35).abs() < 1e-9));
+        // A client whose turns since read heavy stays there: it was heavy.
+        let mut g = f;
+        g.left_co();
+        for _ in 0..11 {
+            g.report(false, 4_800, 5_000);
+        }
+        assert!(g.start_fill().is_some_and(|r| r > 0.9));
     }
 
     #[test]
