@@ -84,9 +84,8 @@ impl Fills {
         }
     }
 
-    /// The turns' fill to judge a start of co-running on: of the turns since the client was
-    /// sent from co-holds to turns once enough of them was reported, or (never sent) of its
-    /// turns once enough of them was reported.
+    /// The turns' fill a start of co-running is judged on, once enough turns were reported: of
+    /// its turns since it was sent from co-holds to turns, or of all its turns if it never was.
     pub fn start_fill(&self) -> Option<f64> {
         match &self.since_co {
             Some(f) => f.ratio_after(Self::BACK_MIN_HELD_US),

@@ -336,16 +336,29 @@ impl Api {
     ///
     /// # Safety
     /// `T` must be the function type of the named entry point.
+    /// `name` by `dlsym` on the library, whatever the lookup path: for entry points the hook
+    /// does not wrap and whose base name `cuGetProcAddress` maps to another signature (the
+    /// real driver answers `cuCtxCreate` with `_v3` at 12.0).
+    pub(crate) unsafe fn sym<T: Copy>(&self, name: &str) -> Result<T> {
+        let c = CString::new(name)?;
+        // SAFETY: dlsym on the library handle with a valid name.
+        unsafe { cast(libc::dlsym(self.handle, c.as_ptr()), name) }
+    }
+
     pub(crate) unsafe fn get<T: Copy>(&self, name: &str) -> Result<T> {
         let c = CString::new(name)?;
         let p = match (self.lookup, self.gpa) {
             // SAFETY: dlsym with a valid name.
             (Lookup::Symbol, _) => unsafe { libc::dlsym(libc::RTLD_DEFAULT, c.as_ptr()) },
             (Lookup::Proc, Some(gpa)) => {
+                // cuGetProcAddress takes the base name and picks the variant by version: the
+                // real driver finds no `cuDevicePrimaryCtxRelease_v2` (the fake did). 12.0, as
+                // for the table above: from 13.0 `cuCtxCreate` is `_v4`, another signature.
+                let base = CString::new(name.strip_suffix("_v2").unwrap_or(name))?;
                 let mut p = std::ptr::null_mut();
                 let mut st = 0;
                 // SAFETY: cuGetProcAddress with valid out-pointers.
-                unsafe { gpa(c.as_ptr(), &mut p, 13000, self.flags, &mut st) };
+                unsafe { gpa(base.as_ptr(), &mut p, 12000, self.flags, &mut st) };
                 p
             }
             // SAFETY: dlsym on the library handle.

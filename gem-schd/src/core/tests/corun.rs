@@ -694,10 +694,10 @@ fn a_gpu_bound_client_does_not_co_run_on_its_start_up_turns() {
     );
 }
 
-/// Steps of 100 µs that i spends in turns from t(1000) to t(3000) beside a GPU-bound t, i's
-/// turns filling 0.3 and its co-holds 0.35, or `i_heavy_from_1s` 0.95 of all its holds from
-/// t(1000) on; with `outlier` its first co-hold after t(1000) reports 869 ms of GPU time.
-/// (in turns, in co-holds, waiting)
+/// Steps of 100 µs that i spends (in turns, in co-holds, waiting for a grant) from t(1000) to
+/// t(3000) beside a GPU-bound t, i's turns filling 0.3 and its co-holds 0.35, or with
+/// `i_heavy_from_1s` 0.95 of all its holds from t(1000) on; with `outlier` its first co-hold
+/// after t(1000) reports 869 ms of GPU time.
 fn i_steps_after_1s(outlier: bool, i_heavy_from_1s: bool) -> (u32, u32, u32) {
     let mut c = t_and_i(params(), (500, 500), (500, 500), 20 * MS, 0);
     fill(&mut c, 1, 0.95);
