@@ -331,25 +331,30 @@ pub(crate) struct Api {
 }
 
 impl Api {
-    /// Any entry point, through the same lookup path as the rest (`symbol`: the dynamic
-    /// linker's global scope, where a preloaded library comes first).
-    ///
-    /// # Safety
-    /// `T` must be the function type of the named entry point.
     /// `name` by `dlsym` on the library, whatever the lookup path: for entry points the hook
     /// does not wrap and whose base name `cuGetProcAddress` maps to another signature (the
     /// real driver answers `cuCtxCreate` with `_v3` at 12.0).
+    ///
+    /// # Safety
+    /// `T` must be the function type of the named entry point.
     pub(crate) unsafe fn sym<T: Copy>(&self, name: &str) -> Result<T> {
         let c = CString::new(name)?;
         // SAFETY: dlsym on the library handle with a valid name.
         unsafe { cast(libc::dlsym(self.handle, c.as_ptr()), name) }
     }
 
+    /// Any entry point, through the same lookup path as the rest (`symbol`: the dynamic
+    /// linker's global scope, where a preloaded library comes first).
+    ///
+    /// # Safety
+    /// `T` must be the function type of the named entry point.
     pub(crate) unsafe fn get<T: Copy>(&self, name: &str) -> Result<T> {
-        let c = CString::new(name)?;
         let p = match (self.lookup, self.gpa) {
-            // SAFETY: dlsym with a valid name.
-            (Lookup::Symbol, _) => unsafe { libc::dlsym(libc::RTLD_DEFAULT, c.as_ptr()) },
+            (Lookup::Symbol, _) => {
+                let c = CString::new(name)?;
+                // SAFETY: dlsym with a valid name.
+                unsafe { libc::dlsym(libc::RTLD_DEFAULT, c.as_ptr()) }
+            }
             (Lookup::Proc, Some(gpa)) => {
                 // cuGetProcAddress takes the base name and picks the variant by version: the
                 // real driver finds no `cuDevicePrimaryCtxRelease_v2` (the fake did). 12.0, as
@@ -361,9 +366,10 @@ impl Api {
                 unsafe { gpa(base.as_ptr(), &mut p, 12000, self.flags, &mut st) };
                 p
             }
-            // SAFETY: dlsym on the library handle.
-            _ => unsafe { libc::dlsym(self.handle, c.as_ptr()) },
+            // SAFETY: the caller names the right function type.
+            _ => return unsafe { self.sym(name) },
         };
+        // SAFETY: the caller names the right function type.
         unsafe { cast(p, name) }
     }
 }
