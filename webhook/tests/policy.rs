@@ -479,6 +479,28 @@ async fn only_the_extender_writes_the_record_and_labels_never_change() -> Result
         )
         .await?;
     let opt_out = Patch::Merge(json!({"metadata": {"labels": {"sharedgpu/webhook": "disabled"}}}));
+    // Each policy and binding loads on its own: that the record policy refused a pod says
+    // nothing of the opt-out one (CI once saw this patch pass, the namespace opted out, a
+    // second after the bindings were made). Dry runs until it refuses, then the real patch.
+    wait_until("the opt-out policy to refuse mallory", WAIT, || {
+        let (api, name, patch) = (
+            Api::<Namespace>::all(mallory.clone()),
+            ns.name().to_string(),
+            opt_out.clone(),
+        );
+        async move {
+            let dry = PatchParams {
+                dry_run: true,
+                ..Default::default()
+            };
+            match api.patch(&name, &dry, &patch).await {
+                Ok(_) => Ok(None),
+                Err(kube::Error::Api(s)) if s.code == 403 => Ok(Some(())),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    })
+    .await?;
     let (code, message) = api_error(
         Api::<Namespace>::all(mallory.clone())
             .patch(ns.name(), &params, &opt_out)
