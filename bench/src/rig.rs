@@ -33,7 +33,13 @@ pub struct Extender {
 }
 
 impl Extender {
-    fn spawn(bin: &Path, kubeconfig: &Path, port: u16, log: &Path) -> anyhow::Result<Child> {
+    fn spawn(
+        bin: &Path,
+        kubeconfig: &Path,
+        port: u16,
+        log: &Path,
+        extra: &[&str],
+    ) -> anyhow::Result<Child> {
         let out = OpenOptions::new().create(true).append(true).open(log)?;
         let mut cmd = Command::new(bin);
         // SAFETY: prctl is async-signal-safe; the child dies with the bench, even
@@ -47,6 +53,7 @@ impl Extender {
         cmd.args(["--listen", &format!("127.0.0.1:{port}")])
             .arg("--kubeconfig")
             .arg(kubeconfig)
+            .args(extra)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
@@ -56,7 +63,7 @@ impl Extender {
     }
 
     pub fn start(bin: &Path, kubeconfig: &Path, port: u16, log: &Path) -> anyhow::Result<Extender> {
-        let child = Self::spawn(bin, kubeconfig, port, log)?;
+        let child = Self::spawn(bin, kubeconfig, port, log, &[])?;
         Ok(Extender {
             child,
             bin: bin.to_owned(),
@@ -73,7 +80,25 @@ impl Extender {
     pub fn kill_and_restart(&mut self) -> anyhow::Result<()> {
         self.child.kill().context("killing the extender")?;
         self.child.wait()?;
-        self.child = Self::spawn(&self.bin, &self.kubeconfig, self.port, &self.log)?;
+        self.child = Self::spawn(&self.bin, &self.kubeconfig, self.port, &self.log, &[])?;
+        Ok(())
+    }
+
+    /// Stops the extender (SIGTERM, so it finishes what it serves), starts it again with
+    /// `extra` arguments and waits until it is ready (plain HTTP only).
+    pub async fn restart_with(&mut self, extra: &[&str]) -> anyhow::Result<()> {
+        signal(self.pid(), "TERM")?;
+        self.child
+            .wait()
+            .context("waiting for the extender to stop")?;
+        self.child = Self::spawn(&self.bin, &self.kubeconfig, self.port, &self.log, extra)?;
+        let t = Instant::now();
+        while extender_get(self.port, "/readyz").await.is_err() {
+            if t.elapsed() > Duration::from_secs(60) {
+                bail!("the extender restarted with {extra:?} is not ready after 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         Ok(())
     }
 }
@@ -503,24 +528,29 @@ pub async fn scheduler_client(kubeconfig: &Path, port: u16) -> anyhow::Result<Cl
 
 /// The extender's metrics text (plain HTTP on `127.0.0.1:port`, as the bench runs it).
 pub async fn extender_metrics(port: u16) -> anyhow::Result<String> {
+    extender_get(port, "/metrics").await
+}
+
+/// The body of `GET path` from the extender on plain HTTP, if it answers 200.
+async fn extender_get(port: u16, path: &str) -> anyhow::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .context("connecting to the extender")?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
         .await
-        .context("asking the extender for /metrics")?;
+        .with_context(|| format!("asking the extender for {path}"))?;
     let mut body = Vec::new();
     s.read_to_end(&mut body)
         .await
-        .context("reading the extender's /metrics")?;
+        .with_context(|| format!("reading the extender's {path}"))?;
     let text = String::from_utf8_lossy(&body);
     match text.split_once("\r\n\r\n") {
         Some((head, rest)) if head.starts_with("HTTP/1.") && head.contains(" 200 ") => {
             Ok(rest.to_string())
         }
         _ => bail!(
-            "the extender's /metrics answered {:?}",
+            "the extender's {path} answered {:?}",
             text.lines().next().unwrap_or("")
         ),
     }

@@ -14,6 +14,9 @@
 //!   (its labels and a record's annotations, under a prefix the extender ignores);
 //! - `b1` (only when asked for): `b` with the scheduler's mark at 1, its quantity
 //!   before 4ee04fa, as the control for the zero (`kubeshare_api::GPU_POD_MARK`);
+//! - `b2` (only when asked for): `b` served by the extender restarted on two worker
+//!   threads (`--threads 2`, its runtime before the one-thread default), the control
+//!   for that default; the extender is restarted with its defaults after the run;
 //!
 //! `stream`: `--clients` concurrent clients create the pods as fast as the
 //! apiserver takes them; `backlog`: the pods are created while that scheduler is
@@ -21,7 +24,8 @@
 //! watch − first create, or the resume). CPU per pod = the CPU time the
 //! control-plane processes (etcd, apiserver, controller-manager, both
 //! schedulers, the extender; not kwok, which plays the kubelets) used during the
-//! run / pods. Every `b` run ends with the check of the API's records (no GPU
+//! run / pods (kwok's and this bench's own CPU are reported beside it, uncharged:
+//! they share the two cores). Every `b` run ends with the check of the API's records (no GPU
 //! above 1.0, every bound pod with its record); the bench fails if one fails.
 //! Each run's pods are deleted (and gone) before the next run starts, and a run
 //! starts once the processes are back near their CPU at rest (measured after the
@@ -72,6 +76,9 @@ enum Config {
     /// kube-scheduler's resource fit then checks the resource's name on every node it
     /// searches. The control for that change.
     B1,
+    /// `b` with the extender on two work-stealing worker threads (`--threads 2`), the
+    /// runtime it had before one thread became the default. The control for that change.
+    B2,
     C,
 }
 
@@ -82,6 +89,7 @@ impl Config {
             Config::A2p => "a2p",
             Config::B => "b",
             Config::B1 => "b1",
+            Config::B2 => "b2",
             Config::C => "c",
         }
     }
@@ -90,7 +98,7 @@ impl Config {
     fn scheduler(self) -> &'static str {
         match self {
             Config::A2 | Config::A2p => "kube-scheduler",
-            Config::B | Config::B1 | Config::C => "kubeshare-scheduler",
+            Config::B | Config::B1 | Config::B2 | Config::C => "kubeshare-scheduler",
         }
     }
 }
@@ -184,6 +192,9 @@ struct Run {
     /// what the pods themselves cost (at-rest work grows with a run's length).
     cpu_ms_per_pod_above_rest: f64,
     cpu_ms_by_process: BTreeMap<String, f64>,
+    /// The same for what plays the rest of the cluster (kwok's kubelets) and this bench
+    /// (its creates and its watch): not charged to the run, but they share its two cores.
+    rig_cpu_ms_by_process: BTreeMap<String, f64>,
     /// The control plane's CPU from the first create (stream) or the resume (backlog) to
     /// the last bind, per pod: a backlog's scheduling alone.
     scheduling_cpu_ms_per_pod: f64,
@@ -300,7 +311,7 @@ fn pod(config: Config, i: u32, args: &Args) -> anyhow::Result<Pod> {
                 json!({}),
             )
         }
-        Config::B | Config::B1 => (
+        Config::B | Config::B1 | Config::B2 => (
             "kubeshare-scheduler",
             gpu_labels,
             if marked {
@@ -394,6 +405,7 @@ async fn run_one(
     admin: &Client,
     run_dir: &Path,
     pids: &BTreeMap<String, u32>,
+    rig: &BTreeMap<String, u32>,
     extender_pid: u32,
     timings: &Timings,
     config: Config,
@@ -411,6 +423,7 @@ async fn run_one(
     let (api0, watch0) = (api_requests(&m0), watch_events(&m0));
     let timing0 = timings.snapshot(config).await?;
     let (cpu0, tcp0) = (cpu_snapshot(pids)?, tcp_passive_opens()?);
+    let rig0 = cpu_snapshot(rig)?;
     let w0 = Instant::now();
     let mut creating_profile = None;
     let probe = SpeedProbe::start(Duration::from_millis(250));
@@ -480,6 +493,7 @@ async fn run_one(
         .await
         .with_context(|| ns.clone())?;
     let (machine_end, cpu1) = (MachineCpu::now()?, cpu_snapshot(pids)?);
+    let rig1 = cpu_snapshot(rig)?;
     let tcp_opens = tcp_passive_opens()?.saturating_sub(tcp0);
     let probe_us = probe.finish();
     let window = w0.elapsed();
@@ -509,7 +523,7 @@ async fn run_one(
 
     let all = list_all(&pods).await?;
     let check = match config {
-        Config::B | Config::B1 => {
+        Config::B | Config::B1 | Config::B2 => {
             let c = check_books(&all);
             if !c.ok() {
                 bail!(
@@ -558,6 +572,10 @@ async fn run_one(
             .into_iter()
             .map(|(n, v)| (n, v / f64::from(args.pods)))
             .collect(),
+        rig_cpu_ms_by_process: cpu_ms_used(&rig0, &rig1)
+            .into_iter()
+            .map(|(n, v)| (n, v / f64::from(args.pods)))
+            .collect(),
         extender_rss_mib: rss(extender_pid)? as f64 / f64::from(1u32 << 20),
         api_requests_per_pod: api_per_pod,
         watch_per_pod,
@@ -600,7 +618,14 @@ fn summary(runs: &[Run], modes: &[Mode]) -> String {
             )
         };
         let (a_rate, a_cpu, a_above) = stat(Config::A2);
-        for c in [Config::A2, Config::A2p, Config::B, Config::B1, Config::C] {
+        for c in [
+            Config::A2,
+            Config::A2p,
+            Config::B,
+            Config::B1,
+            Config::B2,
+            Config::C,
+        ] {
             let (rate, cpu, above) = stat(c);
             if rate.is_nan() {
                 continue;
@@ -624,7 +649,7 @@ async fn main() -> anyhow::Result<()> {
     let cluster = Cluster::shared().context("no cluster: run under hack/with-cluster.sh")?;
     let admin = cluster.client(Identity::Admin).await?;
     let run_dir = cluster.run_dir().to_owned();
-    let ext = Extender::start(
+    let mut ext = Extender::start(
         &args.extender,
         cluster.kubeconfig(Identity::Extender)?,
         cluster.extender_port(),
@@ -635,6 +660,10 @@ async fn main() -> anyhow::Result<()> {
         .map(|n| Ok((n.to_string(), component_pid(&run_dir, n)?)))
         .collect::<anyhow::Result<_>>()?;
     pids.insert("kubeshare-extender".into(), ext.pid());
+    let rig = BTreeMap::from([
+        ("kwok".to_string(), component_pid(&run_dir, "kwok")?),
+        ("scale-bench".to_string(), std::process::id()),
+    ]);
     let admin_kc = cluster.kubeconfig(Identity::Admin)?;
     let timings = Timings {
         kube_scheduler: scheduler_client(admin_kc, cluster.ports().kube_scheduler).await?,
@@ -669,12 +698,22 @@ async fn main() -> anyhow::Result<()> {
                     config.name(),
                     mode.name()
                 );
+                if config == Config::B2 {
+                    if timings.extender_port.is_none() {
+                        bail!(
+                            "b2 restarts the extender and waits for it on plain HTTP: not with HTTPS=1"
+                        );
+                    }
+                    ext.restart_with(&["--threads", "2"]).await?;
+                    pids.insert("kubeshare-extender".into(), ext.pid());
+                }
                 quiesce(&pids, idle).await?;
                 let r = run_one(
                     &args,
                     &admin,
                     &run_dir,
                     &pids,
+                    &rig,
                     ext.pid(),
                     &timings,
                     config,
@@ -683,6 +722,10 @@ async fn main() -> anyhow::Result<()> {
                     idle,
                 )
                 .await?;
+                if config == Config::B2 {
+                    ext.restart_with(&[]).await?;
+                    pids.insert("kubeshare-extender".into(), ext.pid());
+                }
                 let line = json!({
                     "config": r.config.name(), "mode": r.mode.name(), "round": r.round,
                     "nodes": args.nodes, "gpus_per_node": args.gpus, "pods": args.pods,
@@ -700,6 +743,9 @@ async fn main() -> anyhow::Result<()> {
                     "tcp_opens_per_pod": (r.tcp_opens_per_pod * 100.0).round() / 100.0,
                     "probe_us_at_rest": probe_at_rest.map(|v| v.round()),
                     "cpu_ms_per_pod_by_process": r.cpu_ms_by_process.iter()
+                        .map(|(k, v)| (k.clone(), json!((v * 100.0).round() / 100.0)))
+                        .collect::<serde_json::Map<_, _>>(),
+                    "rig_cpu_ms_per_pod_by_process": r.rig_cpu_ms_by_process.iter()
                         .map(|(k, v)| (k.clone(), json!((v * 100.0).round() / 100.0)))
                         .collect::<serde_json::Map<_, _>>(),
                     "extender_rss_mib_after": (r.extender_rss_mib * 10.0).round() / 10.0,

@@ -87,6 +87,13 @@ struct Args {
     /// Most concurrent API calls (Bindings, checks).
     #[arg(long, env = "KUBESHARE_EXTENDER_API_CONCURRENCY", default_value_t = 64)]
     api_concurrency: usize,
+    /// Threads that run the extender's tasks: 1 (the default) runs everything on one
+    /// thread, which measured cheaper than two work-stealing workers on a busy
+    /// control-plane node (docs/extender.md, "One thread"); more for a very large
+    /// cluster whose decisions should not wait behind the watches.
+    #[arg(long, env = "KUBESHARE_EXTENDER_THREADS", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    threads: u16,
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -123,9 +130,22 @@ async fn shutdown_signal() {
     info!("shutting down");
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let runtime = match args.threads {
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(usize::from(n))
+            .enable_all()
+            .build(),
+    }
+    .context("starting the runtime")?;
+    runtime.block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
     kubeshare_api::set_scheduler_name(&args.scheduler_name).context("--scheduler-name")?;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     if args.log_json {
