@@ -314,6 +314,16 @@ async fn main() -> Result<()> {
     println!("  {}", bs.line("bind decision"));
     println!("  {}", ts.line("filter+prioritize+bind"));
     println!("  {}", cpu.line("  same, thread CPU time"));
+    // A Prometheus scrape: the books as gauges, five series per GPU.
+    let t = Instant::now();
+    let (usage, counts) = ext.shared.with_cluster(|c| (c.usage(), c.booking_counts()));
+    let text = ext.shared.metrics.render(&usage, counts, true);
+    println!(
+        "/metrics: {:.1} ms for {} GPUs ({:.1} MiB of text)",
+        t.elapsed().as_secs_f64() * 1000.0,
+        usage.len(),
+        text.len() as f64 / f64::from(1u32 << 20)
+    );
     ext.shared
         .with_cluster(|c| c.check_invariants())
         .map_err(|e| anyhow::anyhow!(e))?;
