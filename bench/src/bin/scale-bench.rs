@@ -673,6 +673,10 @@ async fn main() -> anyhow::Result<()> {
             .is_none()
             .then(|| cluster.extender_port()),
     };
+    // Before the nodes (minutes), not at b2's first run.
+    if args.configs.contains(&Config::B2) && timings.extender_port.is_none() {
+        bail!("b2 restarts the extender and waits for it on plain HTTP: not with HTTPS=1");
+    }
 
     let t = Instant::now();
     create_gpu_nodes(&admin, "scale", args.nodes, args.gpus, 16).await?;
@@ -699,11 +703,6 @@ async fn main() -> anyhow::Result<()> {
                     mode.name()
                 );
                 if config == Config::B2 {
-                    if timings.extender_port.is_none() {
-                        bail!(
-                            "b2 restarts the extender and waits for it on plain HTTP: not with HTTPS=1"
-                        );
-                    }
                     ext.restart_with(&["--threads", "2"]).await?;
                     pids.insert("kubeshare-extender".into(), ext.pid());
                 }
