@@ -1,6 +1,6 @@
 //! The `sharedgpu/*` pod labels, parsed once into a typed [`GpuDemand`].
 //!
-//! Every rule of DESIGN.md's label table is enforced here, and every violation is a
+//! Every rule of docs/design.md's label table is enforced here, and every violation is a
 //! [`LabelError`] that names the label, its value and the rule in words a user can act
 //! on. The webhook shows these messages when it denies a pod; the extender and the node
 //! daemon only ever see a `GpuDemand`.

@@ -1,6 +1,6 @@
 //! The `sharedgpu` pod API, shared by every part of KubeShare.
 //!
-//! This crate is the one place where the contracts of `DESIGN.md` live as types:
+//! This crate is the one place where the contracts of `docs/design.md` live as types:
 //! the pod labels (parsed once, into [`GpuDemand`]), the annotations the extender
 //! writes at bind ([`Allocation`]), the GPU inventory a node daemon publishes on its
 //! Node ([`NodeInventory`]), and Gemini's per-GPU resource-config file

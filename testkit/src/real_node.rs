@@ -22,7 +22,7 @@ pub const NODE_DIR_ENV: &str = "KUBESHARE_NODE_DIR";
 /// CUDA images set it.
 pub const WORKLOAD_IMAGE: &str = "docker.io/kubeshare/cuda-workload:latest";
 
-/// Where KubeShare's host directory is on a node (DESIGN.md, "Node side").
+/// Where KubeShare's host directory is on a node (docs/design.md, "Node side").
 pub const NODE_KUBESHARE_ROOT: &str = "/var/lib/kubeshare";
 
 /// A real node started by `hack/node.sh up`.

@@ -1,4 +1,4 @@
-//! GPUs only through KubeShare (DESIGN.md, "GPU-node taint" and "Non-KubeShare pods get
+//! GPUs only through KubeShare (docs/design.md, "GPU-node taint" and "Non-KubeShare pods get
 //! no GPU"): what admission adds or refuses so that no container sees a GPU KubeShare
 //! manages unless KubeShare's record gives it that GPU.
 //!

@@ -1,4 +1,4 @@
-//! What the webhook injects into a KubeShare pod (DESIGN.md, "How the GPU reaches the
+//! What the webhook injects into a KubeShare pod (docs/design.md, "How the GPU reaches the
 //! container"): the names, paths and the exact env, volume and mount objects.
 //!
 //! Kept apart from the decision logic so that the documentation, the tests and the
