@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Scheduling at scale, side by side (issue 17; results in docs/extender.md):
+# Scheduling at scale, side by side (current figures in docs/benchmarks.md):
 # a fresh local control plane whose two kube-schedulers have the same raised
-# client limits, 1,000 kwok nodes x 8 simulated GPUs, and per round 2,000 pods
+# client limits, 1,000 kwok nodes x 8 simulated GPUs, and in each of ROUNDS repetitions 2,000 pods
 # for each configuration (a2: default profile, plain pods; b: KubeShare profile,
 # GPU pods at 0.25; c: KubeShare profile, plain pods), streamed by 8 clients and
 # as a backlog. Prints one JSON line per run and a summary table; fails if a

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# GPU benchmark of libgemhook + gem-schd (issue 7): overhead, accuracy, elasticity, memory cap,
+# GPU benchmark of libgemhook + gem-schd: overhead, accuracy, elasticity, memory cap,
 # coverage, on one NVIDIA GPU with PyTorch. Prints one JSON table; raw results, a log and a
 # plot of the shares over time go to the output folder.
 #
 #   hack/gpu-bench.sh [--artifacts DIR] [--out DIR] [--pacing | --overhead | --share [SCENARIO ...]]
 #
 # --pacing runs hack/gpu/pacing.py instead: per-second shares of a capped tenant alone with
-# gem-schd's --pace-ms on and off, elasticity and accuracy 0.3/0.7 (docs/gpu-benchmarks.md).
+# gem-schd's --pace-ms on and off, elasticity and accuracy 0.3/0.7.
 # --overhead runs hack/gpu/overhead.py: the small-kernel overhead over many A/B pairs.
-# --share runs hack/gpu/share.py: issue 14's table (shares as GPU time, the training and
+# --share runs hack/gpu/share.py: the shares table (shares as GPU time, the training and
 # inference pair, reload, two processes, kill -9), or the scenarios named after it.
 #
 # DIR (default .device-carry/gemhook) holds libgemhook.so.1 and gem-schd; when missing they are built
-# here (`make hook-release`, which needs cargo). Results are described in docs/gpu-benchmarks.md.
+# here (`make hook-release`, which needs cargo). Current figures: docs/benchmarks.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,4 +1,4 @@
-# The Helm chart (charts/kubeshare) and manifests/ rendered from it (issue 16).
+# The Helm chart (charts/kubeshare) and manifests/ rendered from it.
 #   make helm          build or reuse helm (hack/build-helm.sh, from Go modules)
 #   make manifests     render manifests/ from the chart
 #   make chart-test    lint, manifests/ in sync, certificates, server-side dry run

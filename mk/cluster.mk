@@ -1,9 +1,9 @@
-# Local Kubernetes control plane for the integration tests (issue 3).
+# Local Kubernetes control plane for the integration tests.
 #   make k8s-binaries    build or reuse kube-apiserver & co. (hack/build-k8s.sh)
 #   make cluster-up      start a cluster in $(CLUSTER_RUN_DIR); `. $(CLUSTER_RUN_DIR)/cluster.env`
 #   make cluster-down    stop it
 #   make bench-scale     pods/s and CPU per pod at 1,000 nodes, KubeShare profile vs the
-#                        default one, side by side (hack/bench-scale.sh; docs/extender.md)
+#                        default one, side by side (hack/bench-scale.sh; docs/benchmarks.md)
 # `make test` runs `cargo test` through $(CARGO_TEST_WRAPPER), which brings one
 # cluster up for the whole test run and always brings it down afterwards.
 #

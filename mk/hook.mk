@@ -15,9 +15,9 @@ TEST_PREREQS += hook-prereqs
 hook-test: hook-prereqs
 	$(CARGO) test --locked -p gemhook
 
-# Release artifacts for the GPU benchmarks (hack/gpu-bench.sh, hack/gpu/issue14-quick.sh,
+# Release artifacts for the GPU benchmarks (hack/gpu-bench.sh, hack/gpu/launch-cost-smi-kill.sh,
 # hack/gpu/share.py), in a git-ignored folder; the fake driver and its workload are for the
-# per-launch cost benchmark over the fake (hack/gpu/issue14-quick.sh).
+# per-launch cost benchmark over the fake (hack/gpu/launch-cost-smi-kill.sh).
 hook-release:
 	$(CARGO) build --locked --release -p gemhook -p gem-schd -p fake-libcuda
 	mkdir -p .device-carry/gemhook

@@ -1,4 +1,4 @@
-# Node daemon (issue 8). Its integration test runs the real gem-schd and the real
+# Node daemon. Its integration test runs the real gem-schd and the real
 # scheduler extender next to kubeshare-node-daemon; build them before `cargo test`.
 
 .PHONY: node-daemon-bins

@@ -1,4 +1,4 @@
-# The real node (issue 12): a kubelet with containerd on this machine, KubeShare
+# The real node: a kubelet with containerd on this machine, KubeShare
 # deployed on it from manifests/, and the tests of testkit/tests/real_node.rs.
 #   make node-images   binaries -> OCI archives in target/images (hack/images.sh)
 #   make node-test     a cluster + node (hack/with-cluster.sh --node), the real-node tests

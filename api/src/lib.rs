@@ -47,7 +47,7 @@ pub const GPU_TAINT_EFFECT: &str = "NoSchedule";
 /// `kubeshare.io/gpu-pod: 0` ([`GPU_POD_MARK`]) to the first container of every
 /// pod with a GPU demand, and kube-scheduler's `managedResources` sends only pods
 /// that name it to the extender. Pods without GPUs are then placed by
-/// kube-scheduler alone, at its own speed (issue 17).
+/// kube-scheduler alone, at its own speed.
 pub const GPU_POD_RESOURCE: &str = "kubeshare.io/gpu-pod";
 
 /// The mark's quantity: zero. kube-scheduler picks the extender's pods by the

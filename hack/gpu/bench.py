@@ -1,4 +1,4 @@
-"""GPU benchmark of libgemhook + gem-schd (issue 7, "On a real GPU"). Run by hack/gpu-bench.sh.
+"""GPU benchmark of libgemhook + gem-schd. Run by hack/gpu-bench.sh.
 
 Starts gem-schd for the GPU with a resource-config per scenario, runs PyTorch tenants
 (tenant.py) as clients with libgemhook.so.1 preloaded, and prints one JSON table:

@@ -1,5 +1,5 @@
-// What accounting a tenant's own GPU time with CUDA events would cost it on the CPU (issue 14,
-// round 14: co-running needs the co-runner's GPU time, and events around its kernels keep the
+// What accounting a tenant's own GPU time with CUDA events would cost it on the CPU (co-running
+// needs the co-runner's GPU time, and events around its kernels keep the
 // other context's time slices out). Interleaved rounds of N launches of an empty kernel on one
 // stream, four ways: plain; one event recorded after each launch; an event before and after
 // each launch; and the same with every pair's elapsed time read once the round is done. No

@@ -1,5 +1,5 @@
 """How many kernels a batch-1 ResNet-18 request launches, and its time per request alone: what a
-per-kernel cost (event_cost.cu) adds to the launch-bound tenant of issue 14 (round 14).
+per-kernel cost (event_cost.cu) adds to a launch-bound tenant such as batch-1 inference.
 
     python3 hack/gpu/infer_kernels.py
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14 round 5: the launch gate's cost in the last coarse tick of a hold, where it also reads
+# The launch gate's cost in the last coarse tick of a hold, where it also reads
 # the precise clock. Over the fake driver (no-op launches), one client alone, pinned to one core:
 # with 50 ms grants (the coarse clock alone for all but the last tick) and with 3 ms grants
 # (shorter than a 4 ms tick: every launch reads the precise clock), each with the precise

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14's robustness checks on a real GPU: what hook/tests/robustness.rs checks through the
+# Robustness checks on a real GPU: what hook/tests/robustness.rs checks through the
 # fake driver, with the real one. Memory a context or a mapping still holds (VMM create → map →
 # release → create; allocations of a destroyed, reset or released context), each through both
 # lookup paths, with the hook and without it (the control shows the driver's own accounting);

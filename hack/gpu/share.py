@@ -1,4 +1,4 @@
-"""Shares measured as GPU time (issue 14's table), run by `hack/gpu-bench.sh --share`.
+"""Shares measured as GPU time (the shares table of docs/benchmarks.md), run by `hack/gpu-bench.sh --share`.
 
 Starts gem-schd per scenario (bench.py's Bench) and runs share_tenant.py tenants with
 libgemhook preloaded. A burst tenant's GPU busy time comes from CUDA events around each of its
@@ -101,17 +101,17 @@ train_infer_lag0 = train_infer_with(["--max-lag-ms", "0"])
 # train_infer with the hold cap under contention at 10 ms (`--max-hold-ms 10`).
 train_infer_hold10 = train_infer_with(["--max-hold-ms", "10"])
 # train_infer with capped clients paced even while the waiting clients' requests add up to
-# the whole GPU (`--unpaced-when-full false`: the rule before issue 14's round 4): the control.
+# the whole GPU (`--unpaced-when-full false`): the control.
 train_infer_pacefull = train_infer_with(["--unpaced-when-full", "false"])
-# Issue 14 round 5's same-session control: round 4's turns (a capped client's grant under full
-# contention is the min quota; the hook's deadline on the coarse clock alone).
-R4 = (["--turn-includes-drain", "false"], {"KUBESHARE_HOOK_PRECISE_DEADLINE": "0", "KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
-train_infer_r4 = train_infer_with(*R4)
-train_infer_r4_debug = train_infer_with(*R4, debug=True)
-# Round 5's parts on their own: the precise deadline only, the drain-aware turns only.
+# Plain turns, the control for drain-aware turns and the precise deadline (a capped client's
+# grant under full contention is the min quota; the hook's deadline on the coarse clock alone).
+PLAIN_TURNS = (["--turn-includes-drain", "false"], {"KUBESHARE_HOOK_PRECISE_DEADLINE": "0", "KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
+train_infer_plainturns = train_infer_with(*PLAIN_TURNS)
+train_infer_plainturns_debug = train_infer_with(*PLAIN_TURNS, debug=True)
+# Each part on its own: the precise deadline only, the drain-aware turns only.
 train_infer_clock = train_infer_with(["--turn-includes-drain", "false"], {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
 train_infer_drain = train_infer_with([], {"KUBESHARE_HOOK_PRECISE_DEADLINE": "0", "KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
-# Round 5's queue-ahead bound in the hook (KUBESHARE_HOOK_MAX_AHEAD_US, default 200; off: noahead).
+# The hook's queue-ahead bound (KUBESHARE_HOOK_MAX_AHEAD_US, default 200; off: noahead).
 train_infer_noahead = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
 train_infer_ahead200 = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "200"})
 train_infer_ahead500 = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US": "500"})
@@ -130,7 +130,7 @@ train_infer_ahead50_debug = train_infer_with([], {"KUBESHARE_HOOK_MAX_AHEAD_US":
 train_infer_debug = train_infer_with([], debug=True)
 # train_infer with gem-schd's grant log only.
 train_infer_schdlog = variant(lambda b, raw: train_infer(b, raw), [], schd_debug=True)
-# Co-running (round 15): a client whose kernels fill less than 0.6 of its holds launches beside
+# Co-running: a client whose kernels fill less than 0.6 of its holds launches beside
 # the holder; the holder's limit is raised by the pace it loses (docs/gem-schd.md).
 CORUN = ["--co-run-below", "0.6"]
 train_infer_corun = variant(lambda b, raw: train_infer(b, raw), CORUN)
@@ -147,7 +147,7 @@ def natives(b):
     """The native (unhooked, alone) training and inference runs, once per invocation, with the
     clocks they ran at. Inference is measured SHARE_NATIVE_RUNS times (default 3) and the run
     with the median rate is its baseline, every rate kept beside it: a launch-bound tenant's
-    native rate moved 346–594 requests/s between 8 s runs on one H100 host (round 10), where
+    native rate moved 346–594 requests/s between 8 s runs on one H100 host, where
     training's held to ±2 %."""
     if "train" not in NATIVE:
         NATIVE["train"] = b.run([("train", ["--mode", "train50"], None)], 8)["train"]
@@ -189,8 +189,7 @@ def native_duty(on_ms, off_ms, idle, guard_ms=0, hooked=False):
     matmuls). Native unless `hooked`: then the inference tenant runs under the hook as
     gem-schd's only client, uncapped (1.0, 1.0), so the hook's launch path is in place but the
     token is never waited for (the filler stays native). Requests run slower inside short
-    turns under the hook (rounds 10–12); if they do here too, the turns' pattern is the cause
-    (round 13). Reported: each request's CPU latency and GPU span, for the ones that open a
+    turns under the hook; if they do here too, the turns' pattern is the cause. Reported: each request's CPU latency and GPU span, for the ones that open a
     window and the rest, against the continuous native run."""
     def run(b, raw):
         _, nati = natives(b)
@@ -285,7 +284,7 @@ def burst_infer(b, raw):
 
 
 # ... with 20 ms turns: in them whole requests beside training ran ~0.35 ms slower than the
-# native windows explain (round 13); beside a matmul neighbour too, or only beside training?
+# native windows explain; beside a matmul neighbour too, or only beside training?
 burst_infer_minq20 = variant(burst_infer, ["--min-quota-ms", "20"])
 
 
@@ -360,7 +359,7 @@ def infer_pair_hooked(b, raw):
 
 
 # train_capped_infer_free with training's turns longer, to give back what the co-running
-# tenant takes in them (round 14: training 0.469-0.496 of native at 0.7, 0.507-0.548 at 0.75;
+# tenant takes in them (on an H100: training 0.469-0.496 of native at 0.7, 0.507-0.548 at 0.75;
 # the share that evens the pair differs by host).
 def train_capped_infer_free_60(b, raw):
     return train_capped_infer_free(b, raw, 0.6)
@@ -425,7 +424,7 @@ def train_uncapped(b, raw):
     return train_alone(b, raw, 1.0)
 
 
-# Where a capped training tenant's time goes (round 11): the queue-ahead bound off, the short
+# Where a capped training tenant's time goes: the queue-ahead bound off, the short
 # pacing window off, pacing off (the limit over gem-schd's 10 s window only), every grant logged.
 train_capped_noahead = variant(train_capped, [], {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
 train_capped_short0 = variant(train_capped, ["--pace-short-ms", "0"])
@@ -434,21 +433,20 @@ train_capped_schdlog = variant(train_capped, [], schd_debug=True)
 train_uncapped_noahead = variant(train_uncapped, [], {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
 train_uncapped_schdlog = variant(train_uncapped, [], schd_debug=True)
 # A deeper queue early in a hold (KUBESHARE_HOOK_EARLY_AHEAD_US, default 600 µs, at most
-# 50,000): how much of a GPU-bound tenant's loss alone is the queue the bound keeps it to
-# (issue 14, round 12)?
+# 50,000): how much of a GPU-bound tenant's loss alone is the queue the bound keeps it to?
 train_uncapped_early5000 = variant(train_uncapped, [], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "5000"})
 train_uncapped_early50000 = variant(train_uncapped, [], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "50000"})
 train_capped_early5000 = variant(train_capped, [], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "5000"})
 train_capped_early50000 = variant(train_capped, [], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "50000"})
 # The sole allowance off (KUBESHARE_HOOK_SOLE_AHEAD_US=0): a process whose holds are renewed
-# is held to the bound and the early allowance as before round 12; the control.
+# is held to the bound and the early allowance as without the early allowance; the control.
 SOLE0 = {"KUBESHARE_HOOK_SOLE_AHEAD_US": "0"}
 train_uncapped_sole0 = variant(train_uncapped, [], SOLE0)
 train_capped_sole0 = variant(train_capped, [], SOLE0)
 # gem-schd's min quota at 50 ms: a paced client alone holds longer, with fewer hand-overs.
 train_capped_minq50 = variant(train_capped, ["--min-quota-ms", "50"])
 # Renewal off (`KUBESHARE_HOOK_RENEW=0`): every quota's end drains and asks again, the rule
-# before round 11; the control for the renewed holds of a tenant alone.
+# without renewals; the control for the renewed holds of a tenant alone.
 RENEW0 = {"KUBESHARE_HOOK_RENEW": "0"}
 train_capped_renew0 = variant(train_capped, [], RENEW0)
 train_uncapped_renew0 = variant(train_uncapped, [], RENEW0)
@@ -506,7 +504,7 @@ def multiproc(b, raw):
 multiproc_noahead = variant(multiproc, [], {"KUBESHARE_HOOK_MAX_AHEAD_US": "0"})
 multiproc_ahead800 = variant(multiproc, [], {"KUBESHARE_HOOK_MAX_AHEAD_US": "800"})
 # How much more than the bound may be queued early in a hold (KUBESHARE_HOOK_EARLY_AHEAD_US,
-# default 600; 0: the bound all hold long, round 8's rule).
+# default 600; 0: the bound all hold long).
 multiproc_early0 = variant(multiproc, [], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "0"})
 multiproc_early5000 = variant(multiproc, [], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "5000"})
 # The queue-ahead bound off for the inference tenant only (KUBESHARE_HOOK_MAX_AHEAD_US=0):
@@ -522,7 +520,7 @@ train_infer_early5000 = train_infer_with([], {"KUBESHARE_HOOK_EARLY_AHEAD_US": "
 def train_infer_batch(batch):
     """train_infer with ResNet-18 inference at `batch` images a request: a tenant whose fill lies
     between batch-1 inference's (~0.3) and training's (~0.8), near co-running's threshold (0.6),
-    so that it may move between co-holds and turns (issue 14 round 16). Its native rate is
+    so that it may move between co-holds and turns. Its native rate is
     measured once per invocation (median of SHARE_NATIVE_RUNS)."""
     def run(b, raw):
         nat, _ = natives(b)
@@ -544,7 +542,7 @@ train_infer_b16_corun = variant(train_infer_batch(16), CORUN)
 
 
 # The table's other rows with co-running on: matmul tenants fill their holds (above 0.6), so
-# they should keep to turns and their shares (issue 14 round 16).
+# they should keep to turns and their shares.
 alone_corun = variant(alone, CORUN)
 
 
@@ -552,7 +550,7 @@ def train_pair(b, raw):
     """Two ResNet-50 training tenants at 0.3 and 0.7: both GPU-bound, with kernels of very
     different lengths (a sample of them times a long convolution or a short elementwise one),
     so a fill misread as light would let them co-run and the GPU's time slicing, not their
-    limits, split it (issue 14 round 19)."""
+    limits, split it."""
     nat, _ = natives(b)
     with b.schd([("t", 0.3, 0.3, 30 * GIB), ("u", 0.7, 0.7, 30 * GIB)]):
         r = b.run([("train", ["--mode", "train50"], "t"), ("train2", ["--mode", "train50"], "u")], 20)

@@ -18,7 +18,7 @@ from bench import (Bench, read_results, start_schd, start_together, tenants_runn
                    write_config)
 
 GIB = 1 << 30
-# Colour codes of a log written by an older build (logs are plain text since stop 34).
+# Colour codes of a log written by an older build (logs are plain text now).
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -77,7 +77,7 @@ def pinned_cpu(label):
     """With SHARE_PIN=1, the CPU a tenant is pinned to by its label: one per physical core (no
     two tenants on hyperthread siblings), skipping the first core, so that tenants never share
     a core. It did not remove the spread of a launch-bound tenant's native rate (batch-1
-    inference: 1.55–2.93 ms per request over three runs of one pinned call; issue 14, round 10)."""
+    inference: 1.55–2.93 ms per request over three runs of one pinned call on an H100)."""
     if os.environ.get("SHARE_PIN") != "1":
         return None
     def topology(cpu, what):
@@ -101,7 +101,7 @@ def sample_pmon(labels):
     second) of each tenant by its label (`labels`: pid -> label), as p10 / p50 / p90 and the
     samples: the only per-process GPU-time source when two contexts run at once (the GPU
     time-slices them itself), so what it says of a co-running pair decides whether a share can
-    be accounted without exclusive turns (issue 14)."""
+    be accounted without exclusive turns."""
     summary = {}
     if os.environ.get("SHARE_PMON") != "1":
         yield summary
@@ -138,7 +138,7 @@ def sample_pmon(labels):
 def sample_clocks():
     """The GPU's SM clock (MHz), power (W), utilisation (%), memory clock (MHz), performance
     state (the N of PN) and PCIe link generation every 50 ms while the block runs, as p10 / p50 /
-    p90 of each: a partly idle GPU clocks higher than a busy one (issue 14), so a tenant's
+    p90 of each: a partly idle GPU clocks higher than a busy one, so a tenant's
     native rate and its rate beside a neighbour may be measured at different clocks."""
     summary = {}
     keys = ["sm_mhz", "power_w", "util_pct", "mem_mhz", "pstate", "pcie_gen"]

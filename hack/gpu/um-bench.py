@@ -1,4 +1,4 @@
-"""Unified-memory mode on a real GPU (issue 15; docs/gpu-benchmarks.md, "Unified-memory mode").
+"""Unified-memory mode on a real GPU (docs/benchmarks.md, "Unified-memory mode"; docs/um.md).
 
     python3 hack/gpu/um-bench.py --hook DIR/libgemhook.so.1 --schd DIR/gem-schd --out OUT
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Unified-memory mode on a real GPU (issue 15): runs hack/gpu/um-bench.py with the release hook
-# and gem-schd, results in OUT (default um-bench-out). docs/gpu-benchmarks.md, "Unified-memory mode".
+# Unified-memory mode on a real GPU: runs hack/gpu/um-bench.py with the release hook
+# and gem-schd, results in OUT (default um-bench-out). docs/benchmarks.md, "Unified-memory mode".
 #
 #   hack/gpu/um-bench.sh [ARTIFACT_DIR] [extra um-bench.py arguments]
 #

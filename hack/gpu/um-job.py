@@ -1,4 +1,4 @@
-"""One job of the unified-memory benchmark (hack/gpu/um-bench.py, docs/gpu-benchmarks.md,
+"""One job of the unified-memory benchmark (hack/gpu/um-bench.py, docs/benchmarks.md,
 "Unified-memory mode"): an inference-like PyTorch loop in the style of Gemini_UM's benchmark.
 
 It keeps --persist-gib of "weights" (1 GiB float32 chunks of small integers), and each

@@ -1,4 +1,4 @@
-//! What one Binding costs the apiserver, JSON against protobuf (issue 17).
+//! What one Binding costs the apiserver, JSON against protobuf.
 //!
 //! Run under `hack/with-cluster.sh`. Per round: N pending pods (a scheduler name
 //! nobody serves), then each is bound with the extender's identity, the way the

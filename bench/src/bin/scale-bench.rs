@@ -1,6 +1,6 @@
 //! `scale-bench`: scheduling throughput and control-plane CPU per pod of the
 //! KubeShare profile against the default scheduler, side by side on one
-//! cluster (issue 17).
+//! cluster.
 //!
 //! On a running local cluster (hack/bench-scale.sh starts one with both
 //! schedulers' client limits raised alike) it creates N kwok nodes with G

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 14's quick GPU checks, from a folder holding the release artifacts (libgemhook.so.1,
+# Quick GPU checks, from a folder holding the release artifacts (libgemhook.so.1,
 # gem-schd, libfake_cuda.so, cuda-workload) and hack/gpu's scripts under gpu/:
 # the per-launch cost over the fake driver and on the GPU (in-process A/B), nvidia-smi in a
 # capped process, and kill -9 of a holder. Results go to $OUT (default ./out).
-#   hack/gpu/issue14-quick.sh ARTIFACT_DIR
+#   hack/gpu/launch-cost-smi-kill.sh ARTIFACT_DIR
 set -uo pipefail
 art=$(cd "$1" && pwd); out=${OUT:-$PWD/out}; mkdir -p "$out"; cd "$art"
 work=$(mktemp -d); pids=(); trap 'kill "${pids[@]}" 2>/dev/null; rm -rf "$work"' EXIT
