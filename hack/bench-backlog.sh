@@ -5,7 +5,7 @@
 # while the kubeshare-scheduler is stopped, then released; half of the runs also
 # SIGKILL the extender once mid-way. Each run ends with the check of the API's
 # records (no GPU above 1.0, every bound pod with its record); the script fails
-# if any run fails it. Results: one JSON line per run in $OUT (see docs/extender.md).
+# if any run fails it. Results: one JSON line per run in $OUT (current figures: docs/benchmarks.md).
 #
 # Usage: hack/bench-backlog.sh [RUNS] [-- backlog-bench args...]
 #   RUNS   runs of each mode (plain, extender killed), default 3

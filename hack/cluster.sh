@@ -29,7 +29,7 @@
 #      KUBESHARE_NODE_MONITOR_GRACE_PERIOD (the node lifecycle controller's grace
 #        before a node whose lease and status are stale is NotReady and tainted;
 #        unset: upstream's default; for benches that want to rule out lease
-#        lapses of kwok's nodes on saturated cores, docs/extender.md).
+#        lapses of kwok's nodes on saturated cores: a longer grace changed nothing).
 set -euo pipefail
 
 HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -1,6 +1,6 @@
 //! A `pods/binding` body in Kubernetes' protobuf encoding, the one kube-scheduler
 //! itself sends, for `binding-bench`: does the apiserver spend less on a Binding
-//! in protobuf than on the extender's JSON one? (Measured: no, docs/extender.md;
+//! in protobuf than on the extender's JSON one? (Measured: no, docs/extender.md, "At scale";
 //! so the extender sends JSON through kube-rs.) Pure bytes, no I/O.
 //!
 //! The wire: the 4-byte magic `k8s\0`, then a `runtime.Unknown` whose `typeMeta`

@@ -278,7 +278,7 @@ async fn two_pods_share_one_gpu_at_their_limits() -> Result<()> {
     eprintln!(
         "real node: delivered shares from the node daemon's /metrics: {delivered:?} (sum {total:.3})"
     );
-    // Token time lost at hand-overs keeps the sum below 1 (docs/gpu-benchmarks.md);
+    // Token time lost at hand-overs keeps the sum below 1 (docs/benchmarks.md, "Reading the GPU figures");
     // no pod above its limit, and the split as configured.
     assert!(total >= 0.8, "GPU mostly unassigned: {delivered:?}");
     for (name, want) in [("p30", 0.3), ("p70", 0.7)] {
