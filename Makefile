@@ -13,6 +13,11 @@ TEST_PREREQS :=
 # A command that wraps `cargo test` (mk/cluster.mk brings a shared cluster up around it).
 CARGO_TEST_WRAPPER :=
 
+# Host packages first (mk/host.mk): the steps after it need them. Named before the
+# parts' own additions to `test` (mk/node.mk adds node-test), so a serial make runs it
+# first; mk/host.mk orders the rest after it under `make -j` too.
+test: host-prereqs
+
 -include mk/*.mk
 
 .PHONY: test fmt-check clippy cargo-test prereqs

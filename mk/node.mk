@@ -3,7 +3,7 @@
 #   make node-images   binaries -> OCI archives in target/images (hack/images.sh)
 #   make node-test     a cluster + node (hack/with-cluster.sh --node), the real-node tests
 # `make test` runs node-test last. Needs root, containerd, runc, umoci, busybox-static,
-# the CNI plugins, iptables, conntrack (.ci/run installs what is missing). See docs/node.md.
+# the CNI plugins, iptables, conntrack (`make host-prereqs` installs what is missing). See docs/node.md.
 
 .PHONY: images-check node-bins node-images node-test
 
