@@ -18,7 +18,7 @@
 #        chart leaves it; N: the kubeshare profile's percentageOfNodesToScore)
 #        GRACE (unset: the node lifecycle controller's default grace before a node
 #        with a stale lease is tainted; e.g. 5m, to rule out lease lapses of kwok's
-#        nodes on the saturated cores: on 2026-11-27 it changed nothing)
+#        nodes on the saturated cores: measured, it changed nothing)
 set -euo pipefail
 HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HACK/.."

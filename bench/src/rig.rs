@@ -234,7 +234,7 @@ fn parse_passive_opens(snmp: &str) -> anyhow::Result<u64> {
 /// core does not count; a slower core, a busier cache or cycles a hypervisor takes
 /// without reporting them as steal do. So when a run costs more CPU per pod than
 /// another of its configuration, a slower machine is told from slower processes
-/// (2026-11-26: runs of one configuration 30 % apart in CPU per pod while it read
+/// (seen: runs of one configuration 30 % apart in CPU per pod while it read
 /// within 10 %).
 pub struct SpeedProbe {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -386,7 +386,7 @@ pub async fn create_gpu_nodes(
     // (admission) until the node lifecycle controller takes it off, a GET and a PATCH
     // per node at its own pace; 1,000 nodes took minutes, so the first runs were timed
     // while kube-scheduler still failed tainted nodes and followed ~200 node updates
-    // a run (2026-11-27: the taint filter 0.6-1.2 s of an 8 s window, 0.03-0.2 after).
+    // a run (measured: the taint filter 0.6-1.2 s of an 8 s window, 0.03-0.2 after).
     loop {
         let listed = nodes.list(&lp).await?.items;
         let settled = listed
