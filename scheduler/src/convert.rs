@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
-use kubeshare_api::inventory::INVENTORY_ANNOTATION;
+use kubeshare_api::inventory::{INVENTORY_ANNOTATION, InventoryError};
 use kubeshare_api::{Allocation, GpuDemand, NodeInventory, is_kubeshare_pod};
 use serde::{Deserialize, Deserializer};
 
@@ -17,8 +17,8 @@ use crate::placement::PodInfo;
 
 /// The parts of a v1.Pod the extender reads; unknown fields are skipped, so a
 /// filter request, a watch event or a GET does not pay for decoding whole
-/// container specs and managed fields (issue 17: decoding whole Pods was the
-/// largest part of the extender's CPU per pod). It is the extender's `Pod` type
+/// container specs and managed fields (decoding whole Pods was the largest
+/// part of the extender's CPU per pod). It is the extender's `Pod` type
 /// for the API too (`Api<WirePod>`, same URLs as `Api<Pod>`).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct WirePod {
@@ -81,8 +81,8 @@ fn wire_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
 /// A Node as the extender watches it: metadata only. The inventory is an
 /// annotation, so the API is asked for `PartialObjectMetadata` and sends none of
 /// the status that kubelets (or kwok) rewrite at every heartbeat; managed fields
-/// are skipped unparsed (issue 17: decoding whole Nodes took an eighth of the
-/// extender's CPU in a backlog).
+/// are skipped unparsed (decoding whole Nodes took an eighth of the extender's
+/// CPU in a backlog).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct WireNode {
     #[serde(default, deserialize_with = "wire_meta")]
@@ -155,16 +155,14 @@ impl WirePod {
 
 /// The node's GPU inventory, from its metadata (the extender watches nodes'
 /// metadata only): `Ok(None)` when it publishes none.
-pub fn node_inventory(meta: &ObjectMeta) -> Result<Option<NodeInventory>, String> {
+pub fn node_inventory(meta: &ObjectMeta) -> Result<Option<NodeInventory>, InventoryError> {
     match meta
         .annotations
         .as_ref()
         .and_then(|a| a.get(INVENTORY_ANNOTATION))
     {
         None => Ok(None),
-        Some(json) => NodeInventory::parse(json)
-            .map(Some)
-            .map_err(|e| e.to_string()),
+        Some(json) => NodeInventory::parse(json).map(Some),
     }
 }
 

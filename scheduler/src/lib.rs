@@ -9,21 +9,28 @@
 //! - [`convert`]: Kubernetes objects to what placement needs (pure).
 //! - [`wire`]: the upstream extender JSON shapes.
 //! - [`metrics`]: Prometheus text exposition.
-//! - [`server`]: the axum routes and the shared state.
-//! - `bind`: bind's task: the record and the node in one Binding, single flight.
+//! - [`state`]: the state the routes, bind and the background tasks share.
+//! - [`server`]: the axum routes and serving.
+//! - `binding`: bind's task: the record and the node in one Binding, single flight.
+//! - `api`: one API call, with a permit and retries until a deadline.
+//! - [`error`]: what an API call or a bind answers when it fails.
 //! - `backpressure`: the filter holds new pods while API calls queue too long.
 //! - [`tasks`]: the watches that feed the books and the timer, supervised.
 
+mod api;
 mod backpressure;
-mod bind;
+mod binding;
 pub mod convert;
+pub mod error;
 pub mod metrics;
 pub mod placement;
 pub mod ratelimit;
 pub mod server;
+pub mod state;
 pub mod tasks;
 pub mod um_fit;
 pub mod wire;
 
 pub use placement::{BindStep, Cluster, Config, PodInfo};
-pub use server::{Extender, ExtenderOptions, Timing, TlsFiles, serve};
+pub use server::{Extender, ExtenderOptions, TlsFiles, serve};
+pub use state::Timing;

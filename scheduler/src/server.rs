@@ -1,18 +1,16 @@
-//! The extender's HTTP edge: the axum routes, the shared state, pod events,
-//! `/readyz`, and serving (HTTP or HTTPS). Bind's API calls live in `bind.rs`, the
-//! watches and the timer in `tasks.rs`.
+//! The extender's HTTP edge: the axum routes, the verbs' decisions on the
+//! shared state (`state.rs`), `/readyz`, and serving (HTTP or HTTPS). Bind's
+//! API calls live in `binding.rs`, the watches and the timer in `tasks.rs`.
 //!
 //! The placement decision runs under one mutex, with no `.await` while it is
 //! held; API calls happen after the books are updated (bind books the GPUs as
 //! assumed first, so two concurrent binds can never take the same share).
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::Context;
 use axum::Router;
@@ -22,17 +20,13 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::serve::ListenerExt;
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
-use kube::runtime::events::{Event as KEvent, EventType, Recorder, Reporter};
 use serde::Serialize;
-use tokio::sync::{Notify, Semaphore, watch};
 use tracing::{debug, info, warn};
 
-use crate::backpressure::ApiQueue;
-use crate::metrics::Metrics;
-use crate::placement::{Cluster, Config, FilterKind};
-use crate::ratelimit::TokenBucket;
+use crate::error::NOT_SYNCED;
+use crate::placement::{Config, FilterKind};
+use crate::state::{Shared, Timing};
 use crate::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
 };
@@ -55,82 +49,6 @@ pub struct ExtenderOptions {
     /// Reported as the events' reporting instance (e.g. the pod name).
     pub instance: Option<String>,
 }
-
-/// Deadlines of bind and of the background checks.
-#[derive(Debug, Clone)]
-pub struct Timing {
-    /// A bind call (gate wait and API retries included) answers within this: below
-    /// kube-scheduler's extender `httpTimeout` (10 s in `hack/cluster.sh` and
-    /// `manifests/kube-scheduler.yaml`), so the scheduler hears the outcome.
-    pub bind_timeout: Duration,
-    /// Longest wait of a group member's bind for the group's quorum (part of
-    /// `bind_timeout`; the rest is left for the Binding).
-    pub gang_wait: Duration,
-    /// An assumed booking not seen in the watch this long after its bind ended is
-    /// checked with a GET of the pod.
-    pub assume_check: Duration,
-    /// Most concurrent API calls (Bindings, GETs, wake-ups).
-    pub api_concurrency: usize,
-    /// Period of the timer (expiry of reservations, assumed-booking checks).
-    pub tick: Duration,
-    /// Rate of the informational "GpuAllocated" events (burst [`ALLOCATED_EVENTS_BURST`]).
-    pub allocated_events_per_s: f64,
-    /// The filter verb holds a pod while the oldest API call waiting for a slot has
-    /// waited longer than this (`backpressure.rs`); zero turns the hold off.
-    pub filter_hold_after: Duration,
-    /// The longest a filter call is held.
-    pub filter_hold_max: Duration,
-}
-
-impl Default for Timing {
-    fn default() -> Self {
-        Timing {
-            bind_timeout: Duration::from_secs(8),
-            gang_wait: Duration::from_secs(5),
-            assume_check: Duration::from_secs(15),
-            api_concurrency: 64,
-            tick: Duration::from_millis(500),
-            allocated_events_per_s: ALLOCATED_EVENTS_PER_S,
-            filter_hold_after: Duration::from_secs(2),
-            filter_hold_max: Duration::from_secs(3),
-        }
-    }
-}
-
-/// The answer of a bind, shared by the calls that wait for it.
-pub(crate) type BindAnswer = Option<Result<String, String>>;
-
-/// Everything the handlers share.
-pub struct Shared {
-    cluster: Mutex<Cluster>,
-    pub(crate) nodes_synced: AtomicBool,
-    pub(crate) pods_synced: AtomicBool,
-    /// Background tasks that are not running (ended, restarting): not ready.
-    pub(crate) tasks_down: AtomicUsize,
-    pub metrics: Metrics,
-    /// For API calls: no built-in retries (ours end before the bind deadline).
-    pub(crate) client: Option<Client>,
-    recorder: Option<Recorder>,
-    start: Instant,
-    pub(crate) timing: Timing,
-    /// Binds in flight, by pod UID: a retried bind waits for the running one.
-    pub(crate) inflight: Mutex<HashMap<String, watch::Receiver<BindAnswer>>>,
-    pub(crate) api_permits: Semaphore,
-    /// API calls waiting for one of `api_permits`, for the filter's back-pressure.
-    pub(crate) api_queue: ApiQueue,
-    /// Woken when group members are released or freed.
-    pub(crate) gate: Notify,
-    /// "GpuAllocated" events (informational, one per bind): at most
-    /// `Timing::allocated_events_per_s` with a burst of [`ALLOCATED_EVENTS_BURST`];
-    /// failures are always reported.
-    allocated_events: Mutex<TokenBucket>,
-}
-
-/// Rate of the informational "GpuAllocated" events (a backlog binds hundreds of pods a
-/// second; each event is an API write fanned out to every event watcher). The record
-/// annotations and kube-scheduler's own "Scheduled" event say the same.
-pub const ALLOCATED_EVENTS_PER_S: f64 = 5.0;
-pub const ALLOCATED_EVENTS_BURST: u32 = 50;
 
 /// Handle to the shared state, for the binary, the tests and the benchmark.
 #[derive(Clone)]
@@ -160,37 +78,8 @@ fn decode<T: serde::de::DeserializeOwned>(verb: &str, body: &[u8]) -> Result<T, 
         .map_err(|e| BadRequest(format!("{verb}: malformed request body: {e}")))
 }
 
-pub(crate) const NOT_SYNCED: &str = "kubeshare extender is not ready: node and pod state not synced (starting, or a watch is restarting)";
-
+/// The verbs' decisions, on the shared state.
 impl Shared {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Cluster> {
-        // A panic while holding the lock is a bug; the books are still usable.
-        self.cluster.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn now_ms(&self) -> u64 {
-        self.start.elapsed().as_millis() as u64
-    }
-
-    /// Whether both watches have listed (since their last restart) and every
-    /// background task runs; no answer is given before.
-    pub fn synced(&self) -> bool {
-        self.nodes_synced.load(Ordering::Acquire)
-            && self.pods_synced.load(Ordering::Acquire)
-            && self.tasks_down.load(Ordering::Acquire) == 0
-    }
-
-    /// Marks the state synced without watches (the benchmark and tests of the pure path).
-    pub fn mark_synced(&self) {
-        self.nodes_synced.store(true, Ordering::Release);
-        self.pods_synced.store(true, Ordering::Release);
-    }
-
-    /// Runs `f` on the books.
-    pub fn with_cluster<R>(&self, f: impl FnOnce(&mut Cluster) -> R) -> R {
-        f(&mut self.lock())
-    }
-
     /// The filter verb's decision.
     pub fn filter(
         &self,
@@ -242,45 +131,6 @@ impl Shared {
             "Bind",
             note,
         );
-    }
-
-    /// Publishes an event on pod (namespace, name, uid), in the background.
-    pub(crate) fn pod_event(
-        &self,
-        (namespace, name, uid): (&str, &str, &str),
-        warning: bool,
-        reason: &str,
-        action: &str,
-        note: String,
-    ) {
-        let Some(rec) = self.recorder.clone() else {
-            return;
-        };
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            name: Some(name.to_string()),
-            namespace: Some(namespace.to_string()),
-            uid: Some(uid.to_string()),
-            ..ObjectReference::default()
-        };
-        let ev = KEvent {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.into(),
-            // Events cap the note at 1 kB.
-            note: Some(note.chars().take(1000).collect()),
-            action: action.into(),
-            secondary: None,
-        };
-        tokio::spawn(async move {
-            if let Err(e) = rec.publish(&ev, &reference).await {
-                debug!(error = %e, "could not publish an event");
-            }
-        });
     }
 }
 
@@ -337,17 +187,11 @@ async fn bind_h(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
             return e.into_response();
         }
     };
-    let res = crate::bind::bind(&s, &args).await;
+    let res = crate::binding::bind(&s, &args).await;
     let out = match res {
         Ok(summary) => {
             info!(pod = %args.pod_name, ns = %args.pod_namespace, node = %args.node, %summary, "bound");
-            let now = s.now_ms();
-            let inform = s
-                .allocated_events
-                .lock()
-                .map(|mut b| b.take(now))
-                .unwrap_or(false);
-            if inform {
+            if s.allocated_event_allowed() {
                 s.event(&args, false, "GpuAllocated", format!("Allocated {summary}"));
             } else {
                 s.metrics
@@ -358,6 +202,7 @@ async fn bind_h(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
         }
         Err(error) => {
             warn!(pod = %args.pod_name, ns = %args.pod_namespace, node = %args.node, %error, "bind failed");
+            let error = error.to_string();
             s.event(&args, true, "GpuBindFailed", error.clone());
             s.metrics.observe("bind", "failed", t.elapsed());
             ExtenderBindingResult { error }
@@ -396,37 +241,8 @@ impl Extender {
         timing: Timing,
         instance: Option<String>,
     ) -> Extender {
-        let recorder = client.clone().map(|c| {
-            Recorder::new(
-                c,
-                Reporter {
-                    controller: "kubeshare-scheduler-extender".into(),
-                    instance,
-                },
-            )
-        });
-        let events_per_s = timing.allocated_events_per_s;
         Extender {
-            shared: Arc::new(Shared {
-                cluster: Mutex::new(Cluster::new(placement)),
-                nodes_synced: AtomicBool::new(false),
-                pods_synced: AtomicBool::new(false),
-                tasks_down: AtomicUsize::new(0),
-                metrics: Metrics::default(),
-                client,
-                recorder,
-                start: Instant::now(),
-                api_permits: Semaphore::new(timing.api_concurrency.max(1)),
-                api_queue: ApiQueue::default(),
-                timing,
-                inflight: Mutex::new(HashMap::new()),
-                gate: Notify::new(),
-                allocated_events: Mutex::new(TokenBucket::new(
-                    events_per_s,
-                    ALLOCATED_EVENTS_BURST,
-                    0,
-                )),
-            }),
+            shared: Arc::new(Shared::new(client, placement, timing, instance)),
         }
     }
 

@@ -22,10 +22,11 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use crate::bind::{Call, call};
+use crate::api::call;
 use crate::convert::{WireNode, WirePod, node_inventory};
+use crate::error::ApiError;
 use crate::placement::Nomination;
-use crate::server::Shared;
+use crate::state::Shared;
 
 /// The annotation the extender bumps on a group member to make the scheduler
 /// retry it now (an update of an unschedulable pod puts it back in the queue).
@@ -173,17 +174,15 @@ async fn timer(s: Arc<Shared>) {
         });
         s.gate.notify_waiters();
         for p in problems {
-            warn!(pod = %p.name, ns = %p.namespace, problem = %p.message, "allocation record problem");
-            s.metrics.count(
-                "kubeshare_extender_record_problems_total",
-                kind_of(&p.message),
-            );
+            warn!(pod = %p.name, ns = %p.namespace, problem = %p.error, "allocation record problem");
+            s.metrics
+                .count("kubeshare_extender_record_problems_total", p.error.kind());
             s.pod_event(
                 (&p.namespace, &p.name, &p.uid),
                 true,
                 "GpuRecordProblem",
                 "Check",
-                p.message,
+                p.error.to_string(),
             );
         }
         let Some(client) = s.client.clone() else {
@@ -207,26 +206,12 @@ const TRIM_EVERY: Duration = Duration::from_secs(30);
 
 /// Gives the heap's free pages back to the system. glibc keeps what a burst
 /// freed in its per-thread arenas: after a 2,000-pod backlog, with every pod
-/// gone, the extender's RSS stayed at 2.7x what it was before (issue 17).
+/// gone, the extender's RSS stayed at 2.7x what it was before.
 pub fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks the allocator's own free lists.
     unsafe {
         libc::malloc_trim(0);
-    }
-}
-
-fn kind_of(message: &str) -> &'static str {
-    if message.contains("cannot be added") {
-        "not_addable"
-    } else if message.contains("changed after") || message.contains("removed from") {
-        "tampered"
-    } else if message.contains("not a KubeShare pod") || message.contains("not bound") {
-        "foreign"
-    } else if message.contains("names node") {
-        "wrong_node"
-    } else {
-        "unparseable"
     }
 }
 
@@ -239,14 +224,14 @@ async fn check_assumed(s: &Shared, client: Client, uid: &str, ns: &str, name: &s
     })
     .await
     {
-        Call::Ok(p) => {
+        Ok(p) => {
             let info = p.info();
             let fresh = (info.uid == uid).then_some(&info);
             s.with_cluster(|c| c.confirm(uid, fresh));
         }
-        Call::Refused(404, _) => s.with_cluster(|c| c.confirm(uid, None)),
+        Err(ApiError::Refused { code: 404, .. }) => s.with_cluster(|c| c.confirm(uid, None)),
         // Unknown: kept; asked again next period.
-        Call::Refused(_, e) | Call::Unknown(e) | Call::NotApplied(e) => {
+        Err(e) => {
             warn!(pod = %name, %ns, error = %e, "could not check an assumed booking")
         }
     }
@@ -288,7 +273,6 @@ async fn wake_member(
             pods.patch_status(name, &pp, &merge)
         })
         .await
-        .into_result()
         {
             Ok(_) => debug!(pod = %name, %ns, %node, "nominated"),
             Err(e) => {
@@ -303,7 +287,7 @@ async fn wake_member(
         pods.patch(name, &pp, &merge)
     })
     .await;
-    if let Err(e) = r.into_result() {
+    if let Err(e) = r {
         warn!(pod = %name, %ns, error = %e, "could not wake a group member");
     }
 }

@@ -11,7 +11,7 @@
 //!
 //! So at all times `device ≤ memory` and `um ≤ factor × (memory − device) ≤ factor × memory`.
 //! `factor` is in thousandths (1000 = no overcommit), configured per extender (default
-//! [`DEFAULT_UM_OVERCOMMIT_MILLI`], conservative, flag `--um-overcommit`); `placement_fit.rs`
+//! [`DEFAULT_UM_OVERCOMMIT_MILLI`], conservative, flag `--um-overcommit`); `placement/fit.rs`
 //! decides every fraction with [`room`].
 
 /// Default overcommit of a GPU's memory by UM pods: 1.5 ×.
@@ -67,13 +67,20 @@ pub fn factor_str(milli: u32) -> String {
     }
 }
 
+/// A `--um-overcommit` value that is not an accepted factor.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "--um-overcommit={value:?}: must be a factor from 1.0 (no overcommit) to {}.0, at most 3 decimals, such as 1.5",
+    MAX_UM_OVERCOMMIT_MILLI / 1000
+)]
+pub struct BadFactor {
+    pub value: String,
+}
+
 /// Parses the extender's `--um-overcommit` value (a factor such as `1.5`) into thousandths.
-pub fn parse_factor(s: &str) -> Result<u32, String> {
-    let bad = || {
-        format!(
-            "--um-overcommit={s:?}: must be a factor from 1.0 (no overcommit) to {}.0, at most 3 decimals, such as 1.5",
-            MAX_UM_OVERCOMMIT_MILLI / 1000
-        )
+pub fn parse_factor(s: &str) -> Result<u32, BadFactor> {
+    let bad = || BadFactor {
+        value: s.to_string(),
     };
     let (w, f) = s.split_once('.').unwrap_or((s, ""));
     if w.is_empty()

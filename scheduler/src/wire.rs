@@ -45,7 +45,7 @@ impl NodeList {
 
 impl ExtenderArgs {
     /// The candidate node names, whichever form the scheduler used (borrowed
-    /// when they came as names: 10,000 of them per call, issue 17).
+    /// when they came as names: a large cluster sends 10,000 per call).
     pub fn candidate_names(&self) -> Cow<'_, [String]> {
         if let Some(n) = &self.node_names {
             return Cow::Borrowed(n);

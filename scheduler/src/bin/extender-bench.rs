@@ -328,81 +328,10 @@ async fn main() -> Result<()> {
         .with_cluster(|c| c.check_invariants())
         .map_err(|e| anyhow::anyhow!(e))?;
     if a.rebuild {
-        let fresh = Extender::offline(Config::default());
-        fresh.shared.with_cluster(|c| {
-            for n in 0..a.nodes {
-                c.apply_node(&format!("node-{n:04}"), Ok(Some(inventory(n, a.gpus))));
-            }
-        });
-        let t = Instant::now();
-        fresh.shared.with_cluster(|c| {
-            for info in records.values() {
-                c.apply_pod(info);
-            }
-        });
-        let took = t.elapsed();
-        let (live_books, rebuilt) = (
-            ext.shared.with_cluster(|c| c.usage()),
-            fresh.shared.with_cluster(|c| c.usage()),
-        );
-        if live_books != rebuilt {
-            bail!("the rebuilt books differ from the live ones");
-        }
-        println!(
-            "rebuild (a restart's relist): {} pods with records onto {} nodes in {:.3} s; books equal the live ones",
-            records.len(),
-            a.nodes,
-            took.as_secs_f64()
-        );
+        rebuild_check(&ext, &a, &records)?;
     }
-
     if a.http {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = l.local_addr()?;
-        let l = l.tap_io(|t| {
-            let _ = t.set_nodelay(true);
-        });
-        let router = ext.router();
-        tokio::spawn(async move { axum::serve(l, router).await });
-        let stream = tokio::net::TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        let mut conn = BufReader::new(stream);
-        let (mut hf, mut hp, mut ht) = (Samples::default(), Samples::default(), Samples::default());
-        for _ in 0..a.decisions {
-            let i = next;
-            next += 1;
-            let body = serde_json::to_vec(&json!({
-                "Pod": {"metadata": {"name": format!("p{i}"), "namespace": "bench",
-                        "uid": format!("uid-{i}"), "labels": labels(i, distinct)},
-                        "spec": {"schedulerName": "kubeshare-scheduler",
-                                 "containers": [{"name": "main", "image": "x"}]}},
-                "Nodes": null,
-                "NodeNames": names,
-            }))?;
-            let t0 = Instant::now();
-            let fr = http_call(&mut conn, "/filter", &body).await?;
-            let t1 = Instant::now();
-            let v: serde_json::Value = serde_json::from_slice(&fr)?;
-            let passed = v["NodeNames"].clone();
-            let pbody = serde_json::to_vec(&json!({
-                "Pod": {"metadata": {"name": format!("p{i}"), "namespace": "bench",
-                        "uid": format!("uid-{i}"), "labels": labels(i, distinct)}},
-                "Nodes": null, "NodeNames": passed}))?;
-            let t2 = Instant::now();
-            let pr = http_call(&mut conn, "/prioritize", &pbody).await?;
-            let t3 = Instant::now();
-            let _: Vec<HostPriority> = serde_json::from_slice(&pr)?;
-            hf.0.push(t1 - t0);
-            hp.0.push(t3 - t2);
-            ht.0.push((t1 - t0) + (t3 - t2));
-        }
-        println!(
-            "over HTTP (JSON with {} NodeNames, loopback, keep-alive):",
-            a.nodes
-        );
-        println!("  {}", hf.line("filter"));
-        println!("  {}", hp.line("prioritize"));
-        println!("  {}", ht.line("filter+prioritize"));
+        http_bench(&ext, &a, &names, next).await?;
     }
     // Memory: the process also holds each pod's record as the watch delivered it
     // (`records`), so "with pods" overstates the extender's own books.
@@ -420,5 +349,88 @@ async fn main() -> Result<()> {
         live.len(),
         rss_mib()
     );
+    Ok(())
+}
+
+/// Rebuilds the books as a restart's relist does, and checks they equal the live ones.
+fn rebuild_check(ext: &Extender, a: &Args, records: &HashMap<u32, PodInfo>) -> Result<()> {
+    let fresh = Extender::offline(Config::default());
+    fresh.shared.with_cluster(|c| {
+        for n in 0..a.nodes {
+            c.apply_node(&format!("node-{n:04}"), Ok(Some(inventory(n, a.gpus))));
+        }
+    });
+    let t = Instant::now();
+    fresh.shared.with_cluster(|c| {
+        for info in records.values() {
+            c.apply_pod(info);
+        }
+    });
+    let took = t.elapsed();
+    let (live_books, rebuilt) = (
+        ext.shared.with_cluster(|c| c.usage()),
+        fresh.shared.with_cluster(|c| c.usage()),
+    );
+    if live_books != rebuilt {
+        bail!("the rebuilt books differ from the live ones");
+    }
+    println!(
+        "rebuild (a restart's relist): {} pods with records onto {} nodes in {:.3} s; books equal the live ones",
+        records.len(),
+        a.nodes,
+        took.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The filter and prioritize verbs over HTTP, as kube-scheduler calls them.
+async fn http_bench(ext: &Extender, a: &Args, names: &[String], mut next: u32) -> Result<()> {
+    let distinct = a.distinct_demands;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = l.local_addr()?;
+    let l = l.tap_io(|t| {
+        let _ = t.set_nodelay(true);
+    });
+    let router = ext.router();
+    tokio::spawn(async move { axum::serve(l, router).await });
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let mut conn = BufReader::new(stream);
+    let (mut hf, mut hp, mut ht) = (Samples::default(), Samples::default(), Samples::default());
+    for _ in 0..a.decisions {
+        let i = next;
+        next += 1;
+        let body = serde_json::to_vec(&json!({
+            "Pod": {"metadata": {"name": format!("p{i}"), "namespace": "bench",
+                    "uid": format!("uid-{i}"), "labels": labels(i, distinct)},
+                    "spec": {"schedulerName": "kubeshare-scheduler",
+                             "containers": [{"name": "main", "image": "x"}]}},
+            "Nodes": null,
+            "NodeNames": names,
+        }))?;
+        let t0 = Instant::now();
+        let fr = http_call(&mut conn, "/filter", &body).await?;
+        let t1 = Instant::now();
+        let v: serde_json::Value = serde_json::from_slice(&fr)?;
+        let passed = v["NodeNames"].clone();
+        let pbody = serde_json::to_vec(&json!({
+            "Pod": {"metadata": {"name": format!("p{i}"), "namespace": "bench",
+                    "uid": format!("uid-{i}"), "labels": labels(i, distinct)}},
+            "Nodes": null, "NodeNames": passed}))?;
+        let t2 = Instant::now();
+        let pr = http_call(&mut conn, "/prioritize", &pbody).await?;
+        let t3 = Instant::now();
+        let _: Vec<HostPriority> = serde_json::from_slice(&pr)?;
+        hf.0.push(t1 - t0);
+        hp.0.push(t3 - t2);
+        ht.0.push((t1 - t0) + (t3 - t2));
+    }
+    println!(
+        "over HTTP (JSON with {} NodeNames, loopback, keep-alive):",
+        a.nodes
+    );
+    println!("  {}", hf.line("filter"));
+    println!("  {}", hp.line("prioritize"));
+    println!("  {}", ht.line("filter+prioritize"));
     Ok(())
 }

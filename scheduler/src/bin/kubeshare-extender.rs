@@ -65,7 +65,7 @@ struct Args {
     gang_wait_ms: u64,
     /// Informational "GpuAllocated" events on bound pods, at most this many per second
     /// (burst 50; failures are always reported). A backlog binds far faster.
-    #[arg(long, default_value_t = kubeshare_scheduler::server::ALLOCATED_EVENTS_PER_S)]
+    #[arg(long, default_value_t = kubeshare_scheduler::state::ALLOCATED_EVENTS_PER_S)]
     allocated_events_per_second: f64,
     /// Seconds after which a bind not yet seen in the watch is checked with a GET.
     #[arg(long, default_value_t = 15)]

@@ -302,8 +302,8 @@ async fn a_restarted_extender_completes_a_partly_bound_group() -> Result<()> {
     rig.cleanup().await
 }
 
-/// A small version of issue 13's backlog: pods created while the extender is down,
-/// then released at once (the scheduler's retries, bind calls racing, watch lag).
+/// A small backlog: pods created while the extender is down, then released at
+/// once (the scheduler's retries, bind calls racing, watch lag).
 #[tokio::test]
 async fn a_backlog_released_at_once_never_overcommits() -> Result<()> {
     let _g = serial().await;

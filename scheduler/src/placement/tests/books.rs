@@ -13,7 +13,7 @@ fn bind_rechecks_against_the_books() {
     assert_eq!(c.filter(&q, &names, 0).passed, names);
     go(c.bind("p", "a", 0).unwrap());
     assert_eq!(
-        c.bind("q", "a", 0).unwrap_err(),
+        c.bind("q", "a", 0).unwrap_err().to_string(),
         "a/gpu 0: 0.4 free < 0.6 requested"
     );
     // Rollback frees the share.
@@ -64,7 +64,12 @@ fn a_binding_with_an_unknown_outcome_does_not_count_as_bound() {
     assert_eq!(c.bound_node("p"), None, "outcome unknown");
     assert_eq!(c.bound_node("q"), Some("a".into()));
     // Neither is booked twice.
-    assert!(c.bind("p", "a", 1).unwrap_err().contains("being checked"));
+    assert!(
+        c.bind("p", "a", 1)
+            .unwrap_err()
+            .to_string()
+            .contains("being checked")
+    );
     // The check finds p unbound: its place is freed; it can be bound again.
     c.due_checks(u64::MAX / 2, 1);
     c.confirm("p", Some(&frac("p", "0.25")));
@@ -129,7 +134,10 @@ fn a_record_on_an_unbound_pod_is_not_booked_and_is_reported() {
     assert_eq!(c.usage()[0].used_milli, 0);
     let probs = c.take_problems();
     assert_eq!(probs.len(), 1);
-    assert!(probs[0].message.contains("not bound"), "{probs:?}");
+    assert!(
+        probs[0].error.to_string().contains("not bound"),
+        "{probs:?}"
+    );
     // On a bound pod that is not a KubeShare pod (default scheduler, no labels):
     // not booked either, as `kubectl sharedgpu` does not show it.
     let mut q = pod("q", &[]);
@@ -138,7 +146,12 @@ fn a_record_on_an_unbound_pod_is_not_booked_and_is_reported() {
     q.allocation = Ok(Some(record("a", &[uuid(1, 0)], 40 * GIB, 1000)));
     c.apply_pod(&q);
     assert_eq!(c.usage()[0].used_milli, 0);
-    assert!(c.take_problems()[0].message.contains("not a KubeShare pod"));
+    assert!(
+        c.take_problems()[0]
+            .error
+            .to_string()
+            .contains("not a KubeShare pod")
+    );
     // The pod itself is scheduled normally.
     assert_eq!(c.filter(&p, &["a".into()], 0).passed, vec!["a".to_string()]);
     go(c.bind("p", "a", 0).unwrap());
@@ -181,7 +194,12 @@ fn tampered_records_never_move_or_free_a_booking() {
     t.allocation = Ok(Some(a));
     c.apply_pod(&t);
     assert_eq!(c.booked("p").unwrap(), held, "the booking did not move");
-    assert!(c.take_problems()[0].message.contains("changed after"));
+    assert!(
+        c.take_problems()[0]
+            .error
+            .to_string()
+            .contains("changed after")
+    );
     // So a whole-GPU pod cannot land on the GPU p really uses.
     let f = c.filter(&frac("w", "1.0"), &["a".into()], 0);
     assert_eq!(f.passed, vec!["a".to_string()]);
@@ -211,7 +229,10 @@ fn a_record_that_cannot_be_added_is_refused_not_a_panic() {
     assert_eq!(c.usage()[0].used_milli, 100);
     let probs = c.take_problems();
     assert_eq!(probs.len(), 1);
-    assert!(probs[0].message.contains("cannot be added"), "{probs:?}");
+    assert!(
+        probs[0].error.to_string().contains("cannot be added"),
+        "{probs:?}"
+    );
     // The same when the node arrives after the pods (a restart's order).
     let mut d = Cluster::new(Config::default());
     for u in ["x", "y"] {

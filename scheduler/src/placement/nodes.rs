@@ -3,9 +3,10 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use kubeshare_api::inventory::InventoryError;
 use kubeshare_api::{GpuInfo, NodeInventory};
 
-use super::{Cluster, Gpu, Node, RecordProblem};
+use super::{Cluster, Gpu, Node, NodeProblem, RecordProblem};
 
 /// Whether `gpus` (a node's, in index order) are exactly `published` (any order).
 fn same_gpus(gpus: &[Gpu], published: &[GpuInfo]) -> bool {
@@ -18,13 +19,17 @@ fn same_gpus(gpus: &[Gpu], published: &[GpuInfo]) -> bool {
 
 impl Cluster {
     /// A Node was added or changed. `Ok(None)`: it publishes no inventory.
-    pub fn apply_node(&mut self, name: &str, inventory: Result<Option<NodeInventory>, String>) {
+    pub fn apply_node(
+        &mut self,
+        name: &str,
+        inventory: Result<Option<NodeInventory>, InventoryError>,
+    ) {
         if let (Ok(Some(inv)), Some(node)) = (&inventory, self.nodes.get(name))
             && same_gpus(&node.gpus, &inv.gpus)
         {
             // A heartbeat or a label change: the books and the memoised verdicts
             // stay valid. (Heartbeats made the node watch a tenth of the
-            // extender's CPU in a 1,000-node backlog, issue 17.)
+            // extender's CPU in a 1,000-node backlog.)
             return;
         }
         self.detach_node(name);
@@ -87,20 +92,20 @@ impl Cluster {
                             uid,
                             namespace,
                             name: pname,
-                            message: e,
+                            error: e,
                         });
                     }
                 }
             }
             Ok(_) => {
-                self.node_problems.insert(
-                    name.to_string(),
-                    format!("{name}: no KubeShare GPUs (no sharedgpu/inventory annotation)"),
-                );
-            }
-            Err(e) => {
+                let node = name.to_string();
                 self.node_problems
-                    .insert(name.to_string(), format!("{name}: bad GPU inventory: {e}"));
+                    .insert(node.clone(), NodeProblem::NoInventory { node });
+            }
+            Err(error) => {
+                let node = name.to_string();
+                self.node_problems
+                    .insert(node.clone(), NodeProblem::BadInventory { node, error });
             }
         }
     }

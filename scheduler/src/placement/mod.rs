@@ -12,22 +12,21 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 
-use kubeshare_api::{Allocation, GpuDemand, GpuInfo, GpuShare, Granted, Milli};
+use kubeshare_api::{Allocation, GpuDemand, GpuInfo, GpuShare, Granted};
 use memo::Verdict;
 
-#[path = "placement_bind.rs"]
-mod bind;
-#[path = "placement_books.rs"]
+mod assume;
 mod books;
-#[path = "placement_fit.rs"]
+mod error;
 mod fit;
-#[path = "placement_memo.rs"]
 mod memo;
-#[path = "placement_nodes.rs"]
 mod nodes;
-#[path = "placement_views.rs"]
 mod views;
 pub use books::RecordProblem;
+pub use error::{
+    BindRefused, BooksInconsistent, FitError, Gib, GpuMisfit, GpuWhy, GroupWait, NodeProblem,
+    RecordError,
+};
 
 /// What the watch (or a filter request) tells us about one pod.
 #[derive(Debug, Clone, PartialEq)]
@@ -281,10 +280,10 @@ struct Gpu {
 #[derive(Debug, Clone)]
 struct Node {
     /// Small and dense (freed ids are reused), so per-decision tables are
-    /// vectors indexed by it rather than maps keyed by the name (issue 17).
+    /// vectors indexed by it rather than maps keyed by the name.
     id: u32,
     /// The books' version when this node or its books last changed: a
-    /// verdict judged at this stamp still holds (`placement_memo.rs`).
+    /// verdict judged at this stamp still holds (`memo.rs`).
     stamp: u64,
     /// In NVML index order.
     gpus: Vec<Gpu>,
@@ -292,7 +291,7 @@ struct Node {
 }
 
 /// foldhash: node names are hashed once or twice per node per decision, where
-/// SipHash or a `BTreeMap`'s string compares were a tenth of the time (issue 17).
+/// SipHash or a `BTreeMap`'s string compares took a tenth of the decision time.
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The cluster as the extender sees it, and every decision it makes.
@@ -304,7 +303,7 @@ pub struct Cluster {
     free_ids: Vec<u32>,
     next_id: u32,
     /// Nodes we know but cannot place on, with the reason.
-    node_problems: BTreeMap<String, String>,
+    node_problems: BTreeMap<String, NodeProblem>,
     pods: HashMap<String, PodEntry>,
     bookings: HashMap<String, Booking>,
     by_node: HashMap<String, BTreeSet<String>>,
@@ -351,7 +350,7 @@ const SEARCH_MIN_NODES: usize = 100;
 #[derive(Debug, Clone)]
 struct Choice {
     /// Indexes into the node's GPU list, in device order (inline: one
-    /// Choice per node evaluated, issue 17).
+    /// Choice per node evaluated, so no allocation each).
     gpus: smallvec::SmallVec<[usize; 8]>,
     mem: u64,
     /// Unified-memory mode: the managed ceiling.
@@ -381,24 +380,12 @@ struct Req<'a> {
 struct GpuFail {
     /// (checks passed, free share) – larger is closer to fitting.
     rank: (u8, u32),
-    why: Why,
-}
-
-/// The numbers of a failure; formatted only for the one shown (filter is hot).
-enum Why {
-    Text(String),
-    Share { idx: u32, free: u32 },
-    Mem { idx: u32, free: u64, need: u64 },
+    idx: u32,
+    why: error::GpuWhy,
 }
 
 fn gib(bytes: u64) -> String {
-    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
-}
-
-fn milli(v: u32) -> String {
-    Milli::new(v.min(1000) as u16)
-        .unwrap_or(Milli::ONE)
-        .to_string()
+    error::Gib(bytes).to_string()
 }
 
 fn group_key(ns: &str, d: &GpuDemand) -> Option<GroupKey> {
@@ -510,7 +497,8 @@ impl Cluster {
         }
         if let (Some(spec), Some(key)) = (&demand.group, group_key(&pod.namespace, &demand)) {
             match self.admit_group(pod, spec, &key, names, now_ms) {
-                Err(msg) => {
+                Err(wait) => {
+                    let msg = wait.to_string();
                     out.failed = names.iter().map(|n| (n.clone(), msg.clone())).collect();
                     out.kind = FilterKind::GroupWaiting;
                     return out;
@@ -729,5 +717,4 @@ impl Cluster {
 }
 
 #[cfg(test)]
-#[path = "placement_tests/mod.rs"]
 mod tests;

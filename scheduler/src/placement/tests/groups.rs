@@ -98,7 +98,12 @@ fn a_group_waits_until_enough_members_exist_and_fit_at_once() {
         f.failed["a"],
         "group train-a: 2 of 3 required members can be placed at once"
     );
-    assert!(c.bind("m0", "a", 0).unwrap_err().contains("not started"));
+    assert!(
+        c.bind("m0", "a", 0)
+            .unwrap_err()
+            .to_string()
+            .contains("not started")
+    );
     c.check_invariants().unwrap();
     assert_eq!(c.booking_counts(), (0, 0, 0));
 
@@ -168,7 +173,7 @@ fn no_member_is_bound_before_the_quorum_reaches_bind() {
     assert_eq!(c.poll_gate("g0", "a"), Ok(None));
     assert_eq!(c.booking_counts(), (0, 0, 3));
     // Their binds give up (kube-scheduler's timeout is near); places stay held.
-    assert!(c.leave_gate("g0").contains("group g"));
+    assert!(c.leave_gate("g0").to_string().contains("group g"));
     c.leave_gate("g1");
     // The group's deadline frees every place at once, on the timer, and names
     // the members to wake.
@@ -215,7 +220,12 @@ fn a_group_whose_member_never_reaches_the_scheduler_holds_nothing() {
         }
     }
     assert_eq!(c.booking_counts(), (0, 0, 0), "nothing is held");
-    assert!(c.bind("g0", "a", 0).unwrap_err().contains("not started"));
+    assert!(
+        c.bind("g0", "a", 0)
+            .unwrap_err()
+            .to_string()
+            .contains("not started")
+    );
 }
 
 #[test]

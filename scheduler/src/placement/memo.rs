@@ -7,7 +7,7 @@
 //! changed): a stamp that still matches means the node is as it was, and the
 //! verdict stands. Only demands whose verdict depends on nothing but the node
 //! and the demand are memoised (no own booking, group, affinity tag or pending
-//! tag to protect); bind always evaluates afresh (issue 17).
+//! tag to protect); bind always evaluates afresh.
 
 use kubeshare_api::GpuDemand;
 
@@ -17,7 +17,8 @@ use super::{Cluster, Req};
 /// few). At 10,000 nodes one demand's verdicts take ~0.4 MB plus the reasons.
 const DEMANDS: usize = 16;
 
-/// One node's verdict: its raw score, or why it does not fit.
+/// One node's verdict: its raw score, or why it does not fit (formatted once,
+/// as the filter answers it).
 #[derive(Debug, Clone)]
 pub(super) enum Verdict {
     Fits(u64),
@@ -92,7 +93,7 @@ impl Memo {
     ) -> (Verdict, Option<usize>) {
         let fresh = || match c.evaluate(req, node_name) {
             Ok(c) => Verdict::Fits(c.raw),
-            Err((m, u)) => Verdict::Fails(m, u),
+            Err(e) => Verdict::Fails(e.to_string(), e.unresolvable()),
         };
         let Some(node) = c.nodes.get(node_name) else {
             return (fresh(), None);

@@ -15,7 +15,10 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use kubeshare_api::{Allocation, GpuDemand, GroupSpec};
 
-use super::{Booking, Cluster, GroupKey, Kind, PodEntry, PodInfo, Req, group_key, tags_of};
+use super::{
+    Booking, Cluster, GroupKey, GroupWait, Kind, PodEntry, PodInfo, RecordError, Req, group_key,
+    tags_of,
+};
 
 /// How many deleted or finished pods are remembered (to ignore their replays).
 const GONE_KEPT: usize = 100_000;
@@ -26,7 +29,7 @@ pub struct RecordProblem {
     pub uid: String,
     pub namespace: String,
     pub name: String,
-    pub message: String,
+    pub error: RecordError,
 }
 
 impl Cluster {
@@ -53,7 +56,12 @@ impl Cluster {
         let bound = p.node_name.is_some();
         let record = match &p.allocation {
             Ok(Some(a)) if !p.kubeshare => {
-                self.problem(p, format!("allocation record on a pod that is not a KubeShare pod (not booked): node {}", a.node));
+                self.problem(
+                    p,
+                    RecordError::NotKubeShare {
+                        node: a.node.clone(),
+                    },
+                );
                 None
             }
             Ok(Some(a)) if p.node_name.as_deref() == Some(a.node.as_str()) => Some(a),
@@ -63,23 +71,19 @@ impl Cluster {
                 if bound {
                     self.problem(
                         p,
-                        format!(
-                            "allocation record names node {} but the pod is bound to {}",
-                            a.node,
-                            p.node_name.as_deref().unwrap_or("")
-                        ),
+                        RecordError::WrongNode {
+                            record: a.node.clone(),
+                            bound: p.node_name.clone().unwrap_or_default(),
+                        },
                     );
                 } else {
-                    self.problem(
-                        p,
-                        "allocation record on a pod that is not bound (not booked)".into(),
-                    );
+                    self.problem(p, RecordError::NotBound);
                 }
                 None
             }
             Err(e) => {
                 if bound {
-                    self.problem(p, format!("bad allocation record: {e}"));
+                    self.problem(p, RecordError::Unparseable(e.clone()));
                 }
                 None
             }
@@ -92,10 +96,7 @@ impl Cluster {
                 match current {
                     Some(old) if old.kind == Kind::Observed => {
                         if !old.same_grant(&b) {
-                            self.problem(
-                                p,
-                                "allocation record changed after it was observed: keeping the first one".into(),
-                            );
+                            self.problem(p, RecordError::Changed);
                         }
                     }
                     // Our Binding wrote exactly our decision: a different record
@@ -103,10 +104,7 @@ impl Cluster {
                     Some(old)
                         if matches!(old.kind, Kind::Assumed { .. }) && !old.same_grant(&b) =>
                     {
-                        self.problem(
-                            p,
-                            "allocation record differs from what this extender bound: keeping its own".into(),
-                        );
+                        self.problem(p, RecordError::DiffersFromBind);
                         if let Some(bk) = self.bookings.get_mut(&p.uid) {
                             bk.kind = Kind::Observed;
                         }
@@ -124,11 +122,7 @@ impl Cluster {
             None => match current.map(|b| b.kind) {
                 Some(Kind::Observed) if bound => {
                     if matches!(p.allocation, Ok(None)) {
-                        self.problem(
-                            p,
-                            "allocation record removed from a bound pod: keeping its booking"
-                                .into(),
-                        );
+                        self.problem(p, RecordError::Removed);
                     }
                 }
                 Some(Kind::Observed) => {
@@ -153,12 +147,12 @@ impl Cluster {
         }
     }
 
-    fn problem(&mut self, p: &PodInfo, message: String) {
+    fn problem(&mut self, p: &PodInfo, error: RecordError) {
         self.problems.push(RecordProblem {
             uid: p.uid.clone(),
             namespace: p.namespace.clone(),
             name: p.name.clone(),
-            message,
+            error,
         });
     }
 
@@ -259,7 +253,7 @@ impl Cluster {
 
     /// Gives back the table space a burst of pods left behind: a hash table keeps
     /// its capacity when entries leave, so after a 50,000-pod backlog drained, the
-    /// per-pod tables alone held ~tens of MB (issue 17). Cheap when nothing is
+    /// per-pod tables alone held ~tens of MB. Cheap when nothing is
     /// sparse; the timer calls it before returning free heap to the system.
     pub fn compact(&mut self) {
         fn shrink<K: std::hash::Hash + Eq, V, S: std::hash::BuildHasher>(m: &mut HashMap<K, V, S>) {
@@ -316,7 +310,7 @@ impl Cluster {
     // ------------------------------------------------------------ books
 
     /// Books `b`; refused (nothing booked) when a sum would overflow.
-    pub(super) fn add_booking(&mut self, uid: &str, b: Booking) -> Result<(), String> {
+    pub(super) fn add_booking(&mut self, uid: &str, b: Booking) -> Result<(), RecordError> {
         self.account(&b, true)?;
         if let Some(d) = b.deadline() {
             self.timed.insert((d, uid.to_string()));
@@ -347,7 +341,7 @@ impl Cluster {
 
     /// Adds or subtracts a booking's share on the GPUs of its node (if known).
     /// Adding is all or nothing: every sum is checked before any is changed.
-    pub(super) fn account(&mut self, b: &Booking, add: bool) -> Result<(), String> {
+    pub(super) fn account(&mut self, b: &Booking, add: bool) -> Result<(), RecordError> {
         self.version += 1;
         let Some(node) = self.nodes.get_mut(&b.node) else {
             return Ok(());
@@ -368,10 +362,12 @@ impl Cluster {
                     || mem.checked_add(b.mem).is_none()
                     || g.holders.checked_add(1).is_none()
                 {
-                    return Err(format!(
-                        "bad allocation record: {} of memory cannot be added to the {} already booked on {}/gpu {} (not booked)",
-                        b.mem, mem, b.node, g.info.index
-                    ));
+                    return Err(RecordError::NotAddable {
+                        mem: b.mem,
+                        booked: mem,
+                        node: b.node.clone(),
+                        idx: g.info.index,
+                    });
                 }
             }
         }
@@ -573,7 +569,7 @@ impl Cluster {
         key: &GroupKey,
         names: &[String],
         now_ms: u64,
-    ) -> Result<Option<String>, String> {
+    ) -> Result<Option<String>, GroupWait> {
         let min = spec.min_members();
         let (members, bound, reserved, _) = self.group_counts(key);
         if bound >= min {
@@ -582,14 +578,17 @@ impl Cluster {
         }
         if bound + reserved >= min {
             // Admitted without this member: it follows once the group runs.
-            return Err(format!(
-                "group {key}: starting; this member follows once {min} members run"
-            ));
+            return Err(GroupWait::Starting {
+                group: key.clone(),
+                min,
+            });
         }
         if members < min {
-            return Err(format!(
-                "group {key}: {members} of {min} required members exist"
-            ));
+            return Err(GroupWait::TooFew {
+                group: key.clone(),
+                members,
+                min,
+            });
         }
         // Only members the scheduler has sent us count: one that no node can take
         // (a nodeSelector that matches nothing) never reaches the extender, and a
@@ -607,9 +606,11 @@ impl Cluster {
             .unwrap_or_default();
         let seen = bound + reserved + todo.len() as u32;
         if seen < min {
-            return Err(format!(
-                "group {key}: {seen} of {min} required members have reached the scheduler"
-            ));
+            return Err(GroupWait::NotSeen {
+                group: key.clone(),
+                seen,
+                min,
+            });
         }
         // Plan them all at once, in name order, holding what each takes.
         let deadline = now_ms.saturating_add(self.cfg.reservation_timeout_ms);
@@ -654,9 +655,11 @@ impl Cluster {
             for u in &planned {
                 self.remove_booking(u);
             }
-            return Err(format!(
-                "group {key}: {placed} of {min} required members can be placed at once"
-            ));
+            return Err(GroupWait::NoRoom {
+                group: key.clone(),
+                placed,
+                min,
+            });
         }
         // Admitted: the other members waiting in the scheduler's queue are woken,
         // so that they reach bind while this one waits there, each nominated to

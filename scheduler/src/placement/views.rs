@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{Cluster, GpuUsage, Kind, Node};
+use super::{BooksInconsistent, Cluster, GpuUsage, Kind, Node};
 
 impl Cluster {
     /// Every GPU with its allocation, in node and index order.
@@ -50,7 +50,7 @@ impl Cluster {
 
     /// Checks the books: they equal a recount from the bookings, and no GPU is
     /// over its share or memory. For tests and debugging.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub fn check_invariants(&self) -> Result<(), BooksInconsistent> {
         let mut fresh: HashMap<(String, String), (u64, u128, u128, u64)> = HashMap::new();
         for b in self.bookings.values() {
             let Some(node) = self.nodes.get(&b.node) else {
@@ -71,7 +71,10 @@ impl Cluster {
         let mut ids = HashSet::new();
         for (n, node) in &self.nodes {
             if node.id >= self.next_id || self.free_ids.contains(&node.id) || !ids.insert(node.id) {
-                return Err(format!("{n}: node id {} reused or out of range", node.id));
+                return Err(BooksInconsistent(format!(
+                    "{n}: node id {} reused or out of range",
+                    node.id
+                )));
             }
             for g in &node.gpus {
                 let want = fresh
@@ -85,33 +88,36 @@ impl Cluster {
                     u64::from(g.holders),
                 );
                 if have != want {
-                    return Err(format!(
+                    return Err(BooksInconsistent(format!(
                         "{n}/gpu {}: books {have:?} != recount {want:?}",
                         g.info.index
-                    ));
+                    )));
                 }
                 if g.used > 1000 {
-                    return Err(format!("{n}/gpu {}: {} milli booked", g.info.index, g.used));
+                    return Err(BooksInconsistent(format!(
+                        "{n}/gpu {}: {} milli booked",
+                        g.info.index, g.used
+                    )));
                 }
                 if g.mem_used > g.info.memory {
-                    return Err(format!(
+                    return Err(BooksInconsistent(format!(
                         "{n}/gpu {}: {} of {} bytes booked",
                         g.info.index, g.mem_used, g.info.memory
-                    ));
+                    )));
                 }
                 // Unified-memory pods share, factor-fold, what device-mode pods leave.
                 let um_budget = u128::from(g.info.memory - g.mem_used)
                     * u128::from(self.cfg.um_overcommit_milli.max(1000))
                     / 1000;
                 if u128::from(g.um_used) > um_budget {
-                    return Err(format!(
+                    return Err(BooksInconsistent(format!(
                         "{n}/gpu {}: {} bytes of unified-memory shares booked beside {} of device caps on {} (factor {})",
                         g.info.index,
                         g.um_used,
                         g.mem_used,
                         g.info.memory,
                         self.cfg.um_overcommit_milli
-                    ));
+                    )));
                 }
             }
         }

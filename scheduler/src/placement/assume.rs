@@ -5,7 +5,9 @@
 
 use kubeshare_api::{Allocation, GpuShare, Granted};
 
-use super::{BindDecision, BindStep, Booking, Cluster, GroupKey, Kind, PodInfo, gib, group_key};
+use super::{
+    BindDecision, BindRefused, BindStep, Booking, Cluster, GroupKey, Kind, PodInfo, gib, group_key,
+};
 
 impl Cluster {
     /// The extender's bind, decision half: re-checks the pod on `node` and books
@@ -16,11 +18,13 @@ impl Cluster {
     /// A member of a group whose quorum has not reached bind waits at the gate
     /// ([`BindStep::Wait`]): no member is bound before ⌈threshold × headcount⌉
     /// members are placed and at bind; then they are released together.
-    pub fn bind(&mut self, uid: &str, node: &str, now_ms: u64) -> Result<BindStep, String> {
+    pub fn bind(&mut self, uid: &str, node: &str, now_ms: u64) -> Result<BindStep, BindRefused> {
         let w = self.expire(now_ms);
         self.wake.extend(w);
         let Some(e) = self.pods.get(uid).cloned() else {
-            return Err(format!("pod {uid} is not known to the extender yet"));
+            return Err(BindRefused::UnknownPod {
+                uid: uid.to_string(),
+            });
         };
         let demand = match &e.demand {
             Ok(None) => {
@@ -31,7 +35,7 @@ impl Cluster {
                     demand: None,
                 })));
             }
-            Err(err) => return Err(format!("invalid sharedgpu labels: {err}")),
+            Err(err) => return Err(BindRefused::InvalidLabels(err.clone())),
             Ok(Some(d)) => d.clone(),
         };
         match self
@@ -40,22 +44,21 @@ impl Cluster {
             .map(|b| (b.kind.clone(), b.node.clone()))
         {
             Some((Kind::Observed, n)) => {
-                return Err(format!("pod is already bound to {n}"));
+                return Err(BindRefused::AlreadyBound { node: n });
             }
             Some((Kind::Assumed { .. }, n)) => {
-                return Err(format!(
-                    "pod was bound to {n} by an earlier bind whose outcome is being checked"
-                ));
+                return Err(BindRefused::BeingChecked { node: n });
             }
             Some((Kind::Reserved { deadline, .. }, n)) => {
                 if n != node {
-                    return Err(format!(
-                        "group member's place is reserved on {n}, not {node}"
-                    ));
+                    return Err(BindRefused::ReservedElsewhere {
+                        reserved: n,
+                        asked: node.to_string(),
+                    });
                 }
                 if !self.grant_matches(uid) {
                     self.remove_booking(uid);
-                    return Err("the pod's labels changed since its place was planned".into());
+                    return Err(BindRefused::LabelsChanged);
                 }
                 let key = group_key(&e.namespace, &demand);
                 let min = demand.group.as_ref().map_or(0, |g| g.min_members());
@@ -101,7 +104,7 @@ impl Cluster {
                 return self
                     .poll_gate(uid, node)?
                     .map(|d| BindStep::Go(Box::new(d)))
-                    .ok_or_else(|| "group released without this member".to_string());
+                    .ok_or(BindRefused::ReleasedWithout);
             }
             None => {}
         }
@@ -109,13 +112,16 @@ impl Cluster {
             let min = spec.min_members();
             let (members, bound, _, _) = self.group_counts(&key);
             if bound < min {
-                return Err(format!(
-                    "group {key}: not started yet ({members} members exist, {bound} bound, {min} required)"
-                ));
+                return Err(BindRefused::NotStarted {
+                    group: key,
+                    members,
+                    bound,
+                    min,
+                });
             }
         }
         let req = self.req(uid, &e.namespace, &demand);
-        let choice = self.evaluate(&req, node).map_err(|(m, _)| m)?;
+        let choice = self.evaluate(&req, node)?;
         let b = self.booking_for(
             &req,
             node,
@@ -157,16 +163,16 @@ impl Cluster {
 
     /// For a member waiting at the gate: `Ok(Some(decision))` once its group is
     /// released, `Ok(None)` while it waits, `Err` when its place was freed.
-    pub fn poll_gate(&self, uid: &str, node: &str) -> Result<Option<BindDecision>, String> {
+    pub fn poll_gate(&self, uid: &str, node: &str) -> Result<Option<BindDecision>, BindRefused> {
         if !self.grant_matches(uid) {
-            return Err("the pod's labels changed since its place was planned".into());
+            return Err(BindRefused::LabelsChanged);
         }
         match self.bookings.get(uid) {
             Some(b) if b.node == node && matches!(b.kind, Kind::Assumed { settled: false, .. }) => {
                 Ok(Some(self.decision(uid, node, b)))
             }
             Some(b) if matches!(b.kind, Kind::Reserved { at_gate: true, .. }) => Ok(None),
-            _ => Err("the group's places were freed before enough members reached bind".into()),
+            _ => Err(BindRefused::PlacesFreed),
         }
     }
 
@@ -190,9 +196,9 @@ impl Cluster {
     }
 
     /// A member stops waiting at the gate (its bind call gave up). Its place stays
-    /// reserved until the group's deadline.
-    pub fn leave_gate(&mut self, uid: &str) -> String {
-        let mut msg = "waiting for the group's members at bind".to_string();
+    /// reserved until the group's deadline. Returns why its bind fails.
+    pub fn leave_gate(&mut self, uid: &str) -> BindRefused {
+        let mut why = BindRefused::AtGate;
         if let Some(b) = self.bookings.get_mut(uid)
             && let Kind::Reserved { deadline, .. } = b.kind
         {
@@ -202,13 +208,13 @@ impl Cluster {
             };
             if let Some(k) = b.group.clone() {
                 let (_, bound, _, gate) = self.group_counts(&k);
-                msg = format!(
-                    "group {k}: {} members at bind or bound, waiting for more",
-                    bound + gate + 1
-                );
+                why = BindRefused::GroupAtGate {
+                    group: k,
+                    at_bind: bound + gate + 1,
+                };
             }
         }
-        msg
+        why
     }
 
     /// The group of a pod, if it has one.

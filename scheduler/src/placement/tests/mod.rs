@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use kubeshare_api::{Allocation, GpuDemand, GpuInfo, NodeInventory};
+use kubeshare_api::{Allocation, GpuDemand, GpuInfo, Milli, NodeInventory};
 use proptest::prelude::*;
 
 use super::*;
