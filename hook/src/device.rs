@@ -28,12 +28,12 @@
 use crate::ahead;
 use crate::clock::{coarse_ns, coarse_resolution_ns, deadlines, precise_ns};
 use crate::config::{Unreachable, active, settings};
-use crate::cuda::*;
 use crate::state::{
     Gpu, LastTick, MAX_DEVICES, PRECISE_EVERY, Token, contexts, gpu, lock, note_context, state,
     watch_forks,
 };
 use crate::{debug, info, real};
+use cuda_abi::*;
 use gem_proto::{Client, ClientError, socket_path};
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
@@ -63,21 +63,6 @@ mod r {
     );
 }
 
-type FnGetDevice = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
-type FnGetCount = unsafe extern "C" fn(*mut c_int) -> CUresult;
-type FnGetCtx = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
-type FnPushCtx = unsafe extern "C" fn(CUcontext) -> CUresult;
-type FnPopCtx = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
-type FnSync = unsafe extern "C" fn() -> CUresult;
-type FnIsCapturing = unsafe extern "C" fn(CUstream, *mut c_int) -> CUresult;
-type FnCaptureMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
-type FnUuid = unsafe extern "C" fn(*mut [u8; 16], CUdevice) -> CUresult;
-type FnEventCreate = unsafe extern "C" fn(*mut CUevent, std::ffi::c_uint) -> CUresult;
-type FnEvent = unsafe extern "C" fn(CUevent) -> CUresult;
-type FnEventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
-/// `CU_EVENT_DISABLE_TIMING`: the cheapest events.
-const EVENT_NO_TIMING: std::ffi::c_uint = 2;
-
 /// Runs `f`, turning a panic into `fallback`: no panic may cross the C ABI.
 pub fn guard<R>(fallback: R, f: impl FnOnce() -> R) -> R {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(fallback)
@@ -95,7 +80,7 @@ pub fn current_device() -> Option<usize> {
         1 => return Some(0),
         0 => {
             let mut n: c_int = 0;
-            if real!(r::cuDeviceGetCount, FnGetCount, &mut n) == CUDA_SUCCESS && n > 0 {
+            if real!(cuDeviceGetCount, &mut n) == CUDA_SUCCESS && n > 0 {
                 DEVICE_COUNT.store(n, Ordering::Relaxed);
                 if n == 1 {
                     return Some(0);
@@ -105,7 +90,7 @@ pub fn current_device() -> Option<usize> {
         _ => {}
     }
     let mut d: CUdevice = -1;
-    let rc = real!(r::cuCtxGetDevice, FnGetDevice, &mut d);
+    let rc = real!(cuCtxGetDevice, &mut d);
     if rc == CUDA_SUCCESS {
         usize::try_from(d).ok().filter(|d| *d < MAX_DEVICES)
     } else {
@@ -120,13 +105,13 @@ pub fn device_index(d: CUdevice) -> Option<usize> {
 
 pub fn current_ctx() -> usize {
     let mut c: CUcontext = std::ptr::null_mut();
-    let _ = real!(r::cuCtxGetCurrent, FnGetCtx, &mut c);
+    let _ = real!(cuCtxGetCurrent, &mut c);
     c as usize
 }
 
 fn ctx_device() -> Option<usize> {
     let mut d: CUdevice = -1;
-    (real!(r::cuCtxGetDevice, FnGetDevice, &mut d) == CUDA_SUCCESS)
+    (real!(cuCtxGetDevice, &mut d) == CUDA_SUCCESS)
         .then(|| usize::try_from(d).ok())
         .flatten()
 }
@@ -135,7 +120,7 @@ fn ctx_device() -> Option<usize> {
 /// (not only the calling thread's: another thread may launch in another context). Done in
 /// relaxed capture mode, so that it cannot invalidate a CUDA-graph capture in another thread.
 pub fn drain(dev: usize) {
-    let mut mode: c_int = CAPTURE_MODE_RELAXED;
+    let mut mode: c_int = CU_STREAM_CAPTURE_MODE_RELAXED;
     let swapped = exchange_capture_mode(&mut mode) == CUDA_SUCCESS;
     let current = current_ctx();
     let mut done_current = false;
@@ -147,14 +132,14 @@ pub fn drain(dev: usize) {
             done_current = true;
             continue;
         }
-        if real!(r::cuCtxPushCurrent_v2, FnPushCtx, ctx as CUcontext) != CUDA_SUCCESS {
+        if real!(cuCtxPushCurrent_v2, ctx as CUcontext) != CUDA_SUCCESS {
             continue; // destroyed behind the hook's back
         }
         if ctx_device() == Some(dev) {
             sync_here();
         }
         let mut popped: CUcontext = std::ptr::null_mut();
-        let _ = real!(r::cuCtxPopCurrent_v2, FnPopCtx, &mut popped);
+        let _ = real!(cuCtxPopCurrent_v2, &mut popped);
     }
     if !done_current && current != 0 && ctx_device() == Some(dev) {
         sync_here();
@@ -172,11 +157,11 @@ pub fn drain(dev: usize) {
 /// `cuThreadExchangeStreamCaptureMode`: sets this thread's capture mode to `*mode` and leaves
 /// the previous one there.
 pub(crate) fn exchange_capture_mode(mode: &mut c_int) -> CUresult {
-    real!(r::cuThreadExchangeStreamCaptureMode, FnCaptureMode, mode)
+    real!(cuThreadExchangeStreamCaptureMode, mode)
 }
 
 fn sync_here() {
-    let rc = real!(r::cuCtxSynchronize, FnSync);
+    let rc = real!(cuCtxSynchronize);
     if rc != CUDA_SUCCESS {
         debug!("cuCtxSynchronize at a token boundary returned {rc}");
     }
@@ -188,9 +173,9 @@ fn uuid(dev: usize) -> Option<String> {
         .get_or_init(|| {
             let mut b = [0u8; 16];
             let d = dev as CUdevice;
-            let mut rc = real!(r::cuDeviceGetUuid_v2, FnUuid, &mut b, d);
+            let mut rc = real!(cuDeviceGetUuid_v2, &mut b, d);
             if rc != CUDA_SUCCESS {
-                rc = real!(r::cuDeviceGetUuid, FnUuid, &mut b, d);
+                rc = real!(cuDeviceGetUuid, &mut b, d);
             }
             if rc == CUDA_SUCCESS {
                 Some(format_uuid(&b))
@@ -386,7 +371,7 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
         // Events belong to the context they were made in: start over in this one.
         for e in ring.events.iter_mut() {
             if *e != 0 {
-                let _ = real!(r::cuEventDestroy_v2, FnEvent, *e as CUevent);
+                let _ = real!(cuEventDestroy_v2, *e as CUevent);
                 *e = 0;
             }
         }
@@ -411,21 +396,21 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
                 0
             },
         },
-        |s| match real!(r::cuEventQuery, FnEvent, events[s] as CUevent) {
+        |s| match real!(cuEventQuery, events[s] as CUevent) {
             CUDA_SUCCESS => ahead::Done::Yes,
             CUDA_ERROR_NOT_READY => ahead::Done::NotYet,
             _ => ahead::Done::Broken,
         },
-        |s| real!(r::cuEventSynchronize, FnEvent, events[s] as CUevent) == CUDA_SUCCESS,
+        |s| real!(cuEventSynchronize, events[s] as CUevent) == CUDA_SUCCESS,
         |s| {
             let mut e = events[s] as CUevent;
             if e.is_null() {
-                if real!(r::cuEventCreate, FnEventCreate, &mut e, EVENT_NO_TIMING) != CUDA_SUCCESS {
+                if real!(cuEventCreate, &mut e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS {
                     return false;
                 }
                 made[s] = e as usize;
             }
-            real!(r::cuEventRecord, FnEventRecord, e, stream) == CUDA_SUCCESS
+            real!(cuEventRecord, e, stream) == CUDA_SUCCESS
         },
         precise_ns,
     );
@@ -446,7 +431,7 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
 
 pub(crate) fn capturing(stream: CUstream) -> bool {
     let mut status: c_int = 0;
-    real!(r::cuStreamIsCapturing, FnIsCapturing, stream, &mut status) == CUDA_SUCCESS && status != 0
+    real!(cuStreamIsCapturing, stream, &mut status) == CUDA_SUCCESS && status != 0
 }
 
 #[cold]

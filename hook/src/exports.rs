@@ -5,11 +5,10 @@
 #![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
 
 use crate::config::active;
-use crate::cuda::*;
 use crate::device::{current_ctx, current_device, device_index, gate, guard};
 use crate::memory::{
-    adjust, counted_alloc, counted_free, credit_context, mapped, mem_query, release_handle,
-    unmapped,
+    adjust, counted_alloc, counted_free, credit_context, mapped, mem_query, out_ptr,
+    release_handle, unmapped,
 };
 use crate::procaddr;
 use crate::real;
@@ -17,6 +16,7 @@ use crate::real::real_dlsym;
 use crate::state::{Kind, forget_context, note_context, state};
 use crate::timing::end;
 use crate::um;
+use cuda_abi::*;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::Ordering;
 
@@ -70,68 +70,15 @@ mod r {
     crate::slots!(cuDevicePrimaryCtxGetState);
 }
 
-type Cu = CUresult;
 type PP = *mut *mut c_void;
-type FnLaunch = unsafe extern "C" fn(
-    CUfunction,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    CUstream,
-    PP,
-    PP,
-) -> Cu;
-type FnCoop = unsafe extern "C" fn(
-    CUfunction,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    CUstream,
-    PP,
-) -> Cu;
-type FnLaunchEx = unsafe extern "C" fn(*const CUlaunchConfig, CUfunction, PP, PP) -> Cu;
-type FnGraph = unsafe extern "C" fn(CUgraphExec, CUstream) -> Cu;
-type FnAlloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> Cu;
-type FnPitch = unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> Cu;
-type FnManaged = unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> Cu;
-type FnAsync = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> Cu;
-type FnPool = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> Cu;
-type FnCreate = unsafe extern "C" fn(
-    *mut CUmemGenericAllocationHandle,
-    usize,
-    *const CUmemAllocationProp,
-    u64,
-) -> Cu;
-type FnArray = unsafe extern "C" fn(*mut CUarray, *const CudaArrayDescriptor) -> Cu;
-type FnArray3d = unsafe extern "C" fn(*mut CUarray, *const CudaArray3dDescriptor) -> Cu;
-type FnFree = unsafe extern "C" fn(CUdeviceptr) -> Cu;
-type FnFreeAsync = unsafe extern "C" fn(CUdeviceptr, CUstream) -> Cu;
-type FnRelease = unsafe extern "C" fn(CUmemGenericAllocationHandle) -> Cu;
-type FnArrayDestroy = unsafe extern "C" fn(CUarray) -> Cu;
-type FnMemInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> Cu;
-type FnTotalMem = unsafe extern "C" fn(*mut usize, CUdevice) -> Cu;
-type FnMap =
-    unsafe extern "C" fn(CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, u64) -> Cu;
-type FnUnmap = unsafe extern "C" fn(CUdeviceptr, usize) -> Cu;
-type FnCtx = unsafe extern "C" fn(CUcontext) -> Cu;
-type FnRetain = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> Cu;
-type FnDev = unsafe extern "C" fn(CUdevice) -> Cu;
-type FnPrimaryState = unsafe extern "C" fn(CUdevice, *mut c_uint, *mut c_int) -> Cu;
-type FnGpa = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> Cu;
-type FnGpa2 = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> Cu;
 
 // ------------------------------------------------------------------------------ launches
 
 macro_rules! launch_wrapper {
     ($name:ident, $slot:ident) => {
+        /// # Safety
+        /// The C API's contract: `params`, `extra` are as `cuda.h` documents them for this call;
+        /// `f`, `stream` are null or a handle the driver made.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(
             f: CUfunction,
@@ -148,19 +95,7 @@ macro_rules! launch_wrapper {
         ) -> CUresult {
             let timed = gate(stream);
             let r = real!(
-                r::$slot,
-                FnLaunch,
-                f,
-                gx,
-                gy,
-                gz,
-                bx,
-                by,
-                bz,
-                shmem,
-                stream,
-                params,
-                extra
+                $slot, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra
             );
             end(timed, r);
             r
@@ -172,6 +107,9 @@ launch_wrapper!(cuLaunchKernel_ptsz, cuLaunchKernel_ptsz);
 
 macro_rules! coop_wrapper {
     ($name:ident, $slot:ident) => {
+        /// # Safety
+        /// The C API's contract: `params` is as `cuda.h` documents it for this call; `f`, `stream`
+        /// are null or a handle the driver made.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(
             f: CUfunction,
@@ -186,20 +124,7 @@ macro_rules! coop_wrapper {
             params: PP,
         ) -> CUresult {
             let timed = gate(stream);
-            let r = real!(
-                r::$slot,
-                FnCoop,
-                f,
-                gx,
-                gy,
-                gz,
-                bx,
-                by,
-                bz,
-                shmem,
-                stream,
-                params
-            );
+            let r = real!($slot, f, gx, gy, gz, bx, by, bz, shmem, stream, params);
             end(timed, r);
             r
         }
@@ -213,6 +138,9 @@ coop_wrapper!(
 
 macro_rules! launch_ex_wrapper {
     ($name:ident, $slot:ident) => {
+        /// # Safety
+        /// The C API's contract: `config` is null or valid for reads of its type; `params`, `extra`
+        /// are as `cuda.h` documents them for this call; `f` is null or a handle the driver made.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(
             config: *const CUlaunchConfig,
@@ -226,7 +154,7 @@ macro_rules! launch_ex_wrapper {
                 // SAFETY: the caller passes a valid CUlaunchConfig (the driver reads it too).
                 gate(unsafe { (*config).h_stream })
             };
-            let r = real!(r::$slot, FnLaunchEx, config, f, params, extra);
+            let r = real!($slot, config, f, params, extra);
             end(timed, r);
             r
         }
@@ -235,18 +163,22 @@ macro_rules! launch_ex_wrapper {
 launch_ex_wrapper!(cuLaunchKernelEx, cuLaunchKernelEx);
 launch_ex_wrapper!(cuLaunchKernelEx_ptsz, cuLaunchKernelEx_ptsz);
 
+/// # Safety
+/// The C API's contract: `g`, `stream` are null or a handle the driver made.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGraphLaunch(g: CUgraphExec, stream: CUstream) -> CUresult {
     let timed = gate(stream);
-    let r = real!(r::cuGraphLaunch, FnGraph, g, stream);
+    let r = real!(cuGraphLaunch, g, stream);
     end(timed, r);
     r
 }
 
+/// # Safety
+/// The C API's contract: `g`, `stream` are null or a handle the driver made.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGraphLaunch_ptsz(g: CUgraphExec, stream: CUstream) -> CUresult {
     let timed = gate(stream);
-    let r = real!(r::cuGraphLaunch_ptsz, FnGraph, g, stream);
+    let r = real!(cuGraphLaunch_ptsz, g, stream);
     end(timed, r);
     r
 }
@@ -258,21 +190,23 @@ fn owner() -> usize {
     if active() { current_ctx() } else { 0 }
 }
 
-unsafe fn out_ptr(p: *mut CUdeviceptr) -> u64 {
-    if p.is_null() { 0 } else { unsafe { *p } }
-}
-
+/// # Safety
+/// The C API's contract: `p` is null or valid for writes of its type.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(p: *mut CUdeviceptr, bytes: usize) -> CUresult {
     if um::enabled() {
-        return unsafe { um::alloc(current_device(), owner(), p, bytes, um::MEM_ATTACH_GLOBAL) };
+        // SAFETY: `p` is null or writable (this function's contract), as `um::alloc` requires.
+        return unsafe { um::alloc(current_device(), owner(), p, bytes, CU_MEM_ATTACH_GLOBAL) };
     }
     counted_alloc(current_device(), bytes as u64, Kind::Ptr, owner(), || {
-        let rc = real!(r::cuMemAlloc_v2, FnAlloc, p, bytes);
+        let rc = real!(cuMemAlloc_v2, p, bytes);
+        // SAFETY: `p` is null or the caller's writable out-parameter (this function's contract).
         (rc, unsafe { out_ptr(p) })
     })
 }
 
+/// # Safety
+/// The C API's contract: `p` is null or valid for writes of its type.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocManaged(
     p: *mut CUdeviceptr,
@@ -280,16 +214,21 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     flags: c_uint,
 ) -> CUresult {
     if um::enabled() {
+        // SAFETY: `p` is null or writable (this function's contract), as `um::alloc` requires.
         return unsafe { um::alloc(current_device(), owner(), p, bytes, flags) };
     }
     counted_alloc(current_device(), bytes as u64, Kind::Ptr, owner(), || {
-        let rc = real!(r::cuMemAllocManaged, FnManaged, p, bytes, flags);
+        let rc = real!(cuMemAllocManaged, p, bytes, flags);
+        // SAFETY: `p` is null or the caller's writable out-parameter (this function's contract).
         (rc, unsafe { out_ptr(p) })
     })
 }
 
 macro_rules! async_wrapper {
     ($name:ident, $slot:ident) => {
+        /// # Safety
+        /// The C API's contract: `p` is null or valid for writes of its type; `stream` is null or a
+        /// handle the driver made.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(
             p: *mut CUdeviceptr,
@@ -299,13 +238,16 @@ macro_rules! async_wrapper {
             if um::enabled() {
                 // Managed memory has no stream-ordered form: allocated now (usable by the
                 // stream at once), freed after the stream's work (`um::free_async`).
+                // SAFETY: `p` is null or writable (this function's contract), as `um::alloc`
+                // requires.
                 return unsafe {
-                    um::alloc(current_device(), owner(), p, bytes, um::MEM_ATTACH_GLOBAL)
+                    um::alloc(current_device(), owner(), p, bytes, CU_MEM_ATTACH_GLOBAL)
                 };
             }
             // Stream-ordered memory belongs to the device's pool, not to a context.
             counted_alloc(current_device(), bytes as u64, Kind::Ptr, 0, || {
-                let rc = real!(r::$slot, FnAsync, p, bytes, stream);
+                let rc = real!($slot, p, bytes, stream);
+                // SAFETY: `p` is null or the caller's writable out-parameter (this function's contract).
                 (rc, unsafe { out_ptr(p) })
             })
         }
@@ -316,6 +258,9 @@ async_wrapper!(cuMemAllocAsync_ptsz, cuMemAllocAsync_ptsz);
 
 macro_rules! pool_wrapper {
     ($name:ident, $slot:ident) => {
+        /// # Safety
+        /// The C API's contract: `p` is null or valid for writes of its type; `pool`, `stream` are
+        /// null or a handle the driver made.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(
             p: *mut CUdeviceptr,
@@ -326,13 +271,16 @@ macro_rules! pool_wrapper {
             if um::enabled() {
                 // Managed memory has no stream-ordered form: allocated now (usable by the
                 // stream at once), freed after the stream's work (`um::free_async`).
+                // SAFETY: `p` is null or writable (this function's contract), as `um::alloc`
+                // requires.
                 return unsafe {
-                    um::alloc(current_device(), owner(), p, bytes, um::MEM_ATTACH_GLOBAL)
+                    um::alloc(current_device(), owner(), p, bytes, CU_MEM_ATTACH_GLOBAL)
                 };
             }
             // Stream-ordered memory belongs to the device's pool, not to a context.
             counted_alloc(current_device(), bytes as u64, Kind::Ptr, 0, || {
-                let rc = real!(r::$slot, FnPool, p, bytes, pool, stream);
+                let rc = real!($slot, p, bytes, pool, stream);
+                // SAFETY: `p` is null or the caller's writable out-parameter (this function's contract).
                 (rc, unsafe { out_ptr(p) })
             })
         }
@@ -341,6 +289,8 @@ macro_rules! pool_wrapper {
 pool_wrapper!(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync);
 pool_wrapper!(cuMemAllocFromPoolAsync_ptsz, cuMemAllocFromPoolAsync_ptsz);
 
+/// # Safety
+/// The C API's contract: `p`, `pitch` are null or valid for writes of their types.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocPitch_v2(
     p: *mut CUdeviceptr,
@@ -350,35 +300,31 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     elem: c_uint,
 ) -> CUresult {
     if um::enabled() {
+        // SAFETY: `p` and `pitch` are null or writable (this function's contract), as
+        // `um::alloc_pitch` requires.
         return unsafe { um::alloc_pitch(current_device(), owner(), p, pitch, width, height) };
     }
-    let call = || {
-        real!(
-            r::cuMemAllocPitch_v2,
-            FnPitch,
-            p,
-            pitch,
-            width,
-            height,
-            elem
-        )
-    };
+    let call = || real!(cuMemAllocPitch_v2, p, pitch, width, height, elem);
     let Some(dev) = current_device().filter(|_| active()) else {
         return call();
     };
     // The pitch is the driver's choice: reserve an estimate, then settle on the real size.
-    let estimate = pitch_estimate(width, height);
+    let estimate = (pitch_for(width) as u64).saturating_mul(height as u64);
     let mut made = None;
     let rc = counted_alloc(Some(dev), estimate, Kind::Ptr, owner(), || {
         let rc = call();
         if rc == CUDA_SUCCESS && !pitch.is_null() {
+            // SAFETY: `pitch` is non-null (checked) and was just written by the driver; `p` is
+            // null or writable (this function's contract).
             made = Some(unsafe { (out_ptr(p), *pitch) });
         }
+        // SAFETY: `p` is null or the caller's writable out-parameter (this function's contract).
         (rc, unsafe { out_ptr(p) })
     });
     if let Some((ptr, pt)) = made {
         let actual = (pt as u64).saturating_mul(height as u64);
         if !guard(true, || adjust(ptr, dev, estimate, actual)) {
+            // SAFETY: the caller's own arguments, under the same contract as `cuMemFree_v2`'s.
             let _ = unsafe { cuMemFree_v2(ptr) };
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
@@ -386,6 +332,9 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     rc
 }
 
+/// # Safety
+/// The C API's contract: `h` is null or valid for writes of its type; `prop` is null or valid for
+/// reads of its type.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemCreate(
     h: *mut CUmemGenericAllocationHandle,
@@ -403,19 +352,26 @@ pub unsafe extern "C" fn cuMemCreate(
     let dev = if prop.is_null() {
         None
     } else {
+        // SAFETY: non-null (checked) and a valid `CUmemAllocationProp` (this function's
+        // contract; the driver reads it too).
         let pr = unsafe { &*prop };
-        if pr.location_type == MEM_LOCATION_DEVICE {
+        if pr.location_type == CU_MEM_LOCATION_TYPE_DEVICE {
             device_index(pr.location_id)
         } else {
             None
         }
     };
     counted_alloc(dev, bytes as u64, Kind::Handle, 0, || {
-        let rc = real!(r::cuMemCreate, FnCreate, h, bytes, prop, flags);
+        let rc = real!(cuMemCreate, h, bytes, prop, flags);
+        // SAFETY: non-null (checked) and writable (this function's contract); the driver wrote
+        // the handle on success.
         (rc, if h.is_null() { 0 } else { unsafe { *h } })
     })
 }
 
+/// # Safety
+/// The C API's contract: `a` is null or valid for writes of its type; `d` is null or valid for
+/// reads of its type.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuArrayCreate_v2(
     a: *mut CUarray,
@@ -424,15 +380,21 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
     let bytes = if d.is_null() {
         0
     } else {
+        // SAFETY: non-null (checked) and a valid descriptor (this function's contract; the
+        // driver reads it too).
         let d = unsafe { &*d };
-        array_bytes(d.width, d.height, 1, d.format, d.num_channels)
+        d.bytes()
     };
     counted_alloc(current_device(), bytes, Kind::Array, owner(), || {
-        let rc = real!(r::cuArrayCreate_v2, FnArray, a, d);
+        let rc = real!(cuArrayCreate_v2, a, d);
+        // SAFETY: non-null (checked) and writable (this function's contract).
         (rc, if a.is_null() { 0 } else { unsafe { *a as u64 } })
     })
 }
 
+/// # Safety
+/// The C API's contract: `a` is null or valid for writes of its type; `d` is null or valid for
+/// reads of its type.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuArray3DCreate_v2(
     a: *mut CUarray,
@@ -441,56 +403,65 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     let bytes = if d.is_null() {
         0
     } else {
+        // SAFETY: non-null (checked) and a valid descriptor (this function's contract; the
+        // driver reads it too).
         let d = unsafe { &*d };
-        array_bytes(d.width, d.height, d.depth, d.format, d.num_channels)
+        d.bytes()
     };
     counted_alloc(current_device(), bytes, Kind::Array, owner(), || {
-        let rc = real!(r::cuArray3DCreate_v2, FnArray3d, a, d);
+        let rc = real!(cuArray3DCreate_v2, a, d);
+        // SAFETY: non-null (checked) and writable (this function's contract).
         (rc, if a.is_null() { 0 } else { unsafe { *a as u64 } })
     })
 }
 
 // ------------------------------------------------------------------------------ frees
 
+/// # Safety
+/// None beyond the C API's: no argument is dereferenced.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFree_v2(p: CUdeviceptr) -> CUresult {
     if um::enabled() {
-        return um::free(p, || real!(r::cuMemFree_v2, FnFree, p));
+        return um::free(p, || real!(cuMemFree_v2, p));
     }
-    counted_free(Kind::Ptr, p, || real!(r::cuMemFree_v2, FnFree, p))
+    counted_free(Kind::Ptr, p, || real!(cuMemFree_v2, p))
 }
 
+/// # Safety
+/// The C API's contract: `stream` is null or a handle the driver made.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFreeAsync(p: CUdeviceptr, stream: CUstream) -> CUresult {
     if um::enabled()
-        && let Some(rc) = um::free_async(p, stream, || real!(r::cuMemFree_v2, FnFree, p))
+        && let Some(rc) = um::free_async(p, stream, || real!(cuMemFree_v2, p))
     {
         return rc;
     }
-    counted_free(Kind::Ptr, p, || {
-        real!(r::cuMemFreeAsync, FnFreeAsync, p, stream)
-    })
+    counted_free(Kind::Ptr, p, || real!(cuMemFreeAsync, p, stream))
 }
 
+/// # Safety
+/// The C API's contract: `stream` is null or a handle the driver made.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFreeAsync_ptsz(p: CUdeviceptr, stream: CUstream) -> CUresult {
     if um::enabled()
-        && let Some(rc) = um::free_async(p, stream, || real!(r::cuMemFree_v2, FnFree, p))
+        && let Some(rc) = um::free_async(p, stream, || real!(cuMemFree_v2, p))
     {
         return rc;
     }
-    counted_free(Kind::Ptr, p, || {
-        real!(r::cuMemFreeAsync_ptsz, FnFreeAsync, p, stream)
-    })
+    counted_free(Kind::Ptr, p, || real!(cuMemFreeAsync_ptsz, p, stream))
 }
 
+/// # Safety
+/// None beyond the C API's: no argument is dereferenced.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemRelease(h: CUmemGenericAllocationHandle) -> CUresult {
-    release_handle(h, || real!(r::cuMemRelease, FnRelease, h))
+    release_handle(h, || real!(cuMemRelease, h))
 }
 
 // ------------------------------------------------------------------------------ VMM mappings
 
+/// # Safety
+/// None beyond the C API's: no argument is dereferenced.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemMap(
     va: CUdeviceptr,
@@ -499,16 +470,18 @@ pub unsafe extern "C" fn cuMemMap(
     h: CUmemGenericAllocationHandle,
     flags: u64,
 ) -> CUresult {
-    let rc = real!(r::cuMemMap, FnMap, va, size, offset, h, flags);
+    let rc = real!(cuMemMap, va, size, offset, h, flags);
     if rc == CUDA_SUCCESS {
         guard((), || mapped(va, size as u64, h));
     }
     rc
 }
 
+/// # Safety
+/// None beyond the C API's: no argument is dereferenced.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemUnmap(va: CUdeviceptr, size: usize) -> CUresult {
-    let rc = real!(r::cuMemUnmap, FnUnmap, va, size);
+    let rc = real!(cuMemUnmap, va, size);
     if rc == CUDA_SUCCESS {
         guard((), || unmapped(va, size as u64));
     }
@@ -518,9 +491,12 @@ pub unsafe extern "C" fn cuMemUnmap(va: CUdeviceptr, size: usize) -> CUresult {
 // ------------------------------------------------------------------------------ contexts
 
 /// Destroying a context frees the memory it owns.
+///
+/// # Safety
+/// The C API's contract: `ctx` is null or a handle the driver made.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
-    let rc = real!(r::cuCtxDestroy_v2, FnCtx, ctx);
+    let rc = real!(cuCtxDestroy_v2, ctx);
     if rc == CUDA_SUCCESS && active() {
         guard((), || {
             forget_context(ctx as usize);
@@ -531,32 +507,41 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
 }
 
 /// Contexts made current are drained at hand-overs.
+///
+/// # Safety
+/// The C API's contract: `ctx` is null or a handle the driver made.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
-    let rc = real!(r::cuCtxSetCurrent, FnCtx, ctx);
+    let rc = real!(cuCtxSetCurrent, ctx);
     if rc == CUDA_SUCCESS && active() {
         note_context(ctx);
     }
     rc
 }
 
+/// # Safety
+/// The C API's contract: `ctx` is null or a handle the driver made.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
-    let rc = real!(r::cuCtxPushCurrent_v2, FnCtx, ctx);
+    let rc = real!(cuCtxPushCurrent_v2, ctx);
     if rc == CUDA_SUCCESS && active() {
         note_context(ctx);
     }
     rc
 }
 
+/// # Safety
+/// The C API's contract: `ctx` is null or valid for writes of its type.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
-    let rc = real!(r::cuDevicePrimaryCtxRetain, FnRetain, ctx, dev);
+    let rc = real!(cuDevicePrimaryCtxRetain, ctx, dev);
     if rc == CUDA_SUCCESS
         && active()
         && !ctx.is_null()
         && let Some(d) = device_index(dev)
     {
+        // SAFETY: non-null (checked) and writable (this function's contract), and the driver
+        // just wrote it.
         let c = unsafe { *ctx };
         state().primary[d].store(c as usize, Ordering::Release);
         note_context(c);
@@ -570,18 +555,15 @@ fn primary_of(dev: CUdevice) -> usize {
 }
 
 /// The last release destroys the primary context, and its memory with it.
+///
+/// # Safety
+/// None beyond the C API's: no argument is dereferenced.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
-    let rc = real!(r::cuDevicePrimaryCtxRelease_v2, FnDev, dev);
+    let rc = real!(cuDevicePrimaryCtxRelease_v2, dev);
     if rc == CUDA_SUCCESS && active() {
         let (mut flags, mut on): (c_uint, c_int) = (0, 1);
-        let st = real!(
-            r::cuDevicePrimaryCtxGetState,
-            FnPrimaryState,
-            dev,
-            &mut flags,
-            &mut on
-        );
+        let st = real!(cuDevicePrimaryCtxGetState, dev, &mut flags, &mut on);
         if st == CUDA_SUCCESS && on == 0 {
             let c = primary_of(dev);
             guard((), || {
@@ -594,9 +576,12 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult
 }
 
 /// A reset frees every allocation of the primary context.
+///
+/// # Safety
+/// None beyond the C API's: no argument is dereferenced.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
-    let rc = real!(r::cuDevicePrimaryCtxReset_v2, FnDev, dev);
+    let rc = real!(cuDevicePrimaryCtxReset_v2, dev);
     if rc == CUDA_SUCCESS && active() {
         let c = primary_of(dev);
         guard((), || credit_context(c));
@@ -604,23 +589,28 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
     rc
 }
 
+/// # Safety
+/// The C API's contract: `a` is null or a handle the driver made.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuArrayDestroy(a: CUarray) -> CUresult {
-    counted_free(Kind::Array, a as u64, || {
-        real!(r::cuArrayDestroy, FnArrayDestroy, a)
-    })
+    counted_free(Kind::Array, a as u64, || real!(cuArrayDestroy, a))
 }
 
 // ------------------------------------------------------------------------------ memory info
 
 /// free = cap − pod's use, total = cap (never more than the device really has).
+///
+/// # Safety
+/// The C API's contract: `free`, `total` are null or valid for writes of their types.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
-    let rc = real!(r::cuMemGetInfo_v2, FnMemInfo, free, total);
+    let rc = real!(cuMemGetInfo_v2, free, total);
     if rc != CUDA_SUCCESS || !active() {
         return rc;
     }
     if let Some((used, limit)) = current_device().and_then(|d| guard(None, || mem_query(d))) {
+        // SAFETY: each pointer is checked non-null and is writable (this function's contract);
+        // the driver just wrote them.
         unsafe {
             if !free.is_null() {
                 *free = (*free).min(limit.saturating_sub(used) as usize);
@@ -633,13 +623,17 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     rc
 }
 
+/// # Safety
+/// The C API's contract: `bytes` is null or valid for writes of its type.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
-    let rc = real!(r::cuDeviceTotalMem_v2, FnTotalMem, bytes, dev);
+    let rc = real!(cuDeviceTotalMem_v2, bytes, dev);
     if rc != CUDA_SUCCESS || !active() || bytes.is_null() {
         return rc;
     }
     if let Some((_, limit)) = device_index(dev).and_then(|d| guard(None, || mem_query(d))) {
+        // SAFETY: non-null (checked) and writable (this function's contract); the driver just
+        // wrote it.
         unsafe { *bytes = (*bytes).min(limit as usize) };
     }
     rc
@@ -662,6 +656,9 @@ pub fn wrapper(name: &str) -> Option<*mut c_void> {
 
 /// Replaces the driver's answer to a `cuGetProcAddress` request by the hook's wrapper of the
 /// same variant.
+///
+/// # Safety
+/// `symbol` is null or NUL-terminated; `pfn` is null or valid for reads and writes.
 unsafe fn substitute(
     rc: CUresult,
     symbol: *const c_char,
@@ -672,21 +669,29 @@ unsafe fn substitute(
     if rc != CUDA_SUCCESS
         || symbol.is_null()
         || pfn.is_null()
+        // SAFETY: `pfn` is non-null (checked just before) and readable (the contract of
+        // `substitute`).
         || unsafe { (*pfn).is_null() }
         || !active()
     {
         return rc;
     }
+    // SAFETY: `symbol` is non-null (checked) and NUL-terminated (the contract of `substitute`).
     let Ok(name) = unsafe { CStr::from_ptr(symbol) }.to_str() else {
         return rc;
     };
     if let Some(w) = procaddr::variant(name, version, flags).and_then(wrapper) {
+        // SAFETY: `pfn` is non-null (checked) and writable (the contract of `substitute`).
         unsafe { *pfn = w };
     }
     rc
 }
 
 /// CUDA 11.3–11.8 ABI.
+///
+/// # Safety
+/// The C API's contract: `pfn` is null or valid for writes of its type; `symbol` is null or a NUL-
+/// terminated string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetProcAddress(
     symbol: *const c_char,
@@ -694,11 +699,17 @@ pub unsafe extern "C" fn cuGetProcAddress(
     version: c_int,
     flags: u64,
 ) -> CUresult {
-    let rc = real!(r::cuGetProcAddress, FnGpa, symbol, pfn, version, flags);
+    let rc = real!(cuGetProcAddress, symbol, pfn, version, flags);
+    // SAFETY: the caller's own arguments, which the driver has just used under the same
+    // contract.
     unsafe { substitute(rc, symbol, pfn, version, flags) }
 }
 
 /// CUDA 12+ ABI (with the query result).
+///
+/// # Safety
+/// The C API's contract: `pfn`, `status` are null or valid for writes of their types; `symbol` is
+/// null or a NUL-terminated string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetProcAddress_v2(
     symbol: *const c_char,
@@ -707,15 +718,9 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     flags: u64,
     status: *mut c_int,
 ) -> CUresult {
-    let rc = real!(
-        r::cuGetProcAddress_v2,
-        FnGpa2,
-        symbol,
-        pfn,
-        version,
-        flags,
-        status
-    );
+    let rc = real!(cuGetProcAddress_v2, symbol, pfn, version, flags, status);
+    // SAFETY: the caller's own arguments, which the driver has just used under the same
+    // contract.
     unsafe { substitute(rc, symbol, pfn, version, flags) }
 }
 
@@ -724,16 +729,24 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 ///
 /// Known limit, shared with every dlsym-hooking library: `dlsym(RTLD_NEXT, …)` called by
 /// another library is resolved relative to this one.
+///
+/// # Safety
+/// `dlsym`'s contract: `handle` is a handle from `dlopen` or a pseudo-handle, `symbol` a
+/// NUL-terminated string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     let Some(real_fn) = real_dlsym() else {
         return std::ptr::null_mut();
     };
+    // SAFETY: glibc's `dlsym` with the caller's own arguments, under the same contract.
     let p = unsafe { real_fn(handle, symbol) };
     // Cheap test first: names not starting with "cu" or "nv" never touch any hook state.
     if p.is_null() || symbol.is_null() {
         return p;
     }
+    // SAFETY: `symbol` is non-null (checked) and NUL-terminated (`dlsym`'s contract), and the
+    // real `dlsym` found it, so it has at least one character before the NUL: the second byte
+    // is in bounds (the NUL itself for a one-letter name).
     let (a, b) = unsafe { (*symbol as u8, *symbol.add(1) as u8) };
     if !matches!((a, b), (b'c', b'u') | (b'n', b'v')) {
         return p;
@@ -741,6 +754,7 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
     if !active() {
         return p;
     }
+    // SAFETY: non-null (checked) and NUL-terminated (`dlsym`'s contract).
     let Ok(name) = unsafe { CStr::from_ptr(symbol) }.to_str() else {
         return p;
     };

@@ -7,10 +7,10 @@
 
 use crate::clock::{coarse_ns, precise_ns};
 use crate::config::settings;
-use crate::cuda::*;
 use crate::device::{drain, drop_client, exchange_capture_mode, guard, renew, start_hold};
 use crate::state::{gpu, state};
 use crate::{debug, info};
+use cuda_abi::*;
 use std::ffi::c_int;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -24,7 +24,7 @@ pub(crate) fn start_idle_thread() {
         .name("gemhook-idle".into())
         .spawn(|| {
             // Its drains must not invalidate a graph capture in another thread.
-            let mut mode: c_int = CAPTURE_MODE_RELAXED;
+            let mut mode: c_int = CU_STREAM_CAPTURE_MODE_RELAXED;
             let _ = exchange_capture_mode(&mut mode);
             let idle_ns = settings().idle_release_us * 1000;
             // Also the period at which a hang-up of gem-schd is noticed (≤ 5 ms).

@@ -12,7 +12,6 @@ pub mod ahead;
 pub mod busy;
 pub mod clock;
 pub mod config;
-pub mod cuda;
 pub mod device;
 pub mod exports;
 pub mod idle;

@@ -13,10 +13,10 @@
 
 use crate::clock::precise_ns;
 use crate::config::{Unreachable, active, settings};
-use crate::cuda::*;
 use crate::device::{Purpose, connect, drop_client, guard};
 use crate::state::{Kind, MemConn, Record, gpu, lock, state};
 use crate::{debug, info};
+use cuda_abi::*;
 use gem_proto::ClientError;
 use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
@@ -209,6 +209,19 @@ fn remember(kind: Kind, key: u64, r: Record) {
 
 fn forget(kind: Kind, key: u64) -> Option<Record> {
     lock(&state().records).remove(&(kind, key))
+}
+
+/// The address an allocation call wrote to its out-parameter (0 for a null one).
+///
+/// # Safety
+/// `p` is null or valid for reads of a `CUdeviceptr`.
+pub(crate) unsafe fn out_ptr(p: *mut CUdeviceptr) -> u64 {
+    if p.is_null() {
+        0
+    } else {
+        // SAFETY: non-null (checked) and readable (this function's contract).
+        unsafe { *p }
+    }
 }
 
 /// An allocation of `bytes` on `dev`: reserve, call the driver (`call` returns its result and

@@ -10,8 +10,9 @@ use crate::config::{active, settings};
 use crate::debug;
 use crate::device::guard;
 use crate::state::state;
+use cuda_abi::nvml::*;
 use gem_proto::{Client, socket_path};
-use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::ffi::{CStr, c_char, c_uint, c_void};
 use std::time::Duration;
 
 #[allow(non_upper_case_globals)]
@@ -23,44 +24,19 @@ mod r {
     );
 }
 
-type NvmlReturn = c_int;
-type NvmlDevice = *mut c_void;
-const NVML_SUCCESS: NvmlReturn = 0;
-/// `NVML_ERROR_FUNCTION_NOT_FOUND`.
-const NVML_ERROR_FUNCTION_NOT_FOUND: NvmlReturn = 13;
-
-/// `nvmlMemory_t`.
-#[repr(C)]
-pub struct NvmlMemory {
-    pub total: u64,
-    pub free: u64,
-    pub used: u64,
-}
-
-/// `nvmlMemory_v2_t`.
-#[repr(C)]
-pub struct NvmlMemoryV2 {
-    pub version: c_uint,
-    pub total: u64,
-    pub reserved: u64,
-    pub free: u64,
-    pub used: u64,
-}
-
-type FnInfo = unsafe extern "C" fn(NvmlDevice, *mut NvmlMemory) -> NvmlReturn;
-type FnInfo2 = unsafe extern "C" fn(NvmlDevice, *mut NvmlMemoryV2) -> NvmlReturn;
-type FnUuid = unsafe extern "C" fn(NvmlDevice, *mut c_char, c_uint) -> NvmlReturn;
-
-/// Like [`crate::real!`], with NVML's "function not found" code.
+/// Like [`crate::real!`], with NVML's signatures and its "function not found" code.
 macro_rules! nvml_real {
-    ($slot:expr, $ty:ty $(, $arg:expr)* $(,)?) => {{
-        let p = $slot.get();
+    ($name:ident $(, $arg:expr)* $(,)?) => {{
+        let p = r::$name.get();
         if p.is_null() {
             NVML_ERROR_FUNCTION_NOT_FOUND
         } else {
-            // SAFETY: the slot names an NVML function of exactly this type.
-            let f = unsafe { std::mem::transmute::<*mut c_void, $ty>(p) };
+            // SAFETY: the slot holds the address NVML exports under this name, whose signature
+            // is `pfn::$name` (nvml.h's declaration); non-null checked above.
+            let f = unsafe { std::mem::transmute::<*mut c_void, pfn::$name>(p) };
             #[allow(unused_unsafe)]
+            // SAFETY: the wrappers forward their caller's arguments, bound by NVML's contract;
+            // the hook's own call passes a live local buffer and its true length.
             unsafe {
                 f($($arg),*)
             }
@@ -71,8 +47,7 @@ macro_rules! nvml_real {
 fn uuid_of(dev: NvmlDevice) -> Option<String> {
     let mut buf = [0 as c_char; 96];
     let rc = nvml_real!(
-        r::nvmlDeviceGetUUID,
-        FnUuid,
+        nvmlDeviceGetUUID,
         dev,
         buf.as_mut_ptr(),
         buf.len() as c_uint
@@ -80,7 +55,8 @@ fn uuid_of(dev: NvmlDevice) -> Option<String> {
     if rc != NVML_SUCCESS {
         return None;
     }
-    // SAFETY: NVML wrote a NUL-terminated string into the buffer (zeroed beyond it).
+    // SAFETY: NVML succeeded, so it wrote a NUL-terminated string of at most `buf.len()`
+    // bytes (its terminator included) into the live buffer.
     let s = unsafe { CStr::from_ptr(buf.as_ptr()) };
     // Socket names use NVML's form: `GPU-` then lower-case hex (as NVML prints it).
     let s = s.to_str().ok()?;
@@ -138,16 +114,20 @@ fn capped(dev: NvmlDevice, total: u64) -> Option<(u64, u64, u64)> {
     Some((total, total - used, used))
 }
 
+/// NVML's `nvmlDeviceGetMemoryInfo`, capped.
+///
+/// # Safety
+/// NVML's contract: `dev` is a handle NVML gave, `m` is null or a writable `nvmlMemory_t`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     dev: NvmlDevice,
     m: *mut NvmlMemory,
 ) -> NvmlReturn {
-    let rc = nvml_real!(r::nvmlDeviceGetMemoryInfo, FnInfo, dev, m);
+    let rc = nvml_real!(nvmlDeviceGetMemoryInfo, dev, m);
     if rc != NVML_SUCCESS || m.is_null() {
         return rc;
     }
-    // SAFETY: NVML filled the caller's struct.
+    // SAFETY: non-null (checked), and the caller's writable struct, which NVML just filled.
     let m = unsafe { &mut *m };
     if let Some((total, free, used)) = capped(dev, m.total) {
         (m.total, m.free, m.used) = (total, free, used);
@@ -155,16 +135,20 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     rc
 }
 
+/// NVML's `nvmlDeviceGetMemoryInfo_v2`, capped.
+///
+/// # Safety
+/// NVML's contract: `dev` is a handle NVML gave, `m` is null or a writable `nvmlMemory_v2_t`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     dev: NvmlDevice,
     m: *mut NvmlMemoryV2,
 ) -> NvmlReturn {
-    let rc = nvml_real!(r::nvmlDeviceGetMemoryInfo_v2, FnInfo2, dev, m);
+    let rc = nvml_real!(nvmlDeviceGetMemoryInfo_v2, dev, m);
     if rc != NVML_SUCCESS || m.is_null() {
         return rc;
     }
-    // SAFETY: NVML filled the caller's struct.
+    // SAFETY: as in `nvmlDeviceGetMemoryInfo`.
     let m = unsafe { &mut *m };
     if let Some((total, free, used)) = capped(dev, m.total) {
         // The driver's reservation is not the pod's: the pod sees its cap, all usable.
@@ -172,6 +156,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     }
     rc
 }
+
+// The wrappers are exported under NVML's names: their signatures must be NVML's.
+const _: pfn::nvmlDeviceGetMemoryInfo = nvmlDeviceGetMemoryInfo;
+const _: pfn::nvmlDeviceGetMemoryInfo_v2 = nvmlDeviceGetMemoryInfo_v2;
 
 /// The hook's function for an NVML name it wraps (for `dlsym`).
 pub fn wrapper(name: &str) -> Option<*mut c_void> {
@@ -181,15 +169,5 @@ pub fn wrapper(name: &str) -> Option<*mut c_void> {
             Some(nvmlDeviceGetMemoryInfo_v2 as *const () as *mut c_void)
         }
         _ => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn layouts_match_nvml_h() {
-        assert_eq!(std::mem::size_of::<super::NvmlMemory>(), 24);
-        assert_eq!(std::mem::offset_of!(super::NvmlMemoryV2, total), 8);
-        assert_eq!(std::mem::size_of::<super::NvmlMemoryV2>(), 40);
     }
 }

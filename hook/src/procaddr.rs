@@ -48,7 +48,7 @@ pub const WRAPPED: &[&str] = &[
 /// The exported variant that `cuGetProcAddress(base, version, flags)` returns, if the hook wraps
 /// it; `None` means "not ours: pass the driver's answer through".
 pub fn variant(base: &str, version: i32, flags: u64) -> Option<&'static str> {
-    let ptsz = flags & crate::cuda::PER_THREAD_DEFAULT_STREAM != 0;
+    let ptsz = flags & cuda_abi::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0;
     let pick =
         |plain: &'static str, per_thread: &'static str| Some(if ptsz { per_thread } else { plain });
     // Functions whose `_v2` ABI arrived with CUDA 3.2 (64-bit sizes); older callers get the

@@ -21,7 +21,7 @@ pub fn real_dlsym() -> Option<DlsymFn> {
     let mut p = REAL_DLSYM.load(Ordering::Acquire);
     if p.is_null() {
         for v in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
-            // SAFETY: dlvsym with constant strings.
+            // SAFETY: dlvsym takes a pseudo-handle and two NUL-terminated constant strings.
             p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), v.as_ptr()) };
             if !p.is_null() {
                 break;
@@ -32,7 +32,7 @@ pub fn real_dlsym() -> Option<DlsymFn> {
         }
         REAL_DLSYM.store(p, Ordering::Release);
     }
-    // SAFETY: `p` is glibc's dlsym.
+    // SAFETY: `p` is non-null and is glibc's `dlsym`, whose C signature `DlsymFn` is.
     Some(unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(p) })
 }
 
@@ -51,7 +51,8 @@ fn open_lib(cache: &AtomicPtr<c_void>, soname: &CStr) -> *mut c_void {
     if !h.is_null() {
         return h;
     }
-    // SAFETY: dlopen with a constant name; RTLD_NOLOAD first to reuse what the program loaded.
+    // SAFETY: dlopen with a NUL-terminated constant name; RTLD_NOLOAD first reuses what the
+    // program loaded. No hook state is touched, so a recursive entry is harmless.
     let h = unsafe {
         let h = libc::dlopen(soname.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
         if h.is_null() {
@@ -130,19 +131,24 @@ impl Slot {
     }
 }
 
-/// Calls a real driver function through a [`Slot`] as function type `$ty`, returning
-/// `CUDA_ERROR_NOT_FOUND` when the driver lacks it: `real!(SLOT, FnType, args...)`.
-/// The arguments are passed through unchanged to the driver (callers own their safety).
+/// Calls the real driver function `NAME` through the caller's slot `r::NAME` (see
+/// [`slots!`]), as the function type `cuda_abi::pfn::NAME`, returning `CUDA_ERROR_NOT_FOUND`
+/// when the driver lacks it: `real!(NAME, args...)`. Slot and type are picked by the one
+/// name, so they cannot disagree. The arguments are passed through unchanged to the driver.
 #[macro_export]
 macro_rules! real {
-    ($slot:expr, $ty:ty $(, $arg:expr)* $(,)?) => {{
-        let p = $slot.get();
+    ($name:ident $(, $arg:expr)* $(,)?) => {{
+        let p = r::$name.get();
         if p.is_null() {
-            $crate::cuda::CUDA_ERROR_NOT_FOUND
+            ::cuda_abi::CUDA_ERROR_NOT_FOUND
         } else {
-            // SAFETY: the slot names a driver function of exactly this type.
-            let f = unsafe { std::mem::transmute::<*mut std::ffi::c_void, $ty>(p) };
+            // SAFETY: the slot holds the address the driver exports under this name, whose
+            // signature is `pfn::$name` (the C headers' declaration); non-null checked above.
+            let f = unsafe { std::mem::transmute::<*mut std::ffi::c_void, ::cuda_abi::pfn::$name>(p) };
             #[allow(unused_unsafe)]
+            // SAFETY: the wrappers forward their own caller's arguments, which the driver's
+            // contract for this function already binds the caller to; the hook's own calls
+            // pass live locals as out-parameters and handles the driver gave it.
             unsafe {
                 f($($arg),*)
             }

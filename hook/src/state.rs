@@ -12,7 +12,7 @@
 //!
 //! The launch fast path pays one extra pointer load for this.
 
-use crate::cuda::CUcontext;
+use cuda_abi::CUcontext;
 use gem_proto::Client;
 use std::collections::BTreeMap;
 use std::sync::atomic::{

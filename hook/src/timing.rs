@@ -7,10 +7,10 @@
 
 use crate::busy::{Elapsed, PAIRS, Pairs};
 use crate::config::settings;
-use crate::cuda::*;
 use crate::device::{capturing, current_ctx};
 use crate::real;
 use crate::state::{Gpu, Token, lock};
+use cuda_abi::*;
 use std::sync::MutexGuard;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
@@ -23,13 +23,6 @@ mod r {
         cuEventElapsedTime,
     );
 }
-
-type FnEventCreate = unsafe extern "C" fn(*mut CUevent, std::ffi::c_uint) -> CUresult;
-type FnEvent = unsafe extern "C" fn(CUevent) -> CUresult;
-type FnEventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
-type FnElapsed = unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult;
-/// `CU_EVENT_DEFAULT`: events that record time.
-const EVENT_TIMED: std::ffi::c_uint = 0;
 
 /// What gem-schd asked for in OptionsOk (0 until it did, or if it wants no reports).
 static ASKED: AtomicU32 = AtomicU32::new(0);
@@ -114,7 +107,7 @@ fn begin_cold(g: &'static Gpu, stream: CUstream) -> Option<Sampling> {
     for e in [&mut start, &mut end] {
         if *e == 0 {
             let mut made: CUevent = std::ptr::null_mut();
-            if real!(r::cuEventCreate, FnEventCreate, &mut made, EVENT_TIMED) != CUDA_SUCCESS {
+            if real!(cuEventCreate, &mut made, CU_EVENT_DEFAULT) != CUDA_SUCCESS {
                 pairs.abandon(slot);
                 return None;
             }
@@ -122,7 +115,7 @@ fn begin_cold(g: &'static Gpu, stream: CUstream) -> Option<Sampling> {
         }
     }
     pairs.events[slot] = (start, end);
-    if real!(r::cuEventRecord, FnEventRecord, start as CUevent, stream) != CUDA_SUCCESS {
+    if real!(cuEventRecord, start as CUevent, stream) != CUDA_SUCCESS {
         pairs.abandon(slot);
         return None;
     }
@@ -139,7 +132,7 @@ pub fn end(s: Option<Sampling>, launched: CUresult) {
     if let Some(mut s) = s {
         let (_, end) = s.pairs.events[s.slot];
         if launched != CUDA_SUCCESS
-            || real!(r::cuEventRecord, FnEventRecord, end as CUevent, s.stream) != CUDA_SUCCESS
+            || real!(cuEventRecord, end as CUevent, s.stream) != CUDA_SUCCESS
         {
             s.pairs.abandon(s.slot);
         }
@@ -154,8 +147,7 @@ fn harvest(pairs: &mut Pairs) {
         let (start, end) = events[slot];
         let mut ms = 0f32;
         match real!(
-            r::cuEventElapsedTime,
-            FnElapsed,
+            cuEventElapsedTime,
             &mut ms,
             start as CUevent,
             end as CUevent
@@ -172,7 +164,7 @@ fn forget(pairs: &mut Pairs) {
     for (a, b) in pairs.events.iter_mut() {
         for e in [a, b] {
             if *e != 0 {
-                let _ = real!(r::cuEventDestroy_v2, FnEvent, *e as CUevent);
+                let _ = real!(cuEventDestroy_v2, *e as CUevent);
                 *e = 0;
             }
         }

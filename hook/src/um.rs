@@ -30,21 +30,16 @@
 //! `KUBESHARE_UM_EMPTY_CACHE=0` turn the two optimisations off (to measure what they bring).
 
 use crate::config::active;
-use crate::cuda::*;
-use crate::memory::{counted_alloc, counted_free};
+use crate::memory::{counted_alloc, counted_free, out_ptr};
 use crate::real;
 use crate::real::real_dlsym;
 use crate::state::Kind;
 use crate::{debug, info};
+use cuda_abi::*;
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
-
-/// `CUDA_ERROR_NOT_SUPPORTED`.
-pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
-/// `CU_MEM_ATTACH_GLOBAL`: accessible from any stream (what `cuMemAlloc` memory is).
-pub const MEM_ATTACH_GLOBAL: c_uint = 1;
 
 #[allow(non_upper_case_globals)]
 mod r {
@@ -56,15 +51,6 @@ mod r {
         cuMemGetInfo_v2,
     );
 }
-
-type FnManaged = unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult;
-/// CUDA ≤ 12: `(ptr, count, dstDevice, stream)`.
-type FnPrefetch1 = unsafe extern "C" fn(CUdeviceptr, usize, CUdevice, CUstream) -> CUresult;
-/// CUDA ≥ 12.2 `_v2` (13: the only one in the headers): `(ptr, count, location, flags, stream)`.
-type FnPrefetch2 =
-    unsafe extern "C" fn(CUdeviceptr, usize, MemLocation, c_uint, CUstream) -> CUresult;
-type FnSync = unsafe extern "C" fn(CUstream) -> CUresult;
-type FnMemInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult;
 
 /// The GPU is under memory pressure when the driver reports less than this free: only then
 /// can managed pages have been evicted, and only then do the optimisations pay. Without
@@ -80,16 +66,8 @@ static PRESSURE: [std::sync::atomic::AtomicBool; crate::state::MAX_DEVICES] =
 /// context; unknown counts as pressure.
 fn under_pressure() -> bool {
     let (mut free, mut total) = (0usize, 0usize);
-    let rc = real!(r::cuMemGetInfo_v2, FnMemInfo, &mut free, &mut total);
+    let rc = real!(cuMemGetInfo_v2, &mut free, &mut total);
     rc != CUDA_SUCCESS || (free as u64) < PRESSURE_FREE_BYTES
-}
-
-/// `CUmemLocation`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct MemLocation {
-    pub kind: u32,
-    pub id: c_int,
 }
 
 /// The mode's settings, read once.
@@ -201,8 +179,9 @@ static TRACKER: AtomicPtr<Tracker> = AtomicPtr::new(std::ptr::null_mut());
 fn tracker() -> &'static Tracker {
     let pid = std::process::id();
     let p = TRACKER.load(Ordering::Acquire);
-    // SAFETY: trackers are leaked, never freed.
+    // SAFETY: a non-null TRACKER was made by `Box::into_raw` below and is leaked, never freed.
     if !p.is_null() && unsafe { (*p).pid } == pid {
+        // SAFETY: as above: leaked, so valid for 'static.
         return unsafe { &*p };
     }
     // First use, or a forked child: a fresh tracker (the parent's is leaked here, its lock
@@ -214,10 +193,13 @@ fn tracker() -> &'static Tracker {
         empty_tx: Mutex::new(None),
     }));
     match TRACKER.compare_exchange(p, fresh, Ordering::AcqRel, Ordering::Acquire) {
+        // SAFETY: `fresh` came from `Box::into_raw`, is now published and never freed.
         Ok(_) => unsafe { &*fresh },
         Err(now) => {
-            // SAFETY: `fresh` was never shared; `now` is a leaked tracker.
+            // SAFETY: `fresh` came from `Box::into_raw` and the failed exchange never shared it.
             drop(unsafe { Box::from_raw(fresh) });
+            // SAFETY: `now` is the tracker another thread published: leaked, never freed
+            // (non-null: the exchange from `p` failed because a fresh one was stored).
             unsafe { &*now }
         }
     }
@@ -259,10 +241,6 @@ pub fn choose_prefetch(held: &[(u64, Held)], dev: usize, budget: u64) -> Vec<(u6
 
 // ------------------------------------------------------------------------------ allocations
 
-unsafe fn out_ptr(p: *mut CUdeviceptr) -> u64 {
-    if p.is_null() { 0 } else { unsafe { *p } }
-}
-
 /// A device allocation of `bytes`, made managed (any of the `cuMemAlloc*` paths).
 ///
 /// # Safety
@@ -275,12 +253,14 @@ pub unsafe fn alloc(
     flags: c_uint,
 ) -> CUresult {
     let rc = counted_alloc(dev, bytes as u64, Kind::Ptr, ctx, || {
-        let rc = real!(r::cuMemAllocManaged, FnManaged, p, bytes, flags);
+        let rc = real!(cuMemAllocManaged, p, bytes, flags);
+        // SAFETY: `p` is null or writable (this function's contract), as `out_ptr` requires.
         (rc, unsafe { out_ptr(p) })
     });
     if rc == CUDA_SUCCESS
         && let Some(d) = dev
     {
+        // SAFETY: as above.
         track(d, unsafe { out_ptr(p) }, bytes as u64);
     }
     rc
@@ -303,11 +283,12 @@ pub unsafe fn alloc_pitch(
     if pitch.is_null() || width == 0 || height == 0 {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    let pt = width.div_ceil(512).saturating_mul(512);
+    let pt = pitch_for(width);
     let Some(bytes) = pt.checked_mul(height) else {
         return CUDA_ERROR_OUT_OF_MEMORY;
     };
-    let rc = unsafe { alloc(dev, ctx, p, bytes, MEM_ATTACH_GLOBAL) };
+    // SAFETY: `p` is null or writable (this function's contract), as `alloc` requires.
+    let rc = unsafe { alloc(dev, ctx, p, bytes, CU_MEM_ATTACH_GLOBAL) };
     if rc == CUDA_SUCCESS {
         // SAFETY: checked non-null; the caller passes a writable size_t.
         unsafe { pitch.write(pt) };
@@ -348,7 +329,7 @@ pub fn free_async(
     if !held().contains_key(&ptr) {
         return None;
     }
-    let rc = real!(r::cuStreamSynchronize, FnSync, stream);
+    let rc = real!(cuStreamSynchronize, stream);
     if rc != CUDA_SUCCESS {
         return Some(rc);
     }
@@ -409,28 +390,13 @@ fn prefetch(ptr: u64, len: u64, dev: usize, stream: CUstream) -> CUresult {
     };
     let len = usize::try_from(len).unwrap_or(usize::MAX);
     if !r::cuMemPrefetchAsync_v2.get().is_null() {
-        let loc = MemLocation {
-            kind: MEM_LOCATION_DEVICE,
+        let loc = CUmemLocation {
+            kind: CU_MEM_LOCATION_TYPE_DEVICE,
             id: ordinal,
         };
-        return real!(
-            r::cuMemPrefetchAsync_v2,
-            FnPrefetch2,
-            ptr,
-            len,
-            loc,
-            0,
-            stream
-        );
+        return real!(cuMemPrefetchAsync_v2, ptr, len, loc, 0, stream);
     }
-    real!(
-        r::cuMemPrefetchAsync,
-        FnPrefetch1,
-        ptr,
-        len,
-        ordinal,
-        stream
-    )
+    real!(cuMemPrefetchAsync, ptr, len, ordinal, stream)
 }
 
 type FnInitialized = unsafe extern "C" fn() -> c_int;
