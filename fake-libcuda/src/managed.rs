@@ -7,18 +7,13 @@
 //! migration occupies a real GPU's copy engine for its client. Counters let tests see what
 //! was prefetched: `fakeCudaPrefetches`, `fakeCudaPrefetchedBytes`, `fakeCudaManagedUsed`.
 
-use crate::abi::*;
 use crate::engine::Job;
 use crate::{current_ctx, current_dev, device, driver, enqueue, put};
+use cuda_abi::*;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
-
-/// `CU_MEM_LOCATION_TYPE_DEVICE`.
-const LOCATION_DEVICE: u32 = 1;
-/// `CU_DEVICE_CPU`.
-const DEVICE_CPU: CUdevice = -1;
 
 #[derive(Clone, Copy)]
 struct Managed {
@@ -41,8 +36,9 @@ static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
 fn state() -> &'static State {
     let pid = std::process::id();
     let p = STATE.load(Ordering::Acquire);
-    // SAFETY: states are leaked, never freed.
+    // SAFETY: a non-null STATE was made by `Box::into_raw` below and is leaked, never freed.
     if !p.is_null() && unsafe { (*p).pid } == pid {
+        // SAFETY: as above: leaked, so valid for 'static.
         return unsafe { &*p };
     }
     let fresh = Box::into_raw(Box::new(State {
@@ -54,11 +50,13 @@ fn state() -> &'static State {
         advises: AtomicU64::new(0),
     }));
     match STATE.compare_exchange(p, fresh, Ordering::AcqRel, Ordering::Acquire) {
-        // SAFETY: just leaked.
+        // SAFETY: `fresh` came from `Box::into_raw`, is now published and never freed.
         Ok(_) => unsafe { &*fresh },
         Err(now) => {
-            // SAFETY: `fresh` was never shared; `now` is leaked.
+            // SAFETY: `fresh` came from `Box::into_raw` and the failed exchange never shared it.
             drop(unsafe { Box::from_raw(fresh) });
+            // SAFETY: `now` is the published state: leaked, never freed (non-null: the
+            // exchange from `p` failed only because another thread stored a fresh one).
             unsafe { &*now }
         }
     }
@@ -78,9 +76,13 @@ fn capacity(dev: usize) -> u64 {
 }
 
 /// `cuMemAllocManaged`: counted against the managed capacity, not the device's memory.
+///
+/// # Safety
+/// `p` is null or valid for writes of a `CUdeviceptr`.
 pub(crate) unsafe fn alloc_managed(p: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> CUresult {
-    // CU_MEM_ATTACH_GLOBAL = 1, CU_MEM_ATTACH_HOST = 2: exactly one.
-    if p.is_null() || bytes == 0 || !(flags == 1 || flags == 2) {
+    // Exactly one of the attach flags.
+    if p.is_null() || bytes == 0 || !(flags == CU_MEM_ATTACH_GLOBAL || flags == CU_MEM_ATTACH_HOST)
+    {
         return CUDA_ERROR_INVALID_VALUE;
     }
     let Some(dev) = current_dev() else {
@@ -105,6 +107,7 @@ pub(crate) unsafe fn alloc_managed(p: *mut CUdeviceptr, bytes: usize, flags: c_u
             ctx: current_ctx(),
         },
     );
+    // SAFETY: `p` is null or writable (this function's contract); `put` checks null.
     unsafe { put(p, addr) }
 }
 
@@ -144,7 +147,7 @@ fn prefetch(ptr: u64, count: usize, dst: CUdevice, s: CUstream) -> CUresult {
     if count == 0 || inside(ptr, count).is_none() {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    if dst != DEVICE_CPU && device(dst).is_none() {
+    if dst != CU_DEVICE_CPU && device(dst).is_none() {
         return CUDA_ERROR_INVALID_DEVICE;
     }
     let st = state();
@@ -167,30 +170,22 @@ pub extern "C" fn cuMemPrefetchAsync(
     prefetch(ptr, count, dst, s)
 }
 
-/// `CUmemLocation`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct MemLocation {
-    pub kind: u32,
-    pub id: c_int,
-}
-
 /// CUDA 12.2+ `_v2` (CUDA 13's `cuMemPrefetchAsync`): `(ptr, count, location, flags, stream)`.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemPrefetchAsync_v2(
     ptr: CUdeviceptr,
     count: usize,
-    loc: MemLocation,
+    loc: CUmemLocation,
     flags: c_uint,
     s: CUstream,
 ) -> CUresult {
     if flags != 0 {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    let dst = if loc.kind == LOCATION_DEVICE {
+    let dst = if loc.kind == CU_MEM_LOCATION_TYPE_DEVICE {
         loc.id
     } else {
-        DEVICE_CPU
+        CU_DEVICE_CPU
     };
     prefetch(ptr, count, dst, s)
 }
@@ -206,7 +201,7 @@ pub extern "C" fn cuMemAdvise(
     if !(1..=6).contains(&advice) || count == 0 || inside(ptr, count).is_none() {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    if dev != DEVICE_CPU && device(dev).is_none() {
+    if dev != CU_DEVICE_CPU && device(dev).is_none() {
         return CUDA_ERROR_INVALID_DEVICE;
     }
     state().advises.fetch_add(1, Ordering::Relaxed);

@@ -3,8 +3,8 @@
 //! address reservations, `cuMemMap` / `cuMemUnmap`), with the real driver's rule that a
 //! released handle keeps its memory while any mapping of it remains.
 
-use crate::abi::*;
 use crate::{current_ctx, current_dev, device, driver, put};
+use cuda_abi::*;
 use std::collections::HashMap;
 use std::ffi::c_uint;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -108,6 +108,11 @@ pub(crate) fn free_context(ctx: usize) {
     crate::managed::free_context_managed(ctx);
 }
 
+/// Allocates `bytes` on the current context's device and stores the address in `*out`; the
+/// allocation belongs to that context when `owned` (else to the device's pool).
+///
+/// # Safety
+/// `out` is null or valid for writes of a `CUdeviceptr`.
 unsafe fn alloc_current(out: *mut CUdeviceptr, bytes: usize, owned: bool) -> CUresult {
     if out.is_null() || bytes == 0 {
         return CUDA_ERROR_INVALID_VALUE;
@@ -117,16 +122,22 @@ unsafe fn alloc_current(out: *mut CUdeviceptr, bytes: usize, owned: bool) -> CUr
     };
     let ctx = if owned { current_ctx() } else { 0 };
     match alloc_on(dev, bytes as u64, ctx) {
+        // SAFETY: `out` is null or writable (this function's contract); `put` checks null.
         Ok(p) => unsafe { put(out, p) },
         Err(e) => e,
     }
 }
 
+/// # Safety
+/// The C API's contract: `p` is null or valid for writes of its type.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(p: *mut CUdeviceptr, bytes: usize) -> CUresult {
+    // SAFETY: `p` is null or writable (this function's contract), as `alloc_current` requires.
     unsafe { alloc_current(p, bytes, true) }
 }
 
+/// # Safety
+/// The C API's contract: `p`, `pitch` are null or valid for writes of their types.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocPitch_v2(
     p: *mut CUdeviceptr,
@@ -138,42 +149,56 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     if pitch.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    let pt = fake_pitch(width);
+    let pt = pitch_for(width);
+    // SAFETY: `p` is null or writable (this function's contract), as `alloc_current` requires.
     let r = unsafe { alloc_current(p, pt.saturating_mul(height), true) };
     if r == CUDA_SUCCESS {
+        // SAFETY: non-null (checked on entry) and writable (this function's contract).
         unsafe { pitch.write(pt) };
     }
     r
 }
 
+/// # Safety
+/// The C API's contract: `p` is null or valid for writes of its type.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocManaged(
     p: *mut CUdeviceptr,
     bytes: usize,
     flags: c_uint,
 ) -> CUresult {
+    // SAFETY: the caller's own arguments, under the same contract as `alloc_managed`'s.
     unsafe { crate::managed::alloc_managed(p, bytes, flags) }
 }
 
 // Stream-ordered allocations come from the device's pool, which is not a context's.
+/// # Safety
+/// The C API's contract: `p` is null or valid for writes of its type.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocAsync(
     p: *mut CUdeviceptr,
     bytes: usize,
     _s: CUstream,
 ) -> CUresult {
+    // SAFETY: `p` is null or writable (this function's contract), as `alloc_current` requires.
     unsafe { alloc_current(p, bytes, false) }
 }
 
+/// # Safety
+/// The C API's contract: `p` is null or valid for writes of its type; `s` is null or a handle the
+/// driver made.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     p: *mut CUdeviceptr,
     bytes: usize,
     s: CUstream,
 ) -> CUresult {
+    // SAFETY: the caller's own arguments, under the same contract as `cuMemAllocAsync`'s.
     unsafe { cuMemAllocAsync(p, bytes, s) }
 }
 
+/// # Safety
+/// The C API's contract: `p` is null or valid for writes of its type.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     p: *mut CUdeviceptr,
@@ -181,9 +206,13 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     _pool: CUmemoryPool,
     _s: CUstream,
 ) -> CUresult {
+    // SAFETY: `p` is null or writable (this function's contract), as `alloc_current` requires.
     unsafe { alloc_current(p, bytes, false) }
 }
 
+/// # Safety
+/// The C API's contract: `p` is null or valid for writes of its type; `pool`, `s` are null or a
+/// handle the driver made.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     p: *mut CUdeviceptr,
@@ -191,6 +220,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     pool: CUmemoryPool,
     s: CUstream,
 ) -> CUresult {
+    // SAFETY: the caller's own arguments, under the same contract as `cuMemAllocFromPoolAsync`'s.
     unsafe { cuMemAllocFromPoolAsync(p, bytes, pool, s) }
 }
 
@@ -211,6 +241,9 @@ pub extern "C" fn cuMemFreeAsync_ptsz(p: CUdeviceptr, s: CUstream) -> CUresult {
 
 // ---------------------------------------------------------------- virtual memory
 
+/// # Safety
+/// The C API's contract: `h` is null or valid for writes of its type; `prop` is null or valid for
+/// reads of its type.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemCreate(
     h: *mut CUmemGenericAllocationHandle,
@@ -221,6 +254,8 @@ pub unsafe extern "C" fn cuMemCreate(
     if h.is_null() || prop.is_null() || bytes == 0 {
         return CUDA_ERROR_INVALID_VALUE;
     }
+    // SAFETY: non-null (checked) and pointing to a valid `CUmemAllocationProp` (this function's
+    // contract).
     let id = unsafe { (*prop).location_id };
     if device(id).is_none() {
         return CUDA_ERROR_INVALID_DEVICE;
@@ -240,6 +275,7 @@ pub unsafe extern "C" fn cuMemCreate(
             released: false,
         },
     );
+    // SAFETY: `h` is null or writable (this function's contract); `put` checks null.
     unsafe { put(h, handle) }
 }
 
@@ -267,6 +303,8 @@ pub extern "C" fn cuMemRelease(h: CUmemGenericAllocationHandle) -> CUresult {
     }
 }
 
+/// # Safety
+/// The C API's contract: `ptr` is null or valid for writes of its type.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAddressReserve(
     ptr: *mut CUdeviceptr,
@@ -280,6 +318,7 @@ pub unsafe extern "C" fn cuMemAddressReserve(
     }
     let a = mem().fresh_range(size as u64);
     mem().lock().reserved.insert(a, size as u64);
+    // SAFETY: `ptr` is null or writable (this function's contract); `put` checks null.
     unsafe { put(ptr, a) }
 }
 
@@ -345,6 +384,9 @@ pub extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
 
 // ---------------------------------------------------------------- arrays
 
+/// # Safety
+/// The C API's contract: `a` is null or valid for writes of its type; `d` is null or valid for
+/// reads of its type.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuArrayCreate_v2(
     a: *mut CUarray,
@@ -353,9 +395,14 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
     if a.is_null() || d.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    unsafe { create_array(a, array_bytes(&*d)) }
+    // SAFETY: both non-null (checked); `d` points to a valid descriptor and `a` is writable
+    // (this function's contract).
+    unsafe { create_array(a, (*d).bytes()) }
 }
 
+/// # Safety
+/// The C API's contract: `a` is null or valid for writes of its type; `d` is null or valid for
+/// reads of its type.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuArray3DCreate_v2(
     a: *mut CUarray,
@@ -364,15 +411,21 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     if a.is_null() || d.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    unsafe { create_array(a, array3d_bytes(&*d)) }
+    // SAFETY: both non-null (checked); `d` points to a valid descriptor and `a` is writable
+    // (this function's contract).
+    unsafe { create_array(a, (*d).bytes()) }
 }
 
 /// Allocates an array of `bytes` on the current device and stores its handle in `*a`.
+///
+/// # Safety
+/// `a` is null or valid for writes of a `CUarray`.
 unsafe fn create_array(a: *mut CUarray, bytes: u64) -> CUresult {
     let Some(dev) = current_dev() else {
         return CUDA_ERROR_INVALID_CONTEXT;
     };
     match alloc_on(dev, bytes, current_ctx()) {
+        // SAFETY: `a` is null or writable (this function's contract); `put` checks null.
         Ok(p) => unsafe { put(a, p as CUarray) },
         Err(e) => e,
     }
@@ -383,6 +436,8 @@ pub extern "C" fn cuArrayDestroy(a: CUarray) -> CUresult {
     free_addr(a as u64)
 }
 
+/// # Safety
+/// The C API's contract: `free`, `total` are null or valid for writes of their types.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
     let Some(dev) = current_dev() else {
@@ -390,6 +445,8 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     };
     let d = &driver().devices[dev];
     let (used, tot) = (d.mem_used(), d.mem_total);
+    // SAFETY: `free` and `total` are null or writable (this function's contract); `put` checks
+    // null.
     unsafe {
         let r = put(free, tot.saturating_sub(used) as usize);
         if r != CUDA_SUCCESS {

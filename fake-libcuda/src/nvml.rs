@@ -3,36 +3,19 @@
 //! their UUIDs, and `nvmlDeviceGetMemoryInfo` / `_v2` over the fake devices.
 
 use crate::{device, driver};
-use std::ffi::{c_char, c_int, c_uint};
+use cuda_abi::format_uuid;
+use cuda_abi::nvml::*;
+use std::ffi::{c_char, c_uint};
 
-pub type NvmlReturn = c_int;
-pub const NVML_SUCCESS: NvmlReturn = 0;
-pub const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
-pub const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
-
-/// `nvmlMemory_t`.
-#[repr(C)]
-pub struct NvmlMemory {
-    pub total: u64,
-    pub free: u64,
-    pub used: u64,
+/// A device handle is its index + 1 (never null), never dereferenced.
+fn handle_of(index: c_uint) -> NvmlDevice {
+    (index as usize + 1) as NvmlDevice
 }
 
-/// `nvmlMemory_v2_t`.
-#[repr(C)]
-pub struct NvmlMemoryV2 {
-    pub version: c_uint,
-    pub total: u64,
-    pub reserved: u64,
-    pub free: u64,
-    pub used: u64,
-}
-
-/// A device handle is its index + 1 (never null).
-type Handle = usize;
-
-fn dev_of(h: Handle) -> Option<usize> {
-    h.checked_sub(1).filter(|d| device(*d as i32).is_some())
+fn dev_of(h: NvmlDevice) -> Option<usize> {
+    (h as usize)
+        .checked_sub(1)
+        .filter(|d| device(*d as i32).is_some())
 }
 
 #[unsafe(no_mangle)]
@@ -45,49 +28,58 @@ pub extern "C" fn nvmlShutdown() -> NvmlReturn {
     NVML_SUCCESS
 }
 
+/// # Safety
+/// NVML's contract: `n` is null or valid for writes of a `c_uint`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(n: *mut c_uint) -> NvmlReturn {
     if n.is_null() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
+    // SAFETY: non-null (checked) and writable (this function's contract).
     unsafe { n.write(driver().devices.len() as c_uint) };
     NVML_SUCCESS
 }
 
+/// # Safety
+/// NVML's contract: `h` is null or valid for writes of a handle.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(i: c_uint, h: *mut Handle) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    i: c_uint,
+    h: *mut NvmlDevice,
+) -> NvmlReturn {
     if h.is_null() || device(i as i32).is_none() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    unsafe { h.write(i as usize + 1) };
+    // SAFETY: non-null (checked) and writable (this function's contract).
+    unsafe { h.write(handle_of(i)) };
     NVML_SUCCESS
 }
 
+/// # Safety
+/// NVML's contract: `buf` is null or valid for writes of `len` bytes.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetUUID(h: Handle, buf: *mut c_char, len: c_uint) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    h: NvmlDevice,
+    buf: *mut c_char,
+    len: c_uint,
+) -> NvmlReturn {
     let Some(d) = dev_of(h) else {
         return NVML_ERROR_INVALID_ARGUMENT;
     };
-    let u = driver().devices[d].uuid;
-    let hex =
-        |r: std::ops::Range<usize>| u[r].iter().map(|b| format!("{b:02x}")).collect::<String>();
-    let s = format!(
-        "GPU-{}-{}-{}-{}-{}\0",
-        hex(0..4),
-        hex(4..6),
-        hex(6..8),
-        hex(8..10),
-        hex(10..16)
-    );
+    let s = format!("{}\0", format_uuid(&driver().devices[d].uuid));
     if buf.is_null() || (len as usize) < s.len() {
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
+    // SAFETY: `buf` is non-null and holds `len` >= `s.len()` bytes (checked above, and this
+    // function's contract); a fresh String cannot overlap it.
     unsafe { std::ptr::copy_nonoverlapping(s.as_ptr() as *const c_char, buf, s.len()) };
     NVML_SUCCESS
 }
 
+/// # Safety
+/// NVML's contract: `m` is null or valid for writes of an `nvmlMemory_t`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(h: Handle, m: *mut NvmlMemory) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(h: NvmlDevice, m: *mut NvmlMemory) -> NvmlReturn {
     let Some(d) = dev_of(h).map(|d| &driver().devices[d]) else {
         return NVML_ERROR_INVALID_ARGUMENT;
     };
@@ -95,6 +87,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(h: Handle, m: *mut NvmlMemory) 
         return NVML_ERROR_INVALID_ARGUMENT;
     }
     let used = d.mem_used();
+    // SAFETY: non-null (checked) and writable (this function's contract).
     unsafe {
         m.write(NvmlMemory {
             total: d.mem_total,
@@ -105,8 +98,13 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(h: Handle, m: *mut NvmlMemory) 
     NVML_SUCCESS
 }
 
+/// # Safety
+/// NVML's contract: `m` is null or valid for reads and writes of an `nvmlMemory_v2_t`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(h: Handle, m: *mut NvmlMemoryV2) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    h: NvmlDevice,
+    m: *mut NvmlMemoryV2,
+) -> NvmlReturn {
     let Some(d) = dev_of(h).map(|d| &driver().devices[d]) else {
         return NVML_ERROR_INVALID_ARGUMENT;
     };
@@ -114,7 +112,9 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(h: Handle, m: *mut NvmlMemor
         return NVML_ERROR_INVALID_ARGUMENT;
     }
     let used = d.mem_used();
-    // The driver reserves some memory for itself; the fake reserves none.
+    // The driver reserves some memory for itself; the fake reserves none. The caller's
+    // `version` field is left as it is.
+    // SAFETY: non-null (checked) and writable (this function's contract).
     unsafe {
         (*m).total = d.mem_total;
         (*m).reserved = 0;
@@ -123,3 +123,12 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(h: Handle, m: *mut NvmlMemor
     }
     NVML_SUCCESS
 }
+
+// The exports must have NVML's signatures, the ones callers cast the addresses to.
+const _: pfn::nvmlInit_v2 = nvmlInit_v2;
+const _: pfn::nvmlShutdown = nvmlShutdown;
+const _: pfn::nvmlDeviceGetCount_v2 = nvmlDeviceGetCount_v2;
+const _: pfn::nvmlDeviceGetHandleByIndex_v2 = nvmlDeviceGetHandleByIndex_v2;
+const _: pfn::nvmlDeviceGetUUID = nvmlDeviceGetUUID;
+const _: pfn::nvmlDeviceGetMemoryInfo = nvmlDeviceGetMemoryInfo;
+const _: pfn::nvmlDeviceGetMemoryInfo_v2 = nvmlDeviceGetMemoryInfo_v2;

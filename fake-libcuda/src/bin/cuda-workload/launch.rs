@@ -1,9 +1,9 @@
 //! The `launch` workload: kernels of a given duration in batches, each followed by a
 //! synchronisation, with the CPU paced as a framework's would be; prints the GPU busy time.
 
-use crate::abi::*;
 use crate::{Api, LaunchKind, check, emit};
 use anyhow::Result;
+use cuda_abi::*;
 use serde_json::json;
 use std::ffi::c_void;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -37,6 +37,7 @@ pub(crate) fn run_launch(
         pause_every,
     } = pace;
     let deadline = seconds.map(Duration::from_secs_f64);
+    // SAFETY: `fakeCudaBusyMicros` takes a device ordinal by value and dereferences nothing.
     let busy = |d| api.busy.map(|f| unsafe { f(d) }).unwrap_or(0);
     let busy0 = busy(dev);
     let mut dur = kernel_us;

@@ -3,18 +3,16 @@
 //! runs kernels of a given duration (fake-libcuda convention) or allocations, and prints JSON
 //! lines on stdout.
 
-#[path = "../../abi.rs"]
-mod abi;
 mod launch;
 mod scenarios;
 mod um;
 
-use abi::*;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
+use cuda_abi::*;
 use launch::{Pace, run_launch};
 use serde_json::json;
-use std::ffi::{CString, c_int, c_uint, c_void};
+use std::ffi::{CString, c_uint, c_void};
 use std::io::Write;
 use std::time::Duration;
 
@@ -172,63 +170,8 @@ enum Cmd {
     },
 }
 
-type FnInit = unsafe extern "C" fn(c_uint) -> CUresult;
-type FnRetain = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult;
-type FnSetCur = unsafe extern "C" fn(CUcontext) -> CUresult;
-type FnSync = unsafe extern "C" fn() -> CUresult;
-pub(crate) type FnLaunch = unsafe extern "C" fn(
-    CUfunction,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    CUstream,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> CUresult;
-type FnCoop = unsafe extern "C" fn(
-    CUfunction,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    CUstream,
-    *mut *mut c_void,
-) -> CUresult;
-type FnLaunchEx = unsafe extern "C" fn(
-    *const CUlaunchConfig,
-    CUfunction,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> CUresult;
-type FnGraph = unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult;
-type FnAlloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
-type FnPitch = unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult;
-type FnManaged = unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult;
-type FnAsync = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
-type FnPool = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
-type FnFree = unsafe extern "C" fn(CUdeviceptr) -> CUresult;
-type FnFreeAsync = unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult;
-type FnCreate = unsafe extern "C" fn(
-    *mut CUmemGenericAllocationHandle,
-    usize,
-    *const CUmemAllocationProp,
-    u64,
-) -> CUresult;
-type FnRelease = unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult;
-type FnArray = unsafe extern "C" fn(*mut CUarray, *const CudaArrayDescriptor) -> CUresult;
-type FnArray3d = unsafe extern "C" fn(*mut CUarray, *const CudaArray3dDescriptor) -> CUresult;
-type FnArrayDestroy = unsafe extern "C" fn(CUarray) -> CUresult;
-type FnMemInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult;
-type FnTotalMem = unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult;
+/// `fakeCudaBusyMicros`: the fake's own export, no driver function.
 type FnBusy = unsafe extern "C" fn(CUdevice) -> u64;
-type FnGpa2 = unsafe extern "C" fn(*const i8, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
 
 #[link(name = "cuda")]
 unsafe extern "C" {
@@ -303,30 +246,30 @@ unsafe extern "C" {
 pub(crate) struct Api {
     lookup: Lookup,
     handle: *mut c_void,
-    gpa: Option<FnGpa2>,
+    gpa: Option<pfn::cuGetProcAddress_v2>,
     flags: u64,
-    init: FnInit,
-    retain: FnRetain,
-    set_current: FnSetCur,
-    sync: FnSync,
-    launch: FnLaunch,
-    coop: FnCoop,
-    launch_ex: FnLaunchEx,
-    graph: FnGraph,
-    alloc: FnAlloc,
-    pitch: FnPitch,
-    managed: FnManaged,
-    alloc_async: FnAsync,
-    pool: FnPool,
-    free: FnFree,
-    free_async: FnFreeAsync,
-    create: FnCreate,
-    release: FnRelease,
-    array: FnArray,
-    array3d: FnArray3d,
-    array_destroy: FnArrayDestroy,
-    mem_info: FnMemInfo,
-    total_mem: FnTotalMem,
+    init: pfn::cuInit,
+    retain: pfn::cuDevicePrimaryCtxRetain,
+    set_current: pfn::cuCtxSetCurrent,
+    sync: pfn::cuCtxSynchronize,
+    launch: pfn::cuLaunchKernel,
+    coop: pfn::cuLaunchCooperativeKernel,
+    launch_ex: pfn::cuLaunchKernelEx,
+    graph: pfn::cuGraphLaunch,
+    alloc: pfn::cuMemAlloc_v2,
+    pitch: pfn::cuMemAllocPitch_v2,
+    managed: pfn::cuMemAllocManaged,
+    alloc_async: pfn::cuMemAllocAsync,
+    pool: pfn::cuMemAllocFromPoolAsync,
+    free: pfn::cuMemFree_v2,
+    free_async: pfn::cuMemFreeAsync,
+    create: pfn::cuMemCreate,
+    release: pfn::cuMemRelease,
+    array: pfn::cuArrayCreate_v2,
+    array3d: pfn::cuArray3DCreate_v2,
+    array_destroy: pfn::cuArrayDestroy,
+    mem_info: pfn::cuMemGetInfo_v2,
+    total_mem: pfn::cuDeviceTotalMem_v2,
     busy: Option<FnBusy>,
 }
 
@@ -403,7 +346,7 @@ fn load(lookup: Lookup, ptsz: bool) -> Result<Api> {
         // it is preloaded), as a CUDA program's own dlsym would.
         unsafe { libc::dlsym(h, c.as_ptr()) }
     };
-    // SAFETY (all `cast`s below): each name is paired with its own signature.
+    // SAFETY: the fake's `fakeCudaBusyMicros` has this signature.
     let busy = unsafe { cast::<FnBusy>(dl("fakeCudaBusyMicros"), "fakeCudaBusyMicros").ok() };
     match lookup {
         Lookup::Symbol => Ok(Api {
@@ -435,6 +378,8 @@ fn load(lookup: Lookup, ptsz: bool) -> Result<Api> {
             total_mem: cuDeviceTotalMem_v2,
             busy,
         }),
+        // SAFETY: each `dl` name is cast to its own signature (`pfn::` of that name), as `cast`
+        // requires.
         Lookup::Dlsym => unsafe {
             Ok(Api {
                 lookup,
@@ -466,8 +411,12 @@ fn load(lookup: Lookup, ptsz: bool) -> Result<Api> {
                 busy,
             })
         },
+        // SAFETY: `first` and `gpa` are the driver's `cuGetProcAddress_v2` ABI (12000 asks for
+        // it), called with live local out-parameters; each name is then cast to its own
+        // signature, as `cast` requires.
         Lookup::Proc => unsafe {
-            let first: FnGpa2 = cast(dl("cuGetProcAddress_v2"), "cuGetProcAddress_v2")?;
+            let first: pfn::cuGetProcAddress_v2 =
+                cast(dl("cuGetProcAddress_v2"), "cuGetProcAddress_v2")?;
             // Like cudart: fetch cuGetProcAddress itself through cuGetProcAddress_v2.
             let mut p = std::ptr::null_mut();
             let mut st = 0;
@@ -475,7 +424,7 @@ fn load(lookup: Lookup, ptsz: bool) -> Result<Api> {
             if r != 0 {
                 bail!("cuGetProcAddress_v2(cuGetProcAddress) = {r}");
             }
-            let gpa: FnGpa2 = cast(p, "cuGetProcAddress")?;
+            let gpa: pfn::cuGetProcAddress_v2 = cast(p, "cuGetProcAddress")?;
             let flags = if ptsz {
                 CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
             } else {

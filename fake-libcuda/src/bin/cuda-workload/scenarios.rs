@@ -1,32 +1,22 @@
 //! The workload's robustness scenarios (virtual memory, ends of contexts, fork), NVML, and the
 //! per-launch cost benchmark. Each prints JSON lines; the hook's tests judge them.
 
-use crate::abi::*;
 use crate::{Api, check, emit, mem_info};
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
+use cuda_abi::*;
 use serde_json::json;
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_char, c_uint, c_void};
 use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-type FnAddrReserve =
-    unsafe extern "C" fn(*mut CUdeviceptr, usize, usize, CUdeviceptr, u64) -> CUresult;
-type FnAddrFree = unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult;
-type FnMap =
-    unsafe extern "C" fn(CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, u64) -> CUresult;
-type FnUnmap = unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult;
-type FnCtxCreate = unsafe extern "C" fn(*mut CUcontext, c_uint, CUdevice) -> CUresult;
-type FnCtx = unsafe extern "C" fn(CUcontext) -> CUresult;
-type FnDev = unsafe extern "C" fn(CUdevice) -> CUresult;
-
 fn prop(dev: i32) -> CUmemAllocationProp {
     CUmemAllocationProp {
-        kind: 1,
+        kind: 1, // CU_MEM_ALLOCATION_TYPE_PINNED
         requested_handle_types: 0,
-        location_type: 1,
+        location_type: CU_MEM_LOCATION_TYPE_DEVICE,
         location_id: dev,
         win32_handle_meta_data: std::ptr::null_mut(),
         alloc_flags: [0; 8],
@@ -38,10 +28,10 @@ pub fn vmm(api: &Api, dev: i32, bytes: u64) -> Result<()> {
     let n = usize::try_from(bytes).context("size")?;
     // SAFETY: each name with its own signature; out-pointers to locals.
     unsafe {
-        let reserve: FnAddrReserve = api.get("cuMemAddressReserve")?;
-        let addr_free: FnAddrFree = api.get("cuMemAddressFree")?;
-        let map: FnMap = api.get("cuMemMap")?;
-        let unmap: FnUnmap = api.get("cuMemUnmap")?;
+        let reserve: pfn::cuMemAddressReserve = api.get("cuMemAddressReserve")?;
+        let addr_free: pfn::cuMemAddressFree = api.get("cuMemAddressFree")?;
+        let map: pfn::cuMemMap = api.get("cuMemMap")?;
+        let unmap: pfn::cuMemUnmap = api.get("cuMemUnmap")?;
         let p = prop(dev);
         let mut h = 0;
         check((api.create)(&mut h, n, &p, 0), "cuMemCreate")?;
@@ -87,12 +77,12 @@ pub fn ctx_end(api: &Api, dev: i32, bytes: u64, how: CtxEnd) -> Result<()> {
         let mut primary = std::ptr::null_mut();
         check((api.retain)(&mut primary, dev), "cuDevicePrimaryCtxRetain")?;
         // main retained once already: drop that one so a Release below is the last.
-        let release: FnDev = api.get("cuDevicePrimaryCtxRelease_v2")?;
+        let release: pfn::cuDevicePrimaryCtxRelease_v2 = api.get("cuDevicePrimaryCtxRelease_v2")?;
         check(release(dev), "cuDevicePrimaryCtxRelease_v2")?;
         let mut made = std::ptr::null_mut();
         if how == CtxEnd::Destroy {
             // Made past the lookup path under test: the hook wraps the destroy, not this.
-            let create: FnCtxCreate = api.sym("cuCtxCreate_v2")?;
+            let create: pfn::cuCtxCreate_v2 = api.sym("cuCtxCreate_v2")?;
             check(create(&mut made, 0, dev), "cuCtxCreate_v2")?;
         }
         let mut p = 0;
@@ -100,11 +90,12 @@ pub fn ctx_end(api: &Api, dev: i32, bytes: u64, how: CtxEnd) -> Result<()> {
         emit(json!({"step": "allocated", "mem": mem_info(api, dev)}));
         let rc = match how {
             CtxEnd::Destroy => {
-                let destroy: FnCtx = api.get("cuCtxDestroy_v2")?;
+                let destroy: pfn::cuCtxDestroy_v2 = api.get("cuCtxDestroy_v2")?;
                 destroy(made)
             }
             CtxEnd::Reset => {
-                let reset: FnDev = api.get("cuDevicePrimaryCtxReset_v2")?;
+                let reset: pfn::cuDevicePrimaryCtxReset_v2 =
+                    api.get("cuDevicePrimaryCtxReset_v2")?;
                 reset(dev)
             }
             CtxEnd::Release => release(dev),
@@ -125,11 +116,9 @@ fn launcher(api: &Api, kernel_us: u64, stop: &AtomicBool, count: &AtomicU64) -> 
     while !stop.load(Ordering::Relaxed) {
         for _ in 0..4 {
             let (s, x) = (std::ptr::null_mut(), std::ptr::null_mut());
-            // SAFETY: the fake's calling convention; `params` outlives the call.
-            check(
-                unsafe { (api.launch)(f, 1, 1, 1, 1, 1, 1, 0, s, params.as_mut_ptr(), x) },
-                "launch",
-            )?;
+            // SAFETY: the fake's kernel convention; `params` outlives the call.
+            let r = unsafe { (api.launch)(f, 1, 1, 1, 1, 1, 1, 0, s, params.as_mut_ptr(), x) };
+            check(r, "launch")?;
             count.fetch_add(1, Ordering::Relaxed);
         }
         // SAFETY: plain driver call.
@@ -159,6 +148,8 @@ pub fn fork(api: &Api, dev: i32, bytes: u64, children: u32, kernel_us: u64) -> R
             std::thread::spawn(move || {
                 // SAFETY: `api` outlives the threads (joined below); the context is live.
                 let api = unsafe { &*(api_ptr as *const Api) };
+                // SAFETY: a context this process retained, made current in this thread; the
+                // function type is the one `load` paired with its name.
                 unsafe { (api.set_current)(ctx as CUcontext) };
                 launcher(api, kernel_us, &stop, &launched)
             })
@@ -168,6 +159,7 @@ pub fn fork(api: &Api, dev: i32, bytes: u64, children: u32, kernel_us: u64) -> R
             std::thread::spawn(move || {
                 // SAFETY: as above.
                 let api = unsafe { &*(api_ptr as *const Api) };
+                // SAFETY: as above.
                 unsafe { (api.set_current)(ctx as CUcontext) };
                 while !stop.load(Ordering::Relaxed) {
                     let _ = mem_info(api, dev);
@@ -220,6 +212,7 @@ fn child(api: &Api, dev: i32, n: usize, kernel_us: u64, i: u32) -> ! {
     let mut p = 0;
     // SAFETY: driver calls with valid arguments.
     let alloc = unsafe { (api.alloc)(&mut p, n) };
+    // SAFETY: a live local out-parameter; the free names what the allocation made.
     let small = unsafe {
         let mut q = 0;
         let r = (api.alloc)(&mut q, 1 << 20);
@@ -290,25 +283,6 @@ fn wait_child(pid: i32, t: Duration) -> serde_json::Value {
     }
 }
 
-/// `nvmlMemory_t`, `nvmlMemory_v2_t`.
-#[repr(C)]
-#[derive(Default)]
-struct NvmlMemory {
-    total: u64,
-    free: u64,
-    used: u64,
-}
-
-#[repr(C)]
-#[derive(Default)]
-struct NvmlMemoryV2 {
-    version: c_uint,
-    total: u64,
-    reserved: u64,
-    free: u64,
-    used: u64,
-}
-
 pub fn nvml(dev: i32) -> Result<()> {
     // SAFETY: dlopen/dlsym with constant names, each cast to its own signature.
     unsafe {
@@ -317,15 +291,14 @@ pub fn nvml(dev: i32) -> Result<()> {
             bail!("dlopen(libnvidia-ml.so.1) failed");
         }
         let sym = |n: &std::ffi::CStr| libc::dlsym(h, n.as_ptr());
-        let init: unsafe extern "C" fn() -> c_int =
-            crate::cast(sym(c"nvmlInit_v2"), "nvmlInit_v2")?;
-        let by_index: unsafe extern "C" fn(c_uint, *mut *mut c_void) -> c_int = crate::cast(
+        let init: nvml::pfn::nvmlInit_v2 = crate::cast(sym(c"nvmlInit_v2"), "nvmlInit_v2")?;
+        let by_index: nvml::pfn::nvmlDeviceGetHandleByIndex_v2 = crate::cast(
             sym(c"nvmlDeviceGetHandleByIndex_v2"),
             "nvmlDeviceGetHandleByIndex_v2",
         )?;
-        let info: unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> c_int =
+        let info: nvml::pfn::nvmlDeviceGetMemoryInfo =
             crate::cast(sym(c"nvmlDeviceGetMemoryInfo"), "nvmlDeviceGetMemoryInfo")?;
-        let info2: unsafe extern "C" fn(*mut c_void, *mut NvmlMemoryV2) -> c_int = crate::cast(
+        let info2: nvml::pfn::nvmlDeviceGetMemoryInfo_v2 = crate::cast(
             sym(c"nvmlDeviceGetMemoryInfo_v2"),
             "nvmlDeviceGetMemoryInfo_v2",
         )?;
@@ -336,10 +309,10 @@ pub fn nvml(dev: i32) -> Result<()> {
         if by_index(dev as c_uint, &mut d) != 0 {
             bail!("no NVML device {dev}");
         }
-        let mut m = NvmlMemory::default();
+        let mut m = nvml::NvmlMemory::default();
         let r1 = info(d, &mut m);
-        let mut m2 = NvmlMemoryV2 {
-            version: (std::mem::size_of::<NvmlMemoryV2>() as c_uint) | (2 << 24),
+        let mut m2 = nvml::NvmlMemoryV2 {
+            version: nvml::NVML_MEMORY_V2,
             ..Default::default()
         };
         let r2 = info2(d, &mut m2);
@@ -357,7 +330,7 @@ pub fn nvml(dev: i32) -> Result<()> {
 pub fn launch_bench(api: &Api, rounds: u32, launches: u32) -> Result<()> {
     type FnRaw = unsafe extern "C" fn(*const c_char) -> *mut c_void;
     // SAFETY: the fake's own lookup, by name (not a driver name: the hook passes it through).
-    let raw: crate::FnLaunch = unsafe {
+    let raw: pfn::cuLaunchKernel = unsafe {
         let rp: FnRaw = crate::cast(
             libc::dlsym(api.handle, c"fakeCudaRawProc".as_ptr()),
             "fakeCudaRawProc",
@@ -369,7 +342,7 @@ pub fn launch_bench(api: &Api, rounds: u32, launches: u32) -> Result<()> {
     let mut dur = 0u64;
     let mut params = [&mut dur as *mut u64 as *mut c_void];
     let pp = params.as_mut_ptr();
-    let time = |fun: crate::FnLaunch| -> f64 {
+    let time = |fun: pfn::cuLaunchKernel| -> f64 {
         let t = Instant::now();
         for _ in 0..launches {
             // SAFETY: the fake's calling convention; a zero-length kernel.

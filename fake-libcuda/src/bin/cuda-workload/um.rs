@@ -1,9 +1,9 @@
 //! Unified-memory scenarios (run with the hook in unified-memory mode, docs/um.md): every
 //! allocation path, the refused ones, the ceiling, the prefetch at a grant and exact frees.
 
-use crate::abi::*;
 use crate::{Api, check, emit, mem_info};
 use anyhow::{Context, Result};
+use cuda_abi::*;
 use serde_json::json;
 use std::ffi::c_void;
 
@@ -43,7 +43,8 @@ pub fn paths(
     let n = usize::try_from(bytes).context("size")?;
     let mut codes = vec![];
     let mut held: Vec<(CUdeviceptr, bool)> = vec![];
-    // SAFETY (all driver calls): out-pointers to locals.
+    // SAFETY: the driver calls below get live locals as out-parameters and free only what
+    // they allocated.
     unsafe {
         let mut p = 0;
         codes.push((api.alloc)(&mut p, n));
@@ -127,10 +128,8 @@ pub fn paths(
 /// Holds `bytes` of memory (managed in unified mode), then runs the launch loop.
 pub fn hold(api: &Api, bytes: u64) -> Result<CUdeviceptr> {
     let mut p = 0;
-    // SAFETY: out-pointer to a local.
-    check(
-        unsafe { (api.alloc)(&mut p, usize::try_from(bytes).context("size")?) },
-        "cuMemAlloc",
-    )?;
+    let n = usize::try_from(bytes).context("size")?;
+    // SAFETY: a live local out-parameter.
+    check(unsafe { (api.alloc)(&mut p, n) }, "cuMemAlloc")?;
     Ok(p)
 }
