@@ -1,7 +1,6 @@
 //! The fake driver's streams, events and kernel launches: each launch queues a kernel of the
 //! duration its arguments name on the device's simulated queue (or nothing, with
 //! `FAKE_CUDA_NOOP_LAUNCH=1`); synchronisation calls wait on that queue.
-#![allow(clippy::missing_safety_doc)]
 
 use crate::convention::kernel_duration_us;
 use crate::engine::{Event, Job};

@@ -13,7 +13,7 @@
 //! (default 13000), `FAKE_CUDA_SHARED_DIR` (processes naming the same directory share their
 //! simulated devices, as processes share a real GPU). `fakeCudaBusyMicros(dev)` returns the kernel time the device has executed
 //! in this process, so tests can measure shares.
-#![allow(non_snake_case, clippy::missing_safety_doc)]
+#![allow(non_snake_case)]
 
 pub mod convention;
 mod engine;

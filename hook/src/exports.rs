@@ -2,7 +2,7 @@
 //! interposition), `dlsym` (so `dlsym(libcuda, "cuLaunchKernelEx")` finds the wrapper), and
 //! `cuGetProcAddress` / `cuGetProcAddress_v2` (the CUDA 11.3+ runtime's way in), which hand out
 //! the wrapper of the exact ABI variant the caller's version selects, themselves included.
-#![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
+#![allow(non_snake_case, clippy::too_many_arguments)]
 
 use crate::config::active;
 use crate::device::{current_ctx, current_device, device_index, gate, guard};

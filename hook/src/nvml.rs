@@ -4,8 +4,6 @@
 //! and `nvidia-smi` never initialises CUDA): the pod's socket for that UUID is asked; a GPU
 //! the pod has no socket for passes through unchanged.
 
-#![allow(clippy::missing_safety_doc)]
-
 use crate::config::{active, settings};
 use crate::debug;
 use crate::device::guard;
