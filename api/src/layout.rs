@@ -10,6 +10,7 @@
 //!                                             directory at /kubeshare/run
 //! ```
 
+use std::ffi::CStr;
 use std::path::PathBuf;
 
 /// The root on every KubeShare node.
@@ -20,9 +21,19 @@ pub const HOST_LIB_DIR: &str = "/var/lib/kubeshare/lib";
 pub const HOST_PODS_DIR: &str = "/var/lib/kubeshare/pods";
 /// Where a KubeShare pod sees the hook library's directory and its socket directory.
 pub const POD_LIB_DIR: &str = "/kubeshare/lib";
-pub const POD_SOCKET_DIR: &str = "/kubeshare/run";
+pub const POD_SOCKET_DIR: &str = match POD_SOCKET_DIR_C.to_str() {
+    Ok(s) => s,
+    Err(_) => panic!("the socket directory is ASCII"),
+};
+/// [`POD_SOCKET_DIR`], NUL-terminated: the hook checks it before it may allocate.
+pub const POD_SOCKET_DIR_C: &CStr = c"/kubeshare/run";
 /// The hook library's file name, as `LD_PRELOAD` names it.
 pub const HOOK_LIB_NAME: &str = "libgemhook.so.1";
+/// The hook library as a pod sees it: `POD_LIB_DIR/HOOK_LIB_NAME` (a test checks they agree).
+pub const POD_HOOK_LIB: &str = "/kubeshare/lib/libgemhook.so.1";
+/// gem-schd's `--socket-template` default: [`Layout::socket_template`] of the default root
+/// (a test checks they agree).
+pub const DEFAULT_SOCKET_TEMPLATE: &str = "/var/lib/kubeshare/pods/{client}/{gpu}.sock";
 /// gem-schd's config, one per GPU.
 pub const CONFIG_FILE: &str = "resource-config.txt";
 /// The kubelet's PodResources socket (its default `--root-dir` is /var/lib/kubelet):
@@ -33,6 +44,11 @@ pub const KUBELET_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/k
 pub const KUBELET_DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
 /// Longest Unix socket path (`sun_path` is 108 bytes with its NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
+
+/// The file name of gem-schd's socket for one GPU, in a client's socket directory.
+pub fn gpu_socket_name(gpu_uuid: &str) -> String {
+    format!("{gpu_uuid}.sock")
+}
 
 /// Paths under a root.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,7 +96,11 @@ impl Layout {
     }
     /// The `--socket-template` gem-schd gets: `{client}` is the pod UID, `{gpu}` the UUID.
     pub fn socket_template(&self) -> String {
-        format!("{}/{{client}}/{{gpu}}.sock", self.pods_dir().display())
+        format!(
+            "{}/{{client}}/{}",
+            self.pods_dir().display(),
+            gpu_socket_name("{gpu}")
+        )
     }
     /// Length of the longest socket path gem-schd will make under this root
     /// (`pods/<36-char pod UID>/<40-char GPU UUID>.sock`).
@@ -106,6 +126,12 @@ mod tests {
             l.socket_template(),
             "/var/lib/kubeshare/pods/{client}/{gpu}.sock"
         );
+        assert_eq!(l.socket_template(), DEFAULT_SOCKET_TEMPLATE);
         assert!(l.longest_socket_path() <= MAX_SOCKET_PATH);
+        assert_eq!(
+            PathBuf::from(POD_LIB_DIR).join(HOOK_LIB_NAME),
+            PathBuf::from(POD_HOOK_LIB)
+        );
+        assert_eq!(POD_SOCKET_DIR, "/kubeshare/run");
     }
 }

@@ -19,13 +19,11 @@ use crate::frame::{FrameError, Reply, Request};
 /// Environment variable naming the directory that holds this client's sockets.
 pub const SOCKET_DIR_ENV: &str = "KUBESHARE_SOCKET_DIR";
 /// Where the sockets are inside a pod when [`SOCKET_DIR_ENV`] is unset.
-/// (`kubeshare_api::layout::POD_SOCKET_DIR`: this crate stays std-only for the hook, so
-/// it keeps a copy, checked equal by a test.)
-pub const DEFAULT_SOCKET_DIR: &str = "/kubeshare/run";
+pub const DEFAULT_SOCKET_DIR: &str = kubeshare_api::layout::POD_SOCKET_DIR;
 
 /// The socket of GPU `gpu_uuid` inside a client's socket directory.
 pub fn socket_path(dir: &Path, gpu_uuid: &str) -> PathBuf {
-    dir.join(format!("{gpu_uuid}.sock"))
+    dir.join(kubeshare_api::layout::gpu_socket_name(gpu_uuid))
 }
 
 /// The client's limits, as told by HelloOk.
@@ -383,17 +381,6 @@ fn send_all(stream: &UnixStream, mut data: &[u8]) -> io::Result<()> {
         data = &data[n as usize..];
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod layout_tests {
-    #[test]
-    fn default_socket_dir_is_the_layouts() {
-        assert_eq!(
-            super::DEFAULT_SOCKET_DIR,
-            kubeshare_api::layout::POD_SOCKET_DIR
-        );
-    }
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ struct Args {
     #[arg(long)]
     config: PathBuf,
     /// Socket path per client, with `{client}` (the ID) and `{gpu}` (the UUID).
-    #[arg(long, default_value = "/var/lib/kubeshare/pods/{client}/{gpu}.sock")]
+    #[arg(long, default_value = kubeshare_api::layout::DEFAULT_SOCKET_TEMPLATE)]
     socket_template: String,
     /// Sliding window over which usage is accounted, ms.
     #[arg(long, default_value_t = 10_000)]

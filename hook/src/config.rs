@@ -255,7 +255,7 @@ fn socket_dir_exists() -> bool {
     // matter; stat into a zeroed struct.
     unsafe {
         let env = libc::getenv(c"KUBESHARE_SOCKET_DIR".as_ptr());
-        let default: &CStr = c"/kubeshare/run";
+        let default: &CStr = kubeshare_api::layout::POD_SOCKET_DIR_C;
         let path = if env.is_null() || *env == 0 {
             default.as_ptr()
         } else {

@@ -22,7 +22,7 @@ struct Args {
     node_name: String,
 
     /// Host directory holding lib/, gpus/<uuid>/ and pods/<pod-uid>/.
-    #[arg(long, default_value = "/var/lib/kubeshare")]
+    #[arg(long, default_value = kubeshare_api::layout::DEFAULT_ROOT)]
     root: PathBuf,
 
     /// Fake mode: read the inventory from this file (the JSON of the Node annotation

@@ -23,7 +23,7 @@ pub const NODE_DIR_ENV: &str = "KUBESHARE_NODE_DIR";
 pub const WORKLOAD_IMAGE: &str = "docker.io/kubeshare/cuda-workload:latest";
 
 /// Where KubeShare's host directory is on a node (docs/design.md, "Node side").
-pub const NODE_KUBESHARE_ROOT: &str = "/var/lib/kubeshare";
+pub const NODE_KUBESHARE_ROOT: &str = kubeshare_api::layout::DEFAULT_ROOT;
 
 /// A real node started by `hack/node.sh up`.
 #[derive(Debug, Clone)]
@@ -82,15 +82,17 @@ impl RealNode {
 
     /// The Gemini resource-config of a GPU as the node daemon wrote it, if any.
     pub fn resource_config(&self, gpu_uuid: &str) -> Option<String> {
-        std::fs::read_to_string(
-            self.kubeshare_path(&format!("gpus/{gpu_uuid}/resource-config.txt")),
-        )
-        .ok()
+        std::fs::read_to_string(self.layout().config(gpu_uuid)).ok()
     }
 
     /// A pod's socket directory on the node (`pods/<uid>`).
     pub fn pod_socket_dir(&self, pod_uid: &str) -> PathBuf {
-        self.kubeshare_path(&format!("pods/{pod_uid}"))
+        self.layout().pod_dir(pod_uid)
+    }
+
+    /// The node's KubeShare directory, as seen from the host.
+    fn layout(&self) -> kubeshare_api::layout::Layout {
+        kubeshare_api::layout::Layout::new(self.kubeshare_path(""))
     }
 }
 

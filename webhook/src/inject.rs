@@ -9,9 +9,8 @@ use k8s_openapi::api::core::v1::{
 };
 use kubeshare_api::{annotations, layout};
 
-/// The hook library, as the container sees it (`layout::POD_LIB_DIR` + `HOOK_LIB_NAME`;
-/// a test checks they agree).
-pub const HOOK_PATH: &str = "/kubeshare/lib/libgemhook.so.1";
+/// The hook library, as the container sees it.
+pub const HOOK_PATH: &str = layout::POD_HOOK_LIB;
 
 pub const ENV_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 pub const ENV_POD_UID: &str = "KUBESHARE_POD_UID";
