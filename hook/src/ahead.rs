@@ -1,5 +1,5 @@
 //! A bound on how far ahead of the GPU a holder's CPU queues work (`KUBESHARE_HOOK_MAX_AHEAD_US`,
-//! default 200 µs, 0 = off; issue 14's fifth round).
+//! default 200 µs, 0 = off).
 //!
 //! The gate acts at launch time, so everything queued before the deadline runs after it: the
 //! hook drains it at the hand-over, and the next holder waits for it. A framework's CPU can
@@ -17,7 +17,8 @@
 //! the pending probes' work queued while the CPU waits, so it does not idle for it.
 //!
 //! That ratio can be large: ResNet-50 training queues milliseconds of GPU work per 100 µs of
-//! launching, and its drain past a hold stayed at p90 3.4 ms with the 200 µs bound (round 7).
+//! launching, and its drain past a hold stayed at p90 3.4 ms with a 200 µs bound on the
+//! launches alone.
 //! So the ring also measures it: when the CPU waits for a probe, the GPU was busy with the work
 //! before it, and the time between the GPU passing two consecutive probes is the GPU time of
 //! the launching between them. With that ratio the probe interval shrinks (down to
@@ -33,8 +34,8 @@
 //! Both keep the queue shallow for a hand-over that may never come: a process alone on the GPU
 //! renews its holds (gem-schd renews only while nobody waits), and its queue, narrowed to the
 //! bound at every renewed deadline and ~0.8 ms deep at most, ran dry at each pause of its CPU:
-//! ResNet-50 training alone at 0.965 of its native rate on an H100, 0.994 with the bound off
-//! (round 12). So once a hold has been renewed twice in a row the queue may hold
+//! ResNet-50 training alone at 0.965 of its native rate on an H100, 0.994 with the bound off.
+//! So once a hold has been renewed twice in a row the queue may hold
 //! `KUBESHARE_HOOK_SOLE_AHEAD_US` (default 5 ms of GPU time, once the pace is measured, as the
 //! early allowance) whatever the time left ([`Limits::sole_ns`]).
 //! The price is paid once, by the next client to ask: it waits for that queue after the hold's

@@ -6,7 +6,7 @@
 //! inference tenant launches all through its turns and keeps the GPU ~30 % busy in them, a
 //! training step ~95 %. Events around a kernel measure its own context's time even while
 //! another context runs beside it (0.18 ms matmuls beside a co-running tenant measured as
-//! alone on an H100, issue 14 round 14), so they can account a tenant that does not run in
+//! alone on an H100), so they can account a tenant that does not run in
 //! exclusive turns. A timed launch costs ~6 µs of CPU, so only a sample is timed: each sample
 //! stands for the launches since the one before it (gaps drawn at random around the mean, so
 //! that a program's launch pattern cannot line up with them), and a sample that cannot be taken
@@ -347,7 +347,7 @@ mod tests {
     /// gap's time (or the wall time since its launches began, which for a GPU-bound tenant is
     /// the same) keeps the many low readings and cuts the few high ones: it was tried twice
     /// and both times ResNet-50 training, then matmul tenants, read as light and co-ran
-    /// charged a fraction of their GPU time (issue 14 rounds 18 and 19, on H200s).
+    /// charged a fraction of their GPU time (on H200s).
     #[test]
     fn readings_of_a_long_tailed_kernel_mix_add_up_to_its_gpu_time() {
         let mut p = Pairs::new();

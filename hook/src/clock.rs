@@ -50,7 +50,7 @@ pub fn coarse_resolution_ns() -> u64 {
 /// coarse clock trailed further at the grant: the coarse clock is only updated at a tick, and a
 /// tick can come late (on a 2-core VM with a 4 ms tick it trailed by 6.2 ms after the thread
 /// had slept in its token wait), so one resolution let launches pass up to 2 ms after the
-/// precise deadline. Not precise (round 4): the coarse clock alone, `quota` after the coarse
+/// precise deadline. Not precise: the coarse clock alone, `quota` after the coarse
 /// time of the grant, which on a 4 ms tick ends a 5 ms hold after 1–9 ms.
 pub fn deadlines(
     grant_ns: u64,
@@ -96,7 +96,7 @@ mod tests {
         // The coarse clock trailing by more than a tick at the grant widens that stretch.
         let (c, p) = deadlines(100_000_000, 93_000_000, 20_000, 4_000_000, true);
         assert_eq!((c, p), (109_000_000, 120_000_000));
-        // Round 4: on the coarse clock only, from the coarse time of the grant.
+        // Not precise: on the coarse clock only, from the coarse time of the grant.
         assert_eq!(
             deadlines(100_000_000, 97_000_000, 5_000, 4_000_000, false),
             (102_000_000, 0)

@@ -99,8 +99,8 @@ pub fn parse_flag(name: &str, v: Option<&str>, default: bool) -> Result<bool, St
     }
 }
 
-/// The queue-ahead bound's default, µs (issue 14 round 5: beside ResNet-50 training a batch-1
-/// inference tenant's p99 went from 15.4 to 10.7 ms with it, 13.0 ms at 500 µs).
+/// The queue-ahead bound's default, µs (beside ResNet-50 training a batch-1 inference tenant's
+/// p99 went from 15.4 to 10.7 ms with it, 13.0 ms at 500 µs).
 pub const DEFAULT_MAX_AHEAD_US: u64 = 200;
 
 pub fn parse_max_ahead_us(v: Option<&str>) -> Result<u64, String> {
@@ -117,7 +117,7 @@ pub fn parse_max_ahead_us(v: Option<&str>) -> Result<u64, String> {
 }
 
 /// How much more than the queue-ahead bound may be queued early in a hold, µs (what is queued
-/// before the deadline runs before it; `ahead.rs`): issue 14 round 9.
+/// before the deadline runs before it; `ahead.rs`).
 pub const DEFAULT_EARLY_AHEAD_US: u64 = 600;
 
 pub fn parse_early_ahead_us(v: Option<&str>) -> Result<u64, String> {
@@ -125,8 +125,8 @@ pub fn parse_early_ahead_us(v: Option<&str>) -> Result<u64, String> {
 }
 
 /// How much GPU work may stay queued, µs, while the process has the GPU to itself (its hold
-/// renewed twice in a row; `ahead.rs`): issue 14 round 12, where the 0.8 ms queue of the bound
-/// and the early allowance cost ResNet-50 training alone 3 pp of its native rate on an H100.
+/// renewed twice in a row; `ahead.rs`): the 0.8 ms queue of the bound and the early allowance
+/// cost ResNet-50 training alone 3 pp of its native rate on an H100.
 pub const DEFAULT_SOLE_AHEAD_US: u64 = 5_000;
 
 pub fn parse_sole_ahead_us(v: Option<&str>) -> Result<u64, String> {

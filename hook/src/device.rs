@@ -7,8 +7,8 @@
 //! Launch gate. While the token is valid, a launch reads the current context's device, the
 //! coarse clock (vDSO) and one atomic deadline: no lock, no system call; in the last coarse
 //! tick before the deadline it also reads the precise clock (vDSO too), so that a hold ends
-//! at its quota (`KUBESHARE_HOOK_PRECISE_DEADLINE=0`: the coarse clock alone, as before issue
-//! 14's fifth round; on a 4 ms tick a 5 ms hold then ran 1–9 ms). When the deadline has
+//! at its quota (`KUBESHARE_HOOK_PRECISE_DEADLINE=0`: the coarse clock alone; on a 4 ms tick
+//! a 5 ms hold then runs 1–9 ms). When the deadline has
 //! passed, the launching thread takes the device's token lock and first asks gem-schd to renew
 //! the hold (granted only when the token would come straight back to this process: nothing
 //! is drained then); otherwise it waits for the work the process queued on the device in every

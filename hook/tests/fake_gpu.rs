@@ -508,8 +508,7 @@ fn a_tenant_alone_keeps_the_gpu_busy_through_the_pauses_of_its_cpu() {
     // measured), its queue runs dry in each pause: busy 0.75–0.79, against 0.98 with the bound
     // off. Once its holds are renewed twice in a row it has the GPU to itself, and its queue may
     // hold the sole allowance (5 ms): busy 0.97–0.98. ResNet-50 training alone on an H100:
-    // 0.956–0.968 of native held to the bound, 1.002–1.009 with the sole allowance (issue 14,
-    // round 12).
+    // 0.956–0.968 of native held to the bound, 1.002–1.009 with the sole allowance.
     let _s = serial();
     let pausing = [&PAUSING[..], &["--seconds", "4"]].concat();
     let run = |sole: &str| {
