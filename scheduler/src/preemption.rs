@@ -38,61 +38,70 @@ async fn carry_out(s: &Shared, o: PreemptOrder) {
         return;
     };
     let deadline = Instant::now() + s.timing.bind_timeout;
-    let place = format!("{}/gpu {}", o.node, join(&o.gpus));
-    let names: Vec<String> = o.victims.iter().map(PodRef::to_string).collect();
-    let pod = (
-        o.pod.namespace.as_str(),
-        o.pod.name.as_str(),
-        o.pod.uid.as_str(),
-    );
+    let places: Vec<String> = o
+        .pods
+        .iter()
+        .map(|p| format!("{}/gpu {}", p.node, join(&p.gpus)))
+        .collect();
+    let places = places.join(", ");
+    let victims: Vec<String> = o.victims.iter().map(PodRef::to_string).collect();
+    let victims = victims.join(", ");
+    let preemptors: Vec<String> = o.pods.iter().map(|p| p.pod.to_string()).collect();
+    let preemptors = match &o.group {
+        None => preemptors.join(", "),
+        Some(g) => format!("group {g} ({})", preemptors.join(", ")),
+    };
     for dry_run in [true, false] {
         for v in &o.victims {
             if let Err(e) = evict(s, &client, v, dry_run, deadline).await {
-                warn!(pod = %o.pod, victim = %v, node = %o.node, dry_run, error = %e, "preemption given up");
+                warn!(pods = %preemptors, victim = %v, %places, dry_run, error = %e, "preemption given up");
                 s.metrics
                     .count("kubeshare_extender_preemptions_total", e.kind());
-                s.lock().preemption_refused(&o.pod.uid, &o.node, s.now_ms());
-                s.pod_event_about(
-                    pod,
-                    Some(v),
-                    true,
-                    "PreemptionBlocked",
-                    "Preempt",
-                    format!(
-                        "{e}; preemption on {} given up: searching elsewhere",
-                        o.node
-                    ),
-                );
+                s.lock().preemption_refused(&o, s.now_ms());
+                for p in &o.pods {
+                    s.pod_event_about(
+                        (&p.pod.namespace, &p.pod.name, &p.pod.uid),
+                        Some(v),
+                        true,
+                        "PreemptionBlocked",
+                        "Preempt",
+                        format!(
+                            "{e}; preemption on {} given up: searching elsewhere",
+                            p.node
+                        ),
+                    );
+                }
                 return;
             }
             if !dry_run {
                 s.pod_event_about(
                     (&v.namespace, &v.name, &v.uid),
-                    Some(&o.pod),
+                    o.pods.first().map(|p| &p.pod),
                     false,
                     "Preempted",
                     "Preempt",
                     format!(
-                        "evicted (opportunistic, sharedgpu/priority 0) to make room on {place} for {} (sharedgpu/priority {})",
-                        o.pod, o.priority
+                        "evicted (opportunistic, sharedgpu/priority 0) to make room on {places} for {preemptors} (sharedgpu/priority {})",
+                        o.priority
                     ),
                 );
             }
         }
         if dry_run {
-            info!(pod = %o.pod, %place, victims = %names.join(", "), "preempting");
-            s.pod_event_about(
-                pod,
-                o.victims.first(),
-                false,
-                "Preempting",
-                "Preempt",
-                format!(
-                    "evicting {} opportunistic pod(s) from {place} to make room for this pod: {}",
-                    o.victims.len(),
-                    names.join(", ")
-                ),
-            );
+            info!(pods = %preemptors, %places, %victims, "preempting");
+            for p in &o.pods {
+                s.pod_event_about(
+                    (&p.pod.namespace, &p.pod.name, &p.pod.uid),
+                    o.victims.first(),
+                    false,
+                    "Preempting",
+                    "Preempt",
+                    format!(
+                        "evicting {} opportunistic pod(s) to make room on {places} for {preemptors}: {victims}",
+                        o.victims.len(),
+                    ),
+                );
+            }
         }
     }
     s.metrics

@@ -103,7 +103,7 @@ impl Shared {
             let mut c = self.lock();
             let mut out = c.filter(&pod, &names, now);
             // Preemption needs the API (evictions): not for an offline extender.
-            if out.kind == FilterKind::NoFit
+            if matches!(out.kind, FilterKind::NoFit | FilterKind::GroupWaiting)
                 && self.client.is_some()
                 && let Some(order) = c.preempt(&pod, &names, now, &mut out)
             {

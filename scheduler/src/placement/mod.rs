@@ -28,7 +28,7 @@ pub use error::{
     BindRefused, BooksInconsistent, FitError, Gib, GpuMisfit, GpuWhy, GroupWait, NodeProblem,
     Preempting, RecordError,
 };
-pub use preempt::{PodRef, PreemptOrder, VictimCost};
+pub use preempt::{PodRef, PreemptOrder, Preemptor, VictimCost};
 
 /// What the watch (or a filter request) tells us about one pod.
 #[derive(Debug, Clone, PartialEq)]
@@ -344,8 +344,8 @@ pub struct Cluster {
     gone_order: std::collections::VecDeque<String>,
     /// Preemptions under way, by the preemptor's uid (`preempt.rs`).
     preempting: HashMap<String, preempt::Preemption>,
-    /// Victims being evicted → their preemptor's uid.
-    evicting: HashMap<String, String>,
+    /// Victims being evicted → the preemptors waiting for them.
+    evicting: HashMap<String, Vec<String>>,
     /// The newest `now_ms` a caller passed: the clock of what happens inside a
     /// watch event (a preemption completed by a victim's deletion).
     now_hint: u64,

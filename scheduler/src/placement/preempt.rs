@@ -24,10 +24,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use kubeshare_api::GpuShare;
-
 use super::books::book_gpu;
-use super::{Cluster, FilterKind, FilterOutcome, Kind, Node, PodInfo, Preempting, Req};
+use kubeshare_api::GpuShare;
+use kubeshare_api::{GpuDemand, GroupSpec};
+
+use super::{
+    Booking, Cluster, FilterKind, FilterOutcome, GroupKey, Kind, Node, PodInfo, Preempting, Req,
+    group_key,
+};
 
 /// The most what-if fit checks one search makes (a node of 8 GPUs holding 80
 /// small pods has millions of victim sets; the first levels are what matter).
@@ -93,14 +97,23 @@ pub struct Plan {
     pub cost: VictimCost,
 }
 
-/// A preemption decided: what the extender evicts, and for whom.
+/// A preemptor and the place it gets once its victims are gone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preemptor {
+    pub pod: PodRef,
+    pub node: String,
+    /// GPU indexes, as planned.
+    pub gpus: Vec<u32>,
+}
+
+/// A preemption decided: what the extender evicts, and for whom (one pod, or
+/// the members of a group that preempt together for the same victims).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PreemptOrder {
-    pub pod: PodRef,
-    /// The preemptor's `sharedgpu/priority`.
+    pub pods: Vec<Preemptor>,
+    pub group: Option<GroupKey>,
+    /// The preemptors' `sharedgpu/priority`.
     pub priority: u8,
-    pub node: String,
-    pub gpus: Vec<u32>,
     pub victims: Vec<PodRef>,
 }
 
@@ -147,15 +160,30 @@ impl Cluster {
         let Ok(Some(d)) = &pod.demand else {
             return None;
         };
-        if d.priority == 0 || d.group.is_some() || self.bookings.contains_key(&pod.uid) {
+        if d.group.is_some() {
             return None;
         }
-        let blocked = self.pods.get(&pod.uid).map(|e| &e.blocked);
-        let units = self.victim_units(pod.pod_priority);
+        self.plan_for(&pod.uid, &pod.namespace, d, pod.pod_priority, names)
+    }
+
+    /// The search for one pod (a group member too).
+    fn plan_for(
+        &self,
+        uid: &str,
+        ns: &str,
+        d: &GpuDemand,
+        prio: i32,
+        names: &[String],
+    ) -> Option<Plan> {
+        if d.priority == 0 || self.bookings.contains_key(uid) {
+            return None;
+        }
+        let blocked = self.pods.get(uid).map(|e| &e.blocked);
+        let units = self.victim_units(prio);
         if units.is_empty() {
             return None;
         }
-        let req = self.req(&pod.uid, &pod.namespace, d);
+        let req = self.req(uid, ns, d);
         let one_gpu = matches!(d.share, GpuShare::Fraction { count: 1, .. });
         let request = u64::from(d.request_per_gpu().get());
         let mut names: Vec<&String> = names.iter().collect();
@@ -374,10 +402,10 @@ impl Cluster {
         units
     }
 
-    /// Preemption for a guaranteed pod that fits none of `names`: plans it
-    /// ([`Cluster::plan_preemption`]), marks the victims, nominates the pod to
-    /// the node and returns what to evict. `out` (the filter's answer) then
-    /// says so on that node.
+    /// Preemption for a guaranteed pod that fits none of `names` (or a member of
+    /// a guaranteed group that cannot start): plans it, marks the victims,
+    /// nominates the preemptors to their nodes and returns what to evict. `out`
+    /// (the filter's answer) then says so.
     pub fn preempt(
         &mut self,
         pod: &PodInfo,
@@ -386,61 +414,203 @@ impl Cluster {
         out: &mut FilterOutcome,
     ) -> Option<PreemptOrder> {
         self.now_hint = self.now_hint.max(now_ms);
-        if self.preempting.contains_key(&pod.uid) {
+        let d = pod.demand.as_ref().ok()?.as_ref()?.clone();
+        if d.priority == 0 || self.preempting.contains_key(&pod.uid) {
             return None;
         }
-        let plan = self.plan_preemption(pod, names)?;
-        let priority = pod.demand.as_ref().ok()?.as_ref()?.priority;
-        let victims: Vec<PodRef> = plan
-            .victims
-            .iter()
-            .map(|u| {
-                let e = &self.pods[u];
-                PodRef {
-                    namespace: e.namespace.clone(),
-                    name: e.name.clone(),
-                    uid: u.clone(),
+        let order = match (&d.group, group_key(&pod.namespace, &d)) {
+            (Some(spec), Some(key)) => self.preempt_group(&key, spec, d.priority, names, now_ms)?,
+            _ => {
+                let plan = self.plan_for(&pod.uid, &pod.namespace, &d, pod.pod_priority, names)?;
+                let me = vec![(pod.uid.clone(), plan.node.clone(), plan.gpus.clone())];
+                self.record_preemption(&me, &plan.victims, None, d.priority, now_ms)
+            }
+        };
+        let victims: Vec<String> = order.victims.iter().map(PodRef::to_string).collect();
+        for p in &order.pods {
+            out.unresolvable.remove(&p.node);
+            out.failed.insert(
+                p.node.clone(),
+                Preempting::Evicting {
+                    node: p.node.clone(),
+                    gpus: p
+                        .gpus
+                        .iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    count: victims.len(),
+                    victims: victims.join(", "),
                 }
+                .to_string(),
+            );
+        }
+        out.kind = FilterKind::Preempting;
+        Some(order)
+    }
+
+    /// Marks the victims and the preemptors `(uid, node, gpus)`, which wait for
+    /// all of `victims` to leave; nominates each preemptor to its node.
+    fn record_preemption(
+        &mut self,
+        preemptors: &[(String, String, Vec<u32>)],
+        victims: &[String],
+        group: Option<GroupKey>,
+        priority: u8,
+        now_ms: u64,
+    ) -> PreemptOrder {
+        let pod_ref = |c: &Cluster, u: &str| {
+            let e = &c.pods[u];
+            PodRef {
+                namespace: e.namespace.clone(),
+                name: e.name.clone(),
+                uid: u.to_string(),
+            }
+        };
+        let order = PreemptOrder {
+            pods: preemptors
+                .iter()
+                .map(|(u, node, gpus)| Preemptor {
+                    pod: pod_ref(self, u),
+                    node: node.clone(),
+                    gpus: gpus.clone(),
+                })
+                .collect(),
+            group,
+            priority,
+            victims: victims.iter().map(|v| pod_ref(self, v)).collect(),
+        };
+        for (u, node, _) in preemptors {
+            for v in victims {
+                self.evicting.entry(v.clone()).or_default().push(u.clone());
+            }
+            self.preempting.insert(
+                u.clone(),
+                Preemption {
+                    node: node.clone(),
+                    waiting: victims.iter().cloned().collect(),
+                    left: BTreeSet::new(),
+                    deadline: now_ms.saturating_add(PREEMPTION_TIMEOUT_MS),
+                },
+            );
+            self.nominate_to(u, node);
+        }
+        order
+    }
+
+    /// A guaranteed group that cannot start preempts for all its members at
+    /// once. First the members that fit as the books are get their places
+    /// (held until the preemption's deadline); then the others, in name order,
+    /// each by the victim search on the books without the victims chosen so far
+    /// and with the members placed so far, until ⌈threshold × headcount⌉ are
+    /// placed. Not enough: nothing is held or evicted. Enough: every member
+    /// that needs room waits for all the group's victims, then gets its place.
+    fn preempt_group(
+        &mut self,
+        key: &GroupKey,
+        spec: &GroupSpec,
+        priority: u8,
+        names: &[String],
+        now_ms: u64,
+    ) -> Option<PreemptOrder> {
+        let min = spec.min_members();
+        let (members, bound, reserved, _) = self.group_counts(key);
+        if bound + reserved >= min || members < min {
+            return None;
+        }
+        let all: Vec<String> = self.groups.get(key)?.values().cloned().collect();
+        if all.iter().any(|u| self.preempting.contains_key(u)) {
+            return None;
+        }
+        let todo: Vec<(String, String, GpuDemand, i32)> = all
+            .iter()
+            .filter(|u| !self.bookings.contains_key(*u))
+            .filter_map(|u| {
+                let e = self.pods.get(u)?;
+                let d = e.demand.clone().ok()??;
+                (e.filtered && e.node_name.is_none())
+                    .then(|| (u.clone(), e.namespace.clone(), d, e.priority))
             })
             .collect();
-        for v in &plan.victims {
-            self.evicting.insert(v.clone(), pod.uid.clone());
+        if bound + reserved + (todo.len() as u32) < min {
+            return None;
         }
-        self.preempting.insert(
-            pod.uid.clone(),
-            Preemption {
-                node: plan.node.clone(),
-                waiting: plan.victims.iter().cloned().collect(),
-                left: BTreeSet::new(),
-                deadline: now_ms.saturating_add(PREEMPTION_TIMEOUT_MS),
-            },
-        );
-        self.nominate_to(&pod.uid, &plan.node);
-        let gpus: Vec<String> = plan.gpus.iter().map(u32::to_string).collect();
-        let names: Vec<String> = victims.iter().map(PodRef::to_string).collect();
-        out.unresolvable.remove(&plan.node);
-        out.failed.insert(
-            plan.node.clone(),
-            Preempting::Evicting {
-                node: plan.node.clone(),
-                gpus: gpus.join(","),
-                count: victims.len(),
-                victims: names.join(", "),
+        let deadline = now_ms.saturating_add(PREEMPTION_TIMEOUT_MS);
+        let held = Kind::Reserved {
+            deadline,
+            at_gate: false,
+        };
+        // Members that fit as the books are.
+        let mut fit = Vec::new();
+        let mut rest = Vec::new();
+        for (u, ns, d, prio) in todo {
+            let req = self.req(&u, &ns, &d);
+            let best = names
+                .iter()
+                .filter_map(|n| self.evaluate(&req, n).ok().map(|c| (n, c)))
+                .max_by(|(na, a), (nb, b)| a.raw.cmp(&b.raw).then(nb.cmp(na)))
+                .map(|(n, c)| self.booking_for(&req, n, &c, held.clone()));
+            drop(req);
+            if best.is_some_and(|b| self.add_booking(&u, b).is_ok()) {
+                fit.push(u);
+            } else {
+                rest.push((u, ns, d, prio));
             }
-            .to_string(),
-        );
-        out.kind = FilterKind::Preempting;
-        Some(PreemptOrder {
-            pod: PodRef {
-                namespace: pod.namespace.clone(),
-                name: pod.name.clone(),
-                uid: pod.uid.clone(),
-            },
-            priority,
-            node: plan.node,
-            gpus: plan.gpus,
-            victims,
-        })
+        }
+        // The others, each with victims, on the books as they would be.
+        let mut removed: Vec<(String, Booking)> = Vec::new();
+        let mut planned: Vec<(String, String, Vec<u32>)> = Vec::new();
+        for (u, ns, d, prio) in rest {
+            if bound + reserved + (fit.len() + planned.len()) as u32 >= min {
+                break;
+            }
+            let Some(plan) = self.plan_for(&u, &ns, &d, prio, names) else {
+                continue;
+            };
+            for v in &plan.victims {
+                if let Some(b) = self.remove_booking(v) {
+                    removed.push((v.clone(), b));
+                }
+            }
+            let req = self.req(&u, &ns, &d);
+            let b = self
+                .evaluate(&req, &plan.node)
+                .ok()
+                .map(|c| self.booking_for(&req, &plan.node, &c, held.clone()));
+            drop(req);
+            if let Some(b) = b
+                && self.add_booking(&u, b).is_ok()
+            {
+                planned.push((u, plan.node, plan.gpus));
+            }
+        }
+        // The victims still run: back into the books, and their room is not
+        // the members' until they have left.
+        for (u, ..) in &planned {
+            self.remove_booking(u);
+        }
+        let victims: Vec<String> = removed.iter().map(|(v, _)| v.clone()).collect();
+        for (v, b) in removed.into_iter().rev() {
+            // Taken out just above: adding it back cannot overflow.
+            let _ = self.add_booking(&v, b);
+        }
+        let placed = bound + reserved + (fit.len() + planned.len()) as u32;
+        if placed < min || planned.is_empty() {
+            for u in &fit {
+                self.remove_booking(u);
+            }
+            return None;
+        }
+        for u in &fit {
+            let node = self.bookings.get(u).map(|b| b.node.clone());
+            self.wake_unbound(u);
+            if let Some(n) = node {
+                self.nominate_to(u, &n);
+            }
+        }
+        let mut victims = victims;
+        victims.sort();
+        Some(self.record_preemption(&planned, &victims, Some(key.clone()), priority, now_ms))
     }
 
     /// While the pod's victims leave: why it waits.
@@ -454,33 +624,65 @@ impl Cluster {
 
     /// A pod left the books: when it is a victim of a preemption under way,
     /// returns true (its booking stays until the last victim leaves; then
-    /// the room goes to the preemptor).
+    /// the room goes to the preemptors).
     pub(super) fn victim_left(&mut self, uid: &str) -> bool {
-        let Some(p) = self.evicting.get(uid).cloned() else {
+        let Some(ps) = self.evicting.get(uid).cloned() else {
             return false;
         };
-        let Some(pre) = self.preempting.get_mut(&p) else {
+        let mut keep = false;
+        let mut done = Vec::new();
+        for p in ps {
+            if let Some(pre) = self.preempting.get_mut(&p) {
+                keep = true;
+                pre.waiting.remove(uid);
+                pre.left.insert(uid.to_string());
+                if pre.waiting.is_empty() {
+                    done.push(p);
+                }
+            }
+        }
+        if !keep {
             self.evicting.remove(uid);
             return false;
-        };
-        pre.waiting.remove(uid);
-        pre.left.insert(uid.to_string());
-        if pre.waiting.is_empty() {
-            self.complete_preemption(&p);
         }
+        self.complete_preemptions(&done);
         true
     }
 
-    /// The last victim is gone: their room becomes the preemptor's reservation,
-    /// and the preemptor is nominated there and woken.
-    fn complete_preemption(&mut self, p: &str) {
-        let Some(pre) = self.preempting.remove(p) else {
+    /// The last victims are gone: their room becomes the preemptors'
+    /// reservations (in the order they were planned), and each preemptor is
+    /// nominated there and woken.
+    fn complete_preemptions(&mut self, done: &[String]) {
+        let pres: Vec<(String, Preemption)> = done
+            .iter()
+            .filter_map(|p| self.preempting.remove(p).map(|pre| (p.clone(), pre)))
+            .collect();
+        for (p, pre) in &pres {
+            for v in &pre.left {
+                self.release_victim(v, p, true);
+            }
+        }
+        for (p, pre) in pres {
+            self.reserve_preempted(&p, &pre.node);
+        }
+    }
+
+    /// Preemptor `p` no longer waits for victim `v`: when no preemption does,
+    /// the mark goes, and (`gone`: it has left) its booking too.
+    fn release_victim(&mut self, v: &str, p: &str, gone: bool) {
+        let Some(l) = self.evicting.get_mut(v) else {
             return;
         };
-        for v in &pre.left {
+        l.retain(|x| x != p);
+        if l.is_empty() {
             self.evicting.remove(v);
-            self.remove_booking(v);
+            if gone {
+                self.remove_booking(v);
+            }
         }
+    }
+
+    fn reserve_preempted(&mut self, p: &str, node: &str) {
         let Some(e) = self.pods.get(p).cloned() else {
             return;
         };
@@ -491,10 +693,10 @@ impl Cluster {
             return;
         }
         let req = self.req(p, &e.namespace, d);
-        let booking = self.evaluate(&req, &pre.node).ok().map(|c| {
+        let booking = self.evaluate(&req, node).ok().map(|c| {
             self.booking_for(
                 &req,
-                &pre.node,
+                node,
                 &c,
                 Kind::Reserved {
                     deadline: self
@@ -506,13 +708,13 @@ impl Cluster {
         });
         drop(req);
         if let Some(b) = booking {
-            // Fits: nothing was added since the victims were booked, so no sum overflows.
+            // Fits: add_booking only refuses sums that overflow.
             let _ = self.add_booking(p, b);
         }
         if let Some(e) = self.pods.get_mut(p) {
             e.nominated = None;
         }
-        self.nominate_to(p, &pre.node);
+        self.nominate_to(p, node);
     }
 
     /// Gives a preemption up (its pod is gone, its time is up, or an eviction was
@@ -521,11 +723,11 @@ impl Cluster {
         let Some(pre) = self.preempting.remove(p) else {
             return;
         };
-        for v in pre.waiting.iter().chain(&pre.left) {
-            self.evicting.remove(v);
+        for v in &pre.waiting {
+            self.release_victim(v, p, false);
         }
         for v in &pre.left {
-            self.remove_booking(v);
+            self.release_victim(v, p, true);
         }
     }
 
@@ -544,18 +746,25 @@ impl Cluster {
         }
     }
 
-    /// An eviction for pod `uid` on `node` was refused (a PodDisruptionBudget, or
-    /// the API): the preemption is given up, the node is left out of the pod's
-    /// searches for a while, and the pod is woken to search elsewhere.
-    pub fn preemption_refused(&mut self, uid: &str, node: &str, now_ms: u64) {
+    /// An eviction of `order` was refused (a PodDisruptionBudget, or the API):
+    /// the preemption is given up (a group's places held for it too), each
+    /// preemptor's node is left out of its searches for a while, and the
+    /// preemptors are woken to search elsewhere.
+    pub fn preemption_refused(&mut self, order: &PreemptOrder, now_ms: u64) {
         self.now_hint = self.now_hint.max(now_ms);
-        self.abandon_preemption(uid);
-        if let Some(e) = self.pods.get_mut(uid) {
-            e.blocked.retain(|_, t| *t > now_ms);
-            e.blocked
-                .insert(node.to_string(), now_ms.saturating_add(BLOCKED_MS));
+        for p in &order.pods {
+            self.abandon_preemption(&p.pod.uid);
+            if let Some(e) = self.pods.get_mut(&p.pod.uid) {
+                e.blocked.retain(|_, t| *t > now_ms);
+                e.blocked
+                    .insert(p.node.clone(), now_ms.saturating_add(BLOCKED_MS));
+            }
+            self.wake_unbound(&p.pod.uid);
         }
-        self.wake_unbound(uid);
+        if let Some(g) = &order.group {
+            let w = self.free_group(g);
+            self.wake.extend(w);
+        }
     }
 
     fn wake_unbound(&mut self, uid: &str) {

@@ -126,7 +126,11 @@ async fn guaranteed_pods_preempt_opportunistic_replicas() -> Result<()> {
     let deps: Api<Deployment> = Api::namespaced(rig.admin.clone(), rig.ns.name());
     deps.create(&PostParams::default(), &dep).await?;
     let filler = wait_until("4 filler pods bound", WAIT, || async {
-        let l = rig.pods().list(&ListParams::default()).await.map_err(|e| e.to_string())?;
+        let l = rig
+            .pods()
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
         let bound: Vec<Pod> = l
             .items
             .into_iter()
@@ -155,7 +159,11 @@ async fn guaranteed_pods_preempt_opportunistic_replicas() -> Result<()> {
 
     // The victims are gone; their ReplicaSet re-created them; they wait, with a reason.
     let pending = wait_until("the victims re-created and pending", WAIT, || async {
-        let l = rig.pods().list(&ListParams::default()).await.map_err(|e| e.to_string())?;
+        let l = rig
+            .pods()
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
         let unbound: Vec<String> = l
             .items
             .iter()
@@ -231,6 +239,88 @@ async fn a_disruption_budget_that_forbids_eviction_is_respected() -> Result<()> 
         assert_eq!(rig.bound(p).await?.node, a, "{p} is protected");
     }
     rig.check_no_overcommit(40 * GIB).await?;
+    assert!(!watch.is_finished(), "{:?}", watch.await);
+    watch.abort();
+    rig.cleanup().await
+}
+
+/// A guaranteed group (a Job of two, threshold 1.0) finds the GPUs full of opportunistic
+/// pods: it preempts for both members at once, and both bind within the bound.
+#[tokio::test]
+async fn a_guaranteed_group_preempts_for_all_its_members_at_once() -> Result<()> {
+    let _g = serial().await;
+    let mut rig = Rig::new("gpreempt").await?;
+    rig.node("n", 2, "A", 40).await?;
+    let (watch, _) = watch_overcommit(&rig);
+    for f in ["f1", "f2", "f3", "f4"] {
+        rig.create(f, &OPPORTUNISTIC).await?;
+        rig.bound(f).await?;
+    }
+    let t = Instant::now();
+    let mut tmpl = rig.pod_json("unused", &[]);
+    let labels: BTreeMap<String, String> = [
+        ("gpu_request", "0.5"),
+        ("gpu_limit", "1.0"),
+        ("priority", "50"),
+        ("group_name", "train"),
+        ("group_headcount", "2"),
+        ("group_threshold", "1.0"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (format!("sharedgpu/{k}"), v.to_string()))
+    .collect();
+    tmpl["metadata"] = json!({"labels": labels});
+    tmpl["spec"]["restartPolicy"] = json!("Never");
+    let job: Job = serde_json::from_value(json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "train"},
+        "spec": {"parallelism": 2, "completions": 2, "backoffLimit": 0,
+                 "template": {"metadata": tmpl["metadata"], "spec": tmpl["spec"]}}
+    }))?;
+    let jobs: Api<Job> = Api::namespaced(rig.admin.clone(), rig.ns.name());
+    jobs.create(&PostParams::default(), &job).await?;
+    let members = wait_until("both members bound", BIND_BOUND, || async {
+        let l = rig
+            .pods()
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let bound: Vec<String> = l
+            .items
+            .iter()
+            .filter(|p| {
+                p.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("train-"))
+            })
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
+        Ok((bound.len() == 2).then_some(bound))
+    })
+    .await?;
+    eprintln!("group bound after {:?}", t.elapsed());
+    // Two opportunistic pods were evicted; the others were not.
+    let left: Vec<String> = rig
+        .pods()
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .filter(|n| n.starts_with('f'))
+        .collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+    // Neither member fitted as the books were: both preempted, in one order.
+    for m in &members {
+        let msg = event(&rig, m, "Preempting").await?;
+        assert!(msg.contains("group train"), "{msg}");
+        for other in &members {
+            assert!(msg.contains(other.as_str()), "{msg}");
+        }
+    }
+    assert_eq!(rig.check_no_overcommit(40 * GIB).await?, 4);
     assert!(!watch.is_finished(), "{:?}", watch.await);
     watch.abort();
     rig.cleanup().await

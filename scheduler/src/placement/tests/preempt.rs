@@ -73,7 +73,7 @@ fn a_guaranteed_pod_evicts_the_fewest_opportunistic_pods_and_gets_their_room() {
     let order = c.preempt(&g, &names, 0, &mut out).expect("preempts");
     assert_eq!(uids(&order), ["a"], "one pod rather than two");
     assert_eq!(
-        (order.node.as_str(), order.gpus.as_slice()),
+        (order.pods[0].node.as_str(), order.pods[0].gpus.as_slice()),
         ("n1", &[0][..])
     );
     assert_eq!(out.kind, FilterKind::Preempting);
@@ -171,7 +171,7 @@ fn a_refused_eviction_sends_the_pod_elsewhere_and_a_deleted_preemptor_frees_the_
     let g = guar("g", "1.0", 0);
     let mut out = c.filter(&g, &names, 0);
     let o = c.preempt(&g, &names, 0, &mut out).unwrap();
-    assert_eq!((o.node.as_str(), uids(&o)), ("n1", vec!["a", "b"]));
+    assert_eq!((o.pods[0].node.as_str(), uids(&o)), ("n1", vec!["a", "b"]));
     // One victim left; the other's eviction was refused (a PodDisruptionBudget).
     c.delete_pod("a");
     assert_eq!(
@@ -179,13 +179,13 @@ fn a_refused_eviction_sends_the_pod_elsewhere_and_a_deleted_preemptor_frees_the_
         1000,
         "a's room is held while b stays"
     );
-    c.preemption_refused("g", "n1", 10);
+    c.preemption_refused(&o, 10);
     c.check_invariants().unwrap();
     assert_eq!(c.usage()[0].used_milli, 500, "a's room is free again");
     assert!(c.take_wake().contains(&("ns".into(), "pod-g".into())));
     let mut out = c.filter(&g, &names, 20);
     let o = c.preempt(&g, &names, 20, &mut out).unwrap();
-    assert_eq!(o.node, "n2", "the refused node is left out");
+    assert_eq!(o.pods[0].node, "n2", "the refused node is left out");
     // The preemptor is deleted before its victims leave: nothing stays held.
     c.delete_pod("c");
     c.delete_pod("g");
@@ -196,11 +196,99 @@ fn a_refused_eviction_sends_the_pod_elsewhere_and_a_deleted_preemptor_frees_the_
     let h = guar("h", "1.0", 0);
     let mut out = c.filter(&h, &names, 30_000);
     let o = c.preempt(&h, &names, 30_000, &mut out).unwrap();
-    assert_eq!(o.node, "n1", "g's refusal does not block another pod");
+    assert_eq!(
+        o.pods[0].node, "n1",
+        "g's refusal does not block another pod"
+    );
     c.expire(30_000 + 120_000);
     assert!(c.preemptions().is_empty());
     assert!(c.take_wake().contains(&("ns".into(), "pod-h".into())));
     c.check_invariants().unwrap();
+}
+
+fn gmember(uid: &str, req: &str) -> PodInfo {
+    pod(
+        uid,
+        &[
+            ("gpu_request", req),
+            ("gpu_limit", "1.0"),
+            ("priority", "30"),
+            ("group_name", "train"),
+            ("group_headcount", "3"),
+            ("group_threshold", "0.6"),
+        ],
+    )
+}
+
+/// A guaranteed group that cannot start preempts for ⌈0.6 × 3⌉ = 2 members at once:
+/// one member fits as the books are and is held; one needs room; the third is not
+/// placed (the quorum is enough). Both bind together once the victim has left.
+#[test]
+fn a_guaranteed_group_preempts_for_its_quorum_at_once() {
+    let mut c = cluster(&[("n1", inv(1, 2, "A", 40, &[]))]);
+    for (u, g) in [("a", 0), ("b", 0), ("c", 1)] {
+        observed(&mut c, opp(u, "0.5", 0), "n1", 1, g);
+    }
+    let names = c.node_names();
+    let ms: Vec<PodInfo> = ["m1", "m2", "m3"].map(|u| gmember(u, "0.5")).to_vec();
+    for m in &ms {
+        c.apply_pod(m);
+    }
+    let mut out = FilterOutcome::default();
+    for m in &ms {
+        out = c.filter(m, &names, 0);
+    }
+    assert_eq!(out.kind, FilterKind::GroupWaiting, "{out:?}");
+    let o = c
+        .preempt(&ms[2], &names, 0, &mut out)
+        .expect("the group preempts");
+    assert_eq!(o.group.as_ref().map(|g| g.name.as_str()), Some("train"));
+    let who: Vec<&str> = o.pods.iter().map(|p| p.pod.uid.as_str()).collect();
+    assert_eq!(who, ["m2"], "m1 fits on gpu 1 as the books are");
+    assert_eq!(uids(&o), ["a"]);
+    assert_eq!(c.booked("m1").map(|b| b.1), Some(vec![uuid(1, 1)]));
+    assert_eq!(out.kind, FilterKind::Preempting);
+    c.check_invariants().unwrap();
+    // m1 waits at the gate (its group's quorum is not there); m2 waits for its victim.
+    assert_eq!(c.bind("m1", "n1", 1), Ok(BindStep::Wait));
+    assert_eq!(c.filter(&ms[1], &names, 1).kind, FilterKind::Preempting);
+    c.delete_pod("a");
+    c.check_invariants().unwrap();
+    let f = c.filter(&ms[1], &names, 2);
+    assert_eq!(f.passed, ["n1"]);
+    let d = go(c.bind("m2", "n1", 2).unwrap());
+    assert_eq!(d.allocation.unwrap().gpu_uuids, [uuid(1, 0)]);
+    assert!(
+        c.poll_gate("m1", "n1").unwrap().is_some(),
+        "released together"
+    );
+    c.check_invariants().unwrap();
+    assert!(c.usage().iter().all(|g| g.used_milli == 1000));
+}
+
+/// A refused eviction gives the whole group's preemption up, its held places too.
+#[test]
+fn a_refused_group_preemption_holds_nothing() {
+    let mut c = cluster(&[("n1", inv(1, 2, "A", 40, &[]))]);
+    for (u, g) in [("a", 0), ("b", 0), ("c", 1)] {
+        observed(&mut c, opp(u, "0.5", 0), "n1", 1, g);
+    }
+    let names = c.node_names();
+    let ms: Vec<PodInfo> = ["m1", "m2", "m3"].map(|u| gmember(u, "0.5")).to_vec();
+    for m in &ms {
+        c.apply_pod(m);
+    }
+    let mut out = FilterOutcome::default();
+    for m in &ms {
+        out = c.filter(m, &names, 0);
+    }
+    let o = c.preempt(&ms[2], &names, 0, &mut out).unwrap();
+    c.preemption_refused(&o, 5);
+    c.check_invariants().unwrap();
+    assert_eq!(c.booking_counts(), (3, 0, 0));
+    assert!(c.preemptions().is_empty());
+    let wake = c.take_wake();
+    assert!(wake.contains(&("ns".into(), "pod-m1".into())), "{wake:?}");
 }
 
 // ---------------------------------------------------------------- properties
@@ -350,7 +438,7 @@ proptest! {
 
         // Carried out: the books stay true at each step, the pod gets the room.
         let order = c.preempt(&p, &names, 0, &mut out).unwrap();
-        prop_assert_eq!(&order.node, &plan.node);
+        prop_assert_eq!(&order.pods[0].node, &plan.node);
         c.check_invariants().unwrap();
         for v in &plan.victims {
             c.delete_pod(v);
