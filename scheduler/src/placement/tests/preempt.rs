@@ -451,3 +451,94 @@ proptest! {
         prop_assert!(c.usage().iter().all(|g| g.used_milli <= 1000));
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, max_global_rejects: 1_000_000, ..ProptestConfig::default() })]
+
+    /// A guaranteed group that cannot start and preempts: its victims are allowed and
+    /// groups whole, its quorum is placed, the books are true at every step while the
+    /// victims leave, and once its members bind (through the gate) no GPU is above 1.0.
+    #[test]
+    fn a_group_preemption_keeps_the_books_true(
+        bg in background(),
+        (head, thr, req) in (2u32..4, 0usize..2, 0usize..2),
+        prio in 0i32..3,
+    ) {
+        let mut c = cluster(&[
+            ("n1", inv(1, 2, "A", 40, &[])),
+            ("n2", inv(2, 2, "B", 40, &[])),
+        ]);
+        for (i, &(r, o, sp, a)) in bg.iter().enumerate() {
+            let mut kv = vec![("gpu_request", REQ[r as usize]), ("gpu_limit", "1")];
+            if !o {
+                kv.push(("priority", "10"));
+            }
+            if a {
+                kv.push(("sched_anti-affinity", "s"));
+            }
+            let mut p = pod(&format!("b{i:02}"), &kv);
+            p.pod_priority = sp;
+            let _ = schedule(&mut c, &mut p, 0);
+        }
+        let head_s = head.to_string();
+        let ms: Vec<PodInfo> = (0..head)
+            .map(|i| {
+                let mut p = pod(
+                    &format!("m{i}"),
+                    &[
+                        ("gpu_request", ["0.5", "0.25"][req]),
+                        ("gpu_limit", "1"),
+                        ("priority", "30"),
+                        ("group_name", "tg"),
+                        ("group_headcount", &head_s),
+                        ("group_threshold", ["1.0", "0.6"][thr]),
+                    ],
+                );
+                p.pod_priority = prio;
+                p
+            })
+            .collect();
+        for m in &ms {
+            c.apply_pod(m);
+        }
+        let names = c.node_names();
+        let mut out = FilterOutcome::default();
+        for m in &ms {
+            out = c.filter(m, &names, 0);
+        }
+        prop_assume!(out.kind == FilterKind::GroupWaiting);
+        let last = ms.last().unwrap();
+        let Some(o) = c.preempt(last, &names, 0, &mut out) else { return Ok(()) };
+        c.check_invariants().unwrap();
+        for v in &o.victims {
+            let e = &c.pods[&v.uid];
+            prop_assert_eq!(e.demand.clone().unwrap().unwrap().priority, 0);
+            prop_assert!(e.priority <= prio);
+            if let Some(g) = &e.group {
+                for m in c.groups[g].values().filter(|m| c.bookings.contains_key(*m)) {
+                    prop_assert!(o.victims.iter().any(|v| &v.uid == m), "group {} split", g);
+                }
+            }
+        }
+        let held = ms.iter().filter(|m| c.bookings.contains_key(&m.uid)).count();
+        let min = ms[0].demand.clone().unwrap().unwrap().group.unwrap().min_members() as usize;
+        prop_assert!(held + o.pods.len() >= min, "{} held + {} preempting < {}", held, o.pods.len(), min);
+        for v in &o.victims {
+            c.delete_pod(&v.uid);
+            c.check_invariants().unwrap();
+        }
+        let reserved: Vec<(String, String)> = ms
+            .iter()
+            .filter_map(|m| c.booked(&m.uid).map(|(n, _)| (m.uid.clone(), n)))
+            .collect();
+        for p in &o.pods {
+            prop_assert!(reserved.iter().any(|(u, _)| *u == p.pod.uid), "{} has no place", p.pod.uid);
+        }
+        for (u, n) in &reserved {
+            c.bind(u, n, 1).unwrap();
+            c.check_invariants().unwrap();
+        }
+        prop_assert_eq!(c.booking_counts().2, 0, "every member released at the gate");
+        prop_assert!(c.usage().iter().all(|g| g.used_milli <= 1000));
+    }
+}
