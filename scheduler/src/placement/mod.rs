@@ -108,6 +108,9 @@ pub struct FilterOutcome {
     pub failed: BTreeMap<String, String>,
     pub unresolvable: BTreeMap<String, String>,
     pub kind: FilterKind,
+    /// No name fits, but the pod was nominated to a node outside them that does
+    /// (so it does not preempt).
+    pub fits_elsewhere: bool,
 }
 
 /// The kind of answer, as counted by the metrics.
@@ -569,6 +572,7 @@ impl Cluster {
         self.memo = memo;
         if let Some(n) = elsewhere {
             self.nominate_to(&pod.uid, &n);
+            out.fits_elsewhere = true;
         }
         self.keep_best(&mut out.passed, &raw);
         out.kind = if out.passed.is_empty() {

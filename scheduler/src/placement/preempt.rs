@@ -16,6 +16,10 @@
 //! chosen one is minimal: no proper subset (groups kept whole) would do. The
 //! search makes at most [`SEARCH_BUDGET`] what-if checks; past it, no plan.
 //!
+//! A guaranteed group that cannot start preempts for its quorum at once
+//! ([`Cluster::preempt`]): members that fit as the books are get held places,
+//! the others the search above, one after another, on the books as they would be.
+//!
 //! While the victims leave, their room stays booked (they still run). When the
 //! last one is gone, the room is reserved for the preemptor in the same step (a
 //! `Reserved` booking, as a group member's place is) and the pod is nominated to
@@ -24,10 +28,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use super::books::book_gpu;
-use kubeshare_api::GpuShare;
-use kubeshare_api::{GpuDemand, GroupSpec};
+use kubeshare_api::{GpuDemand, GpuShare, GroupSpec};
 
+use super::books::book_gpu;
 use super::{
     Booking, Cluster, FilterKind, FilterOutcome, GroupKey, Kind, Node, PodInfo, Preempting, Req,
     group_key,
@@ -415,7 +418,7 @@ impl Cluster {
     ) -> Option<PreemptOrder> {
         self.now_hint = self.now_hint.max(now_ms);
         let d = pod.demand.as_ref().ok()?.as_ref()?.clone();
-        if d.priority == 0 || self.preempting.contains_key(&pod.uid) {
+        if d.priority == 0 || out.fits_elsewhere || self.preempting.contains_key(&pod.uid) {
             return None;
         }
         let order = match (&d.group, group_key(&pod.namespace, &d)) {
