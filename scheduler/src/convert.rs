@@ -37,6 +37,8 @@ pub struct WirePodSpec {
     pub scheduler_name: Option<String>,
     #[serde(default)]
     pub node_name: Option<String>,
+    #[serde(default)]
+    pub priority: Option<i32>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -149,6 +151,7 @@ impl WirePod {
                 .as_deref()
                 .and_then(|v| v.parse().ok()),
             kubeshare: is_kubeshare_pod(spec.and_then(|s| s.scheduler_name.as_deref()), labels),
+            pod_priority: spec.and_then(|s| s.priority).unwrap_or(0),
         }
     }
 }

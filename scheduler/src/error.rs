@@ -1,5 +1,5 @@
 //! What can go wrong on the extender's API side: one API call ([`ApiError`]),
-//! and a bind as kube-scheduler is answered ([`BindFailed`]: the message it
+//! one eviction of a preemption ([`EvictFailed`]), and a bind as kube-scheduler is answered ([`BindFailed`]: the message it
 //! shows, also the pod's `GpuBindFailed` event).
 
 use crate::placement::BindRefused;
@@ -68,4 +68,31 @@ pub enum BindFailed {
         "{0}; the Binding's outcome is unknown: the place stays booked until the pod is checked"
     )]
     OutcomeUnknown(String),
+}
+
+/// Why a preemption's eviction of a victim failed (the preemption is then
+/// given up, and its pod searches again elsewhere).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EvictFailed {
+    /// HTTP 429 from the Eviction API: a PodDisruptionBudget forbids it now.
+    #[error("evicting {pod} is not allowed now (a PodDisruptionBudget): {message}")]
+    Blocked { pod: String, message: String },
+    #[error("evicting {pod} was refused (HTTP {code}): {message}")]
+    Refused {
+        pod: String,
+        code: u16,
+        message: String,
+    },
+    #[error("evicting {pod}: {message}")]
+    Unknown { pod: String, message: String },
+}
+
+impl EvictFailed {
+    /// The metrics' outcome label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EvictFailed::Blocked { .. } => "blocked",
+            EvictFailed::Refused { .. } | EvictFailed::Unknown { .. } => "failed",
+        }
+    }
 }

@@ -15,6 +15,7 @@
 //! - `api`: one API call, with a permit and retries until a deadline.
 //! - [`error`]: what an API call or a bind answers when it fails.
 //! - `backpressure`: the filter holds new pods while API calls queue too long.
+//! - `preemption`: a guaranteed pod's preemption carried out (evictions, events).
 //! - [`tasks`]: the watches that feed the books and the timer, supervised.
 
 mod api;
@@ -24,6 +25,7 @@ pub mod convert;
 pub mod error;
 pub mod metrics;
 pub mod placement;
+mod preemption;
 pub mod ratelimit;
 pub mod server;
 pub mod state;

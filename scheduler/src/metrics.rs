@@ -58,6 +58,7 @@ pub struct Metrics {
     task_restarts: Family<Task, Counter>,
     api_calls: Family<Outcome, Counter>,
     events_skipped: Family<Reason, Counter>,
+    preemptions: Family<Outcome, Counter>,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -107,8 +108,15 @@ impl Default for Metrics {
             "Informational pod events not sent (over their rate limit), by reason",
             events_skipped.clone(),
         );
+        let preemptions = Family::<Outcome, Counter>::default();
+        registry.register(
+            "preemptions",
+            "Preemptions for guaranteed pods, by outcome (evicted, blocked, failed)",
+            preemptions.clone(),
+        );
         Metrics {
             events_skipped,
+            preemptions,
             registry,
             decisions,
             latency,
@@ -149,6 +157,11 @@ impl Metrics {
             }
             "kubeshare_extender_api_calls_total" => {
                 self.api_calls.get_or_create(&Outcome { outcome: v }).inc();
+            }
+            "kubeshare_extender_preemptions_total" => {
+                self.preemptions
+                    .get_or_create(&Outcome { outcome: v })
+                    .inc();
             }
             "kubeshare_extender_events_skipped_total" => {
                 self.events_skipped

@@ -99,7 +99,21 @@ impl Shared {
             return Ok((r, FilterKind::NoFit));
         }
         let now = self.now_ms();
-        let out = self.lock().filter(&pod, &names, now);
+        let out = {
+            let mut c = self.lock();
+            let mut out = c.filter(&pod, &names, now);
+            // Preemption needs the API (evictions): not for an offline extender.
+            if matches!(out.kind, FilterKind::NoFit | FilterKind::GroupWaiting)
+                && self.client.is_some()
+                && let Some(order) = c.preempt(&pod, &names, now, &mut out)
+            {
+                self.preempt_orders
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(order);
+            }
+            out
+        };
         let passed = out.passed.len();
         let mut r = ExtenderFilterResult::passing(args, out.passed);
         r.failed_nodes = out.failed;
@@ -147,6 +161,7 @@ async fn filter_h(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
         }
     }
     let r = args.and_then(|a| s.filter(&a));
+    crate::preemption::carry_out_orders(&s);
     match r {
         Ok((res, kind)) => {
             let outcome = if res.error.is_empty() {

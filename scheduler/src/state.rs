@@ -17,7 +17,7 @@ use tracing::debug;
 use crate::backpressure::ApiQueue;
 use crate::error::BindFailed;
 use crate::metrics::Metrics;
-use crate::placement::{Cluster, Config};
+use crate::placement::{Cluster, Config, PodRef, PreemptOrder};
 use crate::ratelimit::TokenBucket;
 
 /// Deadlines of bind and of the background checks.
@@ -88,6 +88,8 @@ pub struct Shared {
     /// `Timing::allocated_events_per_s` with a burst of [`ALLOCATED_EVENTS_BURST`];
     /// failures are always reported.
     allocated_events: Mutex<TokenBucket>,
+    /// Preemptions the filter decided, for `preemption.rs` to carry out.
+    pub(crate) preempt_orders: Mutex<Vec<PreemptOrder>>,
 }
 
 /// Rate of the informational "GpuAllocated" events (a backlog binds hundreds of pods a
@@ -130,6 +132,7 @@ impl Shared {
             inflight: Mutex::new(HashMap::new()),
             gate: Notify::new(),
             allocated_events: Mutex::new(TokenBucket::new(events_per_s, ALLOCATED_EVENTS_BURST, 0)),
+            preempt_orders: Mutex::new(Vec::new()),
         }
     }
 
@@ -174,7 +177,21 @@ impl Shared {
     /// Publishes an event on pod (namespace, name, uid), in the background.
     pub(crate) fn pod_event(
         &self,
+        pod: (&str, &str, &str),
+        warning: bool,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        self.pod_event_about(pod, None, warning, reason, action, note);
+    }
+
+    /// Publishes an event on pod (namespace, name, uid) that names another pod
+    /// as its related object (a preemptor and its victims), in the background.
+    pub(crate) fn pod_event_about(
+        &self,
         (namespace, name, uid): (&str, &str, &str),
+        related: Option<&PodRef>,
         warning: bool,
         reason: &str,
         action: &str,
@@ -183,7 +200,7 @@ impl Shared {
         let Some(rec) = self.recorder.clone() else {
             return;
         };
-        let reference = ObjectReference {
+        let pod_ref = |namespace: &str, name: &str, uid: &str| ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Pod".into()),
             name: Some(name.to_string()),
@@ -191,6 +208,8 @@ impl Shared {
             uid: Some(uid.to_string()),
             ..ObjectReference::default()
         };
+        let reference = pod_ref(namespace, name, uid);
+        let secondary = related.map(|r| pod_ref(&r.namespace, &r.name, &r.uid));
         let ev = KEvent {
             type_: if warning {
                 EventType::Warning
@@ -201,7 +220,7 @@ impl Shared {
             // Events cap the note at 1 kB.
             note: Some(note.chars().take(1000).collect()),
             action: action.into(),
-            secondary: None,
+            secondary,
         };
         tokio::spawn(async move {
             if let Err(e) = rec.publish(&ev, &reference).await {

@@ -16,12 +16,35 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use kubeshare_api::{Allocation, GpuDemand, GroupSpec};
 
 use super::{
-    Booking, Cluster, GroupKey, GroupWait, Kind, PodEntry, PodInfo, RecordError, Req, group_key,
-    tags_of,
+    Booking, Cluster, Gpu, GroupKey, GroupWait, Kind, PodEntry, PodInfo, RecordError, Req,
+    group_key, tags_of,
 };
 
 /// How many deleted or finished pods are remembered (to ignore their replays).
 const GONE_KEPT: usize = 100_000;
+
+/// Adds (or takes out) booking `b` on one of its GPUs: share, memory,
+/// holders and tags. Sums were checked before an add (`account`); the same
+/// function serves preemption's what-if copies of a node.
+pub(super) fn book_gpu(g: &mut Gpu, b: &Booking, add: bool) {
+    let mem = if b.managed.is_some() {
+        &mut g.um_used
+    } else {
+        &mut g.mem_used
+    };
+    if add {
+        g.used += b.milli;
+        *mem += b.mem;
+        g.holders += 1;
+    } else {
+        g.used = g.used.saturating_sub(b.milli);
+        *mem = mem.saturating_sub(b.mem);
+        g.holders = g.holders.saturating_sub(1);
+    }
+    super::bump(&mut g.affinity, &b.tags.affinity, add);
+    super::bump(&mut g.anti, &b.tags.anti, add);
+    super::bump(&mut g.exclusion, &b.tags.exclusion, add);
+}
 
 /// Something wrong with a pod's allocation record, for an event and a metric.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -208,6 +231,7 @@ impl Cluster {
         let rv = p.resource_version.or_else(|| old.and_then(|e| e.rv));
         let filtered = old.is_some_and(|e| e.filtered);
         let nominated = old.and_then(|e| e.nominated.clone());
+        let blocked = old.map(|e| e.blocked.clone()).unwrap_or_default();
         self.pods.insert(
             p.uid.clone(),
             PodEntry {
@@ -219,6 +243,8 @@ impl Cluster {
                 rv,
                 filtered,
                 nominated,
+                priority: p.pod_priority,
+                blocked,
             },
         );
     }
@@ -277,7 +303,12 @@ impl Cluster {
     /// Drops what we hold for a pod (it may come back: it no longer asks for a GPU,
     /// or a relist did not show it).
     fn forget_pod(&mut self, uid: &str) {
-        self.remove_booking(uid);
+        self.abandon_preemption(uid);
+        // A victim's room stays booked until its preemption's last victim has
+        // left: then it goes to the preemptor whole, never piecemeal to others.
+        if !self.victim_left(uid) {
+            self.remove_booking(uid);
+        }
         if let Some(e) = self.pods.remove(uid)
             && let Some(g) = e.group
         {
@@ -375,24 +406,7 @@ impl Cluster {
             let Some(&i) = node.by_uuid.get(uuid) else {
                 continue;
             };
-            let g = &mut node.gpus[i];
-            let mem = if b.managed.is_some() {
-                &mut g.um_used
-            } else {
-                &mut g.mem_used
-            };
-            if add {
-                g.used += b.milli;
-                *mem += b.mem;
-                g.holders += 1;
-            } else {
-                g.used = g.used.saturating_sub(b.milli);
-                *mem = mem.saturating_sub(b.mem);
-                g.holders = g.holders.saturating_sub(1);
-            }
-            super::bump(&mut g.affinity, &b.tags.affinity, add);
-            super::bump(&mut g.anti, &b.tags.anti, add);
-            super::bump(&mut g.exclusion, &b.tags.exclusion, add);
+            book_gpu(&mut node.gpus[i], b, add);
             if let Some(t) = &b.tags.affinity {
                 let locs = self.affinity.entry(t.clone()).or_default();
                 let k = (b.node.clone(), uuid.clone());
@@ -416,6 +430,8 @@ impl Cluster {
     /// when one expires, every place held for the group is freed. Returns the
     /// unbound members of those groups, to wake (so they retry in seconds).
     pub fn expire(&mut self, now_ms: u64) -> Vec<(String, String)> {
+        self.now_hint = self.now_hint.max(now_ms);
+        self.expire_preemptions(now_ms);
         let mut groups = Vec::new();
         while let Some((d, uid)) = self.timed.first().cloned() {
             if d > now_ms {

@@ -1,7 +1,7 @@
 //! Why placement says no: a pod that does not fit a node ([`FitError`]), a
 //! group that cannot start yet ([`GroupWait`]), a bind it refuses
-//! ([`BindRefused`]), and a pod's allocation record it will not book
-//! ([`RecordError`]). Their messages are what users read: the failed-node
+//! ([`BindRefused`]), a pod's allocation record it will not book
+//! ([`RecordError`]), and a guaranteed pod that preempts ([`Preempting`]). Their messages are what users read: the failed-node
 //! reasons kube-scheduler shows on a pod, and the pod's events.
 
 use std::fmt;
@@ -270,4 +270,27 @@ impl From<BooksInconsistent> for String {
     fn from(e: BooksInconsistent) -> String {
         e.0
     }
+}
+
+/// What a guaranteed pod's filter answer says while it preempts: the reason
+/// kube-scheduler shows on the pod.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Preempting {
+    #[error(
+        "{node}/gpu {gpus}: preempting: evicting {count} opportunistic pod(s) ({victims}) to make room for this pod"
+    )]
+    Evicting {
+        node: String,
+        gpus: String,
+        count: usize,
+        victims: String,
+    },
+    #[error(
+        "preempting: waiting for {waiting} of the {total} opportunistic pod(s) evicted for this pod to leave {node}"
+    )]
+    Waiting {
+        node: String,
+        waiting: usize,
+        total: usize,
+    },
 }

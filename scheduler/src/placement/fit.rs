@@ -41,7 +41,17 @@ struct Usage {
 impl Cluster {
     /// Whether and how the pod fits on `node`.
     pub(super) fn evaluate(&self, req: &Req, node_name: &str) -> Result<Choice, FitError> {
-        let node = self.gpu_node(node_name)?;
+        self.evaluate_on(req, node_name, self.gpu_node(node_name)?)
+    }
+
+    /// Whether and how the pod fits on `node_name` with the books `node` (the
+    /// node's own, or a what-if copy: preemption's, with victims taken out).
+    pub(super) fn evaluate_on(
+        &self,
+        req: &Req,
+        node_name: &str,
+        node: &Node,
+    ) -> Result<Choice, FitError> {
         let eligible = model_check(req.demand, node_name, node)?;
         self.tag_place_check(req, node_name)?;
         let on = OnNode::new(req, node_name, node, self.cfg.um_overcommit_milli);

@@ -21,12 +21,14 @@ mod error;
 mod fit;
 mod memo;
 mod nodes;
+mod preempt;
 mod views;
 pub use books::RecordProblem;
 pub use error::{
     BindRefused, BooksInconsistent, FitError, Gib, GpuMisfit, GpuWhy, GroupWait, NodeProblem,
-    RecordError,
+    Preempting, RecordError,
 };
+pub use preempt::{PodRef, PreemptOrder, Preemptor, VictimCost};
 
 /// What the watch (or a filter request) tells us about one pod.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,6 +49,9 @@ pub struct PodInfo {
     /// A KubeShare pod (our scheduler name or `sharedgpu/gpu_*` labels): only its
     /// record is booked.
     pub kubeshare: bool,
+    /// `spec.priority` (its PriorityClass's value; 0 when unset): a pod never
+    /// preempts one with a higher value.
+    pub pod_priority: i32,
 }
 
 /// A coscheduling group: namespace and name.
@@ -103,6 +108,9 @@ pub struct FilterOutcome {
     pub failed: BTreeMap<String, String>,
     pub unresolvable: BTreeMap<String, String>,
     pub kind: FilterKind,
+    /// No name fits, but the pod was nominated to a node outside them that does
+    /// (so it does not preempt).
+    pub fits_elsewhere: bool,
 }
 
 /// The kind of answer, as counted by the metrics.
@@ -121,6 +129,8 @@ pub enum FilterKind {
     GroupWaiting,
     /// The member of an admitted group, held to its reserved node.
     GroupReserved,
+    /// A guaranteed pod that preempts: its victims are being evicted.
+    Preempting,
 }
 
 impl FilterKind {
@@ -132,6 +142,7 @@ impl FilterKind {
             FilterKind::InvalidLabels => "invalid_labels",
             FilterKind::GroupWaiting => "group_waiting",
             FilterKind::GroupReserved => "group_reserved",
+            FilterKind::Preempting => "preempting",
         }
     }
 }
@@ -250,6 +261,11 @@ struct PodEntry {
     /// `status.nominatedNodeName`): asked once per node, so a node that
     /// kube-scheduler's own filters reject cannot start a loop of retries.
     nominated: Option<String>,
+    /// `spec.priority`: a preemptor never evicts a pod with a higher one.
+    priority: i32,
+    /// Nodes where evicting for this pod was refused (a PodDisruptionBudget),
+    /// with the time until which its preemption leaves them out.
+    blocked: BTreeMap<String, u64>,
 }
 
 /// A pending pod tied to one node (its group's reserved place, its affinity
@@ -329,6 +345,13 @@ pub struct Cluster {
     /// Pods deleted or finished (bounded, oldest forgotten first).
     gone: HashSet<String>,
     gone_order: std::collections::VecDeque<String>,
+    /// Preemptions under way, by the preemptor's uid (`preempt.rs`).
+    preempting: HashMap<String, preempt::Preemption>,
+    /// Victims being evicted → the preemptors waiting for them.
+    evicting: HashMap<String, Vec<String>>,
+    /// The newest `now_ms` a caller passed: the clock of what happens inside a
+    /// watch event (a preemption completed by a victim's deletion).
+    now_hint: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -488,7 +511,16 @@ impl Cluster {
         if let Some(e) = self.pods.get_mut(&pod.uid) {
             e.filtered = true;
         }
-        // A member of an admitted group goes where its reservation is.
+        // A preemptor waits until its victims have left (then its room is
+        // reserved, below).
+        if let Some(wait) = self.preempt_waiting(&pod.uid) {
+            let msg = wait.to_string();
+            out.failed = names.iter().map(|n| (n.clone(), msg.clone())).collect();
+            out.kind = FilterKind::Preempting;
+            return out;
+        }
+        // A member of an admitted group (or a preemptor whose victims have left)
+        // goes where its reservation is.
         if let Some(reserved) = self.reserved_node(&pod.uid) {
             if !names.contains(&reserved) {
                 self.nominate_to(&pod.uid, &reserved);
@@ -540,6 +572,7 @@ impl Cluster {
         self.memo = memo;
         if let Some(n) = elsewhere {
             self.nominate_to(&pod.uid, &n);
+            out.fits_elsewhere = true;
         }
         self.keep_best(&mut out.passed, &raw);
         out.kind = if out.passed.is_empty() {

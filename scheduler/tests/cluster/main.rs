@@ -6,9 +6,10 @@
 //! namespace and `ext-` nodes, and pins its pods to its nodes with a nodeSelector.
 //!
 //! `rig.rs` holds the harness; this file the placement rules, `groups.rs` coscheduling and
-//! the extender killed or restarted mid-operation.
+//! the extender killed or restarted mid-operation, `preempt.rs` preemption.
 
 mod groups;
+mod preempt;
 mod rig;
 
 use rig::*;

@@ -60,6 +60,7 @@ fn pod(uid: &str, kv: &[(&str, &str)]) -> PodInfo {
         allocation: Ok(None),
         resource_version: None,
         kubeshare: true,
+        pod_priority: 0,
     }
 }
 
@@ -115,6 +116,7 @@ mod books;
 mod demo;
 mod groups;
 mod nominate;
+mod preempt;
 mod props;
 mod um;
 
