@@ -228,7 +228,8 @@ impl Actor {
                     // the GPU busy time a benchmark measures with events; `co`: a co-hold.
                     let usage_us = self.core.usage_us(self.now(), &client).unwrap_or(0);
                     let co = self.core.co_running(&client);
-                    debug!(%client, quota_us, usage_us, conns = conns.len(), co, "grant");
+                    let vt_us = self.core.virtual_time_us(&client).unwrap_or(0);
+                    debug!(%client, quota_us, usage_us, vt_us, conns = conns.len(), co, "grant");
                     for c in conns {
                         self.send(c, Reply::Grant { quota_us });
                     }
@@ -334,11 +335,15 @@ impl Actor {
                 if !acts.iter().any(|a| a.answers(conn))
                     && let Some(c) = self.conns.get(&conn)
                 {
-                    debug!(conn, client = %c.client, "token request waits");
+                    let vt_us = self.core.virtual_time_us(&c.client).unwrap_or(0);
+                    debug!(conn, client = %c.client, overuse_us, burst_us, vt_us, "token request waits");
                 }
                 self.perform(acts);
             }
             Request::Release { used_us } => {
+                if let Some(c) = self.conns.get(&conn) {
+                    debug!(conn, client = %c.client, used_us, "release");
+                }
                 let acts = self.core.release(now, conn, used_us);
                 self.perform(acts);
             }

@@ -411,6 +411,12 @@ impl Core {
         Some(u)
     }
 
+    /// The virtual time of `id` (its charged time over its request since its account began,
+    /// in µs at a request of 1.0): among clients below their request the smallest goes first.
+    pub fn virtual_time_us(&self, id: &str) -> Option<u128> {
+        self.ids.get(id).map(|k| self.clients[k].pass / 1000)
+    }
+
     /// The current quota estimate of `id`.
     pub fn quota_estimate_us(&self, id: &str) -> Option<Micros> {
         self.ids.get(id).map(|k| self.clients[k].quota_us)

@@ -117,6 +117,9 @@ pub enum Ev {
     SyncDone(usize),
     /// Release the token if nothing was launched since epoch `1`.
     IdleCheck(usize, u64),
+    /// The hook's idle thread finds the hold granted at `1` past its deadline
+    /// (`Sim::release_at_deadline`).
+    DeadlineCheck(usize, Micros),
     /// A message reaches the scheduler.
     ToSched(usize, Msg),
     /// A grant reaches the client.
@@ -225,6 +228,11 @@ pub struct Sim {
     /// each request, release and renewal, as the hook does when gem-schd co-runs clients
     /// (exactly: the simulation knows each client's GPU time, the hook samples it).
     pub busy_reports: bool,
+    /// The hook's idle thread ends a hold whose quota ran out while the process was not in a
+    /// launch (busy on the CPU between launches, as a launch-bound framework mostly is), with
+    /// a Release, this long after the deadline (its tick); the next launch then asks again with
+    /// a TokenRequest. `None`: holds end at a launch past the deadline only.
+    pub release_at_deadline: Option<Micros>,
 }
 
 pub fn spec(id: &str, req: u16, lim: u16) -> ClientSpec {
@@ -284,6 +292,7 @@ impl Sim {
             reconfigs: vec![],
             renew: false,
             busy_reports: false,
+            release_at_deadline: None,
         };
         for i in 0..sim.clients.len() {
             sim.push(0, Ev::Ready(i));
@@ -526,6 +535,22 @@ impl Sim {
                     self.send(t, i, Msg::Release { used });
                 }
             }
+            Ev::DeadlineCheck(i, granted) => {
+                let c = &mut self.clients[i];
+                if c.holding && c.grant_at == granted && !c.waiting && c.last_end > t {
+                    // Its queued work still runs: the hook drains it before releasing (and
+                    // the process, launching meanwhile, may end the hold itself).
+                    let at = c.last_end;
+                    self.push(at, Ev::DeadlineCheck(i, granted));
+                } else if c.holding && c.grant_at == granted && !c.waiting {
+                    c.holding = false;
+                    c.epoch += 1;
+                    let used = t - c.grant_at;
+                    // It held to the deadline: the hook reports its quota as its burst.
+                    c.hook_burst = c.quota;
+                    self.send(t, i, Msg::Release { used });
+                }
+            }
             Ev::ToSched(i, m) => {
                 let acts = match m {
                     Msg::Request { overuse, burst } => {
@@ -554,6 +579,10 @@ impl Sim {
                 let seen = self.seen(t);
                 let c = &mut self.clients[i];
                 c.deadline = seen + quota;
+                if let Some(after) = self.release_at_deadline {
+                    let at = (seen + quota + after).max(t);
+                    self.push(at, Ev::DeadlineCheck(i, t));
+                }
                 // The launch that asked for the token goes now.
                 if per_kernel {
                     self.launch_one(t, i);

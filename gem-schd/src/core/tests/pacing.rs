@@ -146,28 +146,38 @@ fn a_paced_grant_leaves_room_for_the_clients_usual_overrun() {
     assert_eq!(c.clients[&0].overrun_us, 10 * MS);
 }
 
-/// a (40 ms bursts) and b (2 ms bursts) alternate; returns a's grant after b's turn.
-fn long_turn_after_short(max_hold: Micros) -> Micros {
+/// b (2 ms bursts) held the token alone for 38.5 ms before a (40 ms bursts) asked: a comes
+/// back the lag (10 ms) behind b in virtual time, so its turn may be that long; returns a's
+/// first grant, made while b waits again, and b's quota estimate then.
+fn long_turn_beside_short(max_hold: Micros) -> (Micros, Micros) {
     let mut c = two();
     c.set_max_hold(max_hold);
-    // Alone, a gets its own estimate (10 → 25 ms): nobody contends.
+    // b alone: its own estimates (10 → 25 ms, then 25 → 13.5 ms).
     assert_eq!(
-        grant(&c.token_request(t(0), 1, 0, 40 * MS)).unwrap().2,
+        grant(&c.token_request(t(0), 3, 0, 40 * MS)).unwrap().2,
         25 * MS
     );
-    assert!(grant(&c.token_request(t(10), 3, 0, 2 * MS)).is_none());
-    // a's turn ends; b (less usage) goes, with its own short quota (10 → 6 ms).
-    let g = c.token_request(t(25), 1, 0, 40 * MS);
-    assert_eq!(grant(&g).map(|g| (g.0, g.2)), Some(("b", 6 * MS)));
-    grant(&c.release(t(27), 3, 2 * MS)).unwrap().2
+    assert_eq!(
+        grant(&c.token_request(t(25), 3, 0, 2 * MS)).unwrap().2,
+        13_500
+    );
+    assert!(grant(&c.token_request(t(30), 1, 0, 40 * MS)).is_none());
+    // b's turn ends and it asks again (13.5 → 7.75 ms); a goes.
+    let g = c.token_request(t(38) + 500, 3, 0, 2 * MS);
+    let (who, _, q) = grant(&g).unwrap();
+    assert_eq!(who, "a");
+    (q, c.quota_estimate_us("b").unwrap())
 }
 
 #[test]
 fn under_contention_a_turn_follows_the_contenders_quanta() {
-    // b just held: a's turn is cut to max(max_hold − a's overrun, b's quota) = 6 ms.
-    assert_eq!(long_turn_after_short(5 * MS), 6 * MS);
-    // Off: a gets its own 32 ms estimate and b waits that long.
-    assert_eq!(long_turn_after_short(0), 32_500);
+    // b waits: a's turn is cut to max(max_hold − a's overrun, b's quota) = b's 7.75 ms.
+    let (q, b_quota) = long_turn_beside_short(5 * MS);
+    assert_eq!(b_quota, 7_750);
+    assert_eq!(q, b_quota);
+    // Off: a's turn is what it is behind b (the 10 ms lag it was floored to when it came
+    // back), not its own 25 ms estimate.
+    assert_eq!(long_turn_beside_short(0).0, 10 * MS);
 }
 
 #[test]
@@ -334,6 +344,6 @@ fn an_early_release_is_not_charged_again_by_the_next_request() {
     // a asks again while b holds, with no overuse to report: its last hold ended at the
     // release, and b's hold is not pushed back over a's unused quota.
     assert!(grant(&c.token_request(t(5), 1, 0, 3 * MS)).is_none());
-    assert_eq!(c.usage_us(t(8), "a"), Some(3 * MS));
-    assert_eq!(c.usage_us(t(8), "b"), Some(4 * MS));
+    assert_eq!(c.usage_us(t(6), "a"), Some(3 * MS));
+    assert_eq!(c.usage_us(t(6), "b"), Some(2 * MS));
 }
