@@ -3,13 +3,16 @@
 # coverage, on one NVIDIA GPU with PyTorch. Prints one JSON table; raw results, a log and a
 # plot of the shares over time go to the output folder.
 #
-#   hack/gpu-bench.sh [--artifacts DIR] [--out DIR] [--pacing | --overhead | --share [SCENARIO ...]]
+#   hack/gpu-bench.sh [--artifacts DIR] [--out DIR] [--pacing | --overhead | --share [SCENARIO ...]
+#                     | --mix [SCENARIO ...]]
 #
 # --pacing runs hack/gpu/pacing.py instead: per-second shares of a capped tenant alone with
 # gem-schd's --pace-ms on and off, elasticity and accuracy 0.3/0.7.
 # --overhead runs hack/gpu/overhead.py: the small-kernel overhead over many A/B pairs.
 # --share runs hack/gpu/share.py: the shares table (shares as GPU time, the training and
 # inference pair, reload, two processes, kill -9), or the scenarios named after it.
+# --mix runs hack/gpu/mix.py: mixes of different workloads (capped beside elastic, four at
+# 0.1-0.4, with and without co-running), each tenant's GPU time read from the GPU's clock.
 #
 # DIR (default .device-carry/gemhook) holds libgemhook.so.1 and gem-schd; when missing they are built
 # here (`make hook-release`, which needs cargo). Current figures: docs/benchmarks.md.
@@ -21,6 +24,7 @@ out=${OUT:-gpu-bench-out}
 pacing=0
 overhead=0
 share=0
+mix=0
 scenarios=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -29,7 +33,8 @@ while [ $# -gt 0 ]; do
     --pacing) pacing=1; shift ;;
     --overhead) overhead=1; shift ;;
     --share) share=1; shift; scenarios=("$@"); break ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --mix) mix=1; shift; scenarios=("$@"); break ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -47,6 +52,9 @@ if [ "$overhead" = 1 ]; then
 fi
 if [ "$share" = 1 ]; then
   exec timeout "${BENCH_TIMEOUT:-560}" python3 hack/gpu/share.py "$art" "$out" "${scenarios[@]}"
+fi
+if [ "$mix" = 1 ]; then
+  exec timeout "${BENCH_TIMEOUT:-560}" python3 hack/gpu/mix.py "$art" "$out" "${scenarios[@]}"
 fi
 if [ "$pacing" = 1 ]; then
   exec timeout "${BENCH_TIMEOUT:-560}" python3 hack/gpu/pacing.py "$art" "$out"

@@ -1,0 +1,177 @@
+"""Shares for mixes of different workloads, read from the GPU's clock (docs/benchmarks.md,
+"Mixes of workloads"). Run by `hack/gpu-bench.sh --mix` on a machine with a GPU.
+
+    python3 hack/gpu/mix.py ARTIFACT_DIR OUT [scenario ...]
+
+ARTIFACT_DIR holds libgemhook.so.1 and gem-schd. Each scenario starts gem-schd with a resource
+config, starts mix_tenant.py tenants together (with the hook, each its own client) and reads
+each tenant's GPU time from CUPTI's kernel records (mix_tenant.py), never from gem-schd. Beside
+it, gem-schd's own charge (its debug log, over its 10 s window at its last grant) and the
+difference, flagged when above 1 pp. Prints one JSON table; OUT/mix.json holds it, and
+OUT/mix-raw.json every tenant's intervals.
+
+Scenarios:
+  native          each workload alone, no hook: steps/s, GPU busy fraction, decode latency
+  colocated       gpt beside decode, no hook (the driver's time-slicing): the latency bar
+  capped_elastic  three pairs, a capped tenant (0.5/0.5) beside an elastic one (0.5/1.0)
+  four            conv, matmul, elem, encoder at 0.1/0.2/0.3/0.4, request = limit
+  four_corun      the same with gem-schd co-running light clients (--co-run-below 0.6)
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench import log  # noqa: E402
+from share_bench import GIB, ShareBench, charged, pct, sliding_max, union, windows  # noqa: E402
+
+SECONDS = 14
+# Measured from here on: the tenants' first second holds gem-schd's quiet start and warm-up.
+SKIP = 2.0
+PAIRS = [("gpt", "decode"), ("conv", "elem"), ("long", "attn")]
+FOUR = [("conv", 0.1), ("matmul", 0.2), ("elem", 0.3), ("encoder", 0.4)]
+
+
+class MixBench(ShareBench):
+    def spawn(self, args, client=None, env=None):
+        """A mix_tenant.py process, with the hook and its client's socket directory when
+        `client` is set."""
+        e = dict(os.environ, PYTHONUNBUFFERED="1")
+        if client is not None:
+            e.update(LD_PRELOAD=self.hook, KUBESHARE_SOCKET_DIR=self.sock_dir(client),
+                     KUBESHARE_HOOK_LOG="info")
+        e.update(env or {})
+        return subprocess.Popen([sys.executable, os.path.join(HERE, "mix_tenant.py")] + args,
+                                env=e, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=self.logs, text=True)
+
+    def tenants(self, specs, seconds=SECONDS):
+        """specs: [(label, workload, client or None)] run together; results by label."""
+        return self.run([(lbl, ["--work", work], client) for lbl, work, client in specs], seconds,
+                        timeout=seconds + 180)
+
+
+def busy_figures(r, t0, t1):
+    """A tenant's GPU time over [t0, t1): the mean, the smallest over any 5 s window and the
+    largest over any 1 s window (0.1 s grid)."""
+    busy = r["busy"]
+    fine = windows(busy, t0, t1, 0.1)
+
+    def slide(width):
+        k = int(round(width / 0.1))
+        return [sum(fine[i:i + k]) / k for i in range(len(fine) - k + 1)] or [0.0]
+    return {"gpu": round(sum(fine) / len(fine), 4), "min_5s": round(min(slide(5.0)), 4),
+            "max_1s": round(sliding_max(busy, t0, t1), 4)}
+
+
+def latency(r):
+    lat = r.get("lat_ms") or []
+    if len(lat) < 10:
+        return {}
+    lat = lat[len(lat) // 10:]
+    return {"lat_p50_ms": pct(lat, 0.5), "lat_p99_ms": pct(lat, 0.99), "lat_max_ms": max(lat)}
+
+
+def shared_run(b, clients, raw, key, extra=()):
+    """clients: [(label, workload, request, limit)] under gem-schd; the table row."""
+    b.extra = list(extra)
+    logf = os.path.join(b.out, "bench.log")
+    b.logs.flush()
+    since = os.path.getsize(logf)
+    b.schd_debug = True
+    try:
+        with b.schd([(lbl, req, lim, 40 * GIB) for lbl, _, req, lim in clients]):
+            res = b.tenants([(lbl, work, lbl) for lbl, work, _, _ in clients])
+    finally:
+        b.schd_debug, b.extra = False, []
+    raw[key] = res
+    t1 = SECONDS - 0.5
+    row = {}
+    for lbl, work, req, lim in clients:
+        r = res[lbl]
+        f = busy_figures(r, SKIP, t1)
+        # gem-schd's charge covers its 10 s window at its last grant: compare the GPU time of
+        # the same 10 s.
+        ch = charged(logf, since, lbl)
+        same = windows(r["busy"], t1 - 10, t1, 10)[0]
+        f.update(work=work, request=req, limit=lim, steps_per_s=round(r["steps"] / SECONDS, 2),
+                 charged=ch, gpu_last_10s=same)
+        if ch is not None:
+            f["charge_minus_gpu_pp"] = round(100 * (ch - same), 2)
+            f["charge_differs"] = abs(ch - same) > 0.01
+        f["short_of_request_pp"] = round(100 * (req - f["min_5s"]), 2)
+        f["over_limit_pp"] = round(100 * (f["max_1s"] - lim), 2)
+        f.update(latency(r))
+        row[lbl] = f
+    every = union(*[res[lbl]["busy"] for lbl, _, _, _ in clients])
+    row["gpu_busy"] = round(windows(every, SKIP, t1, t1 - SKIP)[0], 4)
+    return row
+
+
+def native(b, raw, works=("gpt", "decode", "conv", "elem", "long", "attn", "matmul", "encoder")):
+    works = os.environ.get("MIX_NATIVE", ",".join(works)).split(",")
+    out = {}
+    for w in works:
+        r = b.tenants([(w, w, None)], 8)[w]
+        raw[f"native_{w}"] = r
+        out[w] = {"steps_per_s": round(r["steps"] / 8, 2),
+                  "gpu": round(windows(r["busy"], 1, 7.5, 6.5)[0], 4), **latency(r)}
+    return out
+
+
+def colocated(b, raw):
+    res = b.tenants([("gpt", "gpt", None), ("decode", "decode", None)])
+    raw["colocated"] = res
+    t1 = SECONDS - 0.5
+    return {lbl: {"steps_per_s": round(res[lbl]["steps"] / SECONDS, 2),
+                  "gpu": windows(res[lbl]["busy"], SKIP, t1, t1 - SKIP)[0], **latency(res[lbl])}
+            for lbl in res}
+
+
+def capped_elastic(b, raw):
+    out = {}
+    pairs = [tuple(p.split("+")) for p in os.environ["MIX_PAIRS"].split(",")] if "MIX_PAIRS" in os.environ else PAIRS
+    for capped, elastic in pairs:
+        key = f"{capped}+{elastic}"
+        out[key] = shared_run(b, [(capped, capped, 0.5, 0.5), (elastic, elastic, 0.5, 1.0)], raw, key)
+    return out
+
+
+def four(b, raw, extra=()):
+    return shared_run(b, [(w, w, s, s) for w, s in FOUR], raw, "four" + ("_corun" if extra else ""),
+                      extra)
+
+
+def four_corun(b, raw):
+    return four(b, raw, ["--co-run-below", "0.6"])
+
+
+ALL = ["native", "colocated", "capped_elastic", "four", "four_corun"]
+
+
+def main():
+    art, out = sys.argv[1], sys.argv[2]
+    which = sys.argv[3:] or ALL
+    os.makedirs(out, exist_ok=True)
+    b = MixBench(os.path.join(art, "libgemhook.so.1"), os.path.join(art, "gem-schd"), out)
+    table, raw = {"_gpu": b.uuid}, {}
+    for name in which:
+        t0 = time.time()
+        try:
+            table[name] = globals()[name](b, raw)
+        except Exception as e:  # one failed scenario must not lose the others
+            table[name] = {"error": repr(e)}
+        log(name, f"{time.time() - t0:.0f} s", json.dumps(table[name]))
+        with open(os.path.join(out, "mix.json"), "w") as f:
+            json.dump(table, f, indent=1)
+        with open(os.path.join(out, "mix-raw.json"), "w") as f:
+            json.dump(raw, f)
+    print(json.dumps(table))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""A tenant of hack/gpu/mix.py: one workload, its GPU time read from the GPU's own timestamps.
+
+Protocol as share_tenant.py: warm up, print {"ready": true}, wait for {"start_at": t} on
+stdin, run for --seconds, print one JSON line.
+
+GPU time comes from CUPTI's kernel records (through torch.profiler): each kernel's start and
+end as the GPU stamped them, on the host's clock, so that the intervals of different
+processes can be merged (mix.py computes each tenant's busy time and the GPU's busy time over
+any window from them). Nothing here reads gem-schd or the hook: the figures are independent of
+what the scheduler charges. The result carries the union of this process's kernel intervals
+as [[start s, end s]] relative to start_at (merged where they touch, to keep it small), the
+steps done, and for `decode` each token's latency.
+
+Workloads (kernel sizes from ~30 us to ~25 ms; eager and CUDA graphs; cuBLAS, cuDNN
+convolutions, attention, elementwise):
+  elem     chains of elementwise ops on 16M floats (~30-60 us kernels), eager
+  matmul   fp16 batched matmuls (cuBLAS, ~1-2 ms kernels)
+  conv     torchvision ResNet-18 training steps, batch 256 at 112 px (cuDNN)
+  attn     scaled-dot-product attention forward and backward, fp16
+  gpt      a small GPT-style training loop (causal self-attention, AdamW), eager
+  decode   batch-1 decode: one CUDA-graph replay per token, the token read back each time
+  encoder  nn.TransformerEncoder training steps
+  long     fp32 8192^3 matmuls without TF32 (~20+ ms kernels)
+"""
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def emit(d):
+    sys.stdout.write(json.dumps(d) + "\n")
+    sys.stdout.flush()
+
+
+def workload(name):
+    """A callable doing one step of the workload (no sync unless the workload syncs itself)."""
+    dev = "cuda"
+    if name == "elem":
+        x = torch.randn(16 << 20, device=dev)
+
+        def step():
+            y = x
+            for _ in range(20):
+                y = torch.sin(y) * 1.0001 + 0.5
+            return y
+        return step
+    if name == "matmul":
+        a = torch.randn(8, 2048, 2048, device=dev, dtype=torch.float16)
+        b = torch.randn(8, 2048, 2048, device=dev, dtype=torch.float16)
+
+        def step():
+            for _ in range(4):
+                torch.bmm(a, b)
+        return step
+    if name == "long":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        a = torch.randn(8192, 8192, device=dev)
+        b = torch.randn(8192, 8192, device=dev)
+
+        def step():
+            torch.mm(a, b)
+        return step
+    if name == "conv":
+        import torchvision
+        m = torchvision.models.resnet18(num_classes=100).to(dev)
+        opt = torch.optim.SGD(m.parameters(), lr=0.01)
+        xb = torch.randn(256, 3, 112, 112, device=dev)
+        yb = torch.randint(0, 100, (256,), device=dev)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(m(xb), yb).backward()
+            opt.step()
+        return step
+    if name == "attn":
+        q, k, v = (torch.randn(16, 16, 2048, 64, device=dev, dtype=torch.float16, requires_grad=True)
+                   for _ in range(3))
+
+        def step():
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            o.sum().backward()
+        return step
+    if name == "gpt":
+        return gpt_train(dev)
+    if name == "decode":
+        return decode(dev)
+    if name == "encoder":
+        layer = nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True)
+        m = nn.TransformerEncoder(layer, 4).to(dev)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+        xb = torch.randn(128, 128, 512, device=dev)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            m(xb).pow(2).mean().backward()
+            opt.step()
+        return step
+    raise SystemExit(f"unknown workload {name!r}")
+
+
+class Block(nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.h = h
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.h, d // self.h).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class Gpt(nn.Module):
+    def __init__(self, vocab=8192, d=512, h=8, layers=6, ctx=256):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
+        self.blocks = nn.Sequential(*[Block(d, h) for _ in range(layers)])
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        return self.head(self.ln(self.blocks(x)))
+
+
+def gpt_train(dev):
+    m = Gpt().to(dev)
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-4)
+    xb = torch.randint(0, 8192, (64, 256), device=dev)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = m(xb[:, :-1])
+        F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), xb[:, 1:].reshape(-1)).backward()
+        opt.step()
+    return step
+
+
+def decode(dev):
+    """One token: a 12-layer MLP stack at batch 1 (fp16) and an argmax, captured once as a CUDA
+    graph and replayed per token; the token is read back (a sync) before the next replay."""
+    d = 2048
+    layers = [nn.Linear(d, d).to(dev).half() for _ in range(12)]
+    emb = torch.randn(8192, d, device=dev, dtype=torch.float16)
+    head = torch.randn(d, 8192, device=dev, dtype=torch.float16)
+    tok = torch.zeros(1, dtype=torch.long, device=dev)
+    out = torch.zeros(1, dtype=torch.long, device=dev)
+
+    def body():
+        x = emb[tok]
+        for lin in layers:
+            x = F.gelu(lin(x))
+        out.copy_((x @ head).argmax(dim=-1))
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            body()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        body()
+
+    def step():
+        g.replay()
+        t = int(out.item())
+        tok.fill_(t % 8192)
+    step.syncs = True
+    return step
+
+
+def profiler_clock_offset(res, wall_ns, mono_ns):
+    """What to add to the profiler's timestamps to get the host's wall clock (ns): the profiler
+    stamps on the wall clock or on CLOCK_MONOTONIC depending on the build; its start, read just
+    after `wall_ns`/`mono_ns`, says which. Both clocks are the same for every process here."""
+    start = res.trace_start_ns() if hasattr(res, "trace_start_ns") else res.trace_start_us() * 1000
+    if abs(start - wall_ns) < 60e9:
+        return 0
+    if abs(start - mono_ns) < 60e9:
+        return wall_ns - mono_ns
+    raise SystemExit(f"profiler clock unknown: start {start}, wall {wall_ns}, monotonic {mono_ns}")
+
+
+def kernel_intervals(prof, base_ns, offset_ns):
+    """The union of this process's GPU activity (kernels, copies, sets) from CUPTI's records,
+    as merged [start, end] seconds after `base_ns` (host wall clock, ns)."""
+    spans = []
+    for e in prof.profiler.kineto_results.events():
+        if e.device_type() != torch.autograd.DeviceType.CUDA:
+            continue
+        s = e.start_ns() + offset_ns
+        spans.append((s, s + e.duration_ns()))
+    spans.sort()
+    merged = []
+    for s, t in spans:
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], t)
+        else:
+            merged.append([s, t])
+    return [[round((s - base_ns) / 1e9, 7), round((t - base_ns) / 1e9, 7)] for s, t in merged]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--seconds", type=float, default=12)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--cpu", type=int)
+    a = ap.parse_args()
+    if a.cpu is not None:
+        import os
+        os.sched_setaffinity(0, {a.cpu})
+    step = workload(a.work)
+    syncs = getattr(step, "syncs", False)
+    for _ in range(20):
+        step()
+    torch.cuda.synchronize()
+    emit({"ready": True})
+    start_at = json.loads(sys.stdin.readline())["start_at"]
+    while time.time() < start_at:
+        time.sleep(0.001)
+    base_ns = int(start_at * 1e9)
+    lat, steps = [], 0
+    from torch.profiler import ProfilerActivity, profile
+    wall_ns, mono_ns = time.time_ns(), time.monotonic_ns()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        end = start_at + a.seconds
+        while time.time() < end:
+            t0 = time.perf_counter()
+            step()
+            if syncs:
+                lat.append(round((time.perf_counter() - t0) * 1e3, 4))
+            steps += 1
+            if not syncs and steps % 4 == 0:
+                # Bounds what the CPU queues ahead, as a training loop's loss.item() does.
+                torch.cuda.synchronize()
+        torch.cuda.synchronize()
+    offset = profiler_clock_offset(prof.profiler.kineto_results, wall_ns, mono_ns)
+    emit({"label": a.label, "work": a.work, "steps": steps, "seconds": a.seconds,
+          "busy": kernel_intervals(prof, base_ns, offset), "lat_ms": lat})
+
+
+if __name__ == "__main__":
+    main()
