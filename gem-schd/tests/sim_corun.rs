@@ -57,7 +57,7 @@ fn co_running_charges_the_light_tenant_its_gpu_time_and_keeps_the_heavy_ones_sha
     // boundaries, as the H100 time-slices two contexts, but with no cost to switching and
     // with the light kernels also filling the heavy one's own gaps, so the heavy tenant loses
     // less than the light one's fill and its raised limit gives it more than its half here
-    // (on the H100 ResNet-50 training lost more than the co-runner's fill: round 15).
+    // (on the H100 ResNet-50 training lost more than the co-runner's fill).
     let turns = heavy_and_light(false);
     let co = heavy_and_light(true);
     let (a, b) = (10 * S, 60 * S);

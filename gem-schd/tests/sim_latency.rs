@@ -1,4 +1,4 @@
-//! Issue 14's hardest pair in the virtual-clock simulation: ResNet-50-like training beside
+//! The hardest pair of the GPU benchmarks in the virtual-clock simulation: ResNet-50-like training beside
 //! batch-1 ResNet-18-like inference, both (0.5, 0.5), with clients that behave like the real
 //! hook (they launch blind while their token is valid and notice its end on a coarse clock,
 //! so every hold runs past its quota) and report the time past the quota as overuse.
@@ -212,8 +212,8 @@ fn training_beside_inference_gets_its_share_with_bounded_waits() {
 }
 
 /// The pair with kernels launched one by one through the gate (the CPU queueing ahead of the
-/// GPU, as PyTorch does): issue 14's fifth round. On the coarse clock with min-quota grants
-/// (round 4), training's turns run well past its 5 ms grant (the clock's 4 ms resolution and
+/// GPU, as PyTorch does). On the coarse clock with min-quota grants
+/// (the rule before turns included the drain), training's turns run well past its 5 ms grant (the clock's 4 ms resolution and
 /// the drain of what its CPU queued ahead), and an inference request waits that whole turn.
 /// The hook's precise clock in the last tick and grants of the min quota less the usual drain
 /// bring the turn, drain included, to about the min quota.
@@ -229,12 +229,12 @@ fn gated_pair_turns_include_the_drain() {
             |s| s.core.set_turn_includes_drain(less_drain),
         )
     };
-    let r4 = run(false, false);
+    let plain = run(false, false);
     let clock = run(true, false);
     let drain = run(false, true);
     let both = run(true, true);
     for (name, o) in [
-        ("round 4", &r4),
+        ("min-quota grants", &plain),
         ("clock", &clock),
         ("drain", &drain),
         ("both", &both),
@@ -247,19 +247,19 @@ fn gated_pair_turns_include_the_drain() {
         );
     }
     // Training's turn with its drain is about the min quota (5 ms) at the median, well below
-    // round 4's; inference's p99 follows.
+    // min-quota grants'; inference's p99 follows.
     assert!(both.turn_p50 <= 6 * MS, "turn p50 {} µs", both.turn_p50);
     assert!(
-        both.turn_p99 * 3 <= r4.turn_p99 * 2,
+        both.turn_p99 * 3 <= plain.turn_p99 * 2,
         "turn p99 {} vs {} µs",
         both.turn_p99,
-        r4.turn_p99
+        plain.turn_p99
     );
     assert!(
-        both.p99 * 3 <= r4.p99 * 2,
+        both.p99 * 3 <= plain.p99 * 2,
         "p99 {} vs {} µs",
         both.p99,
-        r4.p99
+        plain.p99
     );
     assert!(both.max <= 20 * MS, "inference max {} µs", both.max);
 }

@@ -98,8 +98,7 @@ fn paced_alone_tiny_arriving_late() {
 /// The short pacing window (`pace_short_us`, 100 ms): a capped client alone that arrives
 /// late waits at most about the short window's off part, plus one burst and the grace. On
 /// the pacing window alone it ran half a second, then waited as long: a batch-1 inference
-/// tenant at 0.5 alone on an H100 waited 480 ms every second (docs/gpu-benchmarks.md,
-/// round 10).
+/// tenant at 0.5 alone on an H100 waited 480 ms every second.
 #[test]
 fn a_late_capped_client_alone_waits_no_longer_than_the_short_window_allows() {
     let d = Params::default();
@@ -322,7 +321,7 @@ fn quota_table() {
     }
 }
 
-// ---- latency-sensitive inference beside training (issue 14) ----
+// ---- latency-sensitive inference beside training ----
 
 /// Batch-1 inference: a request is 15 small kernels (1.5 ms of GPU time), then a sync and
 /// 0.3 ms of CPU before the next one.

@@ -2,7 +2,7 @@
 //!
 //! Exclusive turns cost a launch-bound tenant its speed: batch-1 inference at 0.5 beside
 //! training got 0.28–0.42 of its native rate on an H100, its kernels filling a third of its
-//! turns, and two such tenants in turns left the GPU 20–27 % busy (issue 14, rounds 13–14).
+//! turns, and two such tenants in turns left the GPU 20–27 % busy on an H100.
 //! A client whose fill (its kernels' share of its holds, from the hook's Busy reports) is
 //! below `--co-run-below` is granted at once, whoever holds the token: a co-hold, not a hold
 //! (no history entry, the holder keeps its turn), and the GPU time-slices the two contexts.

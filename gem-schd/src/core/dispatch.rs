@@ -215,17 +215,6 @@ impl Core {
         }
         self.prune(now);
         let full = self.fully_contended();
-        let w_eff = u128::from(self.w_eff(now));
-        let window = u128::from(self.params.window_us);
-        // (key, rank, headroom under the limit, headroom under the pacing allowance)
-        let mut best: Option<(Key, Rank, u64, u64)> = None;
-        // The eligible client below its request waiting longest past the starvation bound.
-        // Only guarantees are bounded: spare time above the request follows usage alone
-        // (a FIFO bound there hands spare time out per turn, so the client with the longer
-        // bursts took 0.80 of an elastic pair instead of 0.50).
-        let mut starved: Option<(Key, Micros, u64, u64)> = None;
-        // Clients held back now, and clients eligible again after being held back.
-        let (mut held_back, mut back) = (Vec::new(), Vec::new());
         // Under full contention the client whose hold just ended at its quota goes again only
         // if it is more than one turn behind: a turn cut short (a training step's end) left it
         // a little behind, and taking the next turn too made a double turn that an inference
@@ -235,6 +224,38 @@ impl Core {
                 && self.clients.contains_key(k)
                 && self.history.back().is_some_and(|e| e.client == *k)
         });
+        let ranked = self.rank(now, full, last_holder);
+        for key in &ranked.held_back {
+            if let Some(c) = self.clients.get_mut(key) {
+                c.blocked = true;
+            }
+        }
+        for (key, pass) in &ranked.back {
+            if let Some(c) = self.clients.get_mut(key) {
+                c.blocked = false;
+                c.pass = *pass;
+            }
+        }
+        let Some(pick) = ranked.starved.or(ranked.best) else {
+            return;
+        };
+        let quota = self.grant_quota(now, pick, full, last_holder);
+        out.push(self.grant(now, pick.key, quota));
+    }
+
+    /// Who may have the token now and in what order: every client waiting for a turn,
+    /// checked against its limit and pacing allowance and ranked (below its request by
+    /// virtual time, above it by usage), and the one past the starvation bound.
+    fn rank(&self, now: Micros, full: bool, last_holder: Option<Key>) -> Ranked {
+        let w_eff = u128::from(self.w_eff(now));
+        let mut best: Option<(Pick, Rank)> = None;
+        // The eligible client below its request waiting longest past the starvation bound.
+        // Only guarantees are bounded: spare time above the request follows usage alone
+        // (a FIFO bound there hands spare time out per turn, so the client with the longer
+        // bursts took 0.80 of an elastic pair instead of 0.50).
+        let mut starved: Option<(Pick, Micros)> = None;
+        // Clients held back now, and clients eligible again after being held back.
+        let (mut held_back, mut back) = (Vec::new(), Vec::new());
         for (&key, c) in &self.clients {
             // A light client waits for a co-hold, not a turn: its turn, charged wall time,
             // filled the pacing window that its next co-hold needed room in, so it waited,
@@ -322,8 +343,13 @@ impl Core {
                     order: c.waiting_since,
                 }
             };
-            if best.as_ref().is_none_or(|(_, r, _, _)| rank.before(r)) {
-                best = Some((key, rank, headroom, pace_room));
+            let pick = Pick {
+                key,
+                headroom,
+                pace_room,
+            };
+            if best.as_ref().is_none_or(|(_, r)| rank.before(r)) {
+                best = Some((pick, rank));
             }
             let below = matches!(rank, Rank::Below { .. });
             let waited = now.saturating_sub(c.waiting_at);
@@ -341,31 +367,28 @@ impl Core {
                 && !full
                 && self.max_wait_us > 0
                 && waited >= bound
-                && starved
-                    .as_ref()
-                    .is_none_or(|(_, at, _, _)| c.waiting_at < *at)
+                && starved.as_ref().is_none_or(|(_, at)| c.waiting_at < *at)
             {
-                starved = Some((key, c.waiting_at, headroom, pace_room));
+                starved = Some((pick, c.waiting_at));
             }
         }
-        for key in held_back {
-            if let Some(c) = self.clients.get_mut(&key) {
-                c.blocked = true;
-            }
+        Ranked {
+            best: best.map(|(p, _)| p),
+            starved: starved.map(|(p, _)| p),
+            held_back,
+            back,
         }
-        for (key, pass) in back {
-            if let Some(c) = self.clients.get_mut(&key) {
-                c.blocked = false;
-                c.pass = pass;
-            }
-        }
-        let pick = match starved {
-            Some((key, _, headroom, pace_room)) => Some((key, headroom, pace_room)),
-            None => best.map(|(key, _, headroom, pace_room)| (key, headroom, pace_room)),
-        };
-        let Some((key, headroom, pace_room)) = pick else {
-            return;
-        };
+    }
+
+    /// The length of `pick`'s turn: its quota estimate, within its limit's headroom and
+    /// pacing allowance, the hold cap, what keeps it even with its competitors in virtual
+    /// time, and under full contention a capped client's min-quota turn.
+    fn grant_quota(&self, now: Micros, pick: Pick, full: bool, last_holder: Option<Key>) -> Micros {
+        let Pick {
+            key,
+            headroom,
+            pace_room,
+        } = pick;
         let p = self.params;
         // Picked ahead of the last holder although that one is behind (by less than a turn):
         // this turn is shorter by the lead, which evens them out without back-to-back turns.
@@ -389,7 +412,8 @@ impl Core {
                 .map(|q| m.saturating_sub(self.clients[&key].overrun_us).max(q)),
         };
         let even_turn = self.even_turn(key, now);
-        let c = self.clients.get_mut(&key).expect("picked from clients");
+        let window = u128::from(self.params.window_us);
+        let c = &self.clients[&key];
         let cap = (u128::from(c.boosted_limit_milli()) * window / 1000) as u64;
         let mut quota = c.quota_us.max(p.min_quota_us).min(cap.max(1));
         // Do not hand out much more than the limit allows in this window.
@@ -415,7 +439,13 @@ impl Core {
                 self.turn_includes_drain,
             ));
         }
+        quota
+    }
+
+    /// Grants `key` the token for `quota`: its history entry, virtual time and hold.
+    fn grant(&mut self, now: Micros, key: Key, quota: Micros) -> Action {
         let seq = self.first_seq + self.history.len() as u64;
+        let c = self.clients.get_mut(&key).expect("picked from clients");
         c.last_entry = Some(seq);
         // A turn: whether it co-runs again is judged on its turns' fill, from this turn on
         // if it co-ran until now (`Fills::left_co`). A
@@ -446,12 +476,32 @@ impl Core {
             left_end: 0,
         });
         self.grants += 1;
-        out.push(Action::Grant {
+        Action::Grant {
             client,
             conns,
             quota_us: quota,
-        });
+        }
     }
+}
+
+/// A client that may have the token, with its headroom under its limit and pacing allowance.
+#[derive(Debug, Clone, Copy)]
+struct Pick {
+    key: Key,
+    headroom: u64,
+    pace_room: u64,
+}
+
+/// What the ranking found (`Core::rank`).
+struct Ranked {
+    /// First by the ranking.
+    best: Option<Pick>,
+    /// Waiting longest past the starvation bound (goes before `best`).
+    starved: Option<Pick>,
+    /// Held back by their limit or pacing now.
+    held_back: Vec<Key>,
+    /// Eligible again after being held back, with their floored virtual time.
+    back: Vec<(Key, u128)>,
 }
 
 /// Gemini's `schd_priority`, as a total order with FIFO tie-break.

@@ -10,7 +10,7 @@
 //! A client's kernels fill less of a co-hold than of its own turn: beside the holder they wait
 //! for the GPU's time slices, so the same work spans more wall time (batch-8 ResNet-18
 //! inference filled 0.63 of its turns and 0.41 of its co-holds on an H100, batch-1 0.43 and
-//! 0.31; issue 14 round 16). One sum over both moved a client near the threshold in and out of
+//! 0.31 on an H100). One sum over both moved a client near the threshold in and out of
 //! co-running with the mix of its holds, so [`Fills`] keeps one per kind of hold: starting to
 //! co-run is judged on the turns' fill, going on with it on the co-holds'. (Batch-8 inference
 //! still went in and out in one H100 run of two with these fills alone, likely after turns its
@@ -20,7 +20,7 @@
 //! A co-hold's samples are not all of the client's own time: a pair of events around a kernel
 //! that waited for the holder's time slice reads that slice too, and a sample stands for ~256
 //! launches, so one such sample read 869 ms in a 20 ms co-hold of batch-1 inference on an H200
-//! (issue 14 round 20). Its co-holds' fill rose to 0.91 and took ~1.5 s of co-holds to decay;
+//! (an H200). Its co-holds' fill rose to 0.91 and took ~1.5 s of co-holds to decay;
 //! meanwhile each turn it was sent to read light (turns are exclusive: no slice to take in), so
 //! it went back to a co-hold, found the co-holds' fill heavy again, and so on, its requests
 //! waiting for turns (max 66 ms, p99 3.3× native). So a client sent from co-holds to turns is
@@ -49,7 +49,7 @@ impl Fills {
     /// its start-up (contexts, allocations; its kernels busy 0.02–0.18 of 30–44 ms holds for
     /// matmul tenants on an H200) and its samples reach gem-schd in lumps a report late, so
     /// 200 ms of turns read GPU-bound tenants at 0.2–0.4 and all three of a run co-ran for a
-    /// second (issue 14 round 19). Half a second of turns (decayed) outweighs the start-up.
+    /// second (three matmul tenants started together on an H200). Half a second of turns (decayed) outweighs the start-up.
     pub const START_MIN_HELD_US: f64 = 500_000.0;
     /// A client sent from co-holds to turns goes back after this much of its turns since then
     /// read light: enough samples not to go back on one or two (a light client's turns fill

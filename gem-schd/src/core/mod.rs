@@ -348,7 +348,7 @@ impl Core {
     /// over the 10 s window instead (Gemini's `schd_priority`, `0` here) replays the window:
     /// a block of turns leaves the window 10 s later as a block of credit, and beside a
     /// training tenant a batch-1 inference tenant then waited ~60–70 ms behind runs of
-    /// six or more 5 ms turns on an H100 (docs/gpu-benchmarks.md, issue 14 round 2).
+    /// six or more 5 ms turns on an H100.
     pub fn set_max_lag(&mut self, us: Micros) {
         self.max_lag_us = us;
     }
@@ -357,7 +357,7 @@ impl Core {
     /// (their requests add up to 1): the turns by virtual time then hold each to its request,
     /// and pacing on top made a (0.5, 0.5) training and inference pair wait for their own
     /// usage of a second ago to slide out, the GPU idle while both were held back. `false`:
-    /// pace capped clients always (the behaviour before issue 14's fourth round).
+    /// pace capped clients always.
     pub fn set_unpaced_when_full(&mut self, on: bool) {
         self.unpaced_when_full = on;
     }
@@ -367,7 +367,7 @@ impl Core {
     /// turn, drain included, is about the min quota: on an H100 a ResNet-50 training tenant's
     /// 5 ms grants became 12.8 ms turns (25 ms at p99) with the work its CPU had queued ahead,
     /// and a batch-1 inference tenant beside it waited that whole turn. `false`: the grant is
-    /// the min quota (issue 14's fourth round).
+    /// the min quota.
     pub fn set_turn_includes_drain(&mut self, on: bool) {
         self.turn_includes_drain = on;
     }

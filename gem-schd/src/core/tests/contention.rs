@@ -35,7 +35,7 @@ fn pacing_is_not_applied_while_the_waiting_clients_request_the_whole_gpu() {
     // spent or not; the turns are min-quota long (2 ms).
     let back = a_back_after_full_contention(true);
     assert!(back <= t(62), "a back at {} ms", (back - T0) / MS);
-    // Paced regardless (before issue 14's round 4): a waits until its usage slides out.
+    // Paced regardless (without the rule): a waits until its usage slides out.
     let back = a_back_after_full_contention(false);
     assert!(back >= t(90), "a back at {} ms", (back - T0) / MS);
 }
@@ -93,7 +93,7 @@ fn under_full_contention_a_capped_clients_turn_with_its_drain_is_about_the_min_q
     assert!((1_800..=2_200).contains(&q), "a's grant {q} µs");
     // Not below a fifth of the min quota, however long the drain.
     assert_eq!(a_grant_with_drain(true, 20 * MS), MS);
-    // Off: the min quota (round 4), whatever the drain.
+    // Off: the min quota, whatever the drain.
     assert_eq!(a_grant_with_drain(false, 3 * MS), 5 * MS);
 }
 
@@ -128,6 +128,6 @@ fn under_full_contention_a_short_turn_is_evened_out_without_a_double_turn() {
         after_a_short_turn(true, 2 * MS),
         ("b".to_string(), 2 * MS, "a".to_string())
     );
-    // Round 4's rule: a, behind, takes the next turn too (a double turn for b to wait for).
+    // Without the rule: a, behind, takes the next turn too (a double turn for b to wait for).
     assert_eq!(after_a_short_turn(false, 2 * MS).0, "a");
 }

@@ -652,7 +652,7 @@ fn a_gpu_bound_client_whose_samples_come_late_stays_heavy() {
 
 #[test]
 fn a_gpu_bound_client_does_not_co_run_on_its_start_up_turns() {
-    // Three matmul tenants started together on an H200 (issue 14 round 19): each one's first
+    // Three matmul tenants started together on an H200: each one's first
     // holds (30–44 ms) were its start-up, its kernels busy 0.02–0.18 of them, and its samples
     // then reached gem-schd a report late in lumps (~30 ms of GPU time every third turn); the
     // 200 ms of turns a start was judged on read 0.2–0.4, all three co-ran for ~1 s, and the
@@ -743,7 +743,7 @@ fn i_steps_after_1s(outlier: bool, i_heavy_from_1s: bool) -> (u32, u32, u32) {
 
 #[test]
 fn one_outlying_report_sends_a_light_co_runner_to_turns_only_briefly() {
-    // Batch-1 inference beside training on an H200 (issue 14 round 20): one sample of a
+    // Batch-1 inference beside training on an H200: one sample of a
     // co-hold read 869 ms in 20 ms (its events took in training's time slice), the co-holds'
     // fill rose to 0.91, and for ~1.5 s inference went back and forth between turns (which
     // read light) and co-holds (judged on that fill), its requests waiting for the turns.
