@@ -11,6 +11,7 @@ pub mod certs;
 pub mod guard;
 pub mod inject;
 pub mod metrics;
+mod plan;
 pub mod review;
 pub mod server;
 
