@@ -8,7 +8,8 @@
 //! [`crate::guard`]). UPDATE of `pods/ephemeralcontainers`: a new debug container is
 //! handled like a container of its pod. UPDATE of the pod: `sharedgpu/*` labels may not
 //! change. The patch is idempotent: admitting the patched pod again yields an empty
-//! patch.
+//! patch. On CREATE and debug containers, the pod with the patch applied may not mount
+//! KubeShare's host directory (see [`crate::hostdir`]).
 
 use std::collections::BTreeMap;
 
@@ -21,10 +22,10 @@ use kubeshare_api::{
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::guard;
 use crate::inject::{self, HOOK_PATH};
 pub use crate::plan::Denial;
 use crate::plan::{ContainerAt, Plan, to_value};
+use crate::{guard, hostdir};
 
 /// The scheduler the apiserver writes into a pod that names none. Admission runs after
 /// defaulting, so "unset" reaches us as this name.
@@ -116,18 +117,47 @@ pub fn admit_pod(
     };
     let result = match (op, subresource.unwrap_or_default()) {
         (Operation::Create, "") => match object {
-            Some(obj) => parse_pod(obj, "object").and_then(|p| admit_create(&p)),
+            Some(obj) => parse_pod(obj, "object")
+                .and_then(|p| admit_create(&p))
+                .and_then(|v| check_host_dir(obj, v)),
             None => Err(Denial::bad_request("CREATE request without an object")),
         },
         (Operation::Update, "") => both("UPDATE").and_then(|(n, o)| admit_update(&n, &o)),
-        (Operation::Update, EPHEMERAL_CONTAINERS) => {
-            both("UPDATE").and_then(|(n, o)| admit_ephemeral(&n, &o))
-        }
+        (Operation::Update, EPHEMERAL_CONTAINERS) => both("UPDATE")
+            .and_then(|(n, o)| admit_ephemeral(&n, &o))
+            .and_then(|v| check_host_dir(object.unwrap_or(&Value::Null), v)),
         // Other subresources (status, binding, resize) cannot add a container or change
         // its env; the record on pods/binding is guarded by the admission policy.
         _ => Ok(Verdict::allow()),
     };
     result.unwrap_or_else(Verdict::Deny)
+}
+
+/// The pod as it will be admitted (the patch applied) may not reach KubeShare's host
+/// directory ([`hostdir`]). Checked on the result, so that what the webhook adds and
+/// what the pod brings are judged together.
+fn check_host_dir(object: &Value, verdict: Verdict) -> Result<Verdict, Denial> {
+    let Verdict::Allow { patch, .. } = &verdict else {
+        return Ok(verdict);
+    };
+    // Most pods have no hostPath and get no volume from the patch: no copy for them.
+    let adds_volumes = patch
+        .iter()
+        .any(|op| op.path().as_str().starts_with("/spec/volumes"));
+    let has_host_path = object["spec"]["volumes"]
+        .as_array()
+        .is_some_and(|vs| vs.iter().any(|v| v.get("hostPath").is_some()));
+    if !adds_volumes && !has_host_path {
+        return Ok(verdict);
+    }
+    let mut pod = object.clone();
+    json_patch::patch(&mut pod, patch)
+        .map_err(|e| Denial::bad_request(format!("the webhook's patch does not apply: {e}")))?;
+    let pod = parse_pod(&pod, "object")?;
+    if let Some(spec) = pod.spec.as_ref() {
+        hostdir::check(spec)?;
+    }
+    Ok(verdict)
 }
 
 fn parse_pod(v: &Value, what: &str) -> Result<Pod, Denial> {
