@@ -203,8 +203,9 @@ async fn the_standby_pair_takes_over_when_the_leader_pair_is_lost_mid_burst() ->
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("ha-{ns}"));
     std::fs::create_dir_all(&dir)?;
 
-    // The leader-election Lease: the chart's Role (the built-in kube-scheduler role
-    // covers only the Lease named kube-scheduler), bound to the rig's scheduler user.
+    // The leader-election Lease: the rules of the chart's Role (the built-in
+    // kube-scheduler role covers only the Lease named kube-scheduler), bound to the
+    // rig's scheduler user.
     let pp = PostParams::default();
     let role: Role = serde_json::from_value(json!({
         "metadata": {"name": "kubeshare-scheduler-leader-election"},
