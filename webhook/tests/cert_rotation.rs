@@ -3,8 +3,8 @@
 //! webhook entry has failurePolicy Fail, so any failed call would fail a create) while
 //! the serving certificate is replaced on disk again and again, as `kubeshare-webhook
 //! certs --reuse-ca` (or a Secret update) replaces it; the server reloads it from the
-//! files. Every create succeeds and is mutated, the new certificates are loaded, and
-//! the server ends up serving the last one.
+//! files. Every create succeeds and is mutated; new TLS connections made meanwhile
+//! all succeed and meet the new certificates; the server ends up serving the last one.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -203,6 +203,29 @@ async fn the_certificate_rotates_during_a_burst_with_no_failed_admission() -> Re
         })
     };
 
+    // Beside the apiserver (which keeps its connection open), a client that makes a
+    // new TLS connection again and again: every handshake must succeed, and it must
+    // meet more than one certificate while the burst runs.
+    let prober = {
+        let (done, ca) = (done.clone(), files.ca_pem.clone());
+        tokio::spawn(async move {
+            let mut leaves = std::collections::HashSet::new();
+            let mut failures = Vec::new();
+            let mut handshakes = 0u32;
+            while !done.load(Ordering::SeqCst) {
+                match served_leaf(port, &ca).await {
+                    Ok(leaf) => {
+                        leaves.insert(leaf);
+                    }
+                    Err(e) => failures.push(e.to_string()),
+                }
+                handshakes += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (handshakes, leaves.len(), failures)
+        })
+    };
+
     // The burst: 200 creates, 16 at a time.
     let sem = Arc::new(tokio::sync::Semaphore::new(CONCURRENCY));
     let mut set = tokio::task::JoinSet::new();
@@ -231,10 +254,16 @@ async fn the_certificate_rotates_during_a_burst_with_no_failed_admission() -> Re
     let during = rotations.load(Ordering::SeqCst);
     done.store(true, Ordering::SeqCst);
     rotator.await?;
+    let (handshakes, leaves, failures) = prober.await?;
     eprintln!(
-        "{PODS} creates in {took:.2?}, {during} rotations meanwhile, {} reloads ok, {} failed (half-rotated pairs, retried)",
+        "{PODS} creates in {took:.2?}, {during} rotations meanwhile, {} reloads ok, {} failed (half-rotated pairs, retried); {handshakes} new handshakes met {leaves} certificates",
         running.stats.tls_reloads(true),
         running.stats.tls_reloads(false)
+    );
+    assert!(failures.is_empty(), "failed handshakes: {failures:?}");
+    assert!(
+        leaves >= 2,
+        "the new connections met {leaves} certificate(s) during the burst"
     );
     assert!(
         errors.is_empty(),
