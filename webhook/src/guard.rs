@@ -53,7 +53,7 @@ pub(crate) fn plan_toleration(spec: &PodSpec, plan: &mut Plan) {
 }
 
 /// The containers of a pod with their place, init containers first.
-pub(crate) fn containers(spec: &PodSpec) -> Vec<(ContainerAt, Container)> {
+fn containers(spec: &PodSpec) -> Vec<(ContainerAt, Container)> {
     let mut out = Vec::new();
     for (field, what, list) in [
         (

@@ -10,10 +10,10 @@
 //! The ValidatingAdmissionPolicy `kubeshare-host-dir` (charts/kubeshare, admission-
 //! policy.yaml) says the same in CEL and holds while the webhook is down. Pure logic.
 
-use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec, VolumeMount};
 use kubeshare_api::layout;
+use serde::Deserialize;
+use serde_json::Value;
 
-use crate::guard;
 use crate::inject;
 use crate::plan::Denial;
 
@@ -57,10 +57,102 @@ enum Ours {
     Run,
 }
 
-/// Refuses a pod (as the webhook will admit it, its own patch applied) that mounts
-/// KubeShare's host directory other than through the webhook's two volumes as the
-/// webhook mounts them.
-pub(crate) fn check(spec: &PodSpec) -> Result<(), Denial> {
+// The few fields of a pod spec the rule reads. Deserialized from the JSON on their
+// own: a whole `PodSpec` (and copies of its containers) cost as much as the rest of
+// an admission.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Spec {
+    volumes: Option<Vec<Vol>>,
+    init_containers: Option<Vec<Ctr>>,
+    containers: Option<Vec<Ctr>>,
+    ephemeral_containers: Option<Vec<Ctr>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Vol {
+    name: String,
+    host_path: Option<HostPath>,
+}
+
+#[derive(Deserialize)]
+struct HostPath {
+    path: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Ctr {
+    name: String,
+    env: Option<Vec<Env>>,
+    volume_mounts: Option<Vec<Mount>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Env {
+    name: String,
+    value: Option<String>,
+    value_from: Option<EnvSource>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct EnvSource {
+    field_ref: Option<FieldRef>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct FieldRef {
+    field_path: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Mount {
+    name: String,
+    read_only: Option<bool>,
+    sub_path: Option<String>,
+    sub_path_expr: Option<String>,
+}
+
+fn parse(spec: &Value) -> Result<Spec, Denial> {
+    Spec::deserialize(spec).map_err(|e| Denial::bad_request(format!("spec is not a pod spec: {e}")))
+}
+
+/// Whether a pod spec as the user wrote it needs [`check`] on the patched pod: it has
+/// a hostPath that reaches the directory, or a container mounts a volume named as the
+/// webhook's. Otherwise what the patch adds is all there is of the directory, and that
+/// passes by construction: the webhook's two volumes, mounted as it mounts them, in
+/// the containers it also gives `KUBESHARE_POD_UID` from the pod's UID (the property
+/// tests of props.rs check those). Saves copying and patching every GPU pod.
+pub(crate) fn needs_check(spec: &Value) -> Result<bool, Denial> {
+    let spec = parse(spec)?;
+    let reaching = spec.volumes.iter().flatten().any(|v| {
+        v.host_path
+            .as_ref()
+            .is_some_and(|h| reaches(&h.path, HOST_DIR))
+    });
+    let ours = [inject::LIB_VOLUME, inject::RUN_VOLUME];
+    let mounts_ours = [
+        &spec.init_containers,
+        &spec.containers,
+        &spec.ephemeral_containers,
+    ]
+    .into_iter()
+    .flat_map(|l| l.iter().flatten())
+    .flat_map(|c| c.volume_mounts.iter().flatten())
+    .any(|m| ours.contains(&m.name.as_str()));
+    Ok(reaching || mounts_ours)
+}
+
+/// Refuses a pod spec (JSON, as the webhook will admit it: its own patch applied) that
+/// mounts KubeShare's host directory other than through the webhook's two volumes as
+/// the webhook mounts them.
+pub(crate) fn check(spec: &Value) -> Result<(), Denial> {
+    let spec = parse(spec)?;
     let mut ours: Vec<(&str, Ours)> = Vec::new();
     for v in spec.volumes.iter().flatten() {
         let Some(hp) = v.host_path.as_ref() else {
@@ -88,46 +180,58 @@ pub(crate) fn check(spec: &PodSpec) -> Result<(), Denial> {
     if ours.is_empty() {
         return Ok(());
     }
-    for (at, c) in guard::containers(spec) {
-        for m in c.volume_mounts.iter().flatten() {
-            let Some(&(_, kind)) = ours.iter().find(|(n, _)| *n == m.name) else {
-                continue;
-            };
-            let ok = match kind {
-                Ours::Lib => lib_mount_ok(m),
-                Ours::Run => run_mount_ok(m, &c),
-            };
-            if !ok {
-                return Err(Denial::invalid(match kind {
-                    Ours::Lib => format!(
-                        "{}: volume {} (KubeShare's hook library, used by every pod of the node) may only be mounted read-only and whole",
-                        at.label,
-                        inject::LIB_VOLUME
-                    ),
-                    Ours::Run => format!(
-                        "{}: volume {} holds every pod's GPU scheduler sockets; a container may mount only its own pod's directory of it: subPathExpr {}, with env {} read from the pod's {} and set nowhere else (the webhook adds both; a debug container may not mount it)",
-                        at.label,
-                        inject::RUN_VOLUME,
-                        inject::RUN_SUB_PATH_EXPR,
-                        inject::ENV_POD_UID,
-                        inject::POD_UID_FIELD_PATH,
-                    ),
-                }));
+    let groups = [
+        ("init container", &spec.init_containers),
+        ("container", &spec.containers),
+        ("ephemeral container", &spec.ephemeral_containers),
+    ];
+    for (what, list) in groups {
+        for c in list.iter().flatten() {
+            for m in c.volume_mounts.iter().flatten() {
+                let Some(&(_, kind)) = ours.iter().find(|(n, _)| *n == m.name) else {
+                    continue;
+                };
+                let ok = match kind {
+                    Ours::Lib => lib_mount_ok(m),
+                    Ours::Run => run_mount_ok(m, c),
+                };
+                if !ok {
+                    return Err(Denial::invalid(refusal(
+                        kind,
+                        &format!("{what} {:?}", c.name),
+                    )));
+                }
             }
         }
     }
     Ok(())
 }
 
+fn refusal(kind: Ours, label: &str) -> String {
+    match kind {
+        Ours::Lib => format!(
+            "{label}: volume {} (KubeShare's hook library, used by every pod of the node) may only be mounted read-only and whole",
+            inject::LIB_VOLUME
+        ),
+        Ours::Run => format!(
+            "{label}: volume {} holds every pod's GPU scheduler sockets; a container may mount only its own pod's directory of it: subPathExpr {}, with env {} read from the pod's {} and set nowhere else (the webhook adds both; a debug container may not mount it)",
+            inject::RUN_VOLUME,
+            inject::RUN_SUB_PATH_EXPR,
+            inject::ENV_POD_UID,
+            inject::POD_UID_FIELD_PATH,
+        ),
+    }
+}
+
 fn empty(s: &Option<String>) -> bool {
     s.as_deref().unwrap_or_default().is_empty()
 }
 
-fn lib_mount_ok(m: &VolumeMount) -> bool {
+fn lib_mount_ok(m: &Mount) -> bool {
     m.read_only == Some(true) && empty(&m.sub_path) && empty(&m.sub_path_expr)
 }
 
-fn run_mount_ok(m: &VolumeMount, c: &Container) -> bool {
+fn run_mount_ok(m: &Mount, c: &Ctr) -> bool {
     m.sub_path_expr.as_deref() == Some(inject::RUN_SUB_PATH_EXPR)
         && empty(&m.sub_path)
         && pod_uid_env_ok(c.env.as_deref().unwrap_or_default())
@@ -136,7 +240,7 @@ fn run_mount_ok(m: &VolumeMount, c: &Container) -> bool {
 /// `KUBESHARE_POD_UID` is set, and every entry of that name reads the pod's UID (the
 /// kubelet expands `subPathExpr` with the container's env; without an entry, an
 /// `envFrom` could supply another pod's UID).
-fn pod_uid_env_ok(env: &[EnvVar]) -> bool {
+fn pod_uid_env_ok(env: &[Env]) -> bool {
     let mut same = env
         .iter()
         .filter(|e| e.name == inject::ENV_POD_UID)
