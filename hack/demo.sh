@@ -3,7 +3,8 @@
 #
 # Builds what it needs, brings up a real control plane as local processes
 # (hack/cluster.sh: etcd, kube-apiserver, KCM, two kube-schedulers, kwok),
-# starts the scheduler extender, the admission webhook (TLS, registered by URL)
+# applies the chart's admission policies and FlowSchema (manifests/), starts the
+# scheduler extender, the admission webhook (TLS, registered by URL)
 # and one node daemon in fake mode per kwok node, applies the workloads in
 # examples/, waits for them to settle, and prints the `kubectl sharedgpu` table
 # and the apiserver's refusal of a pod with a bad label. Everything is left
@@ -149,6 +150,52 @@ fi
 . "$DEMO/cluster/cluster.env"
 KC="$DEMO/cluster/kubeconfig"
 note "apiserver $KUBESHARE_APISERVER, component logs in $DEMO/cluster/logs"
+
+# ------------------------------------------------------------------ 2b. policies
+
+STEP="applying the admission policies and the FlowSchema (manifests/)"
+say "Admission policies and API priority, as the chart installs them (manifests/ is rendered from it)"
+# The same files a kubectl install applies: manifests/ is charts/kubeshare rendered
+# (hack/render-manifests.sh; `make test` checks they agree), so the demo holds the
+# same rules as a cluster: only the extender writes the allocation record, sharedgpu/
+# labels never change, the namespace opt-out needs its own RBAC verb, and no pod
+# outside kube-system and kubeshare-system mounts KubeShare's host directory.
+k apply -f "$REPO/manifests/admission-policy.yaml" -f "$REPO/manifests/flowschema.yaml" \
+  >"$DEMO/logs/policies.log" 2>&1 \
+  || { cat "$DEMO/logs/policies.log" >&2; die "applying manifests/admission-policy.yaml and flowschema.yaml failed"; }
+# A tenant of namespace default (ClusterRole edit), impersonated by the admin: each
+# policy is live once it refuses the tenant (they load asynchronously). The webhook is
+# not registered yet, so the refusals are the policies' own.
+k create rolebinding kubeshare-demo-tenant -n default --clusterrole=edit --user=kubeshare:demo-tenant \
+  >>"$DEMO/logs/policies.log" 2>&1 || die "creating the demo tenant's RoleBinding failed"
+# refuses_tenant NEEDLE: a server-side dry run of the pod on stdin, as the tenant,
+# fails with NEEDLE in the message.
+refuses_tenant() {
+  local out
+  out="$(k create --dry-run=server --as=kubeshare:demo-tenant -n default -f - 2>&1)" && return 1
+  grep -q "$1" <<<"$out"
+}
+probe_record_policy() {
+  refuses_tenant "allocation record" <<'EOF'
+apiVersion: v1
+kind: Pod
+metadata: {name: forged-record, annotations: {sharedgpu/gpu_uuid: GPU-forged}}
+spec: {containers: [{name: c, image: registry.k8s.io/pause:3.10}]}
+EOF
+}
+probe_host_dir_policy() {
+  refuses_tenant "KubeShare's host directory" <<'EOF'
+apiVersion: v1
+kind: Pod
+metadata: {name: host-root}
+spec:
+  containers: [{name: c, image: registry.k8s.io/pause:3.10, volumeMounts: [{name: host, mountPath: /host}]}]
+  volumes: [{name: host, hostPath: {path: /}}]
+EOF
+}
+wait_for "policy kubeshare-record to refuse a forged record" 30 - probe_record_policy
+wait_for "policy kubeshare-host-dir to refuse a hostPath of /" 30 - probe_host_dir_policy
+note "kubeshare-record, kubeshare-namespace-opt-out, kubeshare-host-dir and FlowSchema kubeshare-scheduler applied"
 
 # ------------------------------------------------------------------ 3. extender
 

@@ -71,6 +71,13 @@ log "waiting for KubeShare to roll out (up to ${TIMEOUT}s)"
 k -n "$NS" rollout status deployment/kubeshare-webhook --timeout="${TIMEOUT}s" >/dev/null
 k -n "$NS" rollout status deployment/kubeshare-scheduler --timeout="${TIMEOUT}s" >/dev/null
 k -n "$NS" rollout status daemonset/kubeshare-node-daemon --timeout="${TIMEOUT}s" >/dev/null
+# The scheduler pods' kube-schedulers elect a leader through this Lease; until one
+# holds it, no GPU pod is placed.
+deadline=$(( $(date +%s) + TIMEOUT ))
+until [[ -n "$(k -n "$NS" get lease kubeshare-scheduler -o jsonpath='{.spec.holderIdentity}' 2>/dev/null)" ]]; do
+  (( $(date +%s) < deadline )) || die "no kube-scheduler leads (Lease $NS/kubeshare-scheduler; logs: kubectl -n $NS logs deploy/kubeshare-scheduler -c kube-scheduler)"
+  sleep 1
+done
 for n in "${workers[@]}"; do
   deadline=$(( $(date +%s) + TIMEOUT ))
   until [[ -n "$(k get node "$n" -o jsonpath='{.metadata.annotations.sharedgpu/inventory}')" ]]; do

@@ -8,22 +8,24 @@
 //! [`crate::guard`]). UPDATE of `pods/ephemeralcontainers`: a new debug container is
 //! handled like a container of its pod. UPDATE of the pod: `sharedgpu/*` labels may not
 //! change. The patch is idempotent: admitting the patched pod again yields an empty
-//! patch.
+//! patch. On CREATE and debug containers, the pod with the patch applied may not mount
+//! KubeShare's host directory (see [`crate::hostdir`]).
 
 use std::collections::BTreeMap;
 
-use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, PatchOperation};
+use json_patch::PatchOperation;
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, PodSpec, Volume, VolumeMount};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kubeshare_api::{
-    GPU_POD_MARK, GPU_POD_RESOURCE, GpuDemand, LabelError, PREFIX, is_kubeshare_pod, scheduler_name,
+    GPU_POD_MARK, GPU_POD_RESOURCE, GpuDemand, PREFIX, is_kubeshare_pod, scheduler_name,
 };
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::guard;
 use crate::inject::{self, HOOK_PATH};
+pub use crate::plan::Denial;
+use crate::plan::{ContainerAt, Plan, to_value};
+use crate::{guard, hostdir};
 
 /// The scheduler the apiserver writes into a pod that names none. Admission runs after
 /// defaulting, so "unset" reaches us as this name.
@@ -40,45 +42,12 @@ pub enum Verdict {
     Deny(Denial),
 }
 
-/// A refusal: the HTTP-style code and reason the apiserver reports, and the message
-/// the user reads.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Denial {
-    pub code: u16,
-    pub reason: &'static str,
-    pub message: String,
-}
-
-impl Denial {
-    /// The pod breaks a rule: fix the manifest.
-    pub fn invalid(message: impl Into<String>) -> Denial {
-        Denial {
-            code: 422,
-            reason: "Invalid",
-            message: message.into(),
+impl From<Plan> for Verdict {
+    fn from(plan: Plan) -> Verdict {
+        Verdict::Allow {
+            patch: plan.ops,
+            warnings: plan.warnings,
         }
-    }
-    /// The change is not allowed in the pod's current state.
-    pub fn forbidden(message: impl Into<String>) -> Denial {
-        Denial {
-            code: 403,
-            reason: "Forbidden",
-            message: message.into(),
-        }
-    }
-    /// The request itself is malformed.
-    pub fn bad_request(message: impl Into<String>) -> Denial {
-        Denial {
-            code: 400,
-            reason: "BadRequest",
-            message: message.into(),
-        }
-    }
-}
-
-impl From<LabelError> for Denial {
-    fn from(e: LabelError) -> Self {
-        Denial::invalid(e.to_string())
     }
 }
 
@@ -148,18 +117,42 @@ pub fn admit_pod(
     };
     let result = match (op, subresource.unwrap_or_default()) {
         (Operation::Create, "") => match object {
-            Some(obj) => parse_pod(obj, "object").and_then(|p| admit_create(&p)),
+            Some(obj) => parse_pod(obj, "object")
+                .and_then(|p| admit_create(&p))
+                .and_then(|v| check_host_dir(obj, v)),
             None => Err(Denial::bad_request("CREATE request without an object")),
         },
         (Operation::Update, "") => both("UPDATE").and_then(|(n, o)| admit_update(&n, &o)),
-        (Operation::Update, EPHEMERAL_CONTAINERS) => {
-            both("UPDATE").and_then(|(n, o)| admit_ephemeral(&n, &o))
-        }
+        (Operation::Update, EPHEMERAL_CONTAINERS) => both("UPDATE")
+            .and_then(|(n, o)| admit_ephemeral(&n, &o))
+            .and_then(|v| check_host_dir(object.unwrap_or(&Value::Null), v)),
         // Other subresources (status, binding, resize) cannot add a container or change
         // its env; the record on pods/binding is guarded by the admission policy.
         _ => Ok(Verdict::allow()),
     };
     result.unwrap_or_else(Verdict::Deny)
+}
+
+/// The pod as it will be admitted (the patch applied) may not reach KubeShare's host
+/// directory ([`hostdir`]). Checked on the result, so that what the webhook adds and
+/// what the pod brings are judged together.
+fn check_host_dir(object: &Value, verdict: Verdict) -> Result<Verdict, Denial> {
+    let Verdict::Allow { patch, .. } = &verdict else {
+        return Ok(verdict);
+    };
+    if patch.is_empty() {
+        return hostdir::check(&object["spec"]).map(|()| verdict);
+    }
+    // What the patch adds passes by construction: copy and patch only the pods that
+    // bring something of their own.
+    if !hostdir::needs_check(&object["spec"])? {
+        return Ok(verdict);
+    }
+    let mut pod = object.clone();
+    json_patch::patch(&mut pod, patch)
+        .map_err(|e| Denial::bad_request(format!("the webhook's patch does not apply: {e}")))?;
+    hostdir::check(&pod["spec"])?;
+    Ok(verdict)
 }
 
 fn parse_pod(v: &Value, what: &str) -> Result<Pod, Denial> {
@@ -188,7 +181,7 @@ fn admit_create(pod: &Pod) -> Result<Verdict, Denial> {
             guard::plan_toleration(spec, &mut plan);
         }
         guard::plan_no_gpu(spec, &mut plan);
-        return Ok(plan.into_verdict());
+        return Ok(Verdict::from(plan));
     }
     let ours = scheduler_name();
     match spec.scheduler_name.as_deref() {
@@ -210,7 +203,7 @@ fn admit_create(pod: &Pod) -> Result<Verdict, Denial> {
     // A pod on kubeshare-scheduler without GPU labels asks for no GPU: it gets none.
     let Some(demand) = demand else {
         guard::plan_no_gpu(spec, &mut plan);
-        return Ok(plan.into_verdict());
+        return Ok(Verdict::from(plan));
     };
     guard::refuse_device_plugin_gpus(spec)?;
     guard::plan_toleration(spec, &mut plan);
@@ -240,7 +233,7 @@ fn admit_create(pod: &Pod) -> Result<Verdict, Denial> {
             }
         }
     }
-    Ok(plan.into_verdict())
+    Ok(Verdict::from(plan))
 }
 
 /// `kubeshare.io/gpu-pod: 0` in the first container's limits and requests: the
@@ -298,69 +291,6 @@ fn plan_gpu_pod_marker(spec: &PodSpec, plan: &mut Plan) -> Result<(), Denial> {
         }
     }
     Ok(())
-}
-
-/// Where a container sits in the pod, for patch paths and messages.
-pub(crate) struct ContainerAt {
-    pub(crate) field: &'static str,
-    pub(crate) index: usize,
-    pub(crate) label: String,
-}
-
-impl ContainerAt {
-    pub(crate) fn path<'a>(&'a self, rest: &[&'a str]) -> Vec<String> {
-        let mut p = vec![
-            "spec".to_string(),
-            self.field.to_string(),
-            self.index.to_string(),
-        ];
-        p.extend(rest.iter().map(|s| s.to_string()));
-        p
-    }
-}
-
-/// The patch being built, plus warnings for the user.
-#[derive(Default)]
-pub(crate) struct Plan {
-    pub(crate) ops: Vec<PatchOperation>,
-    pub(crate) warnings: Vec<String>,
-}
-
-impl Plan {
-    pub(crate) fn add<S: AsRef<str>>(&mut self, path: &[S], value: Value) {
-        self.ops.push(PatchOperation::Add(AddOperation {
-            path: PointerBuf::from_tokens(path.iter().map(|s| s.as_ref())),
-            value,
-        }));
-    }
-
-    /// Appends `items` to the array at `path`, creating it when `exists` is false.
-    pub(crate) fn append<S: AsRef<str>>(&mut self, path: &[S], exists: bool, items: Vec<Value>) {
-        if items.is_empty() {
-            return;
-        }
-        if exists {
-            for item in items {
-                let mut p: Vec<&str> = path.iter().map(|s| s.as_ref()).collect();
-                p.push("-");
-                self.add(&p, item);
-            }
-        } else {
-            self.add(path, Value::Array(items));
-        }
-    }
-
-    fn into_verdict(self) -> Verdict {
-        Verdict::Allow {
-            patch: self.ops,
-            warnings: self.warnings,
-        }
-    }
-}
-
-pub(crate) fn to_value<T: serde::Serialize>(t: &T) -> Value {
-    // Serializing k8s-openapi types to a Value cannot fail (string keys, no floats).
-    serde_json::to_value(t).unwrap_or(Value::Null)
 }
 
 fn plan_volumes(spec: &PodSpec, plan: &mut Plan) -> Result<(), Denial> {
@@ -684,5 +614,5 @@ fn admit_ephemeral(new: &Pod, old: &Pod) -> Result<Verdict, Denial> {
             guard::plan_void(&c, &at, &mut plan);
         }
     }
-    Ok(plan.into_verdict())
+    Ok(Verdict::from(plan))
 }

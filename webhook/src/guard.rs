@@ -18,8 +18,8 @@ use k8s_openapi::api::core::v1::{
 };
 use kubeshare_api::{GPU_TAINT_EFFECT, GPU_TAINT_KEY, GPU_TAINT_VALUE};
 
-use crate::admit::{ContainerAt, Denial, Plan, to_value};
 use crate::inject::{self, ENV_VISIBLE_DEVICES};
+use crate::plan::{ContainerAt, Denial, Plan, to_value};
 
 /// The value the NVIDIA container runtime reads as "no GPU, no driver files".
 pub const VOID: &str = "void";
