@@ -49,6 +49,16 @@ fi
 grep -q 'schedulerName="Bad_Name"' "$WORK/bad.log" || { cat "$WORK/bad.log" >&2; die "the error does not name the bad scheduler name"; }
 log "schedulerName: set everywhere; a bad one is refused by name"
 
+# DRA is off by default; on, the node daemon gets --dra and the DeviceClass is installed.
+! "$HELM" template kubeshare "$CHART" | grep -q -- "- --dra$" || die "--dra is on by default"
+dra="$("$HELM" template kubeshare "$CHART" --set dra.enabled=true --set 'dra.claimTemplateNamespaces={team-a}')"
+[[ "$(grep -c -- "- --dra$" <<<"$dra")" == 1 && "$(grep -c "^kind: DeviceClass$" <<<"$dra")" == 1 \
+   && "$(grep -c "^kind: ResourceClaimTemplate$" <<<"$dra")" == 2 ]] \
+  || die "dra.enabled=true: expected --dra once, one DeviceClass and two ResourceClaimTemplates"
+"$HELM" lint --strict "$CHART" --namespace "$NS" --set dra.enabled=true >"$WORK/lint.log" 2>&1 \
+  || { cat "$WORK/lint.log" >&2; die "helm lint --set dra.enabled=true"; }
+log "dra: off by default; on, --dra, the DeviceClass and the claim templates"
+
 # Co-running reaches gem-schd through the node daemon, on (0.6) by default, another value as
 # set, off with 0; a value outside 0..1 is refused by name.
 [[ "$("$HELM" template kubeshare "$CHART" | grep -c -- "- --gem-schd-arg=--co-run-below=0.6$")" == 1 ]] \

@@ -524,7 +524,7 @@ cmd_up() {
     --bind-address=127.0.0.1 --secure-port="$P_KCM" --cert-dir="$RUN/kcm-certs" \
     --leader-elect=false --use-service-account-credentials=true \
     --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" \
-    --controllers=endpoints-controller,endpointslice-controller,serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller,namespace-controller,garbage-collector-controller,job-controller,ttl-after-finished-controller,replicaset-controller,deployment-controller,daemonset-controller,statefulset-controller,node-lifecycle-controller,pod-garbage-collector-controller,clusterrole-aggregation-controller \
+    --controllers=endpoints-controller,endpointslice-controller,serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller,namespace-controller,garbage-collector-controller,job-controller,ttl-after-finished-controller,replicaset-controller,deployment-controller,daemonset-controller,statefulset-controller,node-lifecycle-controller,pod-garbage-collector-controller,clusterrole-aggregation-controller,resourceclaim-controller \
     ${KUBESHARE_NODE_MONITOR_GRACE_PERIOD:+--node-monitor-grace-period="$KUBESHARE_NODE_MONITOR_GRACE_PERIOD"} \
     --profiling=false
   start kube-scheduler "$BIN/kube-scheduler" --config="$RUN/config/kube-scheduler.yaml" \

@@ -98,5 +98,57 @@ fn main() {
             .build(),
         )
         .build();
-    Builder::new().compile(&[pod_resources, registration, device_plugin]);
+    // Kubelet plugin registration (plugins_registry/) and the DRA kubelet plugin, v1.
+    let dra = "crate::dra";
+    let plugin_registration = Service::builder()
+        .name("Registration")
+        .package("pluginregistration")
+        .method(
+            method(
+                "get_info",
+                "GetInfo",
+                &format!("{dra}::InfoRequest"),
+                &format!("{dra}::PluginInfo"),
+            )
+            .build(),
+        )
+        .method(
+            method(
+                "notify_registration_status",
+                "NotifyRegistrationStatus",
+                &format!("{dra}::RegistrationStatus"),
+                &format!("{dra}::RegistrationStatusResponse"),
+            )
+            .build(),
+        )
+        .build();
+    let dra_plugin = Service::builder()
+        .name("DRAPlugin")
+        .package("k8s.io.kubelet.pkg.apis.dra.v1")
+        .method(
+            method(
+                "node_prepare_resources",
+                "NodePrepareResources",
+                &format!("{dra}::NodePrepareResourcesRequest"),
+                &format!("{dra}::NodePrepareResourcesResponse"),
+            )
+            .build(),
+        )
+        .method(
+            method(
+                "node_unprepare_resources",
+                "NodeUnprepareResources",
+                &format!("{dra}::NodeUnprepareResourcesRequest"),
+                &format!("{dra}::NodeUnprepareResourcesResponse"),
+            )
+            .build(),
+        )
+        .build();
+    Builder::new().compile(&[
+        pod_resources,
+        registration,
+        device_plugin,
+        plugin_registration,
+        dra_plugin,
+    ]);
 }

@@ -5,9 +5,10 @@
 //! writes at bind ([`Allocation`]), the GPU inventory a node daemon publishes on its
 //! Node ([`NodeInventory`]), and Gemini's per-GPU resource-config file
 //! ([`ResourceConfig`]), gem-schd's usage report ([`UsageReport`]) and the node's host
-//! directory ([`Layout`]). It does no I/O.
+//! directory ([`Layout`]), and the DRA driver's names and claim configuration ([`dra`]). It does no I/O.
 
 pub mod annotations;
+pub mod dra;
 pub mod inventory;
 pub mod labels;
 pub mod layout;

@@ -8,6 +8,7 @@
 
 pub mod daemon;
 pub mod disk;
+pub mod dra;
 pub mod held;
 pub mod http;
 pub mod metrics;

@@ -87,6 +87,11 @@ struct Args {
     #[arg(long)]
     print_inventory: bool,
 
+    /// Publish the node's GPUs as a DRA ResourceSlice (driver gpu.kubeshare.io, shared
+    /// through consumable capacity; Kubernetes 1.36+, docs/dra.md).
+    #[arg(long)]
+    dra: bool,
+
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -187,5 +192,14 @@ async fn main() -> anyhow::Result<()> {
         }),
     };
     let client = client(args.kubeconfig.as_ref()).await?;
+    if args.dra {
+        let (c, n, s, every) = (
+            client.clone(),
+            args.node_name.clone(),
+            cfg.inventory.clone(),
+            cfg.resync,
+        );
+        tokio::spawn(kubeshare_node_daemon::dra::run(c, n, s, every));
+    }
     daemon::run(cfg, client, shutdown_signal()).await
 }

@@ -1,0 +1,396 @@
+//! The DRA path against the real control plane of the test rig (kube-apiserver,
+//! kube-controller-manager with the resourceclaim controller, the stock kube-scheduler,
+//! kwok playing the kubelet): the node daemon, run with `--dra` and a fake inventory,
+//! publishes its kwok node's ResourceSlice, and the stock kube-scheduler allocates
+//! ResourceClaims against the GPU's consumable capacity. No KubeShare extender takes
+//! part. Needs Kubernetes 1.36+ (consumable capacity beta and on); skipped on older
+//! control planes.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+};
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kubeshare_api::dra::{Consumed, DRIVER_NAME, ShareConfig};
+use kubeshare_api::{GpuInfo, Milli, NodeInventory, parse_bytes};
+use kubeshare_node_daemon::dra::{Published, publish};
+use kubeshare_testkit::{
+    Cluster, Identity, KwokNode, TestNamespace, create_kwok_node, delete_node, wait_for, wait_until,
+};
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// The node daemon process; SIGTERM, then SIGKILL, when dropped.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the pid of a child this test spawned and has not reaped.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        for _ in 0..100 {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Deletes the kwok node however the test ends (its ResourceSlice follows it: the
+/// Node owns it).
+struct NodeGuard(PathBuf, String);
+
+impl Drop for NodeGuard {
+    fn drop(&mut self) {
+        let (kc, name) = (self.0.clone(), self.1.clone());
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async {
+                let c = kubeshare_testkit::client_from_kubeconfig(&kc)
+                    .await
+                    .map_err(std::io::Error::other)?;
+                let _ = delete_node(&c, &name).await;
+                Ok::<_, std::io::Error>(())
+            })
+        })
+        .join();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+/// The apiserver's minor version, or None when it does not say.
+async fn minor(client: &kube::Client) -> anyhow::Result<Option<u32>> {
+    let v = client.apiserver_version().await?;
+    let digits: String = v.minor.chars().take_while(char::is_ascii_digit).collect();
+    Ok(digits.parse().ok())
+}
+
+/// What the chart's templates/dra.yaml installs with dra.enabled (the DeviceClass, and
+/// the node daemon's right to write ResourceSlices, bound to the rig's daemon user as
+/// rbac.localRigUsers does), applied server-side so that reruns are no-ops.
+async fn install_dra(admin: &kube::Client) -> anyhow::Result<()> {
+    let pp = PatchParams::apply("kubeshare-dra-test").force();
+    let dc: DeviceClass = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": DRIVER_NAME},
+        "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{DRIVER_NAME}\"")}}]},
+    }))?;
+    Api::<DeviceClass>::all(admin.clone())
+        .patch(DRIVER_NAME, &pp, &Patch::Apply(&dc))
+        .await?;
+    let role: ClusterRole = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "kubeshare:node-daemon-dra"},
+        "rules": [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+                   "verbs": ["get", "list", "watch", "create", "update", "delete"]}],
+    }))?;
+    Api::<ClusterRole>::all(admin.clone())
+        .patch("kubeshare:node-daemon-dra", &pp, &Patch::Apply(&role))
+        .await?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "kubeshare:node-daemon-dra"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "kubeshare:node-daemon-dra"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                      "name": Identity::NodeDaemon.user()}],
+    }))?;
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .patch("kubeshare:node-daemon-dra", &pp, &Patch::Apply(&binding))
+        .await?;
+    Ok(())
+}
+
+/// A claim template for one share of a GPU: `compute` thousandths and `memory`.
+fn template(name: &str, compute: u16, memory: &str) -> anyhow::Result<ResourceClaimTemplate> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": DRIVER_NAME,
+            "capacity": {"requests": {"compute": compute.to_string(), "memory": memory}},
+        }}]}}},
+    }))?)
+}
+
+/// A pod of the default scheduler with one claim from `template`, kept to `node`.
+fn pod(name: &str, node: &str, template: &str) -> anyhow::Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "app", "image": "registry.invalid/app:1",
+                            "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+        },
+    }))?)
+}
+
+fn scheduled_on(p: &Pod) -> Option<&str> {
+    p.spec.as_ref()?.node_name.as_deref()
+}
+
+/// The scheduler's verdict on a pod it could not place: `(reason, message)`.
+fn unschedulable(p: &Pod) -> Option<(String, String)> {
+    let c = p
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+    Some((c.reason.clone()?, c.message.clone().unwrap_or_default()))
+}
+
+/// The claim the resourceclaim controller made for `pod` from its template.
+async fn claim_of(
+    pods: &Api<Pod>,
+    claims: &Api<ResourceClaim>,
+    pod: &str,
+) -> anyhow::Result<ResourceClaim> {
+    let p = pods.get(pod).await?;
+    let name = p
+        .status
+        .and_then(|s| s.resource_claim_statuses)
+        .and_then(|v| v.into_iter().find_map(|s| s.resource_claim_name))
+        .with_context(|| format!("pod {pod} names no generated claim"))?;
+    Ok(claims.get(&name).await?)
+}
+
+/// examples/dra/claims.yaml passes the apiserver's validation (server-side dry run in
+/// `ns`), and each opaque config in it parses and agrees with its own capacity requests.
+fn check_examples(cluster: &Cluster, ns: &str) -> anyhow::Result<usize> {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/dra/claims.yaml");
+    let text = std::fs::read_to_string(&file)?
+        .replace("namespace: kubeshare-demo", &format!("namespace: {ns}"));
+    let mut kubectl = cluster.kubectl()?;
+    let mut child = kubectl
+        .args(["apply", "--dry-run=server", "-o", "json", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .context("stdin")?
+        .write_all(text.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "kubectl apply --dry-run=server examples/dra/claims.yaml: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let mut configs = 0;
+    for item in list["items"].as_array().context("a List")? {
+        if item["kind"] != "ResourceClaimTemplate" {
+            continue;
+        }
+        let spec = &item["spec"]["spec"]["devices"];
+        let req = &spec["requests"][0]["exactly"]["capacity"]["requests"];
+        for c in spec["config"].as_array().into_iter().flatten() {
+            let cfg = ShareConfig::from_value(&c["opaque"]["parameters"])
+                .with_context(|| format!("{}", item["metadata"]["name"]))?;
+            let compute = req["compute"].as_str().and_then(|s| parse_bytes(s).ok());
+            let memory = req["memory"].as_str().and_then(|s| parse_bytes(s).ok());
+            let (Some(compute), Some(memory)) = (compute, memory) else {
+                bail!(
+                    "{}: a config without capacity requests",
+                    item["metadata"]["name"]
+                );
+            };
+            let consumed = Consumed {
+                compute: Milli::new(compute as u16).context("compute above 1000")?,
+                memory,
+            };
+            cfg.resolve(consumed)
+                .with_context(|| format!("{}", item["metadata"]["name"]))?;
+            configs += 1;
+        }
+    }
+    Ok(configs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stock_scheduler_shares_a_gpu_by_consumable_capacity() -> anyhow::Result<()> {
+    let cluster = Cluster::shared()?;
+    let admin = cluster.client(Identity::Admin).await?;
+    match minor(&admin).await? {
+        Some(m) if m >= 36 => {}
+        other => {
+            eprintln!(
+                "skipped: consumable capacity needs Kubernetes 1.36+ (apiserver minor {other:?})"
+            );
+            return Ok(());
+        }
+    }
+    install_dra(&admin).await?;
+    let ns = TestNamespace::create(cluster, "dra").await?;
+    let nsname = ns.name().to_string();
+    let node = ns.unique_name("gpu");
+    let _node_guard = NodeGuard(
+        cluster.kubeconfig(Identity::Admin)?.to_path_buf(),
+        node.clone(),
+    );
+    create_kwok_node(&admin, &KwokNode::new(&node)).await?;
+
+    // The daemon, as the chart runs it with dra.enabled: its own identity, --dra.
+    let inv = NodeInventory {
+        gpus: vec![GpuInfo {
+            uuid: format!("GPU-{:08x}-0000-4000-8000-000000000000", std::process::id()),
+            index: 0,
+            model: "NVIDIA-H100-80GB-HBM3".into(),
+            memory: 16 << 30,
+            numa_node: Some(0),
+            nvlink_peers: vec![],
+            held_by: None,
+        }],
+    };
+    let tmp = tempfile::Builder::new().prefix("dra").tempdir_in("/tmp")?;
+    let inv_file = tmp.path().join("inv.json");
+    std::fs::write(&inv_file, inv.to_json())?;
+    let log = tmp.path().join("daemon.log");
+    let out = std::fs::File::create(&log)?;
+    let child = Command::new(env!("CARGO_BIN_EXE_kubeshare-node-daemon"))
+        .args(["--node-name", &node, "--dra", "--taint-node=false"])
+        .args(["--resync-secs", "1", "--pod-resources-interval-secs", "0"])
+        .arg("--root")
+        .arg(tmp.path().join("root"))
+        .arg("--fake-inventory")
+        .arg(&inv_file)
+        .arg("--kubeconfig")
+        .arg(cluster.kubeconfig(Identity::NodeDaemon)?)
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{}", free_port()))
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()?;
+    let _daemon = Daemon(child);
+
+    // 1. The slice: one shared device with both capacities, pool generation 1.
+    let slices: Api<ResourceSlice> = Api::all(admin.clone());
+    let slice_name = format!("{node}-{DRIVER_NAME}");
+    let slice = wait_for(&slices, &slice_name, WAIT, |_| true)
+        .await
+        .with_context(|| std::fs::read_to_string(&log).unwrap_or_default())?;
+    assert_eq!(slice.spec.node_name.as_deref(), Some(node.as_str()));
+    assert_eq!(slice.spec.pool.generation, 1);
+    let devices = slice.spec.devices.clone().unwrap_or_default();
+    assert_eq!(devices.len(), 1, "{devices:?}");
+    assert_eq!(devices[0].name, "gpu-0");
+    assert_eq!(devices[0].allow_multiple_allocations, Some(true));
+    let cap = devices[0].capacity.clone().unwrap_or_default();
+    assert_eq!(parse_bytes(&cap["compute"].value.0).ok(), Some(1000));
+    assert_eq!(parse_bytes(&cap["memory"].value.0).ok(), Some(16 << 30));
+    // What the apiserver stored reads back as unchanged: no new generation each resync.
+    let daemon_client = cluster.client(Identity::NodeDaemon).await?;
+    assert_eq!(
+        publish(&daemon_client, &node, &inv).await?,
+        Published::Unchanged
+    );
+    assert_eq!(slices.get(&slice_name).await?.spec.pool.generation, 1);
+
+    // 2. Claims of 300 and 600 thousandths share the GPU.
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &nsname);
+    let claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), &nsname);
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(admin.clone(), &nsname);
+    let pp = PostParams::default();
+    templates
+        .create(&pp, &template("share-300", 300, "4Gi")?)
+        .await?;
+    templates
+        .create(&pp, &template("share-600", 600, "4Gi")?)
+        .await?;
+    pods.create(&pp, &pod("a", &node, "share-300")?).await?;
+    pods.create(&pp, &pod("b", &node, "share-600")?).await?;
+    for p in ["a", "b"] {
+        wait_for(&pods, p, WAIT, |p| scheduled_on(p) == Some(node.as_str())).await?;
+    }
+    let claim_a = claim_of(&pods, &claims, "a").await?;
+    let alloc = claim_a
+        .status
+        .and_then(|s| s.allocation)
+        .and_then(|a| a.devices)
+        .and_then(|d| d.results)
+        .unwrap_or_default();
+    assert_eq!(alloc.len(), 1, "{alloc:?}");
+    assert_eq!(alloc[0].driver, DRIVER_NAME);
+    assert_eq!(alloc[0].pool, node);
+    assert_eq!(alloc[0].device, "gpu-0");
+    assert!(
+        alloc[0].share_id.is_some(),
+        "a shared device's allocation has a shareID"
+    );
+    let consumed = alloc[0].consumed_capacity.clone().unwrap_or_default();
+    assert_eq!(parse_bytes(&consumed["compute"].0).ok(), Some(300));
+    assert_eq!(parse_bytes(&consumed["memory"].0).ok(), Some(4 << 30));
+
+    // 3. A third claim of 300 does not fit (900 of 1000 are booked): it stays Pending
+    // with the scheduler's reason.
+    pods.create(&pp, &pod("c", &node, "share-300")?).await?;
+    let c = wait_for(&pods, "c", WAIT, |p| unschedulable(p).is_some()).await?;
+    let (reason, message) = unschedulable(&c).unwrap_or_default();
+    assert_eq!(reason, "Unschedulable", "{message}");
+    assert!(
+        message.contains("claim"),
+        "the reason names the claims: {message}"
+    );
+    assert_eq!(scheduled_on(&c), None);
+    eprintln!("pod c pending: {reason}: {message}");
+
+    // 4. Deleting pod a frees its 300: the pending pod is placed.
+    let dp = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    pods.delete("a", &dp).await?;
+    wait_for(&pods, "c", WAIT, |p| scheduled_on(p) == Some(node.as_str())).await?;
+    let claim_c = claim_of(&pods, &claims, "c").await?;
+    assert!(
+        claim_c.status.and_then(|s| s.allocation).is_some(),
+        "pod c's claim is allocated"
+    );
+
+    // 5. The examples are valid objects whose configs agree with their bookings.
+    let n = check_examples(cluster, &nsname)?;
+    assert_eq!(n, 2, "examples/dra/claims.yaml has two opaque configs");
+
+    // The node's removal takes its slice along (the Node owns it).
+    drop(_daemon);
+    delete_node(&admin, &node).await?;
+    wait_until("the slice to follow its Node", WAIT, || async {
+        match slices.get_opt(&slice_name).await {
+            Ok(None) => Ok(Some(())),
+            Ok(Some(_)) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await?;
+    ns.delete().await?;
+    Ok(())
+}
