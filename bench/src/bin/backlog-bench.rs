@@ -85,6 +85,60 @@ fn scheduler_timeouts(run_dir: &Path) -> usize {
         .unwrap_or(0)
 }
 
+/// Waits until every pod of the backlog is bound (or the timeout), printing progress, and
+/// kills and restarts the extender once `--kill-extender-at` pods are bound; returns how many
+/// were bound when it was killed.
+async fn drain(
+    pods: &Api<Pod>,
+    args: &Args,
+    ext: &mut Extender,
+    t: Instant,
+) -> anyhow::Result<Option<usize>> {
+    let mut killed_at = None;
+    let mut last = (0, 0);
+    let mut list_errors = 0;
+    loop {
+        // The apiserver is under load by design: a failed list is retried, not fatal.
+        let (bound, total) = match count_bound(pods).await {
+            Ok(c) => {
+                list_errors = 0;
+                c
+            }
+            Err(e) if list_errors < 20 => {
+                list_errors += 1;
+                eprintln!("backlog-bench: listing pods failed ({e}); retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            Err(e) => return Err(e.context("listing pods failed 20 times in a row")),
+        };
+        if (bound, total) != last {
+            eprintln!(
+                "backlog-bench: {:6.1} s  {bound}/{total} bound",
+                t.elapsed().as_secs_f64()
+            );
+            last = (bound, total);
+        }
+        if let Some(k) = args.kill_extender_at
+            && killed_at.is_none()
+            && bound as u32 >= k
+        {
+            ext.kill_and_restart()?;
+            killed_at = Some(bound);
+            eprintln!("backlog-bench: extender SIGKILLed at {bound} bound and restarted");
+        }
+        if bound == total {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(args.timeout) {
+            eprintln!("backlog-bench: timed out with {bound}/{total} bound");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(killed_at)
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -150,48 +204,7 @@ async fn main() -> anyhow::Result<()> {
 
     // Drain the backlog.
     let t = Instant::now();
-    let mut killed_at = None;
-    let mut last = (0, 0);
-    let mut list_errors = 0;
-    loop {
-        // The apiserver is under load by design: a failed list is retried, not fatal.
-        let (bound, total) = match count_bound(&pods).await {
-            Ok(c) => {
-                list_errors = 0;
-                c
-            }
-            Err(e) if list_errors < 20 => {
-                list_errors += 1;
-                eprintln!("backlog-bench: listing pods failed ({e}); retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-            Err(e) => return Err(e.context("listing pods failed 20 times in a row")),
-        };
-        if (bound, total) != last {
-            eprintln!(
-                "backlog-bench: {:6.1} s  {bound}/{total} bound",
-                t.elapsed().as_secs_f64()
-            );
-            last = (bound, total);
-        }
-        if let Some(k) = args.kill_extender_at
-            && killed_at.is_none()
-            && bound as u32 >= k
-        {
-            ext.kill_and_restart()?;
-            killed_at = Some(bound);
-            eprintln!("backlog-bench: extender SIGKILLed at {bound} bound and restarted");
-        }
-        if bound == total {
-            break;
-        }
-        if t.elapsed() > Duration::from_secs(args.timeout) {
-            eprintln!("backlog-bench: timed out with {bound}/{total} bound");
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let killed_at = drain(&pods, &args, &mut ext, t).await?;
     let drain_s = t.elapsed().as_secs_f64();
 
     let all = match list_all(&pods).await {

@@ -521,38 +521,7 @@ async fn run_one(
     let (busy_cores, steal_cores) =
         machine_t0.cores_until(&machine_end, end.saturating_duration_since(t0));
 
-    let all = list_all(&pods).await?;
-    let check = match config {
-        Config::B | Config::B1 | Config::B2 => {
-            let c = check_books(&all);
-            if !c.ok() {
-                bail!(
-                    "{ns}: {} GPUs above 1.0 (max {:.3}), {} bad records, {} pending: {:?}",
-                    c.overcommitted().len(),
-                    f64::from(c.max_milli()) / 1000.0,
-                    c.bad_records.len(),
-                    c.pending,
-                    c.bad_records.iter().take(5).collect::<Vec<_>>()
-                );
-            }
-            format!(
-                "ok: {} bound, {} GPUs used, max booking {:.2}",
-                c.bound,
-                c.booked_milli.len(),
-                f64::from(c.max_milli()) / 1000.0
-            )
-        }
-        Config::A2 | Config::A2p | Config::C => {
-            let bound = all
-                .iter()
-                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
-                .count();
-            if bound != args.pods as usize {
-                bail!("{ns}: {bound} of {} pods bound", args.pods);
-            }
-            format!("ok: {bound} bound")
-        }
-    };
+    let check = check_run(config, &list_all(&pods).await?, args.pods, &ns)?;
     delete_namespace(admin, &ns).await?;
     Ok(Run {
         config,
@@ -583,6 +552,42 @@ async fn run_one(
         timing_calls_per_pod,
         apiserver_profile: profile,
         check,
+    })
+}
+
+/// Whether a run ended right: every pod bound, and for GPU pods no GPU above 1.0 and every
+/// record right; the verdict as a line for the results.
+fn check_run(config: Config, all: &[Pod], pods: u32, ns: &str) -> anyhow::Result<String> {
+    Ok(match config {
+        Config::B | Config::B1 | Config::B2 => {
+            let c = check_books(all);
+            if !c.ok() {
+                bail!(
+                    "{ns}: {} GPUs above 1.0 (max {:.3}), {} bad records, {} pending: {:?}",
+                    c.overcommitted().len(),
+                    f64::from(c.max_milli()) / 1000.0,
+                    c.bad_records.len(),
+                    c.pending,
+                    c.bad_records.iter().take(5).collect::<Vec<_>>()
+                );
+            }
+            format!(
+                "ok: {} bound, {} GPUs used, max booking {:.2}",
+                c.bound,
+                c.booked_milli.len(),
+                f64::from(c.max_milli()) / 1000.0
+            )
+        }
+        Config::A2 | Config::A2p | Config::C => {
+            let bound = all
+                .iter()
+                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+                .count();
+            if bound != pods as usize {
+                bail!("{ns}: {bound} of {pods} pods bound");
+            }
+            format!("ok: {bound} bound")
+        }
     })
 }
 
