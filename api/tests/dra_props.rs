@@ -1,9 +1,10 @@
 //! Properties of the DRA claim configuration: it never panics on any input, its
 //! canonical JSON reads back to the same value, and it accepts exactly what the
-//! `sharedgpu/*` labels accept for the same share.
+//! `sharedgpu/*` labels accept for the same share of one GPU (whole GPUs are a claim's
+//! device count, which the config refuses).
 
-use kubeshare_api::dra::{CONFIG_API_VERSION, CONFIG_KIND, Consumed, ShareConfig};
-use kubeshare_api::{GpuDemand, Milli, UmSpec};
+use kubeshare_api::dra::{CONFIG_API_VERSION, CONFIG_KIND, ConfigError, Consumed, ShareConfig};
+use kubeshare_api::{GpuDemand, GpuShare, Milli, UmSpec};
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
@@ -159,6 +160,18 @@ proptest! {
         put("gpu_mem_managed", managed);
         let from_config = ShareConfig::from_value(&v);
         let from_labels = GpuDemand::from_labels(&labels);
+        // Whole GPUs are a claim's device count, not a share of one device: a request above
+        // one GPU, which the labels read as whole GPUs, is refused by the config, naming it.
+        if let Ok(Some(d)) = &from_labels
+            && matches!(d.share, GpuShare::Whole { .. })
+        {
+            prop_assert!(
+                matches!(&from_config, Err(ConfigError::Invalid { field, .. }) if field == "request"),
+                "config {:?} for whole GPUs",
+                from_config
+            );
+            return Ok(());
+        }
         prop_assert_eq!(
             from_config.is_ok(),
             from_labels.is_ok(),
