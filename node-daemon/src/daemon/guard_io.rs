@@ -3,6 +3,7 @@
 //! metrics) and, where asked, evicts the pods that use a GPU untracked.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
@@ -14,6 +15,13 @@ use super::{Daemon, GuardConfig};
 use crate::guard::{GpuView, RefusalNews, Refusals, Strangers, Untracked};
 use crate::reconcile::PodView;
 
+/// A refusing socket is reported again at most this often: a refused hook retries (every
+/// 100 ms under KUBESHARE_ON_UNREACHABLE=wait), and one Event per check would flood the pods.
+const REFUSAL_EVENT_EVERY: Duration = Duration::from_secs(300);
+
+/// (gpu, socket pod, peer pod).
+type RefusalKey = (String, String, Option<String>);
+
 /// The guard's memory across checks, and its handles.
 pub(super) struct GuardState {
     refusals: Refusals,
@@ -24,6 +32,9 @@ pub(super) struct GuardState {
     client: Client,
     /// Pods already evicted (uid), so each is asked once.
     evicted: BTreeSet<String>,
+    /// When refusals were last reported in Events, per (gpu, socket pod, peer pod), with
+    /// how many came since.
+    refusal_events: BTreeMap<RefusalKey, (Option<Instant>, u64)>,
 }
 
 impl GuardState {
@@ -48,6 +59,7 @@ impl GuardState {
             evict: cfg.evict,
             client,
             evicted: BTreeSet::new(),
+            refusal_events: BTreeMap::new(),
         }
     }
 }
@@ -109,10 +121,19 @@ impl Daemon {
         let peer = describe(pods, n.peer_pod.as_deref());
         let owner = describe(pods, Some(&n.socket_pod));
         tracing::warn!(gpu = %n.gpu, socket_pod = %n.socket_pod, peer_pod = n.peer_pod.as_deref().unwrap_or("none"), pid = n.pid, refused = n.new, "gem-schd refused connections to a pod's socket from a process outside that pod");
+        let key = (n.gpu.clone(), n.socket_pod.clone(), n.peer_pod.clone());
+        let now = Instant::now();
+        let (last, pending) = self.guard.refusal_events.entry(key).or_insert((None, 0));
+        *pending += n.new;
+        if last.is_some_and(|t| now.duration_since(t) < REFUSAL_EVENT_EVERY) {
+            return;
+        }
+        let count = std::mem::take(pending);
+        *last = Some(now);
         if let Some(p) = pods.iter().find(|p| p.uid == n.socket_pod) {
             let note = format!(
-                "gem-schd refused {} connection(s) to this pod's socket for GPU {}: the process (pid {} on the node) runs in {peer}",
-                n.new, n.gpu, n.pid
+                "gem-schd refused {count} connection(s) to this pod's socket for GPU {}: the process (pid {} on the node) runs in {peer}",
+                n.gpu, n.pid
             );
             self.emit_for(p, EventType::Warning, "GpuSocketPeerRefused", "Guard", note);
         }
