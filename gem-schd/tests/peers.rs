@@ -78,6 +78,16 @@ impl Drop for Cgroups {
     }
 }
 
+/// A child process, killed and reaped however the test ends (before the cgroups go).
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `gem-client-sim alloc` on `sock`, started in cgroup `cg` (the shell moves itself there,
 /// then becomes the client).
 fn client_in(cg: &Path, sock: &Path) -> Child {
@@ -95,6 +105,21 @@ fn client_in(cg: &Path, sock: &Path) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
+}
+
+/// The output of `child` once it exits, or `None` (and it is killed) if it runs past `limit`:
+/// a served `gem-client-sim alloc` waits to be killed.
+fn exit_within(mut child: Child, limit: Duration) -> Option<std::process::Output> {
+    let end = Instant::now() + limit;
+    while child.try_wait().ok()?.is_none() {
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().ok()
 }
 
 #[track_caller]
@@ -128,29 +153,33 @@ fn only_processes_of_the_sockets_pod_are_served() {
     .unwrap();
     let usage = dir.path().join("usage.txt");
     let sock = |pod: &str| dir.path().join(pod).join(format!("{GPU}.sock"));
-    let mut schd = Command::new(SCHD)
-        .args(["--gpu", GPU, "--config"])
-        .arg(dir.path().join("resource-config.txt"))
-        .arg("--socket-template")
-        .arg(format!("{}/{{client}}/{{gpu}}.sock", dir.path().display()))
-        .arg("--usage-file")
-        .arg(&usage)
-        .arg("--verify-pod-peers")
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let _schd = Reaped(
+        Command::new(SCHD)
+            .args(["--gpu", GPU, "--config"])
+            .arg(dir.path().join("resource-config.txt"))
+            .arg("--socket-template")
+            .arg(format!("{}/{{client}}/{{gpu}}.sock", dir.path().display()))
+            .arg("--usage-file")
+            .arg(&usage)
+            .arg("--verify-pod-peers")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     wait_for(|| sock(POD_A).exists().then_some(()), "pod A's socket");
 
     // A process of pod A is served.
-    let mut a = client_in(&a_cg, &sock(POD_A));
+    let mut a = Reaped(client_in(&a_cg, &sock(POD_A)));
     let mut line = String::new();
-    BufReader::new(a.stdout.take().unwrap())
+    BufReader::new(a.0.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
     assert!(line.starts_with("allocated used=1"), "{line:?}");
 
     // A process of pod B at pod A's socket is refused, naming both pods.
-    let b = client_in(&b_cg, &sock(POD_A)).wait_with_output().unwrap();
+    let b = exit_within(client_in(&b_cg, &sock(POD_A)), Duration::from_secs(10))
+        .expect("pod B's process was served at pod A's socket");
     let err = String::from_utf8_lossy(&b.stderr);
     assert!(!b.status.success(), "{err}");
     assert!(
@@ -169,7 +198,7 @@ fn only_processes_of_the_sockets_pod_are_served() {
     }
 
     // The report counts both refusals and lists the served process.
-    let a_pid = a.id();
+    let a_pid = a.0.id();
     let report = wait_for(
         || {
             let r = UsageReport::parse(&std::fs::read_to_string(&usage).ok()?).ok()?;
@@ -194,9 +223,4 @@ fn only_processes_of_the_sockets_pod_are_served() {
     assert_eq!(by_peer(None).pid, std::process::id());
     assert_eq!(report.client(POD_A).unwrap().pids, vec![a_pid]);
     assert!(report.client(POD_B).unwrap().pids.is_empty());
-
-    let _ = a.kill();
-    let _ = a.wait();
-    let _ = schd.kill();
-    let _ = schd.wait();
 }

@@ -874,6 +874,21 @@ fn client_in(sim: &Path, cg: &Path, sock: &Path, gpu: &str) -> std::io::Result<C
         .spawn()
 }
 
+/// The output of `child` once it exits, or `None` (and it is killed) if it runs past `limit`:
+/// a served `gem-client-sim alloc` waits to be killed.
+fn exit_within(mut child: Child, limit: Duration) -> Option<std::process::Output> {
+    let end = Instant::now() + limit;
+    while child.try_wait().ok()?.is_none() {
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().ok()
+}
+
 /// A process of one pod at another pod's socket: the node daemon's gem-schd refuses it, and
 /// the node daemon reports it with an Event on each pod and a counter; a process of the
 /// socket's own pod is served. The processes run in cgroups named for the two pods' UIDs.
@@ -961,8 +976,8 @@ async fn a_process_at_another_pods_socket_is_refused_and_reported() -> anyhow::R
         .await?;
 
         // The intruder's process at the owner's socket: Error 7, naming both pods.
-        let out = client_in(&sim, &cgroups.pod("besteffort", &intruder), &sock, &g)?
-            .wait_with_output()?;
+        let intruding = client_in(&sim, &cgroups.pod("besteffort", &intruder), &sock, &g)?;
+        let out = exit_within(intruding, WAIT).context("the intruder was served")?;
         let err = String::from_utf8_lossy(&out.stderr);
         ensure!(!out.status.success(), "the intruder was served: {err}");
         ensure!(
