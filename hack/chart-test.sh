@@ -73,6 +73,16 @@ if "$HELM" template kubeshare "$CHART" --set nodeDaemon.coRunBelow=1.5 >"$WORK/b
 fi
 grep -q 'nodeDaemon.coRunBelow=1.5' "$WORK/bad.log" || { cat "$WORK/bad.log" >&2; die "the error does not name coRunBelow"; }
 log "nodeDaemon.coRunBelow: 0.6 by default, passed to gem-schd as set, off with 0, a bad one refused by name"
+# The node daemon's ClusterRole, from the rendered chart on stdin.
+node_daemon_role() { awk '/^kind: ClusterRole$/{r=0} /^  name: kubeshare:node-daemon$/{r=1} /^---/{r=0} r'; }
+evict="$("$HELM" template kubeshare "$CHART" --set nodeDaemon.evictUntrackedGpuPods=true)"
+grep -q -- "--evict-untracked-gpu-pods=true" <<<"$evict" && node_daemon_role <<<"$evict" | grep -q 'pods/eviction' \
+  || die "nodeDaemon.evictUntrackedGpuPods=true did not reach the node daemon with the right to evict"
+plain="$("$HELM" template kubeshare "$CHART")"
+node_daemon_role <<<"$plain" | grep -q 'resources: \["nodes"\]' || die "no node-daemon ClusterRole found"
+! { grep -q -- "--evict-untracked-gpu-pods" <<<"$plain" || node_daemon_role <<<"$plain" | grep -q 'pods/eviction'; } \
+  || die "the node daemon evicts (or may) by default"
+log "nodeDaemon.evictUntrackedGpuPods: off by default, with pods/eviction only when on"
 
 # ------------------------------------------------------------------ 2. manifests/
 HELM="$HELM" "$REPO/hack/render-manifests.sh" --check

@@ -6,9 +6,12 @@
 # --node (the test rig's real node), so both deploy the same chart the same way.
 # (manifests/ is the same chart rendered; `make test` checks they agree.)
 #
-# Usage: hack/deploy.sh [--tag TAG] [--gpus N]
+# Usage: hack/deploy.sh [--tag TAG] [--gpus N] [--fake-gpu-dir DIR]
 #   --tag TAG  run the KubeShare images with this tag (default: the manifests' latest)
 #   --gpus N   simulated GPUs per node (default 4): the first node gets H100s, the others A100s
+#   --fake-gpu-dir DIR  the nodes' host directory with fake-gpu/ (the pods' shared simulated
+#              GPUs) and lib/libnvidia-ml.so.1 (the fake driver): the node daemon lists
+#              the pods' GPU processes through it (chart value nodeDaemon.fakeGpuDir)
 # Env: KUBECTL (the kubectl command line, default `kubectl`),
 #      HELM_KUBE_ARGS (helm's flags for the same cluster, e.g. `--kubeconfig F`
 #        or `--kube-context C`), HELM (default: built by hack/build-helm.sh),
@@ -21,6 +24,7 @@ REPO="$(cd "$HACK/.." && pwd)"
 NS=kubeshare-system
 TAG=latest
 GPUS=4
+FAKE_GPU_DIR=
 TIMEOUT="${KUBESHARE_DEPLOY_TIMEOUT:-300}"
 read -ra KUBECTL <<<"${KUBECTL:-kubectl}"
 
@@ -32,7 +36,8 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --tag) TAG="${2:?}"; shift 2 ;;
     --gpus) GPUS="${2:?}"; shift 2 ;;
-    *) sed -n '2,16p' "$0" >&2; exit 2 ;;
+    --fake-gpu-dir) FAKE_GPU_DIR="${2:?}"; shift 2 ;;
+    *) sed -n '2,19p' "$0" >&2; exit 2 ;;
   esac
 done
 command -v jq >/dev/null || die "jq is required"
@@ -65,6 +70,7 @@ log "helm upgrade --install kubeshare charts/kubeshare (tag $TAG)"
 "$HELM" "${HELM_KUBE[@]}" upgrade --install kubeshare "$REPO/charts/kubeshare" --namespace "$NS" \
   --set images.tag="$TAG" --set nodeDaemon.fakeInventoryConfigMap=kubeshare-fake-inventory \
   --set rbac.localRigUsers=true ${K8S_VERSION:+--set images.kubeScheduler=registry.k8s.io/kube-scheduler:$K8S_VERSION} \
+  ${FAKE_GPU_DIR:+--set nodeDaemon.fakeGpuDir=$FAKE_GPU_DIR} \
   >"$WORK/helm.log" 2>&1 \
   || { cat "$WORK/helm.log" >&2; die "helm upgrade --install failed"; }
 log "waiting for KubeShare to roll out (up to ${TIMEOUT}s)"

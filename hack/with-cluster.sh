@@ -14,6 +14,8 @@
 #   host is as before the node and fails the run if not.
 # Env: KUBESHARE_WITH_CLUSTER_ROOT (default <repo>/target/kubeshare-make-test);
 #      the run dir is ROOT/<pid>, so concurrent runs do not touch each other.
+#      KUBESHARE_IMAGES_PROFILE (--node: the cargo profile whose libfake_cuda.so the node
+#      daemon loads as NVML, as hack/images.sh; default release).
 set -euo pipefail
 HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HACK/.." && pwd)"
@@ -58,8 +60,14 @@ rm -f "$ROOT/$$.up.log"
 echo "with-cluster: cluster up in $RUN" >&2
 if (( NODE_MODE )); then
   "$HACK/node.sh" up "$RUN" --owner-pid $$
+  # The fake driver, as the node daemon's NVML: it lists the test pods' processes on their
+  # simulated GPUs (RUN/node/test is /var/lib/kubeshare-test on the node).
+  fake_nvml="${CARGO_TARGET_DIR:-$REPO/target}/${KUBESHARE_IMAGES_PROFILE:-release}/libfake_cuda.so"
+  [[ -f "$fake_nvml" ]] || { echo "with-cluster: missing $fake_nvml (build fake-libcuda)" >&2; exit 1; }
+  install -D -m 0755 "$fake_nvml" "$RUN/node/test/lib/libnvidia-ml.so.1"
   KUBECTL="$KUBESHARE_K8S_BIN/kubectl --kubeconfig $RUN/kubeconfig/admin.kubeconfig" \
-    HELM_KUBE_ARGS="--kubeconfig $RUN/kubeconfig/admin.kubeconfig" "$HACK/deploy.sh" --gpus 2
+    HELM_KUBE_ARGS="--kubeconfig $RUN/kubeconfig/admin.kubeconfig" "$HACK/deploy.sh" --gpus 2 \
+    --fake-gpu-dir /var/lib/kubeshare-test
   export KUBESHARE_NODE_DIR="$RUN/node"
   echo "with-cluster: node up, KubeShare deployed" >&2
 fi

@@ -28,7 +28,7 @@ node-images: node-bins k8s-binaries
 	KUBESHARE_IMAGES_PROFILE=$(NODE_IMAGES_PROFILE) hack/images.sh build
 
 node-test: node-images
-	hack/with-cluster.sh --node $(CARGO) test --locked -p kubeshare-testkit --test real_node \
+	KUBESHARE_IMAGES_PROFILE=$(NODE_IMAGES_PROFILE) hack/with-cluster.sh --node $(CARGO) test --locked -p kubeshare-testkit --test real_node \
 	  -- --ignored --test-threads=1
 
 # In `make test`, after everything else (make merges this into the Makefile's list).

@@ -5,9 +5,11 @@
 //! writes at bind ([`Allocation`]), the GPU inventory a node daemon publishes on its
 //! Node ([`NodeInventory`]), and Gemini's per-GPU resource-config file
 //! ([`ResourceConfig`]), gem-schd's usage report ([`UsageReport`]) and the node's host
-//! directory ([`Layout`]), and the DRA driver's names and claim configuration ([`dra`]). It does no I/O.
+//! directory ([`Layout`]), the DRA driver's names and claim configuration ([`dra`]), and
+//! which pod a process's cgroups put it in ([`cgroup`]). It does no I/O.
 
 pub mod annotations;
+pub mod cgroup;
 pub mod dra;
 pub mod inventory;
 pub mod labels;
@@ -28,7 +30,7 @@ pub use quantity::{ACCEPTED_FORMS, QuantityError, parse_bytes};
 pub use resource_config::{ResourceConfig, ResourceConfigError, ResourceEntry};
 pub use scheduler_name::{SCHEDULER_NAME_ENV, scheduler_name, set_scheduler_name};
 pub use um::UmSpec;
-pub use usage::{ClientUsage, USAGE_FILE, UsageError, UsageReport};
+pub use usage::{ClientUsage, Refusal, USAGE_FILE, UsageError, UsageReport};
 
 /// The default name of the scheduler that places KubeShare pods ([`scheduler_name`] is
 /// the one in force).

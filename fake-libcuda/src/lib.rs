@@ -11,8 +11,10 @@
 //! Environment: `FAKE_CUDA_DEVICES` (comma-separated NVML-style UUIDs; default one device),
 //! `FAKE_CUDA_MEM_BYTES` (memory per device; default 16 GiB), `FAKE_CUDA_DRIVER_VERSION`
 //! (default 13000), `FAKE_CUDA_SHARED_DIR` (processes naming the same directory share their
-//! simulated devices, as processes share a real GPU). `fakeCudaBusyMicros(dev)` returns the kernel time the device has executed
-//! in this process, so tests can measure shares.
+//! simulated devices, as processes share a real GPU, and NVML lists the processes with a
+//! context on each, see `procs`), `FAKE_CUDA_INVENTORY` (without `FAKE_CUDA_DEVICES`: the
+//! GPUs of a node inventory file). `fakeCudaBusyMicros(dev)` returns the kernel time the
+//! device has executed in this process, so tests can measure shares.
 #![allow(non_snake_case)]
 
 pub mod convention;
@@ -21,6 +23,7 @@ mod launches;
 mod managed;
 mod memory;
 mod nvml;
+mod procs;
 
 use convention::kernel_duration_us;
 use cuda_abi::*;
@@ -106,7 +109,10 @@ extern "C" fn after_fork_in_child() {
 }
 
 fn new_driver() -> Driver {
-    let uuids = std::env::var("FAKE_CUDA_DEVICES").unwrap_or_else(|_| DEFAULT_UUID.into());
+    let uuids = std::env::var("FAKE_CUDA_DEVICES")
+        .ok()
+        .or_else(procs::devices_from_inventory)
+        .unwrap_or_else(|| DEFAULT_UUID.into());
     let mem = std::env::var("FAKE_CUDA_MEM_BYTES")
         .ok()
         .and_then(|s| s.trim().parse().ok())
@@ -300,6 +306,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUde
         return CUDA_ERROR_INVALID_DEVICE;
     }
     driver().primary_refs[dev as usize].fetch_add(1, Ordering::AcqRel);
+    procs::record(dev as usize);
     // SAFETY: `ctx` is null or writable (this function's contract); `put` checks null.
     unsafe { put(ctx, driver().primary[dev as usize] as CUcontext) }
 }
@@ -370,6 +377,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
         return CUDA_ERROR_INVALID_DEVICE;
     }
     let c = Box::into_raw(Box::new(Ctx { dev: dev as usize }));
+    procs::record(dev as usize);
     CURRENT.with(|cur| cur.set(c));
     // SAFETY: `ctx` is null or writable (this function's contract); `put` checks null.
     unsafe { put(ctx, c as CUcontext) }

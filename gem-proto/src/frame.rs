@@ -30,6 +30,9 @@ pub mod code {
     /// The client already has as many connections as gem-schd allows one client
     /// (`--max-conns`); this one is closed.
     pub const TOO_MANY_CONNECTIONS: u16 = 6;
+    /// The connecting process does not run in the pod the socket belongs to (gem-schd
+    /// `--verify-pod-peers`: its cgroups name another pod, or none); this one is closed.
+    pub const PEER_NOT_IN_POD: u16 = 7;
 }
 
 /// Frame kinds, client -> server.

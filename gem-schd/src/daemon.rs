@@ -8,8 +8,13 @@
 //! awaiting replies is not read further until it reads them (back-pressure onto that client
 //! only), and one whose unread replies exceed [`MAX_QUEUED_REPLIES`] is closed; the actor's
 //! inbox is bounded too.
+//!
+//! Peer check (`--verify-pod-peers`): a connection whose process does not run in the socket's
+//! pod (by its cgroups) gets Error{7} and is closed at accept; refusals are counted in the usage
+//! report. Every connection's PID (from its peer credentials) is listed there too, for the node
+//! daemon to tell the processes gem-schd gates from those it does not know.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
@@ -33,11 +38,14 @@ const INBOX: usize = 4096;
 /// One launch in this many timed for Busy reports, asked of hooks while co-running is on. A
 /// timed launch costs ~6 µs of CPU on an H100: one in 32 added +228–236 ns a launch on
 /// average, one in 256 +43–58 ns, as much as nothing timed (+45–58 ns) in the same A/B
-/// (docs/gpu-benchmarks.md, issue 14 round 16); batch-1 inference still gets ~10 samples a
-/// co-hold.
+/// (docs/gpu-benchmarks.md, "sampling at 1 in 256"); batch-1 inference still gets ~10
+/// samples a co-hold.
 const BUSY_EVERY_FOR_CO_RUN: u32 = 256;
 /// How often the usage report is rewritten.
 const USAGE_EVERY: Duration = Duration::from_secs(1);
+/// (socket, peer pod) pairs whose refusals are counted; more are logged but not counted, so
+/// that a process cycling through cgroups cannot grow the report without bound.
+const MAX_REFUSAL_KEYS: usize = 1024;
 
 /// Everything the daemon needs to start.
 #[derive(Debug, Clone)]
@@ -69,13 +77,21 @@ pub struct Settings {
     pub turn_includes_drain: bool,
     /// Co-running of light clients (see `Core::set_co_run`).
     pub co_run: CoRunSettings,
+    /// Refuse connections from processes that do not run in the socket's pod (client IDs
+    /// are pod UIDs).
+    pub verify_pod_peers: bool,
 }
 
 enum Cmd {
     Open {
         conn: ConnId,
         client: String,
+        pid: Option<u32>,
         out: mpsc::Sender<Reply>,
+    },
+    Refused {
+        client: String,
+        peer: Peer,
     },
     Frame {
         conn: ConnId,
@@ -89,9 +105,43 @@ enum Cmd {
 
 struct Conn {
     client: String,
+    /// The connecting process, from the socket's peer credentials (`None`: not visible in
+    /// gem-schd's PID namespace).
+    pid: Option<u32>,
     out: mpsc::Sender<Reply>,
     hello: bool,
 }
+
+/// Who connected: the process (peer credentials) and the pod its cgroups put it in.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Peer {
+    pid: Option<u32>,
+    pod: Option<String>,
+}
+
+impl Peer {
+    /// The peer of `stream`; the pod only when `with_pod` (it costs a read of `/proc`).
+    fn of(stream: &UnixStream, with_pod: bool) -> Peer {
+        // The PID as gem-schd's PID namespace numbers it; 0 or none when the peer is not
+        // visible there (another PID namespace that is not below gem-schd's).
+        let pid = stream
+            .peer_cred()
+            .ok()
+            .and_then(|c| c.pid())
+            .and_then(|p| u32::try_from(p).ok())
+            .filter(|p| *p > 0);
+        let pod = match pid {
+            Some(pid) if with_pod => std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                .ok()
+                .and_then(|t| kubeshare_api::cgroup::pod_uid_of_process(&t)),
+            _ => None,
+        };
+        Peer { pid, pod }
+    }
+}
+
+/// Refusals counted per (socket's client, peer pod): the last PID and how many.
+type Refusals = BTreeMap<(String, Option<String>), (u32, u64)>;
 
 struct Listener {
     path: PathBuf,
@@ -106,6 +156,7 @@ struct Actor {
     listeners: HashMap<String, Listener>,
     tx: mpsc::Sender<Cmd>,
     next_conn: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    refused: Refusals,
 }
 
 /// Run until `shutdown` resolves.
@@ -132,12 +183,14 @@ pub async fn run(
         listeners: HashMap::new(),
         tx: tx.clone(),
         next_conn: Default::default(),
+        refused: Refusals::new(),
     };
     actor.sync_listeners();
     info!(
         gpu = %actor.settings.gpu,
         clients = specs.len(),
         config = %actor.settings.config.display(),
+        verify_pod_peers = actor.settings.verify_pod_peers,
         "gem-schd serving"
     );
     // The watcher compares with the text loaded above and looks once as soon as it watches:
@@ -191,7 +244,32 @@ impl Actor {
 
     fn write_usage(&self) {
         if let Some(path) = &self.settings.usage_file {
-            let r = gem_schd::usage::report(&self.core, self.now());
+            let mut r = gem_schd::usage::report(&self.core, self.now());
+            let mut pids: HashMap<&str, Vec<u32>> = HashMap::new();
+            for c in self.conns.values() {
+                if let Some(pid) = c.pid {
+                    pids.entry(c.client.as_str()).or_default().push(pid);
+                }
+            }
+            for c in &mut r.clients {
+                if let Some(mut p) = pids.remove(c.id.as_str()) {
+                    p.sort_unstable();
+                    p.dedup();
+                    c.pids = p;
+                }
+            }
+            r.refused = self
+                .refused
+                .iter()
+                .map(
+                    |((socket, peer_pod), (pid, count))| kubeshare_api::Refusal {
+                        socket: socket.clone(),
+                        peer_pod: peer_pod.clone(),
+                        pid: *pid,
+                        count: *count,
+                    },
+                )
+                .collect();
             if let Err(e) = gem_schd::usage::write(path, &r) {
                 // Metrics only: scheduling goes on.
                 warn!(error = %e, path = %path.display(), "writing the usage report failed");
@@ -247,7 +325,22 @@ impl Actor {
     fn handle(&mut self, cmd: Cmd) {
         let now = self.now();
         match cmd {
-            Cmd::Open { conn, client, out } => {
+            Cmd::Refused { client, peer } => {
+                let peer_pod = peer.pod.as_deref().unwrap_or("none");
+                warn!(socket_pod = %client, %peer_pod, pid = ?peer.pid, "connection refused: the peer does not run in the socket's pod");
+                let key = (client, peer.pod);
+                if self.refused.len() < MAX_REFUSAL_KEYS || self.refused.contains_key(&key) {
+                    let e = self.refused.entry(key).or_default();
+                    e.0 = peer.pid.unwrap_or(0);
+                    e.1 += 1;
+                }
+            }
+            Cmd::Open {
+                conn,
+                client,
+                pid,
+                out,
+            } => {
                 let open = self.conns.values().filter(|c| c.client == client).count();
                 if open >= self.settings.max_conns {
                     warn!(%client, open, "too many connections for one client; refusing one");
@@ -259,6 +352,7 @@ impl Actor {
                     conn,
                     Conn {
                         client,
+                        pid,
                         out,
                         hello: false,
                     },
@@ -278,6 +372,9 @@ impl Actor {
                 let acts = self.core.set_config(now, &specs);
                 self.perform(acts);
                 self.sync_listeners();
+                // Refusals at sockets that are gone are no one's concern any more.
+                self.refused
+                    .retain(|(socket, _), _| self.listeners.contains_key(socket));
             }
         }
     }
@@ -440,6 +537,7 @@ impl Actor {
                     let task = tokio::spawn(accept_loop(
                         listener,
                         id.clone(),
+                        self.settings.verify_pod_peers,
                         self.tx.clone(),
                         self.next_conn.clone(),
                     ));
@@ -488,14 +586,20 @@ fn remove_socket(path: &Path) {
 async fn accept_loop(
     listener: UnixListener,
     client: String,
+    verify_pod_peers: bool,
     tx: mpsc::Sender<Cmd>,
     next: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) {
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
+                let peer = Peer::of(&stream, verify_pod_peers);
+                if verify_pod_peers && peer.pod.as_deref() != Some(client.as_str()) {
+                    tokio::spawn(refuse(stream, client.clone(), peer, tx.clone()));
+                    continue;
+                }
                 let conn = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                tokio::spawn(serve(stream, conn, client.clone(), tx.clone()));
+                tokio::spawn(serve(stream, conn, client.clone(), peer.pid, tx.clone()));
             }
             Err(e) => {
                 warn!(%client, error = %e, "accept failed");
@@ -505,13 +609,47 @@ async fn accept_loop(
     }
 }
 
+/// A connection from a process outside the socket's pod: Error{7}, closed, reported.
+async fn refuse(mut stream: UnixStream, client: String, peer: Peer, tx: mpsc::Sender<Cmd>) {
+    let msg = match (&peer.pod, peer.pid) {
+        (Some(pod), _) => {
+            format!("this socket belongs to pod {client}; the connecting process runs in pod {pod}")
+        }
+        (None, Some(pid)) => format!(
+            "this socket belongs to pod {client}; the connecting process (pid {pid}) runs in no pod"
+        ),
+        (None, None) => format!(
+            "this socket belongs to pod {client}; the connecting process is not visible to gem-schd (another PID namespace), so it cannot be checked"
+        ),
+    };
+    let _ = tx.send(Cmd::Refused { client, peer }).await;
+    if let Ok(b) = Reply::error(code::PEER_NOT_IN_POD, msg).encode() {
+        let _ = stream.write_all(&b).await;
+    }
+    // Close the writing side only, and read what the client sends meanwhile (its Hello):
+    // closing both at once could fail its write with EPIPE before it reads the error.
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 512];
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+    })
+    .await;
+}
+
 /// One connection: decode frames to the actor, write its replies back.
-async fn serve(stream: UnixStream, conn: ConnId, client: String, tx: mpsc::Sender<Cmd>) {
+async fn serve(
+    stream: UnixStream,
+    conn: ConnId,
+    client: String,
+    pid: Option<u32>,
+    tx: mpsc::Sender<Cmd>,
+) {
     let (out_tx, mut out_rx) = mpsc::channel::<Reply>(MAX_QUEUED_REPLIES);
     if tx
         .send(Cmd::Open {
             conn,
             client,
+            pid,
             out: out_tx,
         })
         .await

@@ -112,6 +112,14 @@ struct Args {
     /// second (replaced atomically; the node daemon exports it per pod).
     #[arg(long)]
     usage_file: Option<PathBuf>,
+    /// Refuse a connection (Error 7, closed at once) unless the connecting process runs in
+    /// the pod the socket belongs to: its PID from the socket's peer credentials, its pod
+    /// UID from its cgroups (/proc/PID/cgroup, the kubelet's layout), which must be the
+    /// socket's client ID. For Kubernetes, where client IDs are pod UIDs (the node daemon
+    /// turns it on); gem-schd must then see the clients' PID namespace (the host's). Off
+    /// for bare metal (gem-share), where client IDs are names.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    verify_pod_peers: bool,
 }
 
 fn octal(s: &str) -> Result<u32, String> {
@@ -164,6 +172,7 @@ fn main() -> Result<()> {
             below: args.co_run_below,
             quota_us: args.co_run_quota_ms.max(1) * 1000,
         },
+        verify_pod_peers: args.verify_pod_peers,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

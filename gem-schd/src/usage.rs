@@ -25,6 +25,8 @@ pub fn report(core: &Core, now: Micros) -> UsageReport {
                 .fill(id)
                 .map(|f| (f.clamp(0.0, 1.0) * 1000.0).round() as u16),
             co_used_us: core.co_usage_us(now, id).unwrap_or(0),
+            // Filled in by the daemon, which knows the connections.
+            pids: Vec::new(),
         })
         .collect();
     clients.sort_by(|a, b| a.id.cmp(&b.id));
@@ -32,6 +34,7 @@ pub fn report(core: &Core, now: Micros) -> UsageReport {
         window_us: core.params().window_us,
         at_us: now,
         clients,
+        refused: Vec::new(),
     }
 }
 

@@ -27,6 +27,8 @@ use crate::reconcile::{self, Action, Desired, Placement, PodView};
 use crate::source::InventorySource;
 use crate::supervisor::{GemSchdCommand, ProcStats, Supervisor};
 
+mod guard_io;
+
 /// The name the daemon reports events under.
 pub const CONTROLLER_NAME: &str = "kubeshare-node-daemon";
 
@@ -46,6 +48,20 @@ pub struct Config {
     /// Learn from the kubelet which GPUs other device plugins gave whole to pods, and
     /// publish them as held (docs/device-plugin.md). `None`: never asks.
     pub device_plugins: Option<DevicePluginWatch>,
+    /// The check of GPU use that gem-schd does not gate (`crate::guard`).
+    pub guard: GuardConfig,
+}
+
+/// How to check for GPU use that gem-schd does not gate.
+#[derive(Debug, Clone)]
+pub struct GuardConfig {
+    /// How often: gem-schd's refusals are read, and the driver's processes compared with
+    /// gem-schd's clients. `None`: never.
+    pub every: Option<Duration>,
+    /// NVML, to list the driver's processes; the process check is off if it cannot be loaded.
+    pub nvml_library: std::path::PathBuf,
+    /// Evict the pods found using a GPU untracked.
+    pub evict: bool,
 }
 
 /// Where and how often to ask the kubelet's PodResources API.
@@ -76,13 +92,9 @@ impl Shared {
     }
 }
 
-/// Runs until `shutdown` resolves, then stops the gem-schd children and returns.
-pub async fn run(
-    cfg: Config,
-    client: Client,
-    shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<()> {
-    let layout = cfg.layout.clone();
+/// Checks the root and makes its directories, installs the hook library.
+fn prepare(cfg: &Config) -> anyhow::Result<()> {
+    let layout = &cfg.layout;
     let longest = layout.longest_socket_path();
     anyhow::ensure!(
         longest <= crate::disk::MAX_SOCKET_PATH,
@@ -97,10 +109,21 @@ pub async fn run(
         )
     })?;
     if let Some(src) = &cfg.hook_lib {
-        let written = install_hook_lib(&layout, src)
+        let written = install_hook_lib(layout, src)
             .with_context(|| format!("cannot install the hook library from {}", src.display()))?;
         tracing::info!(from = %src.display(), to = %layout.hook_lib().display(), written, "hook library installed");
     }
+    Ok(())
+}
+
+/// Runs until `shutdown` resolves, then stops the gem-schd children and returns.
+pub async fn run(
+    cfg: Config,
+    client: Client,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    prepare(&cfg)?;
+    let layout = cfg.layout.clone();
     // As discovered; `inventory` is what is published: the same with the GPUs that
     // device-plugin pods hold marked.
     let mut discovered = cfg.inventory.load().context("GPU discovery failed")?;
@@ -127,17 +150,7 @@ pub async fn run(
         let _ = http_stop_rx.await;
     }));
 
-    // gem-schd needs a config file to start; keep what is there (the last truth), else
-    // start it empty until the first list of pods says otherwise.
-    for g in &inventory.gpus {
-        let path = layout.config(&g.uuid);
-        if !path.exists() {
-            layout.apply(&Action::WriteConfig {
-                gpu: g.uuid.clone(),
-                text: "0\n".into(),
-            })?;
-        }
-    }
+    seed_configs(&layout, &inventory)?;
     let mut supervisor = cfg
         .gem_schd
         .clone()
@@ -146,21 +159,7 @@ pub async fn run(
         s.ensure(&gpu_set(&inventory)).await;
     }
 
-    let mut daemon = Daemon {
-        cfg: cfg.clone(),
-        nodes: Api::all(client.clone()),
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: CONTROLLER_NAME.into(),
-                instance: Some(format!("{CONTROLLER_NAME}-{}", cfg.node)),
-            },
-        ),
-        shared: shared.clone(),
-        announced: BTreeSet::new(),
-        reported: BTreeSet::new(),
-        last_overcommit: Vec::new(),
-    };
+    let mut daemon = Daemon::new(&cfg, &client, &shared);
     daemon.publish(&inventory).await;
 
     let pods: Api<Pod> = Api::all(client.clone());
@@ -168,16 +167,12 @@ pub async fn run(
     let mut stream = watcher(pods, wc).default_backoff().boxed();
     let (store, mut writer) = reflector::store::<Pod>();
     let mut synced = false;
-    let mut tick = tokio::time::interval(cfg.resync);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = interval(cfg.resync);
     tick.tick().await;
     let mut shutdown = std::pin::pin!(shutdown);
-    let mut held_tick = cfg.device_plugins.as_ref().map(|w| {
-        let mut t = tokio::time::interval(w.interval);
-        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        t
-    });
+    let mut held_tick = cfg.device_plugins.as_ref().map(|w| interval(w.interval));
     let mut socket_seen: Option<bool> = None;
+    let mut guard_tick = cfg.guard.every.map(interval);
 
     loop {
         let mut dirty = false;
@@ -202,28 +197,17 @@ pub async fn run(
                     }
                 }
             }
-            _ = async {
-                match held_tick.as_mut() {
-                    Some(t) => t.tick().await,
-                    None => std::future::pending().await,
-                }
-            } => {
+            _ = tick_if_any(&mut held_tick) => {
                 let Some(watch) = cfg.device_plugins.as_ref() else { continue };
                 if let Some(devices) = held_by_device_plugins(watch, &mut socket_seen, &shared).await {
                     held_devices = devices;
                 }
                 let next = crate::held::mark_held(&discovered, &held_devices, &watch.resources);
-                if next != inventory {
-                    let held: Vec<String> = next
-                        .gpus
-                        .iter()
-                        .filter_map(|g| g.held_by.as_ref().map(|h| format!("{}={h}", g.uuid)))
-                        .collect();
-                    tracing::info!(held = ?held, "GPUs held by device-plugin pods changed");
-                    inventory = next;
-                    shared.update(|s| s.inventory = inventory.clone());
-                    daemon.publish(&inventory).await;
-                    dirty = true;
+                dirty |= daemon.held_changed(&mut inventory, next).await;
+            }
+            _ = tick_if_any(&mut guard_tick) => {
+                if synced {
+                    daemon.guard(&inventory, &crate::pods::visible(&store));
                 }
             }
             _ = tick.tick() => {
@@ -262,6 +246,37 @@ pub async fn run(
     }
     let _ = http_stop_tx.send(());
     let _ = http.await;
+    Ok(())
+}
+
+/// A tick every `every`; late ticks are not made up in a burst.
+fn interval(every: Duration) -> tokio::time::Interval {
+    let mut t = tokio::time::interval(every);
+    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    t
+}
+
+/// The next tick of `t`; never without one.
+async fn tick_if_any(t: &mut Option<tokio::time::Interval>) {
+    match t.as_mut() {
+        Some(t) => {
+            t.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// gem-schd needs a config file to start; keep what is there (the last truth), else
+/// start it empty until the first list of pods says otherwise.
+fn seed_configs(layout: &Layout, inventory: &NodeInventory) -> anyhow::Result<()> {
+    for g in &inventory.gpus {
+        if !layout.config(&g.uuid).exists() {
+            layout.apply(&Action::WriteConfig {
+                gpu: g.uuid.clone(),
+                text: "0\n".into(),
+            })?;
+        }
+    }
     Ok(())
 }
 
@@ -309,9 +324,47 @@ struct Daemon {
     /// Problems already reported (uid, message): one event each, not one per pass.
     reported: BTreeSet<(String, String)>,
     last_overcommit: Vec<(String, u32)>,
+    guard: guard_io::GuardState,
 }
 
 impl Daemon {
+    fn new(cfg: &Config, client: &Client, shared: &Shared) -> Daemon {
+        Daemon {
+            cfg: cfg.clone(),
+            nodes: Api::all(client.clone()),
+            recorder: Recorder::new(
+                client.clone(),
+                Reporter {
+                    controller: CONTROLLER_NAME.into(),
+                    instance: Some(format!("{CONTROLLER_NAME}-{}", cfg.node)),
+                },
+            ),
+            shared: shared.clone(),
+            announced: BTreeSet::new(),
+            reported: BTreeSet::new(),
+            last_overcommit: Vec::new(),
+            guard: guard_io::GuardState::new(&cfg.guard, client.clone()),
+        }
+    }
+
+    /// Takes `next` (the inventory with device-plugin holders marked) if it differs, and
+    /// publishes it; whether it did.
+    async fn held_changed(&mut self, inventory: &mut NodeInventory, next: NodeInventory) -> bool {
+        if next == *inventory {
+            return false;
+        }
+        let held: Vec<String> = next
+            .gpus
+            .iter()
+            .filter_map(|g| g.held_by.as_ref().map(|h| format!("{}={h}", g.uuid)))
+            .collect();
+        tracing::info!(held = ?held, "GPUs held by device-plugin pods changed");
+        *inventory = next;
+        self.shared.update(|s| s.inventory = inventory.clone());
+        self.publish(inventory).await;
+        true
+    }
+
     /// Makes the Node's labels and annotation say `inventory`.
     async fn publish(&mut self, inventory: &NodeInventory) {
         let node = match self.nodes.get(&self.cfg.node).await {
@@ -508,6 +561,10 @@ impl Daemon {
     }
 
     fn emit(&self, pod: &PodView, type_: EventType, reason: &str, note: String) {
+        self.emit_for(pod, type_, reason, "Configure", note);
+    }
+
+    fn emit_for(&self, pod: &PodView, type_: EventType, reason: &str, action: &str, note: String) {
         let reference = ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Pod".into()),
@@ -521,7 +578,7 @@ impl Daemon {
             reason: reason.into(),
             // The API caps a note at 1 kB.
             note: Some(note.chars().take(1000).collect()),
-            action: "Configure".into(),
+            action: action.into(),
             secondary: None,
         };
         let recorder = self.recorder.clone();

@@ -78,7 +78,7 @@ async fn metrics(State(s): State<Shared>) -> impl IntoResponse {
 /// (a stuck or stopped gem-schd must not show a share it no longer delivers).
 const USAGE_MAX_AGE: Duration = Duration::from_secs(5);
 
-fn read_usage(path: &Path) -> Option<UsageReport> {
+pub(crate) fn read_usage(path: &Path) -> Option<UsageReport> {
     let age = std::fs::metadata(path)
         .and_then(|m| m.modified())
         .ok()

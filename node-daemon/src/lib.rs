@@ -9,6 +9,7 @@
 pub mod daemon;
 pub mod disk;
 pub mod dra;
+pub mod guard;
 pub mod held;
 pub mod http;
 pub mod metrics;

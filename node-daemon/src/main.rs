@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use kubeshare_node_daemon::daemon::{self, Config, DevicePluginWatch};
+use kubeshare_node_daemon::daemon::{self, Config, DevicePluginWatch, GuardConfig};
 use kubeshare_node_daemon::disk::Layout;
 use kubeshare_node_daemon::nvml::DEFAULT_LIBRARY;
 use kubeshare_node_daemon::source::InventorySource;
@@ -46,6 +46,24 @@ struct Args {
     /// Extra argument appended to every gem-schd command line (repeatable).
     #[arg(long = "gem-schd-arg", value_name = "ARG", allow_hyphen_values = true)]
     gem_schd_args: Vec<String>,
+
+    /// gem-schd refuses a connection to a pod's socket from a process that does not run in
+    /// that pod (by its cgroups): a process that reaches another pod's socket cannot spend
+    /// that pod's share. Needs the host's PID namespace (the chart's hostPID) to see the
+    /// clients' processes. `false` only where sockets are reached from outside pods.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    verify_pod_peers: bool,
+
+    /// Seconds between checks of GPU use that gem-schd does not gate: its refusals at pods'
+    /// sockets, and the processes the driver (NVML) lists on each GPU against those
+    /// connected to its gem-schd (a stranger is reported after two checks in a row). 0 = off.
+    #[arg(long, default_value_t = 3)]
+    gpu_process_check_secs: u64,
+
+    /// Evict a pod found with a process on a GPU that gem-schd does not know (it dropped
+    /// the hook, or links its own driver). Off: an Event and a metric only.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    evict_untracked_gpu_pods: bool,
 
     /// Seconds between SIGTERM and SIGKILL when stopping a gem-schd.
     #[arg(long, default_value_t = 5)]
@@ -181,6 +199,7 @@ async fn main() -> anyhow::Result<()> {
             binary,
             extra_args: args.gem_schd_args.clone(),
             grace: Duration::from_secs(args.stop_grace_secs),
+            verify_pod_peers: args.verify_pod_peers,
         }),
         listen: args.listen,
         resync: Duration::from_secs(args.resync_secs.max(1)),
@@ -190,6 +209,12 @@ async fn main() -> anyhow::Result<()> {
             resources: args.device_plugin_resources.clone(),
             interval: Duration::from_secs(args.pod_resources_interval_secs),
         }),
+        guard: GuardConfig {
+            every: (args.gpu_process_check_secs > 0)
+                .then(|| Duration::from_secs(args.gpu_process_check_secs)),
+            nvml_library: args.nvml_library.clone(),
+            evict: args.evict_untracked_gpu_pods,
+        },
     };
     let client = client(args.kubeconfig.as_ref()).await?;
     if args.dra {

@@ -1,6 +1,6 @@
 //! `/metrics` (OpenMetrics text through `prometheus-client`), rendered from the last
 //! reconcile and the supervisor's process table: per GPU, per pod and per node
-//! figures (a pure function of them, so it is unit-tested as text).
+//! figures, and the guard's findings (a pure function of them, so it is unit-tested as text).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
@@ -24,6 +24,10 @@ pub struct Counters {
     pub config_writes: u64,
     pub errors: u64,
     pub inventory_patches: u64,
+    /// Connections gem-schd refused at a pod's socket (another pod's process, or none's).
+    pub refused_peers: u64,
+    /// Pods evicted for untracked GPU use.
+    pub evictions: u64,
 }
 
 /// Everything `/metrics` and `/healthz` show.
@@ -34,6 +38,16 @@ pub struct Snapshot {
     pub inventory: NodeInventory,
     pub desired: Desired,
     pub counters: Counters,
+    /// The last check of the GPUs' processes.
+    pub guard: GuardView,
+}
+
+/// What `/metrics` shows of the untracked-process check.
+#[derive(Debug, Clone, Default)]
+pub struct GuardView {
+    /// The check runs (`--gpu-process-check-secs` > 0).
+    pub checking: bool,
+    pub untracked: Vec<crate::guard::Untracked>,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -70,20 +84,43 @@ pub fn render(
     // One registry, two prefixes: the node's and its GPUs' figures, and the pods'.
     let mut root = Registry::default();
     let reg = root.sub_registry_with_prefix("kubeshare_node");
-    let gpu_labels = |g: &kubeshare_api::GpuInfo| GpuLabels {
+    register_gpus(reg, s, procs, supervised);
+    register_node(reg, s);
+    register_guard(reg, s);
+    let pod_reg = root.sub_registry_with_prefix("kubeshare_pod");
+    register_pods(pod_reg, s, usage);
+    register_pod_guard(pod_reg, s);
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut out, &root);
+    out
+}
+
+fn gpu_labels(s: &Snapshot, g: &kubeshare_api::GpuInfo) -> GpuLabels {
+    GpuLabels {
         node: s.node.clone(),
         gpu: g.uuid.clone(),
         index: g.index.to_string(),
-    };
-    let entries = |gpu: &str| {
-        s.desired
-            .configs
-            .get(gpu)
-            .map(|c| c.entries.as_slice())
-            .unwrap_or(&[])
-    };
-    let whole = |gpu: &str| s.desired.whole.get(gpu).map_or(0, Vec::len);
+    }
+}
 
+/// The time-shared entries of `gpu`'s resource-config.
+fn entries<'a>(s: &'a Snapshot, gpu: &str) -> &'a [kubeshare_api::ResourceEntry] {
+    s.desired
+        .configs
+        .get(gpu)
+        .map(|c| c.entries.as_slice())
+        .unwrap_or(&[])
+}
+
+/// Per GPU: what its pods ask of it, its memory, and its gem-schd.
+fn register_gpus(
+    reg: &mut Registry,
+    s: &Snapshot,
+    procs: &BTreeMap<String, ProcStat>,
+    supervised: bool,
+) {
+    let whole = |gpu: &str| s.desired.whole.get(gpu).map_or(0, Vec::len);
     let pods = Family::<GpuLabels, Gauge>::default();
     let requested = Family::<GpuLabels, FGauge>::default();
     let limits = Family::<GpuLabels, FGauge>::default();
@@ -93,8 +130,8 @@ pub fn render(
     let restarts = Family::<GpuLabels, Counter>::default();
     let held = Family::<GpuLabels, Gauge>::default();
     for g in &s.inventory.gpus {
-        let l = gpu_labels(g);
-        let e = entries(&g.uuid);
+        let l = gpu_labels(s, g);
+        let e = entries(s, &g.uuid);
         pods.get_or_create(&l)
             .set(to_i64(e.len() as u64 + whole(&g.uuid) as u64));
         let milli = |v: u64| v as f64 / 1000.0;
@@ -154,50 +191,92 @@ pub fn render(
             restarts,
         );
     }
+}
 
-    let node = NodeLabels {
+fn node_gauge(s: &Snapshot, v: u64) -> Family<NodeLabels, Gauge> {
+    let f = Family::<NodeLabels, Gauge>::default();
+    f.get_or_create(&NodeLabels {
         node: s.node.clone(),
-    };
+    })
+    .set(to_i64(v));
+    f
+}
+
+fn node_counter(s: &Snapshot, v: u64) -> Family<NodeLabels, Counter> {
+    let f = Family::<NodeLabels, Counter>::default();
+    f.get_or_create(&NodeLabels {
+        node: s.node.clone(),
+    })
+    .inc_by(v);
+    f
+}
+
+/// The daemon's own work: sync state and counters.
+fn register_node(reg: &mut Registry, s: &Snapshot) {
     let c = &s.counters;
-    let gauge = |v: u64| {
-        let f = Family::<NodeLabels, Gauge>::default();
-        f.get_or_create(&node).set(to_i64(v));
-        f
-    };
-    let counter = |v: u64| {
-        let f = Family::<NodeLabels, Counter>::default();
-        f.get_or_create(&node).inc_by(v);
-        f
-    };
     reg.register(
         "synced",
         "1 once the first list of the node's pods is in",
-        gauge(u64::from(s.synced)),
+        node_gauge(s, u64::from(s.synced)),
     );
     reg.register(
         "rejected_pods",
         "Pods with an allocation on this node that could not be configured",
-        gauge(s.desired.problems.len() as u64),
+        node_gauge(s, s.desired.problems.len() as u64),
     );
-    reg.register("reconciles", "Reconcile passes", counter(c.reconciles));
+    reg.register(
+        "reconciles",
+        "Reconcile passes",
+        node_counter(s, c.reconciles),
+    );
     reg.register(
         "config_writes",
         "resource-config files written",
-        counter(c.config_writes),
+        node_counter(s, c.config_writes),
     );
     reg.register(
         "errors",
         "Failed reconcile or publish steps",
-        counter(c.errors),
+        node_counter(s, c.errors),
     );
     reg.register(
         "inventory_patches",
         "Patches of the Node's inventory labels and annotation",
-        counter(c.inventory_patches),
+        node_counter(s, c.inventory_patches),
     );
+}
 
-    // Per pod: what its record grants it, per GPU it holds, and what gem-schd
-    // delivered (token time over its window) and counted (memory).
+/// GPU use that gem-schd does not gate: refused socket peers, processes it does not know.
+fn register_guard(reg: &mut Registry, s: &Snapshot) {
+    let c = &s.counters;
+    reg.register(
+        "refused_socket_peers",
+        "Connections to a pod's gem-schd socket refused because the process ran in another pod or none",
+        node_counter(s, c.refused_peers),
+    );
+    if !s.guard.checking {
+        return;
+    }
+    let untracked = Family::<GpuLabels, Gauge>::default();
+    for g in &s.inventory.gpus {
+        let n = s.guard.untracked.iter().filter(|u| u.gpu == g.uuid).count();
+        untracked.get_or_create(&gpu_labels(s, g)).set(n as i64);
+    }
+    reg.register(
+        "untracked_gpu_processes",
+        "Processes the driver reports on the GPU that its gem-schd does not know (no hook, or a second driver copy), seen in two checks in a row",
+        untracked,
+    );
+    reg.register(
+        "untracked_gpu_pod_evictions",
+        "Pods evicted for using a GPU untracked (--evict-untracked-gpu-pods)",
+        node_counter(s, c.evictions),
+    );
+}
+
+/// Per pod: what its record grants it, per GPU it holds, and what gem-schd
+/// delivered (token time over its window) and counted (memory).
+fn register_pods(reg: &mut Registry, s: &Snapshot, usage: &BTreeMap<String, UsageReport>) {
     let pod_request = Family::<PodLabels, FGauge>::default();
     let pod_limit = Family::<PodLabels, FGauge>::default();
     let pod_mem = Family::<PodLabels, Gauge>::default();
@@ -206,20 +285,12 @@ pub fn render(
     let pod_fill = Family::<PodLabels, FGauge>::default();
     let pod_mem_used = Family::<PodLabels, Gauge>::default();
     for p in &s.desired.placements {
-        let (namespace, pod) = p
-            .pod_key
-            .split_once('/')
-            .unwrap_or(("", p.pod_key.as_str()));
         for gpu in &p.gpus {
-            let l = PodLabels {
-                namespace: namespace.to_string(),
-                pod: pod.to_string(),
-                gpu_uuid: gpu.clone(),
-            };
+            let l = pod_labels(&p.pod_key, gpu);
             if p.whole {
                 pod_request.get_or_create(&l).set(1.0);
                 pod_limit.get_or_create(&l).set(1.0);
-            } else if let Some(e) = entries(gpu).iter().find(|e| e.id == p.pod_uid) {
+            } else if let Some(e) = entries(s, gpu).iter().find(|e| e.id == p.pod_uid) {
                 pod_request
                     .get_or_create(&l)
                     .set(f64::from(e.request.get()) / 1000.0);
@@ -240,49 +311,71 @@ pub fn render(
             }
         }
     }
-    let pod_reg = root.sub_registry_with_prefix("kubeshare_pod");
-    pod_reg.register(
+    reg.register(
         "gpu_request_share",
         "The pod's guaranteed share of the GPU (its record's granted request)",
         pod_request,
     );
-    pod_reg.register(
+    reg.register(
         "gpu_limit_share",
         "The pod's share ceiling on the GPU (its record's granted limit)",
         pod_limit,
     );
-    pod_reg.register_with_unit(
+    reg.register_with_unit(
         "gpu_memory_cap",
         "The pod's GPU memory cap (time-shared pods)",
         Unit::Bytes,
         pod_mem,
     );
-    pod_reg.register(
+    reg.register(
         "gpu_delivered_share",
         "Share of gem-schd's window (10 s by default) charged to the pod: the token time it held, less what co-runners took of its turns, plus its co-holds",
         pod_delivered,
     );
-    pod_reg.register(
+    reg.register(
         "gpu_co_run_share",
         "The part of the delivered share charged for running beside the token holder (co-running)",
         pod_co_run,
     );
-    pod_reg.register(
+    reg.register(
         "gpu_fill",
         "How much of its holds the pod's kernels keep the GPU busy (from its hooks' timed launches; while co-running is on)",
         pod_fill,
     );
-    pod_reg.register_with_unit(
+    reg.register_with_unit(
         "gpu_memory_used",
         "GPU memory gem-schd counts for the pod (all its processes)",
         Unit::Bytes,
         pod_mem_used,
     );
+}
 
-    let mut out = String::new();
-    // Writing into a String cannot fail.
-    let _ = encode(&mut out, &root);
-    out
+/// Per pod: its processes on a GPU that gem-schd does not know.
+fn register_pod_guard(reg: &mut Registry, s: &Snapshot) {
+    if !s.guard.checking {
+        return;
+    }
+    let fam = Family::<PodLabels, Gauge>::default();
+    for u in &s.guard.untracked {
+        if let Some(key) = &u.pod_key {
+            fam.get_or_create(&pod_labels(key, &u.gpu)).inc();
+        }
+    }
+    reg.register(
+        "untracked_gpu_processes",
+        "The pod's processes on the GPU that gem-schd does not know (no hook, or a second driver copy)",
+        fam,
+    );
+}
+
+/// Labels of a pod (`namespace/name`) on a GPU.
+fn pod_labels(pod_key: &str, gpu: &str) -> PodLabels {
+    let (namespace, pod) = pod_key.split_once('/').unwrap_or(("", pod_key));
+    PodLabels {
+        namespace: namespace.to_string(),
+        pod: pod.to_string(),
+        gpu_uuid: gpu.to_string(),
+    }
 }
 
 /// The content type of [`render`]'s text.
@@ -350,7 +443,25 @@ mod tests {
             desired,
             counters: Counters {
                 reconciles: 7,
+                refused_peers: 2,
                 ..Counters::default()
+            },
+            guard: GuardView {
+                checking: true,
+                untracked: vec![
+                    crate::guard::Untracked {
+                        gpu: gpu(0),
+                        pid: 42,
+                        pod_uid: Some("b".into()),
+                        pod_key: Some("ns1/train".into()),
+                    },
+                    crate::guard::Untracked {
+                        gpu: gpu(0),
+                        pid: 43,
+                        pod_uid: None,
+                        pod_key: None,
+                    },
+                ],
             },
         };
         let procs = BTreeMap::from([(
@@ -372,7 +483,9 @@ mod tests {
                     mem_used: 123,
                     fill_milli: Some(312),
                     co_used_us: 2_500_000,
+                    pids: vec![],
                 }],
+                refused: vec![],
             },
         )]);
         let text = render(&s, &procs, true, &usage);
@@ -423,6 +536,13 @@ mod tests {
             format!("kubeshare_node_gem_schd_restarts_total{l0} 3"),
             "kubeshare_node_reconciles_total{node=\"nd-n\"} 7".to_string(),
             "kubeshare_node_synced{node=\"nd-n\"} 1".to_string(),
+            "kubeshare_node_refused_socket_peers_total{node=\"nd-n\"} 2".to_string(),
+            format!("kubeshare_node_untracked_gpu_processes{l0} 2"),
+            format!("kubeshare_node_untracked_gpu_processes{l1} 0"),
+            format!(
+                "kubeshare_pod_untracked_gpu_processes{{namespace=\"ns1\",pod=\"train\",gpu_uuid=\"{}\"}} 1",
+                gpu(0)
+            ),
         ] {
             assert!(
                 text.lines().any(|l| l == want),
@@ -432,6 +552,10 @@ mod tests {
         assert_eq!(text.matches("# EOF").count(), 1, "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
         assert!(!render(&s, &procs, false, &usage).contains("gem_schd"));
+        // The process check off: no untracked figures (never a made-up 0).
+        let mut off = s.clone();
+        off.guard.checking = false;
+        assert!(!render(&off, &procs, true, &usage).contains("untracked"));
         // No report, no delivered share (never a made-up 0); no fill before one is known.
         let bare = render(&s, &procs, true, &BTreeMap::new());
         assert!(!bare.contains("delivered_share{"), "{bare}");

@@ -6,7 +6,11 @@
 //! from the PCI bus id), and NVLink peer-to-peer status between pairs of GPUs (which
 //! also covers GPUs joined through NVSwitches, where a link's remote end is the switch,
 //! not the peer GPU). Calls an older driver lacks leave out what they give.
+//!
+//! [`Processes`] lists the processes with a compute context on each GPU, for the check
+//! of GPU use that gem-schd does not gate (`crate::guard`).
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use kubeshare_api::inventory::model_from_nvml_name;
@@ -110,6 +114,47 @@ fn read_all(nvml: &Nvml) -> Result<NodeInventory, NvmlError> {
     }
     gpus.sort_by_key(|g| g.index);
     Ok(NodeInventory { gpus })
+}
+
+/// NVML kept open to list the GPUs' compute processes again and again.
+pub struct Processes {
+    nvml: Nvml,
+}
+
+impl Processes {
+    pub fn open(library: &Path) -> Result<Processes, NvmlError> {
+        let nvml = Nvml::builder()
+            .lib_path(library.as_os_str())
+            .init()
+            .map_err(|source| NvmlError::Load {
+                lib: library.display().to_string(),
+                source,
+            })?;
+        Ok(Processes { nvml })
+    }
+
+    /// The PIDs (as this process's PID namespace numbers them) with a compute context on
+    /// each GPU, by UUID.
+    pub fn list(&self) -> Result<BTreeMap<String, Vec<u32>>, NvmlError> {
+        let call = |call: &'static str| move |source| NvmlError::Call { call, source };
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(call("nvmlDeviceGetCount"))?;
+        let mut out = BTreeMap::new();
+        for i in 0..count {
+            let dev = self
+                .nvml
+                .device_by_index(i)
+                .map_err(call("nvmlDeviceGetHandleByIndex"))?;
+            let uuid = dev.uuid().map_err(call("nvmlDeviceGetUUID"))?;
+            let procs = dev
+                .running_compute_processes()
+                .map_err(call("nvmlDeviceGetComputeRunningProcesses_v3"))?;
+            out.insert(uuid, procs.into_iter().map(|p| p.pid).collect());
+        }
+        Ok(out)
+    }
 }
 
 #[cfg(test)]

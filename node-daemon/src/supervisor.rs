@@ -43,6 +43,9 @@ pub struct GemSchdCommand {
     pub extra_args: Vec<String>,
     /// Time between SIGTERM and SIGKILL.
     pub grace: Duration,
+    /// Have gem-schd refuse connections from processes outside the socket's pod
+    /// (`--verify-pod-peers`): client IDs here are pod UIDs.
+    pub verify_pod_peers: bool,
 }
 
 impl GemSchdCommand {
@@ -57,6 +60,7 @@ impl GemSchdCommand {
             layout.socket_template(),
             "--usage-file".to_string(),
             layout.usage(gpu).display().to_string(),
+            format!("--verify-pod-peers={}", self.verify_pod_peers),
         ];
         a.extend(self.extra_args.iter().cloned());
         a
@@ -364,6 +368,7 @@ mod tests {
             binary: fake_gem_schd(d.path()),
             extra_args: vec![],
             grace: Duration::from_secs(2),
+            verify_pod_peers: true,
         };
         let stats = ProcStats::default();
         let mut sup = Supervisor::new(cmd, layout.clone(), stats.clone());

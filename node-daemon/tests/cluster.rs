@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, bail};
+use anyhow::{Context, bail, ensure};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -392,6 +392,9 @@ async fn node_daemons_on_kwok_nodes() -> anyhow::Result<()> {
         &hook.display().to_string(),
         "--gem-schd",
         &gem_schd.display().to_string(),
+        // This test reaches the pods' sockets itself, from outside any pod; the peer check
+        // has its own test below.
+        "--verify-pod-peers=false",
     ]
     .map(String::from)
     .to_vec();
@@ -795,4 +798,238 @@ async fn connect(sock: &Path, gpu: &str) -> anyhow::Result<gem_proto::client::He
         }
     })
     .await?
+}
+
+/// Cgroups laid out as the kubelet's (cgroupfs driver) under a directory of the test's own on
+/// the first writable cgroup hierarchy, removed (deepest first) when dropped. `None` without
+/// root or a writable cgroup mount.
+struct PodCgroups {
+    top: PathBuf,
+}
+
+impl PodCgroups {
+    fn make() -> Option<PodCgroups> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return None;
+        }
+        let name = format!("ks-nd-peers-{}", std::process::id());
+        [
+            "/sys/fs/cgroup/unified",
+            "/sys/fs/cgroup",
+            "/sys/fs/cgroup/pids",
+            "/sys/fs/cgroup/systemd",
+        ]
+        .iter()
+        .map(Path::new)
+        .filter(|h| h.join("cgroup.procs").exists())
+        .map(|h| h.join(&name))
+        .find(|top| std::fs::create_dir(top).is_ok())
+        .map(|top| PodCgroups { top })
+    }
+
+    /// The cgroup of pod `uid` (QoS class `qos`), created.
+    fn pod(&self, qos: &str, uid: &str) -> PathBuf {
+        let d = self.top.join(format!("kubepods/{qos}/pod{uid}"));
+        let _ = std::fs::create_dir_all(&d);
+        d
+    }
+}
+
+impl Drop for PodCgroups {
+    fn drop(&mut self) {
+        let mut dirs = vec![];
+        let mut stack = vec![self.top.clone()];
+        while let Some(d) = stack.pop() {
+            if let Ok(rd) = std::fs::read_dir(&d) {
+                stack.extend(
+                    rd.flatten()
+                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                        .map(|e| e.path()),
+                );
+            }
+            dirs.push(d);
+        }
+        for d in dirs.iter().rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// `gem-client-sim alloc` at `sock`, run in cgroup `cg` (the shell moves itself there and
+/// becomes the client).
+fn client_in(sim: &Path, cg: &Path, sock: &Path, gpu: &str) -> std::io::Result<Child> {
+    Command::new("sh")
+        .args([
+            "-c",
+            r#"echo $$ > "$1/cgroup.procs" && exec "$2" --socket "$3" --gpu "$4" alloc --bytes 1"#,
+            "sh",
+        ])
+        .arg(cg)
+        .arg(sim)
+        .arg(sock)
+        .arg(gpu)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+}
+
+/// The output of `child` once it exits, or `None` (and it is killed) if it runs past `limit`:
+/// a served `gem-client-sim alloc` waits to be killed.
+fn exit_within(mut child: Child, limit: Duration) -> Option<std::process::Output> {
+    let end = Instant::now() + limit;
+    while child.try_wait().ok()?.is_none() {
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().ok()
+}
+
+/// A process of one pod at another pod's socket: the node daemon's gem-schd refuses it, and
+/// the node daemon reports it with an Event on each pod and a counter; a process of the
+/// socket's own pod is served. The processes run in cgroups named for the two pods' UIDs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_at_another_pods_socket_is_refused_and_reported() -> anyhow::Result<()> {
+    let Some(cgroups) = PodCgroups::make() else {
+        eprintln!("skipped: needs root and a writable cgroup hierarchy under /sys/fs/cgroup");
+        return Ok(());
+    };
+    let gem_schd = sibling_binary("gem-schd", "gem-schd")?;
+    let sim = sibling_binary("gem-client-sim", "gem-schd")?;
+    let cluster = Cluster::shared()?;
+    let admin = cluster.client(Identity::Admin).await?;
+    let ns = TestNamespace::create(cluster, "nd-peers").await?;
+    let nsname = ns.name().to_string();
+    let node = ns.unique_name("p");
+    let _nodes = Nodes {
+        kubeconfig: cluster.kubeconfig(Identity::Admin)?.to_path_buf(),
+        names: vec![node.clone()],
+    };
+    create_kwok_node(&admin, &KwokNode::new(&node)).await?;
+    let tag = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64 & 0xffff_ffff_ffff;
+    let g = format!("GPU-{:08x}-0000-4000-8000-{tag:012x}", std::process::id());
+    let inv = NodeInventory {
+        gpus: vec![gpu(g.clone(), 0, "NVIDIA-H100-80GB-HBM3", 80 << 30)],
+    };
+    let tmp = tempfile::Builder::new().prefix("nd").tempdir_in("/tmp")?;
+    let root = tmp.path().join("r");
+    let inv_file = tmp.path().join("inv.json");
+    std::fs::write(&inv_file, inv.to_json())?;
+    let args: Vec<String> = [
+        "--node-name",
+        &node,
+        "--root",
+        &root.display().to_string(),
+        "--fake-inventory",
+        &inv_file.display().to_string(),
+        "--kubeconfig",
+        &cluster
+            .kubeconfig(Identity::NodeDaemon)?
+            .display()
+            .to_string(),
+        "--gem-schd",
+        &gem_schd.display().to_string(),
+        "--gpu-process-check-secs",
+        "1",
+        // No NVML on this machine: only gem-schd's refusals are checked.
+        "--nvml-library",
+        "/nonexistent/libnvidia-ml.so.1",
+    ]
+    .map(String::from)
+    .to_vec();
+    let port = free_port();
+    let daemon = DaemonProc::start(&args, port, tmp.path().join("d.log"))?;
+    let result = async {
+        let pods: Api<Pod> = Api::namespaced(admin.clone(), &nsname);
+        let ann = Allocation {
+            node: node.clone(),
+            gpu_uuids: vec![g.clone()],
+            gpu_mem: 1 << 30,
+            gpu_model: "NVIDIA-H100-80GB-HBM3".into(),
+            granted: kubeshare_api::Granted::Fraction {
+                request: kubeshare_api::Milli::new(200).context("milli")?,
+                limit: kubeshare_api::Milli::new(200).context("milli")?,
+            },
+            gpu_mem_resident: None,
+        }
+        .to_annotations();
+        let labels = [("gpu_request", "0.2"), ("gpu_limit", "0.2")];
+        let mut uids = vec![];
+        for name in ["owner", "intruder"] {
+            let p = pods
+                .create(
+                    &PostParams::default(),
+                    &pod_json(name, &node, &labels, ann.clone())?,
+                )
+                .await?;
+            uids.push(p.metadata.uid.context("uid")?);
+        }
+        let (owner, intruder) = (uids[0].clone(), uids[1].clone());
+        let sock = root.join("pods").join(&owner).join(format!("{g}.sock"));
+        wait_until("the owner's socket", WAIT, || async {
+            Ok(sock.exists().then_some(()))
+        })
+        .await?;
+
+        // The intruder's process at the owner's socket: Error 7, naming both pods.
+        let intruding = client_in(&sim, &cgroups.pod("besteffort", &intruder), &sock, &g)?;
+        let out = exit_within(intruding, WAIT).context("the intruder was served")?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(!out.status.success(), "the intruder was served: {err}");
+        ensure!(
+            err.contains("code 7") && err.contains(&format!("runs in pod {intruder}")),
+            "{err}"
+        );
+        // The owner's process is served.
+        let mut ok = client_in(&sim, &cgroups.pod("burstable", &owner), &sock, &g)?;
+        let mut line = String::new();
+        if let Some(o) = ok.stdout.take() {
+            std::io::BufRead::read_line(&mut std::io::BufReader::new(o), &mut line)?;
+        }
+        let _ = ok.kill();
+        let _ = ok.wait();
+        ensure!(
+            line.starts_with("allocated used=1"),
+            "owner not served: {line:?}"
+        );
+
+        // Events on both pods, and the counter.
+        wait_until("refusal events on both pods", WAIT, || {
+            let admin = admin.clone();
+            let (ns, o, i) = (nsname.clone(), owner.clone(), intruder.clone());
+            async move {
+                let eo = event_reasons(&admin, &ns, &o).await;
+                let ei = event_reasons(&admin, &ns, &i).await;
+                let on_owner = eo.iter().any(|(r, m)| {
+                    r == "GpuSocketPeerRefused" && m.contains(&format!("/intruder ({i})"))
+                });
+                let on_intruder = ei
+                    .iter()
+                    .any(|(r, m)| r == "GpuSocketOfAnotherPod" && m.contains("/owner"));
+                if on_owner && on_intruder {
+                    Ok(Some(()))
+                } else {
+                    Err(format!("events so far: {eo:?} {ei:?}"))
+                }
+            }
+        })
+        .await?;
+        ensure!(
+            metric_now(port, "kubeshare_node_refused_socket_peers_total", None).await == Some(1.0),
+            "refusal not counted"
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    if let Err(e) = &result {
+        eprintln!("--- daemon log ---\n{}", daemon.log_text());
+        eprintln!("test failed: {e:#}");
+    }
+    drop(daemon);
+    ns.delete().await?;
+    result
 }

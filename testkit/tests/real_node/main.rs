@@ -9,7 +9,7 @@
 //! One at a time: they share the node's simulated GPUs, and one restarts the node daemon.
 //! Here: a pod's GPU, hook and sockets, shares and memory caps inside containers; the node
 //! daemon's restarts and the device plugin's GPUs in `daemon.rs`; groups, plain pods and the
-//! deployment itself in `deploy.rs`.
+//! deployment itself in `deploy.rs`; GPU use without the hook in `guard.rs`.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -28,6 +28,7 @@ use serde_json::{Value, json};
 
 mod daemon;
 mod deploy;
+mod guard;
 
 const WAIT: Duration = Duration::from_secs(120);
 const KUBESHARE_NS: &str = "kubeshare-system";
