@@ -50,6 +50,12 @@ pub fn gpu_socket_name(gpu_uuid: &str) -> String {
     format!("{gpu_uuid}.sock")
 }
 
+/// gem-schd's `--socket-template` for clients' directories under `dir`:
+/// `<dir>/{client}/{gpu}.sock`, so that `<dir>/<client>` is a client's socket directory.
+pub fn socket_template_in(dir: &std::path::Path) -> String {
+    format!("{}/{{client}}/{}", dir.display(), gpu_socket_name("{gpu}"))
+}
+
 /// Paths under a root.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
@@ -96,11 +102,7 @@ impl Layout {
     }
     /// The `--socket-template` gem-schd gets: `{client}` is the pod UID, `{gpu}` the UUID.
     pub fn socket_template(&self) -> String {
-        format!(
-            "{}/{{client}}/{}",
-            self.pods_dir().display(),
-            gpu_socket_name("{gpu}")
-        )
+        socket_template_in(&self.pods_dir())
     }
     /// Length of the longest socket path gem-schd will make under this root
     /// (`pods/<36-char pod UID>/<40-char GPU UUID>.sock`).

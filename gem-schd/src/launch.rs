@@ -11,7 +11,7 @@ pub const HOOK_NAME: &str = kubeshare_api::layout::HOOK_LIB_NAME;
 /// The socket template for a bare-metal directory: `<dir>/{client}/{gpu}.sock`, so
 /// that `<dir>/<client>` is the client's `KUBESHARE_SOCKET_DIR`.
 pub fn socket_template(dir: &Path) -> String {
-    format!("{}/{{client}}/{{gpu}}.sock", dir.display())
+    kubeshare_api::layout::socket_template_in(dir)
 }
 
 /// The hook to preload: `--hook`, else `$KUBESHARE_HOOK`, else `libgemhook.so.1` next

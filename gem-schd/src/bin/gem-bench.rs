@@ -53,7 +53,7 @@ fn main() -> Result<()> {
     std::fs::create_dir_all(&dir)?;
     let cfg = dir.join("resource-config.txt");
     std::fs::write(&cfg, "3\nsolo 0.5 1.0 0\na 0.5 1.0 0\nb 0.5 1.0 0\n")?;
-    let tmpl = format!("{}/{{client}}/{{gpu}}.sock", dir.display());
+    let tmpl = kubeshare_api::layout::socket_template_in(&dir);
     let _schd = Kill(
         Command::new(&schd)
             .args(["--gpu", GPU, "--config"])
@@ -64,7 +64,10 @@ fn main() -> Result<()> {
             .spawn()
             .with_context(|| format!("starting {}", schd.display()))?,
     );
-    let sock = |c: &str| dir.join(c).join(format!("{GPU}.sock"));
+    let sock = |c: &str| {
+        dir.join(c)
+            .join(kubeshare_api::layout::gpu_socket_name(GPU))
+    };
     let connect = |c: &str| {
         Client::connect_with_retry(
             sock(c),
