@@ -154,3 +154,38 @@ fn turns(sim: &Sim, i: usize, a: Micros) -> Vec<Micros> {
     }
     out
 }
+
+/// Two elastic clients (0.3 and 0.7, limit 1.0) whose bursts (10 × 3 ms kernels queued at
+/// once, then a sync) outlast any turn: each keeps its request whoever is ahead.
+#[test]
+fn elastic_clients_with_long_bursts_keep_their_requests() {
+    let bursts = Pattern {
+        kernel_us: 3_000,
+        kernels: 10,
+        gap_us: 100,
+        idle: vec![],
+        blind: true,
+        launch_us: 0,
+    };
+    let mut sim = Sim::new(
+        Params::default(),
+        vec![
+            (spec("e", 300, 1000), bursts.clone().idle_during(0, ARRIVE)),
+            (spec("f", 700, 1000), bursts.idle_during(0, ARRIVE)),
+        ],
+    );
+    sim.core.set_max_hold(0);
+    sim.tick = 4 * MS;
+    sim.release_idle = 10 * MS;
+    sim.release_at_deadline = Some(2 * MS);
+    let horizon = ARRIVE + 20 * S;
+    sim.run(horizon);
+    let (a, b) = (ARRIVE + 2 * S, horizon);
+    let (e, f) = (sim.share(0, a, b), sim.share(1, a, b));
+    eprintln!("e {e:.3}, f {f:.3}");
+    let share_e = e / (e + f);
+    assert!(
+        (share_e - 0.3).abs() <= 0.02,
+        "e got {share_e:.3} of the GPU time"
+    );
+}

@@ -441,6 +441,7 @@ impl Sim {
         let end = start + c.pattern.kernel_us * Micros::from(c.pattern.kernels);
         self.gpu_busy = end;
         c.segments.push((start, end));
+        c.last_end = end;
         self.push(end, Ev::SyncDone(i));
     }
 
