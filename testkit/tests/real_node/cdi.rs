@@ -37,10 +37,11 @@ fn probe_pod(name: &str, request: bool, lib: &str) -> Result<Pod> {
          echo LIB=$(cat {lib} 2>/dev/null || echo none); \
          echo PRELOAD=${{LD_PRELOAD:-none}}; echo DONE; sleep 3600"
     );
-    let mut resources = json!({});
-    if request {
-        resources = json!({"limits": {RESOURCE: "1"}});
-    }
+    let resources = if request {
+        json!({"limits": {RESOURCE: "1"}})
+    } else {
+        json!({})
+    };
     Ok(serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Pod",
