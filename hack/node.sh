@@ -25,7 +25,10 @@
 # KUBESHARE_APISERVER_BIND=0.0.0.0, as hack/with-cluster.sh --node does).
 # Env: KUBESHARE_NODE_IMAGES (dir of OCI archives to import at up; default
 #      <repo>/target/images), KUBESHARE_NODE_NAME (default kubeshare-node),
-#      KUBESHARE_UP_TIMEOUT (seconds per readiness wait, default 120).
+#      KUBESHARE_UP_TIMEOUT (seconds per readiness wait, default 120),
+#      KUBESHARE_NODE_CDI=1 (run the containerd 2.x that hack/build-containerd.sh
+#      builds, with CDI on and RUN_DIR/node/cdi as its only spec dir; unset, the
+#      node runs the host's containerd exactly as without it).
 # Needs root, containerd, runc, the CNI plugins in /usr/lib/cni, iptables,
 # conntrack, ip, unshare, nsenter.
 set -euo pipefail
@@ -213,6 +216,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         SystemdCgroup = false
         Root = "$NODE/runc"
 EOF
+  if [[ -n "${CTRD_BIN:-}" ]]; then
+    # containerd 2.x migrates this version-2 file (these keys move to its
+    # io.containerd.cri.v1.runtime plugin). One spec dir, the node's own: the
+    # host's /etc/cdi and /var/run/cdi belong to the host.
+    mkdir -p "$NODE/cdi"
+    awk -v dir="$NODE/cdi" '{ print }
+      $0 == "[plugins.\"io.containerd.grpc.v1.cri\"]" {
+        print "  enable_cdi = true"; print "  cdi_spec_dirs = [\"" dir "\"]" }' \
+      "$NODE/containerd.toml" >"$NODE/containerd.toml.cdi"
+    mv "$NODE/containerd.toml.cdi" "$NODE/containerd.toml"
+    grep -qx '  enable_cdi = true' "$NODE/containerd.toml" || die "could not turn CDI on in $NODE/containerd.toml"
+  fi
   cat >"$NODE/cni-conf/10-kubeshare.conflist" <<EOF
 {
   "cniVersion": "0.4.0",
@@ -322,6 +337,8 @@ cmd_inside() {
 
   local pids=()
   trap 'kill -TERM "${pids[@]}" 2>/dev/null; wait; exit 0' TERM INT
+  # KUBESHARE_NODE_CDI: containerd finds its shim (and this script its ctr) on PATH.
+  [[ -z "${CTRD_BIN:-}" ]] || export PATH="$CTRD_BIN:$PATH"
   containerd --config "$NODE/containerd.toml" >"$NODE/logs/containerd.log" 2>&1 &
   pids+=($!); echo $! >"$NODE/pids/containerd.pid"
   deadline=$(( $(date +%s) + 30 ))
@@ -348,7 +365,7 @@ cmd_inside() {
 import_images() {
   local f
   for f in "$@"; do
-    in_node ctr -a "$NODE/containerd.sock" -n k8s.io images import --no-unpack=false "$f" >>"$NODE/logs/import.log" 2>&1 \
+    in_node "${CTRD_BIN:+$CTRD_BIN/}ctr" -a "$NODE/containerd.sock" -n k8s.io images import --no-unpack=false "$f" >>"$NODE/logs/import.log" 2>&1 \
       || { tail -n 20 "$NODE/logs/import.log" >&2; die "importing $f failed"; }
     log "imported $(basename "$f")"
   done
@@ -390,6 +407,11 @@ cmd_up() {
   BIN="$(jq -r .bin_dir "$RUN/cluster.json")"
   for b in kubelet kube-proxy kubectl; do [[ -x "$BIN/$b" ]] || die "missing $BIN/$b (run hack/build-k8s.sh)"; done
   API_PORT="$(jq -r .ports.apiserver "$RUN/cluster.json")"
+  CTRD_BIN=""
+  if [[ "${KUBESHARE_NODE_CDI:-0}" == 1 ]]; then
+    CTRD_BIN="$("$HACK/build-containerd.sh" | tail -n 1)"
+    [[ -x "$CTRD_BIN/containerd" ]] || die "hack/build-containerd.sh gave no containerd"
+  fi
   NODE="$RUN/node"
   if [[ -f "$NODE/node.env" ]]; then
     log "a node was left in $RUN; bringing it down first"
@@ -417,6 +439,7 @@ BIN=$BIN
 API_PORT=$API_PORT
 NODE=$NODE
 EOF
+  [[ -z "$CTRD_BIN" ]] || echo "CTRD_BIN=$CTRD_BIN" >>"$NODE/node.env"
   trap 'rc=$?; if [[ $rc != 0 ]]; then log "up failed; bringing the node down"; cmd_down || true; fi' EXIT
 
   sign kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" "basicConstraints=critical,CA:FALSE
@@ -561,7 +584,8 @@ cmd_down() {
     sleep 0.1
   done
   for h in $(hierarchies); do [[ -d "$h/$CGROUP" ]] && log "cgroup $h/$CGROUP could not be removed"; done
-  rm -rf "$NODE/containerd" "$NODE/kubeshare" "$NODE/test" "$NODE/cni-ipam" "$NODE/runc" "$NODE/kubelet"
+  rm -rf "$NODE/containerd" "$NODE/kubeshare" "$NODE/test" "$NODE/cni-ipam" "$NODE/runc" "$NODE/kubelet" \
+    "$NODE/cdi" "$NODE/cdi-dev"
   rm -f "$NODE/node.env" "$NODE"/pids/*.pid "$NODE/containerd.ready" "$NODE/images.ready"
   [[ "$(cat "$CLAIMS/$NODE_ID" 2>/dev/null)" == "$RUN" ]] && rm -f "$CLAIMS/$NODE_ID"
   local ms=$(( ($(date +%s%N) - t0) / 1000000 ))

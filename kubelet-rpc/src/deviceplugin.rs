@@ -121,6 +121,16 @@ pub struct ContainerAllocateResponse {
     /// Environment variables the kubelet sets in the container.
     #[prost(map = "string, string", tag = "1")]
     pub envs: HashMap<String, String>,
+    /// Fully qualified CDI device names (`vendor/class=name`) the runtime injects
+    /// (the kubelet passes them in the CRI `CDIDevices` field; GA in Kubernetes 1.31).
+    #[prost(message, repeated, tag = "5")]
+    pub cdi_devices: Vec<CdiDevice>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct CdiDevice {
+    #[prost(string, tag = "1")]
+    pub name: String,
 }
 
 /// Registers the plugin serving on `endpoint` (a socket name in `dir`) for `resource`.

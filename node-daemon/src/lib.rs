@@ -6,6 +6,7 @@
 //! allocation annotations the extender writes at bind say which pod holds which GPU.
 //! Decisions are pure ([`reconcile`], [`node`], [`metrics`]); the rest is I/O.
 
+pub mod cdi;
 pub mod daemon;
 pub mod disk;
 pub mod dra;

@@ -110,6 +110,22 @@ struct Args {
     #[arg(long)]
     dra: bool,
 
+    /// Write a CDI spec of kind kubeshare.io/gpu into this directory (e.g. /etc/cdi or
+    /// /var/run/cdi, the runtime's cdi_spec_dirs) and keep it current; empty = off
+    /// (docs/node.md, "CDI").
+    #[arg(long, default_value = "", value_name = "DIR")]
+    cdi_spec_dir: PathBuf,
+
+    /// Host directory whose nvidia* device nodes the CDI spec names (a stand-in for /dev
+    /// in tests; the container still sees /dev/nvidiaN).
+    #[arg(long, default_value = kubeshare_node_daemon::cdi::generate::CONTAINER_DEV_DIR, value_name = "DIR")]
+    cdi_dev_dir: PathBuf,
+
+    /// Directories searched for the driver's libraries (libcuda, libnvidia-ml) that the CDI
+    /// spec mounts into containers (repeatable; earlier wins).
+    #[arg(long = "cdi-lib-dir", value_name = "DIR", default_values_t = kubeshare_node_daemon::cdi::host::DEFAULT_LIB_DIRS.iter().map(|s| s.to_string()).collect::<Vec<_>>())]
+    cdi_lib_dirs: Vec<String>,
+
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -225,6 +241,19 @@ async fn main() -> anyhow::Result<()> {
             cfg.resync,
         );
         tokio::spawn(kubeshare_node_daemon::dra::run(c, n, s, every));
+    }
+    if !args.cdi_spec_dir.as_os_str().is_empty() {
+        let cdi = kubeshare_node_daemon::cdi::host::CdiConfig {
+            spec_dir: args.cdi_spec_dir.clone(),
+            dev_dir: args.cdi_dev_dir.clone(),
+            lib_dirs: args.cdi_lib_dirs.iter().map(PathBuf::from).collect(),
+            layout: cfg.layout.clone(),
+        };
+        tokio::spawn(kubeshare_node_daemon::cdi::host::run(
+            cdi,
+            cfg.inventory.clone(),
+            cfg.resync,
+        ));
     }
     daemon::run(cfg, client, shutdown_signal()).await
 }

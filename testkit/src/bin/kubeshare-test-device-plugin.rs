@@ -2,6 +2,8 @@
 //! with the kubelet for the simulated GPUs it is given, as NVIDIA's device plugin does
 //! for real ones (device IDs are GPU UUIDs), and hands each container its GPUs in
 //! `NVIDIA_VISIBLE_DEVICES` (and `FAKE_CUDA_DEVICES`, which the fake libcuda reads).
+//! With `--cdi-kind`, each device also goes to the runtime as the CDI device
+//! `<kind>=<id>` (the route NVIDIA's device plugin takes in CDI mode).
 //! It runs inside the node's namespaces (`hack/node.sh exec RUN_DIR kubeshare-test-device-plugin ...`).
 
 use std::path::PathBuf;
@@ -10,7 +12,7 @@ use std::pin::Pin;
 use anyhow::Context as _;
 use clap::Parser;
 use kubeshare_kubelet_rpc::deviceplugin::{
-    self as dp, AllocateRequest, AllocateResponse, ContainerAllocateResponse,
+    self as dp, AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
     ContainerPreferredAllocationResponse, Device, DevicePlugin, DevicePluginOptions,
     DevicePluginServer, Empty, ListAndWatchResponse, PreStartContainerRequest,
     PreStartContainerResponse, PreferredAllocationRequest, PreferredAllocationResponse,
@@ -35,10 +37,14 @@ struct Args {
     /// This plugin's socket name in --dir.
     #[arg(long, default_value = "kubeshare-test-gpu.sock")]
     endpoint: String,
+    /// Also hand each device to the runtime as the CDI device `<kind>=<id>`.
+    #[arg(long, value_name = "VENDOR/CLASS")]
+    cdi_kind: Option<String>,
 }
 
 struct Plugin {
     devices: Vec<String>,
+    cdi_kind: Option<String>,
 }
 
 type DeviceStream = Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send>>;
@@ -112,6 +118,16 @@ impl DevicePlugin for Plugin {
             if let Some(bad) = c.devices_ids.iter().find(|d| !self.devices.contains(d)) {
                 return Err(Status::invalid_argument(format!("unknown device {bad}")));
             }
+            let cdi_devices = match &self.cdi_kind {
+                Some(kind) => c
+                    .devices_ids
+                    .iter()
+                    .map(|id| CdiDevice {
+                        name: format!("{kind}={id}"),
+                    })
+                    .collect(),
+                None => Vec::new(),
+            };
             let ids = c.devices_ids.join(",");
             tracing::info!(devices = %ids, "allocate");
             let envs = [
@@ -120,7 +136,7 @@ impl DevicePlugin for Plugin {
             ]
             .into_iter()
             .collect();
-            container_responses.push(ContainerAllocateResponse { envs });
+            container_responses.push(ContainerAllocateResponse { envs, cdi_devices });
         }
         Ok(Response::new(AllocateResponse {
             container_responses,
@@ -157,6 +173,7 @@ async fn main() -> anyhow::Result<()> {
     let server = tonic::transport::Server::builder()
         .add_service(DevicePluginServer::new(Plugin {
             devices: args.devices.clone(),
+            cdi_kind: args.cdi_kind.clone(),
         }))
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::UnixListenerStream::new(listener),

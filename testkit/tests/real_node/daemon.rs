@@ -111,7 +111,10 @@ async fn node_daemon_restart_keeps_running_pods_and_cleans_up_deleted_ones() -> 
 }
 
 /// The Node's published GPUs (the node daemon's `sharedgpu/inventory`).
-async fn node_inventory(client: &kube::Client, node: &str) -> Result<kubeshare_api::NodeInventory> {
+pub(super) async fn node_inventory(
+    client: &kube::Client,
+    node: &str,
+) -> Result<kubeshare_api::NodeInventory> {
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
     let n = nodes.get(node).await?;
     let json = n

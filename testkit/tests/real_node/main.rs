@@ -9,7 +9,8 @@
 //! One at a time: they share the node's simulated GPUs, and one restarts the node daemon.
 //! Here: a pod's GPU, hook and sockets, shares and memory caps inside containers; the node
 //! daemon's restarts and the device plugin's GPUs in `daemon.rs`; groups, plain pods and the
-//! deployment itself in `deploy.rs`; GPU use without the hook in `guard.rs`.
+//! deployment itself in `deploy.rs`; GPU use without the hook in `guard.rs`; a GPU handed
+//! over through CDI in `cdi.rs` (with KUBESHARE_NODE_CDI=1).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -26,6 +27,7 @@ use kubeshare_testkit::{
 };
 use serde_json::{Value, json};
 
+mod cdi;
 mod daemon;
 mod deploy;
 mod guard;
