@@ -10,7 +10,8 @@
 //! Here: a pod's GPU, hook and sockets, shares and memory caps inside containers; the node
 //! daemon's restarts and the device plugin's GPUs in `daemon.rs`; groups, plain pods and the
 //! deployment itself in `deploy.rs`; GPU use without the hook in `guard.rs`; a GPU handed
-//! over through CDI in `cdi.rs` (with KUBESHARE_NODE_CDI=1).
+//! over through CDI in `cdi.rs` (with KUBESHARE_NODE_CDI=1); another pod's gem-schd socket
+//! in `peers.rs`.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -31,6 +32,7 @@ mod cdi;
 mod daemon;
 mod deploy;
 mod guard;
+mod peers;
 
 const WAIT: Duration = Duration::from_secs(120);
 const KUBESHARE_NS: &str = "kubeshare-system";
