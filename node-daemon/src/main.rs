@@ -111,10 +111,10 @@ struct Args {
     dra: bool,
 
     /// Write a CDI spec of kind kubeshare.io/gpu into this directory (e.g. /etc/cdi or
-    /// /var/run/cdi, the runtime's cdi_spec_dirs) and keep it current; empty = off
+    /// /var/run/cdi, the runtime's cdi_spec_dirs) and keep it current; unset = off
     /// (docs/node.md, "CDI").
-    #[arg(long, default_value = "", value_name = "DIR")]
-    cdi_spec_dir: PathBuf,
+    #[arg(long, value_name = "DIR")]
+    cdi_spec_dir: Option<PathBuf>,
 
     /// Host directory whose nvidia* device nodes the CDI spec names (a stand-in for /dev
     /// in tests; the container still sees /dev/nvidiaN).
@@ -242,9 +242,9 @@ async fn main() -> anyhow::Result<()> {
         );
         tokio::spawn(kubeshare_node_daemon::dra::run(c, n, s, every));
     }
-    if !args.cdi_spec_dir.as_os_str().is_empty() {
+    if let Some(spec_dir) = args.cdi_spec_dir.clone() {
         let cdi = kubeshare_node_daemon::cdi::host::CdiConfig {
-            spec_dir: args.cdi_spec_dir.clone(),
+            spec_dir,
             dev_dir: args.cdi_dev_dir.clone(),
             lib_dirs: args.cdi_lib_dirs.iter().map(PathBuf::from).collect(),
             layout: cfg.layout.clone(),
