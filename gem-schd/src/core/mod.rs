@@ -165,8 +165,9 @@ pub const DEFAULT_MAX_LAG_US: Micros = 10_000;
 const CONTENDED_US: Micros = 100_000;
 /// How long the token waits, after a hold that ran to its quota's end was ended by a Release,
 /// for that client's next request before going to a client ahead of it in virtual time (see
-/// `Core::reask`). The hook's idle thread releases such a hold while the process is on the CPU
-/// between launches, and its next launch asks again a moment later (0.05–0.4 ms on an H200).
+/// `Core::awaits_reask`). The hook's idle thread releases such a hold while the process is on
+/// the CPU between launches, and its next launch asks again a moment later (0.05–0.4 ms on an
+/// H200).
 const REASK_US: Micros = 500;
 /// The key of history entries whose client's usage was forgotten (no client has it).
 const FORGOTTEN: Key = Key::MAX;
