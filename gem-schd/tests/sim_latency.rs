@@ -39,12 +39,6 @@ fn inference() -> Pattern {
 /// window's headroom, so their quota estimates start from the base quota.
 const ARRIVE: Micros = 12 * S;
 
-fn pct(v: &[Micros], q: f64) -> Micros {
-    let mut v = v.to_vec();
-    v.sort_unstable();
-    v[((q * v.len() as f64) as usize).min(v.len() - 1)]
-}
-
 struct Outcome {
     train_of_native: f64,
     infer_of_native: f64,
@@ -91,31 +85,6 @@ fn train_infer(params: Params, setup: impl Fn(&mut Core)) -> Outcome {
     train_infer_of(params, training(), inference(), false, |s| {
         setup(&mut s.core)
     })
-}
-
-/// Lengths of client `i`'s turns on the GPU after `a`: its runs of GPU time between two
-/// segments of other clients (the wait of a request that arrives as the turn begins).
-fn turns(sim: &Sim, i: usize, a: Micros) -> Vec<Micros> {
-    let mut all: Vec<(Micros, Micros, usize)> = vec![];
-    for (k, c) in sim.clients.iter().enumerate() {
-        all.extend(
-            c.segments
-                .iter()
-                .filter(|s| s.0 >= a)
-                .map(|s| (s.0, s.1, k)),
-        );
-    }
-    all.sort_unstable();
-    let mut out = vec![];
-    let mut run: Option<(Micros, Micros)> = None;
-    for (s, e, k) in all {
-        if k == i {
-            run = Some(run.map_or((s, e), |r| (r.0, e)));
-        } else if let Some(r) = run.take() {
-            out.push(r.1 - r.0);
-        }
-    }
-    out
 }
 
 fn train_infer_of(

@@ -122,39 +122,6 @@ fn gpu_bound_training_beside_elastic_decode_gets_its_request_in_gpu_time() {
     assert!(charged >= 0.48, "training charged {charged:.3}");
 }
 
-fn pct(v: &[Micros], q: f64) -> Micros {
-    let mut v = v.to_vec();
-    v.sort_unstable();
-    v.get(((q * v.len() as f64) as usize).min(v.len().saturating_sub(1)))
-        .copied()
-        .unwrap_or(0)
-}
-
-/// Lengths of client `i`'s turns on the GPU after `a`: its runs of GPU time between two
-/// segments of other clients.
-fn turns(sim: &Sim, i: usize, a: Micros) -> Vec<Micros> {
-    let mut all: Vec<(Micros, Micros, usize)> = vec![];
-    for (k, c) in sim.clients.iter().enumerate() {
-        all.extend(
-            c.segments
-                .iter()
-                .filter(|s| s.0 >= a)
-                .map(|s| (s.0, s.1, k)),
-        );
-    }
-    all.sort_unstable();
-    let mut out = vec![];
-    let mut run: Option<(Micros, Micros)> = None;
-    for (s, e, k) in all {
-        if k == i {
-            run = Some(run.map_or((s, e), |r| (r.0, e)));
-        } else if let Some(r) = run.take() {
-            out.push(r.1 - r.0);
-        }
-    }
-    out
-}
-
 /// Two elastic clients (0.3 and 0.7, limit 1.0) whose bursts (10 × 3 ms kernels queued at
 /// once, then a sync) outlast any turn: each keeps its request whoever is ahead.
 #[test]

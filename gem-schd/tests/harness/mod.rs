@@ -740,3 +740,37 @@ pub fn longest_gap(sim: &Sim, i: usize, a: Micros, b: Micros) -> Micros {
         .max()
         .unwrap_or(b - a)
 }
+
+/// The `q` quantile of `v` (0 when empty).
+pub fn pct(v: &[Micros], q: f64) -> Micros {
+    let mut v = v.to_vec();
+    v.sort_unstable();
+    v.get(((q * v.len() as f64) as usize).min(v.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Lengths of client `i`'s turns on the GPU after `a`: its runs of GPU time between two
+/// segments of other clients (the wait of a request that arrives as the turn begins).
+pub fn turns(sim: &Sim, i: usize, a: Micros) -> Vec<Micros> {
+    let mut all: Vec<(Micros, Micros, usize)> = vec![];
+    for (k, c) in sim.clients.iter().enumerate() {
+        all.extend(
+            c.segments
+                .iter()
+                .filter(|s| s.0 >= a)
+                .map(|s| (s.0, s.1, k)),
+        );
+    }
+    all.sort_unstable();
+    let mut out = vec![];
+    let mut run: Option<(Micros, Micros)> = None;
+    for (s, e, k) in all {
+        if k == i {
+            run = Some(run.map_or((s, e), |r| (r.0, e)));
+        } else if let Some(r) = run.take() {
+            out.push(r.1 - r.0);
+        }
+    }
+    out
+}
