@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Api;
@@ -18,60 +18,15 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kubeshare_testkit::{Cluster, Identity, TestNamespace, wait_until};
 use kubeshare_webhook::certs::{self, CertRequest};
 use kubeshare_webhook::server::{self, ServeConfig};
-use serde_json::{Value, json};
+use serde_json::json;
+
+mod cluster_rig;
+use cluster_rig::{Cleanup, webhook_by_url};
 
 const WAIT: Duration = Duration::from_secs(60);
 const TEST_LABEL: &str = "kubeshare-cert-rotation-test";
 const PODS: usize = 200;
 const CONCURRENCY: usize = 16;
-
-struct ConfigGuard {
-    cluster: &'static Cluster,
-    name: String,
-}
-
-impl Drop for ConfigGuard {
-    fn drop(&mut self) {
-        if let Ok(mut cmd) = self.cluster.kubectl() {
-            let _ = cmd
-                .args([
-                    "delete",
-                    "mutatingwebhookconfiguration",
-                    &self.name,
-                    "--ignore-not-found",
-                    "--wait=false",
-                ])
-                .output();
-        }
-    }
-}
-
-/// manifests/webhook.yaml's configuration, by URL, for namespaces labelled
-/// `TEST_LABEL=token`.
-fn configuration(port: u16, ca_bundle: &str, token: &str) -> Result<Value> {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../manifests/webhook.yaml"
-    ))?;
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&text)?;
-    for mut doc in docs {
-        if doc["kind"] != "MutatingWebhookConfiguration" {
-            continue;
-        }
-        doc["metadata"]["name"] = json!(format!("kubeshare-cert-rotation-{token}"));
-        for wh in doc["webhooks"].as_array_mut().context("webhooks")? {
-            let path = wh["clientConfig"]["service"]["path"]
-                .as_str()
-                .context("service path")?
-                .to_string();
-            wh["clientConfig"] =
-                json!({"url": format!("https://127.0.0.1:{port}{path}"), "caBundle": ca_bundle});
-            wh["namespaceSelector"]["matchLabels"] = json!({TEST_LABEL: token});
-        }
-        return Ok(doc);
-    }
-    bail!("manifests/webhook.yaml lacks the MutatingWebhookConfiguration")
-}
 
 fn pod(name: &str) -> Result<Pod> {
     Ok(serde_json::from_value(json!({
@@ -145,13 +100,11 @@ async fn the_certificate_rotates_during_a_burst_with_no_failed_admission() -> Re
     })
     .await?;
     let port = running.addr.port();
-    let config = configuration(port, &files.ca_bundle(), &token)?;
-    let _guard = ConfigGuard {
+    let name = format!("kubeshare-cert-rotation-{token}");
+    let config = webhook_by_url(&name, port, &files.ca_bundle(), TEST_LABEL, &token)?;
+    let _guard = Cleanup {
         cluster,
-        name: config["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .into(),
+        objects: vec![("mutatingwebhookconfiguration", name)],
     };
     Api::<MutatingWebhookConfiguration>::all(admin.clone())
         .create(&PostParams::default(), &serde_json::from_value(config)?)

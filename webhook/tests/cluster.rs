@@ -18,62 +18,12 @@ use kubeshare_webhook::review::Mode;
 use kubeshare_webhook::server::{self, ServeConfig};
 use serde_json::{Value, json};
 
+mod cluster_rig;
+use cluster_rig::{Cleanup, webhook_by_url};
+
 const TEST_LABEL: &str = "kubeshare-webhook-test";
 const HOOK: &str = "/kubeshare/lib/libgemhook.so.1";
 const WAIT: Duration = Duration::from_secs(60);
-
-/// Deletes the webhook configuration when the test ends, also on panic.
-struct ConfigGuard {
-    cluster: &'static Cluster,
-    name: String,
-}
-
-impl Drop for ConfigGuard {
-    fn drop(&mut self) {
-        for kind in ["mutatingwebhookconfiguration"] {
-            if let Ok(mut cmd) = self.cluster.kubectl() {
-                let _ = cmd
-                    .args([
-                        "delete",
-                        kind,
-                        &self.name,
-                        "--ignore-not-found",
-                        "--wait=false",
-                    ])
-                    .output();
-            }
-        }
-    }
-}
-
-/// manifests/webhook.yaml's configuration, pointed at `https://127.0.0.1:port` and
-/// limited to namespaces labelled `TEST_LABEL=token`.
-fn configuration(port: u16, ca_bundle: &str, token: &str) -> Result<Value> {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../manifests/webhook.yaml"
-    ))?;
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&text)?;
-    for mut doc in docs {
-        if doc["kind"] != "MutatingWebhookConfiguration" {
-            continue;
-        }
-        doc["metadata"]["name"] = json!(format!("kubeshare-webhook-test-{token}"));
-        for wh in doc["webhooks"].as_array_mut().context("webhooks")? {
-            let path = wh["clientConfig"]["service"]["path"]
-                .as_str()
-                .context("service path")?
-                .to_string();
-            wh["clientConfig"] = json!({
-                "url": format!("https://127.0.0.1:{port}{path}"),
-                "caBundle": ca_bundle,
-            });
-            wh["namespaceSelector"]["matchLabels"] = json!({TEST_LABEL: token});
-        }
-        return Ok(doc);
-    }
-    bail!("manifests/webhook.yaml lacks the MutatingWebhookConfiguration")
-}
 
 async fn label_namespace(client: &kube::Client, ns: &str, labels: Value) -> Result<()> {
     Api::<Namespace>::all(client.clone())
@@ -188,13 +138,17 @@ async fn the_real_apiserver_calls_the_webhook() -> Result<()> {
     )
     .await?;
 
-    let mutating = configuration(running.addr.port(), &files.ca_bundle(), &token)?;
-    let _guard = ConfigGuard {
+    let name = format!("kubeshare-webhook-test-{token}");
+    let mutating = webhook_by_url(
+        &name,
+        running.addr.port(),
+        &files.ca_bundle(),
+        TEST_LABEL,
+        &token,
+    )?;
+    let _guard = Cleanup {
         cluster,
-        name: mutating["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
+        objects: vec![("mutatingwebhookconfiguration", name)],
     };
     let pp = PostParams::default();
     Api::<MutatingWebhookConfiguration>::all(client.clone())

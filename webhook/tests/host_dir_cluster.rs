@@ -25,35 +25,14 @@ use kubeshare_webhook::certs::{self, CertRequest};
 use kubeshare_webhook::server::{self, ServeConfig};
 use serde_json::{Value, json};
 
+mod cluster_rig;
+use cluster_rig::{Cleanup, manifest, webhook_by_url};
+
 const WAIT: Duration = Duration::from_secs(60);
 const TEST_LABEL: &str = "kubeshare-hostdir-test";
 const TENANT: Identity = Identity::Webhook;
 const WEBHOOK_SAYS: &str = "reaches /var/lib/kubeshare, KubeShare's host directory, which holds every pod's GPU scheduler socket and config";
 const POLICY_SAYS: &str = "reaches /var/lib/kubeshare, KubeShare's host directory, which holds every pod's GPU scheduler socket and config: a pod may not mount it";
-
-/// Deletes the cluster-scoped objects this test made, also on panic.
-struct Cleanup {
-    cluster: &'static Cluster,
-    objects: Vec<(&'static str, String)>,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        for (kind, name) in &self.objects {
-            if let Ok(mut cmd) = self.cluster.kubectl() {
-                let _ = cmd
-                    .args(["delete", kind, name, "--ignore-not-found", "--wait=false"])
-                    .output();
-            }
-        }
-    }
-}
-
-fn manifest(file: &str) -> Result<Vec<Value>> {
-    let path = format!("{}/../manifests/{file}", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).with_context(|| path.clone())?;
-    Ok(serde_saphyr::from_multiple(&text)?)
-}
 
 /// The host-dir policy and binding, renamed with `token`; the binding also selects
 /// only pods labelled `TEST_LABEL=token`.
@@ -80,28 +59,6 @@ fn policy(token: &str) -> Result<(Value, Value)> {
         policy.context("no policy kubeshare-host-dir in admission-policy.yaml")?,
         binding.context("no binding kubeshare-host-dir in admission-policy.yaml")?,
     ))
-}
-
-/// manifests/webhook.yaml's configuration, by URL, for namespaces labelled
-/// `TEST_LABEL=token`.
-fn webhook_configuration(port: u16, ca_bundle: &str, token: &str) -> Result<Value> {
-    for mut doc in manifest("webhook.yaml")? {
-        if doc["kind"] != "MutatingWebhookConfiguration" {
-            continue;
-        }
-        doc["metadata"]["name"] = json!(format!("kubeshare-hostdir-test-{token}"));
-        for wh in doc["webhooks"].as_array_mut().context("webhooks")? {
-            let path = wh["clientConfig"]["service"]["path"]
-                .as_str()
-                .context("service path")?
-                .to_string();
-            wh["clientConfig"] =
-                json!({"url": format!("https://127.0.0.1:{port}{path}"), "caBundle": ca_bundle});
-            wh["namespaceSelector"]["matchLabels"] = json!({TEST_LABEL: token});
-        }
-        return Ok(doc);
-    }
-    bail!("manifests/webhook.yaml lacks the MutatingWebhookConfiguration")
 }
 
 /// A pod that no node matches (it stays Pending), labelled for this test's binding.
@@ -184,7 +141,13 @@ async fn a_namespace_editor_cannot_mount_kubeshares_host_directory() -> Result<(
         poll: Duration::from_secs(5),
     })
     .await?;
-    let config = webhook_configuration(running.addr.port(), &files.ca_bundle(), &token)?;
+    let config = webhook_by_url(
+        &format!("kubeshare-hostdir-test-{token}"),
+        running.addr.port(),
+        &files.ca_bundle(),
+        TEST_LABEL,
+        &token,
+    )?;
     let (vap, vapb) = policy(&token)?;
     let mut cleanup = Cleanup {
         cluster,

@@ -24,38 +24,18 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kubeshare_testkit::{Cluster, Identity, TestNamespace, wait_until};
 use serde_json::{Value, json};
 
+mod cluster_rig;
+use cluster_rig::{Cleanup, manifest};
+
 const WAIT: Duration = Duration::from_secs(60);
 const MALLORY: Identity = Identity::Webhook;
-
-/// Deletes the cluster-scoped objects this test made, also on panic.
-struct Cleanup {
-    cluster: &'static Cluster,
-    objects: Vec<(&'static str, String)>,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        for (kind, name) in &self.objects {
-            if let Ok(mut cmd) = self.cluster.kubectl() {
-                let _ = cmd
-                    .args(["delete", kind, name, "--ignore-not-found", "--wait=false"])
-                    .output();
-            }
-        }
-    }
-}
 
 /// The policies and bindings of manifests/admission-policy.yaml, renamed with `token`;
 /// the record policy bound to namespace `ns`, the opt-out policy to namespaces labelled
 /// `kubeshare-policy-test=token`.
 fn policies(ns: &str, token: &str) -> Result<Vec<Value>> {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../manifests/admission-policy.yaml"
-    ))?;
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&text)?;
     let mut out = Vec::new();
-    for mut doc in docs {
+    for mut doc in manifest("admission-policy.yaml")? {
         let name = doc["metadata"]["name"]
             .as_str()
             .context("metadata.name")?

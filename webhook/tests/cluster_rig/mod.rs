@@ -1,0 +1,64 @@
+//! What the webhook's cluster tests share: removing the cluster-scoped objects a test made,
+//! the rendered manifests, and the chart's webhook configuration pointed at a test's own
+//! server.
+// Each test crate uses a part of it.
+#![allow(dead_code)]
+
+use anyhow::{Context, Result, bail};
+use kubeshare_testkit::Cluster;
+use serde_json::{Value, json};
+
+/// Deletes the cluster-scoped objects a test made (kind, name), also on panic.
+pub struct Cleanup {
+    pub cluster: &'static Cluster,
+    pub objects: Vec<(&'static str, String)>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for (kind, name) in &self.objects {
+            if let Ok(mut cmd) = self.cluster.kubectl() {
+                let _ = cmd
+                    .args(["delete", kind, name, "--ignore-not-found", "--wait=false"])
+                    .output();
+            }
+        }
+    }
+}
+
+/// The documents of `manifests/<file>` (rendered from the chart).
+pub fn manifest(file: &str) -> Result<Vec<Value>> {
+    let path = format!("{}/../manifests/{file}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).with_context(|| path.clone())?;
+    Ok(serde_saphyr::from_multiple(&text)?)
+}
+
+/// manifests/webhook.yaml's MutatingWebhookConfiguration, named `name`, pointed at
+/// `https://127.0.0.1:port` and limited to namespaces labelled `label=token`.
+pub fn webhook_by_url(
+    name: &str,
+    port: u16,
+    ca_bundle: &str,
+    label: &str,
+    token: &str,
+) -> Result<Value> {
+    for mut doc in manifest("webhook.yaml")? {
+        if doc["kind"] != "MutatingWebhookConfiguration" {
+            continue;
+        }
+        doc["metadata"]["name"] = json!(name);
+        for wh in doc["webhooks"].as_array_mut().context("webhooks")? {
+            let path = wh["clientConfig"]["service"]["path"]
+                .as_str()
+                .context("service path")?
+                .to_string();
+            wh["clientConfig"] = json!({
+                "url": format!("https://127.0.0.1:{port}{path}"),
+                "caBundle": ca_bundle,
+            });
+            wh["namespaceSelector"]["matchLabels"] = json!({ label: token });
+        }
+        return Ok(doc);
+    }
+    bail!("manifests/webhook.yaml lacks the MutatingWebhookConfiguration")
+}
