@@ -300,6 +300,28 @@ fn background() -> impl Strategy<Value = Vec<(u8, bool, i32, bool)>> {
 
 const REQ: [&str; 4] = ["0.25", "0.5", "0.75", "1.0"];
 
+/// Two nodes of two GPUs (models A and B) with the background pods placed where they fit:
+/// (request, opportunistic, spec.priority, anti-affinity tag) each.
+fn with_background(bg: &[(u8, bool, i32, bool)]) -> Cluster {
+    let mut c = cluster(&[
+        ("n1", inv(1, 2, "A", 40, &[])),
+        ("n2", inv(2, 2, "B", 40, &[])),
+    ]);
+    for (i, &(r, o, sp, a)) in bg.iter().enumerate() {
+        let mut kv = vec![("gpu_request", REQ[r as usize]), ("gpu_limit", "1")];
+        if !o {
+            kv.push(("priority", "10"));
+        }
+        if a {
+            kv.push(("sched_anti-affinity", "s"));
+        }
+        let mut p = pod(&format!("b{i:02}"), &kv);
+        p.pod_priority = sp;
+        let _ = schedule(&mut c, &mut p, 0);
+    }
+    c
+}
+
 /// The preemptor: (kind, spec.priority, model B, anti-affinity tag).
 fn preemptor() -> impl Strategy<Value = (u8, i32, bool, bool)> {
     (0u8..5, 0i32..3, any::<bool>(), any::<bool>())
@@ -355,22 +377,7 @@ proptest! {
         grp in proptest::option::of((0u8..2, 0usize..3, 0usize..3)),
         (kind, prio, model, anti) in preemptor(),
     ) {
-        let mut c = cluster(&[
-            ("n1", inv(1, 2, "A", 40, &[])),
-            ("n2", inv(2, 2, "B", 40, &[])),
-        ]);
-        for (i, &(r, o, sp, a)) in bg.iter().enumerate() {
-            let mut kv = vec![("gpu_request", REQ[r as usize]), ("gpu_limit", "1")];
-            if !o {
-                kv.push(("priority", "10"));
-            }
-            if a {
-                kv.push(("sched_anti-affinity", "s"));
-            }
-            let mut p = pod(&format!("b{i:02}"), &kv);
-            p.pod_priority = sp;
-            let _ = schedule(&mut c, &mut p, 0);
-        }
+        let mut c = with_background(&bg);
         // An opportunistic group of two on given GPUs, when they have room.
         if let Some((r, g1, g2)) = grp {
             let req = ["0.25", "0.5"][r as usize];
@@ -464,22 +471,7 @@ proptest! {
         (head, thr, req) in (2u32..4, 0usize..2, 0usize..2),
         prio in 0i32..3,
     ) {
-        let mut c = cluster(&[
-            ("n1", inv(1, 2, "A", 40, &[])),
-            ("n2", inv(2, 2, "B", 40, &[])),
-        ]);
-        for (i, &(r, o, sp, a)) in bg.iter().enumerate() {
-            let mut kv = vec![("gpu_request", REQ[r as usize]), ("gpu_limit", "1")];
-            if !o {
-                kv.push(("priority", "10"));
-            }
-            if a {
-                kv.push(("sched_anti-affinity", "s"));
-            }
-            let mut p = pod(&format!("b{i:02}"), &kv);
-            p.pod_priority = sp;
-            let _ = schedule(&mut c, &mut p, 0);
-        }
+        let mut c = with_background(&bg);
         let head_s = head.to_string();
         let ms: Vec<PodInfo> = (0..head)
             .map(|i| {
