@@ -9,74 +9,19 @@
 //! them (a plain `cargo test` as a user).
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gem_proto::{Client, ClientError, code};
 use kubeshare_api::UsageReport;
+use kubeshare_testkit::cgroups::{TestCgroups, exit_within, sim_client_in};
 
 const GPU: &str = "GPU-00000000-1111-2222-3333-555555555555";
 const SCHD: &str = env!("CARGO_BIN_EXE_gem-schd");
 const SIM: &str = env!("CARGO_BIN_EXE_gem-client-sim");
 const POD_A: &str = "6f1c2d3e-4a5b-4c6d-8e7f-0123456789ab";
 const POD_B: &str = "9b2e0000-4a5b-4c6d-8e7f-0123456789ab";
-
-/// Cgroups made by the test, removed (deepest first) when dropped.
-struct Cgroups {
-    top: PathBuf,
-}
-
-impl Cgroups {
-    /// A directory of this test's own on the first writable cgroup hierarchy.
-    fn make() -> Option<Cgroups> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return None;
-        }
-        let name = format!("ks-peer-test-{}", std::process::id());
-        [
-            "/sys/fs/cgroup/unified",
-            "/sys/fs/cgroup",
-            "/sys/fs/cgroup/pids",
-            "/sys/fs/cgroup/systemd",
-        ]
-        .iter()
-        .map(Path::new)
-        .filter(|h| h.join("cgroup.procs").exists())
-        .map(|h| h.join(&name))
-        .find(|top| std::fs::create_dir(top).is_ok())
-        .map(|top| Cgroups { top })
-    }
-
-    /// `rel` below the test's directory, created.
-    fn dir(&self, rel: &str) -> PathBuf {
-        let d = self.top.join(rel);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
-}
-
-impl Drop for Cgroups {
-    fn drop(&mut self) {
-        // rmdir only (cgroup directories cannot be emptied of their files), deepest first.
-        let mut dirs = vec![];
-        let mut stack = vec![self.top.clone()];
-        while let Some(d) = stack.pop() {
-            if let Ok(rd) = std::fs::read_dir(&d) {
-                for e in rd.flatten() {
-                    if e.file_type().is_ok_and(|t| t.is_dir()) {
-                        stack.push(e.path());
-                    }
-                }
-            }
-            dirs.push(d);
-        }
-        for d in dirs.iter().rev() {
-            let _ = std::fs::remove_dir(d);
-        }
-    }
-}
 
 /// A child process, killed and reaped however the test ends (before the cgroups go).
 struct Reaped(Child);
@@ -88,38 +33,9 @@ impl Drop for Reaped {
     }
 }
 
-/// `gem-client-sim alloc` on `sock`, started in cgroup `cg` (the shell moves itself there,
-/// then becomes the client).
+/// `gem-client-sim alloc` on `sock`, started in cgroup `cg`.
 fn client_in(cg: &Path, sock: &Path) -> Child {
-    Command::new("sh")
-        .args([
-            "-c",
-            r#"echo $$ > "$1/cgroup.procs" && exec "$2" --socket "$3" --gpu "$4" alloc --bytes 1"#,
-            "sh",
-        ])
-        .arg(cg)
-        .arg(SIM)
-        .arg(sock)
-        .arg(GPU)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-/// The output of `child` once it exits, or `None` (and it is killed) if it runs past `limit`:
-/// a served `gem-client-sim alloc` waits to be killed.
-fn exit_within(mut child: Child, limit: Duration) -> Option<std::process::Output> {
-    let end = Instant::now() + limit;
-    while child.try_wait().ok()?.is_none() {
-        if Instant::now() > end {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().ok()
+    sim_client_in(Path::new(SIM), cg, sock, GPU).unwrap()
 }
 
 #[track_caller]
@@ -136,15 +52,19 @@ fn wait_for<T>(mut f: impl FnMut() -> Option<T>, what: &str) -> T {
 
 #[test]
 fn only_processes_of_the_sockets_pod_are_served() {
-    let Some(cgs) = Cgroups::make() else {
+    let Some(cgs) = TestCgroups::make("ks-peer-test") else {
         eprintln!("skipped: needs root and a writable cgroup hierarchy under /sys/fs/cgroup");
         return;
     };
-    let a_cg = cgs.dir(&format!("kubepods/besteffort/pod{POD_A}/c1"));
-    let b_cg = cgs.dir(&format!(
-        "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice",
-        POD_B.replace('-', "_")
-    ));
+    let a_cg = cgs
+        .dir(&format!("kubepods/besteffort/pod{POD_A}/c1"))
+        .unwrap();
+    let b_cg = cgs
+        .dir(&format!(
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice",
+            POD_B.replace('-', "_")
+        ))
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("resource-config.txt"),

@@ -17,6 +17,7 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kubeshare_api::inventory::{COUNT_LABEL, ENABLED_LABEL, INVENTORY_ANNOTATION, MODEL_LABEL};
 use kubeshare_api::{Allocation, GpuInfo, NodeInventory};
+use kubeshare_testkit::cgroups::{TestCgroups, exit_within, sim_client_in};
 use kubeshare_testkit::{
     Cluster, Identity, KwokNode, TestNamespace, create_kwok_node, delete_node, wait_until,
 };
@@ -800,101 +801,12 @@ async fn connect(sock: &Path, gpu: &str) -> anyhow::Result<gem_proto::client::He
     .await?
 }
 
-/// Cgroups laid out as the kubelet's (cgroupfs driver) under a directory of the test's own on
-/// the first writable cgroup hierarchy, removed (deepest first) when dropped. `None` without
-/// root or a writable cgroup mount.
-struct PodCgroups {
-    top: PathBuf,
-}
-
-impl PodCgroups {
-    fn make() -> Option<PodCgroups> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return None;
-        }
-        let name = format!("ks-nd-peers-{}", std::process::id());
-        [
-            "/sys/fs/cgroup/unified",
-            "/sys/fs/cgroup",
-            "/sys/fs/cgroup/pids",
-            "/sys/fs/cgroup/systemd",
-        ]
-        .iter()
-        .map(Path::new)
-        .filter(|h| h.join("cgroup.procs").exists())
-        .map(|h| h.join(&name))
-        .find(|top| std::fs::create_dir(top).is_ok())
-        .map(|top| PodCgroups { top })
-    }
-
-    /// The cgroup of pod `uid` (QoS class `qos`), created.
-    fn pod(&self, qos: &str, uid: &str) -> PathBuf {
-        let d = self.top.join(format!("kubepods/{qos}/pod{uid}"));
-        let _ = std::fs::create_dir_all(&d);
-        d
-    }
-}
-
-impl Drop for PodCgroups {
-    fn drop(&mut self) {
-        let mut dirs = vec![];
-        let mut stack = vec![self.top.clone()];
-        while let Some(d) = stack.pop() {
-            if let Ok(rd) = std::fs::read_dir(&d) {
-                stack.extend(
-                    rd.flatten()
-                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                        .map(|e| e.path()),
-                );
-            }
-            dirs.push(d);
-        }
-        for d in dirs.iter().rev() {
-            let _ = std::fs::remove_dir(d);
-        }
-    }
-}
-
-/// `gem-client-sim alloc` at `sock`, run in cgroup `cg` (the shell moves itself there and
-/// becomes the client).
-fn client_in(sim: &Path, cg: &Path, sock: &Path, gpu: &str) -> std::io::Result<Child> {
-    Command::new("sh")
-        .args([
-            "-c",
-            r#"echo $$ > "$1/cgroup.procs" && exec "$2" --socket "$3" --gpu "$4" alloc --bytes 1"#,
-            "sh",
-        ])
-        .arg(cg)
-        .arg(sim)
-        .arg(sock)
-        .arg(gpu)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-}
-
-/// The output of `child` once it exits, or `None` (and it is killed) if it runs past `limit`:
-/// a served `gem-client-sim alloc` waits to be killed.
-fn exit_within(mut child: Child, limit: Duration) -> Option<std::process::Output> {
-    let end = Instant::now() + limit;
-    while child.try_wait().ok()?.is_none() {
-        if Instant::now() > end {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().ok()
-}
-
 /// A process of one pod at another pod's socket: the node daemon's gem-schd refuses it, and
 /// the node daemon reports it with an Event on each pod and a counter; a process of the
 /// socket's own pod is served. The processes run in cgroups named for the two pods' UIDs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_at_another_pods_socket_is_refused_and_reported() -> anyhow::Result<()> {
-    let Some(cgroups) = PodCgroups::make() else {
+    let Some(cgroups) = TestCgroups::make("ks-nd-peers") else {
         eprintln!("skipped: needs root and a writable cgroup hierarchy under /sys/fs/cgroup");
         return Ok(());
     };
@@ -976,7 +888,7 @@ async fn a_process_at_another_pods_socket_is_refused_and_reported() -> anyhow::R
         .await?;
 
         // The intruder's process at the owner's socket: Error 7, naming both pods.
-        let intruding = client_in(&sim, &cgroups.pod("besteffort", &intruder), &sock, &g)?;
+        let intruding = sim_client_in(&sim, &cgroups.pod("besteffort", &intruder)?, &sock, &g)?;
         let out = exit_within(intruding, WAIT).context("the intruder was served")?;
         let err = String::from_utf8_lossy(&out.stderr);
         ensure!(!out.status.success(), "the intruder was served: {err}");
@@ -985,7 +897,7 @@ async fn a_process_at_another_pods_socket_is_refused_and_reported() -> anyhow::R
             "{err}"
         );
         // The owner's process is served.
-        let mut ok = client_in(&sim, &cgroups.pod("burstable", &owner), &sock, &g)?;
+        let mut ok = sim_client_in(&sim, &cgroups.pod("burstable", &owner)?, &sock, &g)?;
         let mut line = String::new();
         if let Some(o) = ok.stdout.take() {
             std::io::BufRead::read_line(&mut std::io::BufReader::new(o), &mut line)?;

@@ -16,6 +16,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod cgroups;
 mod cluster;
 mod error;
 mod namespace;
