@@ -27,7 +27,7 @@ pub use labels::{GpuDemand, GpuShare, GroupSpec, LabelError, is_kubeshare_pod};
 pub use layout::Layout;
 pub use milli::{Milli, MilliParseError};
 pub use quantity::{ACCEPTED_FORMS, QuantityError, parse_bytes};
-pub use resource_config::{ResourceConfig, ResourceConfigError, ResourceEntry};
+pub use resource_config::{ClientClass, ResourceConfig, ResourceConfigError, ResourceEntry};
 pub use scheduler_name::{SCHEDULER_NAME_ENV, scheduler_name, set_scheduler_name};
 pub use um::UmSpec;
 pub use usage::{ClientUsage, Refusal, USAGE_FILE, UsageError, UsageReport};

@@ -3,16 +3,70 @@
 //! ```text
 //! 2
 //! 6f1c…-pod-uid-a 0.3 0.5 4294967296
-//! 9b2e…-pod-uid-b 0.5 1.0 8589934592
+//! 9b2e…-pod-uid-b 0.5 1.0 8589934592 opportunistic
 //! ```
-//! The first line is the number N of entries, then N lines `ID REQUEST LIMIT GPU_MEM`,
-//! in Gemini's order (request before limit; KubeShare 2.0 swapped them). The node daemon
-//! writes it, gem-schd reads it. `parse(render(c)) == c` exactly.
+//! The first line is the number N of entries, then N lines `ID REQUEST LIMIT GPU_MEM [CLASS]`,
+//! in Gemini's order (request before limit; KubeShare 2.0 swapped them). `CLASS` is
+//! `guaranteed` or `opportunistic` (see [`ClientClass`]); a line without it is guaranteed, so
+//! Gemini's four-column files keep their meaning, and [`ResourceConfig::render`] writes the
+//! column only for opportunistic clients. The node daemon writes it, gem-schd reads it.
+//! `parse(render(c)) == c` exactly.
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
 
 use crate::milli::Milli;
+
+/// How gem-schd treats a client's request (the pod's `sharedgpu/priority`: 0 is
+/// opportunistic, 1–100 guaranteed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum ClientClass {
+    /// Gets what the turns leave it after the guaranteed clients, who go first whenever they
+    /// wait; among opportunistic clients, requests and limits apply as among guaranteed ones.
+    Opportunistic,
+    /// Its request is a guarantee. The default: a line without a class (Gemini's format).
+    #[default]
+    Guaranteed,
+}
+
+impl ClientClass {
+    /// The word in the file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientClass::Guaranteed => "guaranteed",
+            ClientClass::Opportunistic => "opportunistic",
+        }
+    }
+
+    /// The class of a pod of `sharedgpu/priority` `priority`.
+    pub fn of_priority(priority: u8) -> ClientClass {
+        if priority == 0 {
+            ClientClass::Opportunistic
+        } else {
+            ClientClass::Guaranteed
+        }
+    }
+}
+
+impl std::fmt::Display for ClientClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for ClientClass {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "guaranteed" => Ok(ClientClass::Guaranteed),
+            "opportunistic" => Ok(ClientClass::Opportunistic),
+            _ => Err(format!(
+                "{s:?} is not a class (guaranteed or opportunistic)"
+            )),
+        }
+    }
+}
 
 /// One client sharing the GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -23,6 +77,7 @@ pub struct ResourceEntry {
     pub limit: Milli,
     /// Memory cap in bytes.
     pub gpu_mem: u64,
+    pub class: ClientClass,
 }
 
 /// The whole file.
@@ -82,14 +137,18 @@ impl ResourceConfig {
                 ));
             }
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let [id, req, lim, mem] = fields[..] else {
-                return Err(err(
-                    no,
-                    format!(
-                        "expected 4 fields `ID REQUEST LIMIT GPU_MEM`, found {}",
-                        fields.len()
-                    ),
-                ));
+            let (id, req, lim, mem, class) = match fields[..] {
+                [id, req, lim, mem] => (id, req, lim, mem, None),
+                [id, req, lim, mem, class] => (id, req, lim, mem, Some(class)),
+                _ => {
+                    return Err(err(
+                        no,
+                        format!(
+                            "expected 4 or 5 fields `ID REQUEST LIMIT GPU_MEM [CLASS]`, found {}",
+                            fields.len()
+                        ),
+                    ));
+                }
             };
             if !is_valid_id(id) {
                 return Err(err(no, format!("{id:?} is not a valid client ID")));
@@ -109,6 +168,10 @@ impl ResourceConfig {
             let gpu_mem: u64 = mem
                 .parse()
                 .map_err(|_| err(no, format!("GPU_MEM {mem:?} is not a byte count")))?;
+            let class = match class {
+                None => ClientClass::default(),
+                Some(c) => c.parse().map_err(|e| err(no, format!("CLASS: {e}")))?,
+            };
             if !seen.insert(id.to_string()) {
                 return Err(err(no, format!("client {id:?} appears twice")));
             }
@@ -117,6 +180,7 @@ impl ResourceConfig {
                 request,
                 limit,
                 gpu_mem,
+                class,
             });
         }
         if entries.len() < declared {
@@ -128,11 +192,16 @@ impl ResourceConfig {
         Ok(ResourceConfig { entries })
     }
 
-    /// The file's text, entries in the given order, ending with a newline.
+    /// The file's text, entries in the given order, ending with a newline. The class column
+    /// only where it is not the default: a config of guaranteed clients reads as Gemini's.
     pub fn render(&self) -> String {
         let mut s = format!("{}\n", self.entries.len());
         for e in &self.entries {
-            let _ = writeln!(s, "{} {} {} {}", e.id, e.request, e.limit, e.gpu_mem);
+            let _ = write!(s, "{} {} {} {}", e.id, e.request, e.limit, e.gpu_mem);
+            if e.class != ClientClass::default() {
+                let _ = write!(s, " {}", e.class);
+            }
+            s.push('\n');
         }
         s
     }
@@ -157,6 +226,34 @@ mod tests {
     }
 
     #[test]
+    fn the_class_column_is_optional_and_guaranteed_by_default() {
+        let text = "3\na 0.3 0.5 1 opportunistic\nb 0.5 1.0 2\nc 0.2 0.2 3 guaranteed\n";
+        let c = ResourceConfig::parse(text).unwrap();
+        let classes: Vec<ClientClass> = c.entries.iter().map(|e| e.class).collect();
+        assert_eq!(
+            classes,
+            [
+                ClientClass::Opportunistic,
+                ClientClass::Guaranteed,
+                ClientClass::Guaranteed
+            ]
+        );
+        // The default class is not written: a guaranteed line reads as Gemini's four columns.
+        assert_eq!(
+            c.render(),
+            "3\na 0.3 0.5 1 opportunistic\nb 0.5 1.0 2\nc 0.2 0.2 3\n"
+        );
+        assert_eq!(ResourceConfig::parse(&c.render()).unwrap(), c);
+    }
+
+    #[test]
+    fn a_pods_priority_gives_its_class() {
+        assert_eq!(ClientClass::of_priority(0), ClientClass::Opportunistic);
+        assert_eq!(ClientClass::of_priority(1), ClientClass::Guaranteed);
+        assert_eq!(ClientClass::of_priority(100), ClientClass::Guaranteed);
+    }
+
+    #[test]
     fn errors_name_the_line() {
         let cases = [
             (
@@ -166,7 +263,19 @@ mod tests {
             ("x\n", "line 1: \"x\" is not the number of entries"),
             (
                 "1\na 0.5 0.5\n",
-                "line 2: expected 4 fields `ID REQUEST LIMIT GPU_MEM`, found 3",
+                "line 2: expected 4 or 5 fields `ID REQUEST LIMIT GPU_MEM [CLASS]`, found 3",
+            ),
+            (
+                "1\na 0.5 0.5 1 opportunistic x\n",
+                "line 2: expected 4 or 5 fields `ID REQUEST LIMIT GPU_MEM [CLASS]`, found 6",
+            ),
+            (
+                "1\na 0.5 0.5 1 Guaranteed\n",
+                "line 2: CLASS: \"Guaranteed\" is not a class (guaranteed or opportunistic)",
+            ),
+            (
+                "1\na 0.5 0.5 1 0\n",
+                "line 2: CLASS: \"0\" is not a class (guaranteed or opportunistic)",
             ),
             (
                 "1\na 0.7 0.5 1\n",

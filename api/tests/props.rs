@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 
 use kubeshare_api::resource_config::is_valid_id;
 use kubeshare_api::{
-    GpuDemand, GpuShare, GroupSpec, Milli, NodeInventory, ResourceConfig, ResourceEntry, UmSpec,
-    parse_bytes,
+    ClientClass, GpuDemand, GpuShare, GroupSpec, Milli, NodeInventory, ResourceConfig,
+    ResourceEntry, UmSpec, parse_bytes,
 };
 use proptest::prelude::*;
 
@@ -76,12 +76,17 @@ fn entry() -> impl Strategy<Value = ResourceEntry> {
         milli(0, 1000),
         milli(0, 1000),
         any::<u64>(),
+        prop_oneof![
+            Just(ClientClass::Guaranteed),
+            Just(ClientClass::Opportunistic)
+        ],
     )
-        .prop_map(|(id, a, b, gpu_mem)| ResourceEntry {
+        .prop_map(|(id, a, b, gpu_mem, class)| ResourceEntry {
             id,
             request: a.min(b),
             limit: a.max(b),
             gpu_mem,
+            class,
         })
         .prop_filter("a valid client ID", |e| is_valid_id(&e.id))
 }
@@ -101,6 +106,23 @@ proptest! {
         let entries: Vec<_> = entries.into_iter().filter(|e| seen.insert(e.id.clone())).collect();
         let c = ResourceConfig { entries };
         prop_assert_eq!(ResourceConfig::parse(&c.render()).unwrap(), c);
+    }
+
+    /// A file of guaranteed clients is Gemini's four-column format, and a four-column file
+    /// reads as guaranteed clients.
+    #[test]
+    fn guaranteed_configs_are_four_columns(entries in proptest::collection::vec(entry(), 0..20)) {
+        let mut seen = std::collections::HashSet::new();
+        let entries: Vec<_> = entries
+            .into_iter()
+            .filter(|e| seen.insert(e.id.clone()))
+            .map(|e| ResourceEntry { class: ClientClass::Guaranteed, ..e })
+            .collect();
+        let text = ResourceConfig { entries }.render();
+        prop_assert!(text.lines().skip(1).all(|l| l.split_whitespace().count() == 4), "{}", text);
+        let back = ResourceConfig::parse(&text).unwrap();
+        prop_assert!(back.entries.iter().all(|e| e.class == ClientClass::Guaranteed));
+        prop_assert_eq!(back.render(), text);
     }
 
     #[test]
