@@ -389,7 +389,7 @@ fn to_i64(v: u64) -> i64 {
 mod tests {
     use super::*;
     use crate::reconcile::Placement;
-    use kubeshare_api::{GpuInfo, Milli, ResourceConfig, ResourceEntry};
+    use kubeshare_api::{ClientClass, GpuInfo, Milli, ResourceConfig, ResourceEntry};
 
     #[test]
     fn per_gpu_figures() {
@@ -412,6 +412,7 @@ mod tests {
             request: Milli::new(r).unwrap(),
             limit: Milli::new(l).unwrap(),
             gpu_mem: m,
+            class: ClientClass::Guaranteed,
         };
         let mut desired = Desired::default();
         desired.configs.insert(

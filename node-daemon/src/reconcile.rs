@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kubeshare_api::resource_config::is_valid_id;
 use kubeshare_api::{
-    Allocation, GpuDemand, Granted, Milli, NodeInventory, ResourceConfig, ResourceEntry,
+    Allocation, ClientClass, GpuDemand, Granted, Milli, NodeInventory, ResourceConfig,
+    ResourceEntry,
 };
 
 /// What the daemon needs to know of a pod (taken from the API object by the caller).
@@ -83,6 +84,7 @@ enum PodPlan {
         request: Milli,
         limit: Milli,
         mem: u64,
+        class: ClientClass,
     },
     Whole {
         gpus: Vec<String>,
@@ -127,8 +129,9 @@ fn plan(node: &str, inventory: &NodeInventory, pod: &PodView) -> PodPlan {
     if !is_valid_id(&pod.uid) {
         return PodPlan::Bad(format!("pod UID {:?} cannot be a client ID", pod.uid));
     }
-    // The record alone says what the pod holds: its labels are not read (they may
-    // have been edited after the decision; the record is what was checked).
+    // The record alone says what the pod holds: its labels are not read for it (the record
+    // is what was checked). The class is not in the record: it comes from
+    // `sharedgpu/priority`, which admission keeps as it was at creation.
     for u in &alloc.gpu_uuids {
         if inventory.gpu(u).is_none() {
             return PodPlan::Bad(format!("GPU {u} is not a GPU of node {node}"));
@@ -143,8 +146,20 @@ fn plan(node: &str, inventory: &NodeInventory, pod: &PodView) -> PodPlan {
             request,
             limit,
             mem: alloc.gpu_mem,
+            class: class_of(pod),
         },
     }
+}
+
+/// The pod's class in gem-schd: priority 0 (the default) is opportunistic, 1–100 guaranteed.
+/// Labels that do not parse (the extender places no such pod, and admission keeps a pod's
+/// labels as they were) leave the label's default, 0.
+fn class_of(pod: &PodView) -> ClientClass {
+    let priority = match GpuDemand::from_labels(&pod.labels) {
+        Ok(Some(d)) => d.priority,
+        Ok(None) | Err(_) => 0,
+    };
+    ClientClass::of_priority(priority)
 }
 
 /// The desired state of node `node` with GPUs `inventory`, given the pods bound to it.
@@ -183,6 +198,7 @@ pub fn desired(node: &str, inventory: &NodeInventory, pods: &[PodView]) -> Desir
                 request,
                 limit,
                 mem,
+                class,
             } => {
                 for g in &gpus {
                     // Every GPU was checked against the inventory, so the config exists.
@@ -192,6 +208,7 @@ pub fn desired(node: &str, inventory: &NodeInventory, pods: &[PodView]) -> Desir
                             request,
                             limit,
                             gpu_mem: mem,
+                            class,
                         });
                     }
                 }
@@ -373,7 +390,7 @@ mod tests {
         assert_eq!(
             d.configs[&gpu_uuid(0)].render(),
             format!(
-                "2\n{} 0.3 0.5 1073741824\n{} 0.2 0.9 1073741824\n",
+                "2\n{} 0.3 0.5 1073741824 opportunistic\n{} 0.2 0.9 1073741824 opportunistic\n",
                 uid(1),
                 uid(3)
             )
@@ -385,6 +402,56 @@ mod tests {
         // Same input in another order: the same result.
         let rev: Vec<PodView> = pods.into_iter().rev().collect();
         assert_eq!(desired(NODE, &inv, &rev), d);
+    }
+
+    #[test]
+    fn priority_0_or_none_is_opportunistic_and_1_to_100_guaranteed() {
+        let inv = inventory(1);
+        let with_priority = |i, p| {
+            pod(
+                i,
+                &[
+                    ("gpu_request", "0.2"),
+                    ("gpu_limit", "0.4"),
+                    ("priority", p),
+                ],
+                &[0],
+                1 << 30,
+            )
+        };
+        let pods = vec![
+            shared(1, "0.2", "0.4", 0),
+            with_priority(2, "0"),
+            with_priority(3, "1"),
+            with_priority(4, "100"),
+        ];
+        let d = desired(NODE, &inv, &pods);
+        let classes: Vec<ClientClass> = d.configs[&gpu_uuid(0)]
+            .entries
+            .iter()
+            .map(|e| e.class)
+            .collect();
+        assert_eq!(
+            classes,
+            [
+                ClientClass::Opportunistic,
+                ClientClass::Opportunistic,
+                ClientClass::Guaranteed,
+                ClientClass::Guaranteed
+            ]
+        );
+        // Guaranteed lines are Gemini's four columns; opportunistic ones say so.
+        assert_eq!(
+            d.configs[&gpu_uuid(0)].render(),
+            format!(
+                "4\n{} 0.2 0.4 1073741824 opportunistic\n{} 0.2 0.4 1073741824 opportunistic\n\
+                 {} 0.2 0.4 1073741824\n{} 0.2 0.4 1073741824\n",
+                uid(1),
+                uid(2),
+                uid(3),
+                uid(4)
+            )
+        );
     }
 
     #[test]
@@ -493,7 +560,7 @@ mod tests {
         for g in [0, 1] {
             assert_eq!(
                 d.configs[&gpu_uuid(g)].render(),
-                format!("1\n{} 0.5 1.0 1073741824\n", uid(2))
+                format!("1\n{} 0.5 1.0 1073741824 opportunistic\n", uid(2))
             );
         }
         assert_eq!(d.pod_dirs, BTreeSet::from([uid(1), uid(2)]));
@@ -605,7 +672,7 @@ mod tests {
         assert_eq!(d.configs[&gpu_uuid(0)].render(), "0\n");
         assert_eq!(
             d.configs[&gpu_uuid(1)].render(),
-            format!("1\n{} 0.25 0.5 1073741824\n", good.uid)
+            format!("1\n{} 0.25 0.5 1073741824 opportunistic\n", good.uid)
         );
     }
 

@@ -523,6 +523,7 @@ async fn node_daemons_on_kwok_nodes() -> anyhow::Result<()> {
                         ("gpu_request", "0.5"),
                         ("gpu_limit", "1.0"),
                         ("gpu_mem", "20Gi"),
+                        ("priority", "10"),
                     ],
                 )?,
             )
@@ -575,8 +576,13 @@ async fn node_daemons_on_kwok_nodes() -> anyhow::Result<()> {
         let uid3 = p3.metadata.uid.clone().context("uid")?;
 
         let cfg = |root: &Path, g: &str| root.join("gpus").join(g).join("resource-config.txt");
-        // Gemini's order: ID REQUEST LIMIT GPU_MEM.
-        wait_file(&cfg(&root_a, &g1), &format!("1\n{uid1} 0.3 0.6 {mem1}\n")).await?;
+        // Gemini's order: ID REQUEST LIMIT GPU_MEM, then the class of a pod of priority 0 (no
+        // label); p2's priority 10 is guaranteed, Gemini's four columns.
+        wait_file(
+            &cfg(&root_a, &g1),
+            &format!("1\n{uid1} 0.3 0.6 {mem1} opportunistic\n"),
+        )
+        .await?;
         wait_file(
             &cfg(&root_b, &b0),
             &format!("1\n{uid2} 0.5 1.0 21474836480\n"),

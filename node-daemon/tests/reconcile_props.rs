@@ -1,10 +1,12 @@
 //! Properties of the pure reconcile step over random sets of pods: every config parses
 //! back (Gemini's order, request ≤ limit), is sorted by pod UID, holds exactly the live
-//! shared pods of its GPU, and applying the diff to any disk state reaches a fixed point.
+//! shared pods of its GPU, each of the class its priority label gives, and applying the diff to any disk state reaches a fixed point.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kubeshare_api::{Allocation, GpuInfo, Granted, Milli, NodeInventory, ResourceConfig};
+use kubeshare_api::{
+    Allocation, ClientClass, GpuInfo, Granted, Milli, NodeInventory, ResourceConfig,
+};
 use kubeshare_node_daemon::reconcile::{Action, Actual, PodView, desired, diff};
 use proptest::prelude::*;
 
@@ -22,6 +24,8 @@ struct PodSpec {
     gpus: Vec<usize>,
     phase: u8,
     whole: bool,
+    /// `sharedgpu/priority`, if the label is set.
+    priority: Option<u8>,
 }
 
 fn pod_spec() -> impl Strategy<Value = PodSpec> {
@@ -32,15 +36,19 @@ fn pod_spec() -> impl Strategy<Value = PodSpec> {
         proptest::sample::subsequence(vec![0usize, 1, 2, 3], 1..=2),
         0u8..4,
         proptest::bool::weighted(0.2),
+        proptest::option::of(prop_oneof![Just(0u8), 1u8..=100]),
     )
-        .prop_map(|(uid, request, extra, gpus, phase, whole)| PodSpec {
-            uid,
-            request,
-            extra,
-            gpus,
-            phase,
-            whole,
-        })
+        .prop_map(
+            |(uid, request, extra, gpus, phase, whole, priority)| PodSpec {
+                uid,
+                request,
+                extra,
+                gpus,
+                phase,
+                whole,
+                priority,
+            },
+        )
 }
 
 fn milli(m: u16) -> String {
@@ -59,6 +67,9 @@ fn view(p: &PodSpec) -> PodView {
         labels.insert("sharedgpu/gpu_request".into(), milli(request));
         labels.insert("sharedgpu/gpu_limit".into(), milli(limit));
         labels.insert("sharedgpu/gpu_count".into(), p.gpus.len().to_string());
+    }
+    if let Some(pr) = p.priority {
+        labels.insert("sharedgpu/priority".into(), pr.to_string());
     }
     PodView {
         uid,
@@ -152,6 +163,9 @@ proptest! {
             prop_assert_eq!(got, want);
             for e in &parsed.entries {
                 prop_assert!(e.request <= e.limit);
+                let s = by_uid.values().find(|s| view(s).uid == e.id).unwrap();
+                let class = ClientClass::of_priority(s.priority.unwrap_or(0));
+                prop_assert_eq!(e.class, class);
             }
         }
         let live: BTreeSet<String> = by_uid.values().filter(|s| s.phase < 2).map(|s| view(s).uid).collect();
