@@ -18,7 +18,7 @@
 //! Layout: this file holds the types, the connections and the public API; `window` the usage
 //! accounting, pacing and eligibility; `dispatch` who gets the token next and for how long.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// Microseconds on the driver's clock.
 pub type Micros = u64;
@@ -253,7 +253,9 @@ pub struct Core {
     params: Params,
     start: Micros,
     ids: HashMap<String, Key>,
-    clients: HashMap<Key, ClientState>,
+    /// Ordered, so that ties (and the order of actions) never depend on a hash: the same
+    /// events give the same answers.
+    clients: BTreeMap<Key, ClientState>,
     conns: HashMap<ConnId, ConnState>,
     history: VecDeque<Entry>,
     /// Sequence number of `history[0]`.
@@ -298,7 +300,7 @@ impl Core {
             params,
             start: now,
             ids: HashMap::new(),
-            clients: HashMap::new(),
+            clients: BTreeMap::new(),
             conns: HashMap::new(),
             history: VecDeque::new(),
             first_seq: 0,

@@ -12,12 +12,13 @@ impl Core {
         let mut out = Vec::new();
         self.expire(now);
         let keep: HashMap<&str, &ClientSpec> = specs.iter().map(|s| (s.id.as_str(), s)).collect();
-        let gone: Vec<(String, Key)> = self
+        let mut gone: Vec<(String, Key)> = self
             .ids
             .iter()
             .filter(|(id, _)| !keep.contains_key(id.as_str()))
             .map(|(id, k)| (id.clone(), *k))
             .collect();
+        gone.sort_unstable_by_key(|(_, k)| *k);
         for (id, key) in gone {
             if self.holder.as_ref().is_some_and(|h| h.client == key) {
                 self.end_hold(now, |_| now);
