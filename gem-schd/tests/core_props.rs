@@ -1,11 +1,15 @@
 //! Property tests of the core under random event sequences: every TokenRequest is
 //! answered exactly once, one holder at a time (co-holds beside it when co-running is on,
 //! only for clients whose fill is light), memory never granted past a limit,
-//! and (liveness) every waiting request is eventually granted.
+//! and (liveness) every waiting request is eventually granted. Classes: no opportunistic client
+//! is granted a turn, nor renewed, while a guaranteed client waits that may take one, and a GPU
+//! of opportunistic clients only is scheduled exactly as one of guaranteed clients only.
 
 use std::collections::{HashMap, HashSet};
 
-use gem_schd::core::{Action, ClientSpec, CoRunSettings, ConnId, Core, Micros, Params};
+use gem_schd::core::{
+    Action, ClientClass, ClientSpec, CoRunSettings, ConnId, Core, Micros, Params,
+};
 use proptest::prelude::*;
 
 const IDS: [&str; 3] = ["a", "b", "c"];
@@ -18,7 +22,8 @@ enum Op {
     Reconnect(usize),
     Alloc(usize, u64),
     Free(usize, u64),
-    Config(Vec<(usize, u16, u16, u64)>),
+    /// (client, request, limit, memory, opportunistic)
+    Config(Vec<(usize, u16, u16, u64, bool)>),
     Advance(Micros),
     /// A Busy report: busy and held µs.
     Busy(usize, Micros, Micros),
@@ -32,22 +37,39 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..6usize).prop_map(Op::Reconnect),
         2 => (0..6usize, 0..700u64).prop_map(|(c, b)| Op::Alloc(c, b)),
         1 => (0..6usize, 0..700u64).prop_map(|(c, b)| Op::Free(c, b)),
-        1 => prop::collection::vec((0..3usize, 0..=1000u16, 1..=1000u16, 0..1500u64), 0..4)
-            .prop_map(Op::Config),
+        1 => prop::collection::vec(
+            (0..3usize, 0..=1000u16, 1..=1000u16, 0..1500u64, any::<bool>()),
+            0..4,
+        )
+        .prop_map(Op::Config),
         4 => (0..200_000u64).prop_map(Op::Advance),
         3 => (0..6usize, 0..60_000u64, 0..60_000u64).prop_map(|(c, b, h)| Op::Busy(c, b, h)),
     ]
 }
 
-fn specs(v: &[(usize, u16, u16, u64)]) -> Vec<ClientSpec> {
+/// The clients' classes in a run.
+#[derive(Debug, Clone, Copy)]
+enum Classes {
+    /// As each config entry says.
+    AsDrawn,
+    /// Every client of this class.
+    All(ClientClass),
+}
+
+fn specs(v: &[(usize, u16, u16, u64, bool)], classes: Classes) -> Vec<ClientSpec> {
     let mut seen = HashSet::new();
     v.iter()
         .filter(|(i, ..)| seen.insert(*i))
-        .map(|&(i, req, lim, mem)| ClientSpec {
+        .map(|&(i, req, lim, mem, opp)| ClientSpec {
             id: IDS[i].into(),
             request_milli: req.min(lim),
             limit_milli: lim,
             mem_limit: mem,
+            class: match classes {
+                Classes::All(c) => c,
+                Classes::AsDrawn if opp => ClientClass::Opportunistic,
+                Classes::AsDrawn => ClientClass::Guaranteed,
+            },
         })
         .collect()
 }
@@ -66,10 +88,16 @@ struct World {
     live: HashSet<ConnId>,
     /// The co-running threshold (0: off).
     below: f64,
+    /// The holder before the event being checked (a process joining its client's running hold
+    /// is granted what is left of it, whatever waits).
+    held_before: Option<String>,
+    /// Every action, in order (to compare runs).
+    trace: Vec<Action>,
 }
 
 impl World {
     fn check(&mut self, acts: Vec<Action>) -> Result<(), TestCaseError> {
+        self.trace.extend(acts.iter().cloned());
         let mut granted_clients = HashSet::new();
         for a in acts {
             match a {
@@ -93,6 +121,7 @@ impl World {
                                 "{client} granted a co-hold at a fill of {fill:?}"
                             );
                         } else {
+                            self.check_turn(&client)?;
                             granted_clients.insert(client.clone());
                         }
                     }
@@ -119,6 +148,33 @@ impl World {
     fn conn_ok(&self, slot: usize) -> bool {
         self.live.contains(&self.slots[slot].0)
     }
+
+    /// A turn granted to `client` (not a co-hold): an opportunistic client is granted none while
+    /// a guaranteed client may take one, unless it joins its client's running hold.
+    fn check_turn(&self, client: &str) -> Result<(), TestCaseError> {
+        if self.core.class(client) != Some(ClientClass::Opportunistic)
+            || self.held_before.as_deref() == Some(client)
+        {
+            return Ok(());
+        }
+        for id in &self.config {
+            let guaranteed = self.core.class(id) == Some(ClientClass::Guaranteed);
+            prop_assert!(
+                !(guaranteed && self.core.may_take_turn(self.now, id)),
+                "{client} (opportunistic) granted a turn while {id} (guaranteed) may take one"
+            );
+        }
+        Ok(())
+    }
+
+    /// The classes of the clients whose requests wait.
+    fn waiting_classes(&self) -> Vec<ClientClass> {
+        self.pending
+            .iter()
+            .filter_map(|c| self.slots.iter().find(|s| s.0 == *c))
+            .filter_map(|s| self.core.class(IDS[s.1]))
+            .collect()
+    }
 }
 
 proptest! {
@@ -126,7 +182,19 @@ proptest! {
 
     #[test]
     fn random_events_keep_the_invariants(ops in prop::collection::vec(op(), 1..120), co in any::<bool>()) {
-        run(ops, co)?;
+        run(ops, co, Classes::AsDrawn)?;
+    }
+
+    /// Opportunistic clients compete among themselves by their requests and limits exactly as
+    /// guaranteed ones do: the same events give the same answers.
+    #[test]
+    fn opportunistic_clients_alone_are_scheduled_as_guaranteed_ones(
+        ops in prop::collection::vec(op(), 1..120),
+        co in any::<bool>(),
+    ) {
+        let opportunistic = run(ops.clone(), co, Classes::All(ClientClass::Opportunistic))?;
+        let guaranteed = run(ops, co, Classes::All(ClientClass::Guaranteed))?;
+        prop_assert_eq!(opportunistic, guaranteed);
     }
 }
 
@@ -144,19 +212,19 @@ fn a_reload_that_drops_the_last_holder() {
         Request(1, 0, 0),
         Advance(21_286),
         Advance(173_134),
-        Config(vec![(0, 398, 398, 0), (2, 602, 602, 0)]),
+        Config(vec![(0, 398, 398, 0, false), (2, 602, 602, 0, false)]),
         Request(0, 4109, 0),
         Request(2, 0, 0),
     ];
-    if let Err(e) = run(ops, false) {
+    if let Err(e) = run(ops, false, Classes::AsDrawn) {
         panic!("{e}");
     }
 }
 
 /// Applies `ops` to a core with three clients and six connections (co-running on if `co`),
 /// checking the invariants after each, then runs the clock until every waiting request is
-/// served.
-fn run(ops: Vec<Op>, co: bool) -> Result<(), TestCaseError> {
+/// served. Returns every action, in order.
+fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCaseError> {
     let params = Params {
         window_us: 1_000_000,
         base_quota_us: 20_000,
@@ -165,7 +233,14 @@ fn run(ops: Vec<Op>, co: bool) -> Result<(), TestCaseError> {
         pace_us: 200_000,
         pace_short_us: 50_000,
     };
-    let init = specs(&[(0, 300, 500, 1000), (1, 200, 1000, 1000), (2, 0, 300, 500)]);
+    let init = specs(
+        &[
+            (0, 300, 500, 1000, false),
+            (1, 200, 1000, 1000, true),
+            (2, 0, 300, 500, true),
+        ],
+        classes,
+    );
     let mut w = World {
         core: Core::new(params, &init, 0),
         now: 0,
@@ -176,6 +251,8 @@ fn run(ops: Vec<Op>, co: bool) -> Result<(), TestCaseError> {
         config: init.iter().map(|s| s.id.clone()).collect(),
         live: (0..6).collect(),
         below: if co { 0.6 } else { 0.0 },
+        held_before: None,
+        trace: Vec::new(),
     };
     w.core.set_co_run(CoRunSettings {
         below: w.below,
@@ -185,6 +262,7 @@ fn run(ops: Vec<Op>, co: bool) -> Result<(), TestCaseError> {
         w.core.hello(s as ConnId, IDS[s % 3]).unwrap();
     }
     for op in ops {
+        w.held_before = w.core.holder().map(str::to_owned);
         let acts = match op {
             Op::Request(s, o, b) => {
                 let c = w.slots[s].0;
@@ -205,13 +283,15 @@ fn run(ops: Vec<Op>, co: bool) -> Result<(), TestCaseError> {
                 let c = w.slots[s].0;
                 w.core.release(w.now, c, u)
             }
-            // A renewal goes to the holder alone, with no request waiting anywhere, and
-            // answers its Renew; anything else is a Yield (or an error for a connection
-            // the core does not know).
+            // A renewal goes to the holder alone, with no request of its class or above waiting
+            // (an opportunistic holder gives the token back when a guaranteed client waits),
+            // and answers its Renew; anything else is a Yield (or an error for a connection the
+            // core does not know).
             Op::Renew(s, b) => {
                 let c = w.slots[s].0;
                 let holder = w.core.holder().map(str::to_owned);
-                let any_pending = !w.pending.is_empty();
+                let holder_class = holder.as_deref().and_then(|h| w.core.class(h));
+                let waiting = w.waiting_classes();
                 let acts = w.core.renew(w.now, c, b);
                 match acts.as_slice() {
                     [Action::Grant { client, conns, .. }] if w.core.co_running(client) => {
@@ -221,9 +301,8 @@ fn run(ops: Vec<Op>, co: bool) -> Result<(), TestCaseError> {
                     }
                     [Action::Grant { client, conns, .. }] => {
                         prop_assert!(
-                            !any_pending,
-                            "renewed while requests waited: {:?}",
-                            w.pending
+                            waiting.iter().all(|k| Some(*k) < holder_class),
+                            "renewed ({holder_class:?}) while requests of {waiting:?} waited",
                         );
                         prop_assert_eq!(Some(client), holder.as_ref());
                         prop_assert_eq!(conns, &vec![c]);
@@ -275,7 +354,7 @@ fn run(ops: Vec<Op>, co: bool) -> Result<(), TestCaseError> {
                 vec![]
             }
             Op::Config(v) => {
-                let sp = specs(&v);
+                let sp = specs(&v, classes);
                 w.config = sp.iter().map(|s| s.id.clone()).collect();
                 for &(c, client) in &w.slots {
                     if !w.config.contains(IDS[client]) {
@@ -322,6 +401,7 @@ fn run(ops: Vec<Op>, co: bool) -> Result<(), TestCaseError> {
     // Liveness: run the clock, releasing every grant at once; all waiters get served.
     let mut steps = 0;
     while !w.pending.is_empty() {
+        w.held_before = w.core.holder().map(str::to_owned);
         steps += 1;
         prop_assert!(steps < 100_000, "waiters never served: {:?}", w.pending);
         let next = w.core.next_wakeup(w.now);
@@ -337,11 +417,12 @@ fn run(ops: Vec<Op>, co: bool) -> Result<(), TestCaseError> {
             .collect();
         w.check(acts)?;
         for c in granted {
+            w.held_before = w.core.holder().map(str::to_owned);
             let acts = w.core.release(w.now, c, 0);
             w.check(acts)?;
         }
     }
-    Ok(())
+    Ok(w.trace)
 }
 
 proptest! {

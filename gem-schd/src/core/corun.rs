@@ -170,8 +170,12 @@ impl Core {
     /// client light and not the holder, and its usage (turns and co-holds) below its limit over
     /// the window and the pacing window.
     pub(super) fn co_ok(&self, now: Micros, key: Key) -> bool {
-        // A process of the holder waits for (or joins) its client's hold.
-        if !self.light(key) || self.holder.as_ref().is_some_and(|h| h.client == key) {
+        // A process of the holder waits for (or joins) its client's hold; an opportunistic
+        // client does not co-run beside a guaranteed one (`class.rs`).
+        if !self.light(key)
+            || self.holder.as_ref().is_some_and(|h| h.client == key)
+            || self.co_waits_for_guaranteed(key)
+        {
             return false;
         }
         let c = &self.clients[&key];
@@ -203,8 +207,13 @@ impl Core {
     /// When a light waiting client passes `co_ok`'s checks, if nothing else happens: its
     /// usage below its limit over the window so far and over the pacing window. (A turn's
     /// wake-up waits for room for a min quota and the client's overrun, later than a co-hold
-    /// needs: a paced co-runner woke late unless another client's request dispatched.)
+    /// needs: a paced co-runner woke late unless another client's request dispatched.) An
+    /// opportunistic client kept out by a guaranteed one has no time of its own: it is served
+    /// at the event that ends the guaranteed client's hold.
     pub(super) fn co_ready_at(&self, key: Key, now: Micros) -> Option<Micros> {
+        if self.co_waits_for_guaranteed(key) {
+            return None;
+        }
         let c = self.clients.get(&key)?;
         let lim = u128::from(c.spec.limit_milli);
         let w = self.window_ready_at(key, now, false)?;

@@ -30,9 +30,10 @@ impl Core {
     /// after a hold ended now, would be granted straight back to it: the same books, the
     /// same rules (limit, pacing, quota), decided by running them on a copy. Otherwise
     /// Yield, and nothing changes: the hold stands until the holder, drained, reports with a
-    /// TokenRequest. Only the sole process in the hold, and only while no one else waits
-    /// (with others waiting the token moves on or the holder's turn is decided by the
-    /// usual request, and the copy is not made).
+    /// TokenRequest. Only the sole process in the hold, and only while no one else of its class
+    /// or above waits (with others waiting the token moves on or the holder's turn is decided
+    /// by the usual request, and the copy is not made): an opportunistic holder gives the token
+    /// back at this hand-over when a guaranteed client waits (`class.rs`).
     ///
     /// Why: a capped tenant alone is granted min-quota holds back to back (its pacing room is
     /// never larger, ~90 a second at 0.5); each ended with a drain, a round trip and the GPU
@@ -57,7 +58,10 @@ impl Core {
             .holder
             .as_ref()
             .is_some_and(|h| h.client == key && h.conns == [conn]);
-        let others_wait = self.clients.values().any(|c| !c.waiting.is_empty());
+        let others_wait = self
+            .clients
+            .iter()
+            .any(|(k, c)| *k != key && self.competes_with(key, *k) && !c.waiting.is_empty());
         let pending = self.conns.get(&conn).is_some_and(|c| c.waiting);
         if !sole_holder || others_wait || pending || self.history.len() > RENEW_MAX_ENTRIES {
             return vec![Action::Yield { conn }];
@@ -78,19 +82,24 @@ impl Core {
         }
     }
 
-    /// The shortest quota estimate among the clients other than `key` that wait for the
-    /// token or held it recently (`None`: no contention).
+    /// The shortest quota estimate among the clients other than `key`, of its class or above,
+    /// that wait for the token or held it recently (`None`: no contention).
     pub(super) fn contenders_quota(&self, key: Key, now: Micros) -> Option<Micros> {
         let held = self.recent_holders(now);
         self.clients
             .iter()
-            .filter(|(k, c)| **k != key && (!c.waiting.is_empty() || held.contains(k)))
+            .filter(|(k, c)| {
+                **k != key
+                    && self.competes_with(key, **k)
+                    && (!c.waiting.is_empty() || held.contains(k))
+            })
             .map(|(_, c)| c.quota_us)
             .min()
     }
 
     /// Whether the token waits a moment for the client whose hold just ran out and ended with a
-    /// Release, rather than go to `pick`, which is ahead of it in virtual time. That client's
+    /// Release, rather than go to `pick`, which is ahead of it in virtual time or of a lower
+    /// class (an opportunistic turn there took the guaranteed client's place). That client's
     /// next request is on its way (the hook's idle thread released the hold while the process
     /// was between launches); granting the one client waiting meanwhile gave it a turn it was
     /// not owed at every such hand-over: a capped GPT training loop (0.5/0.5) beside an elastic
@@ -98,18 +107,21 @@ impl Core {
     /// at 0.3/0.7 with 30 ms non-preemptible bursts alternated burst by burst, 0.5/0.5
     /// (`elastic_clients_with_long_bursts_keep_their_requests` in tests/sim_mix.rs).
     pub(super) fn awaits_reask(&self, now: Micros, pick: Key) -> bool {
-        let Some((key, until)) = self.reask else {
+        let Some(Reask {
+            client,
+            until,
+            ran_out,
+        }) = self.reask
+        else {
             return false;
         };
-        if now >= until || key == pick || self.max_lag_us == 0 {
+        if now >= until || client == pick || self.max_lag_us == 0 {
             return false;
         }
-        match (self.clients.get(&key), self.clients.get(&pick)) {
-            (Some(released), Some(picked)) => {
-                released.waiting.is_empty() && released.pass < picked.pass
-            }
-            _ => false,
-        }
+        self.clients
+            .get(&client)
+            .is_some_and(|released| released.waiting.is_empty())
+            && self.goes_before(client, pick, ran_out)
     }
 
     /// The longest turn `key` may take without running ahead, in virtual time, of a client
@@ -193,8 +205,9 @@ impl Core {
         // back together after idling (tenants that warmed up, then waited for a common start)
         // otherwise kept the difference of their warm-ups, and on an H100 a training tenant
         // waited 0.78 s while inference caught up with its warm-up.
+        let class = class::index(self.clients[&key].spec.class);
         let floor = if idle {
-            Some(self.pass_floor(key, now).unwrap_or(self.vtime))
+            Some(self.pass_floor(key, now).unwrap_or(self.vtime[class]))
         } else {
             None
         };
@@ -237,17 +250,33 @@ impl Core {
             return;
         }
         self.prune(now);
-        let full = self.fully_contended();
+        // Guaranteed clients first; opportunistic ones when none of those may take a turn.
+        for class in class::SERVED_FIRST {
+            match self.dispatch_class(now, class) {
+                Served::Granted(grant) => {
+                    out.push(grant);
+                    return;
+                }
+                Served::Waits => return,
+                Served::NoOne => {}
+            }
+        }
+    }
+
+    /// Grants the token to the first client of `class` that may take a turn, if any (or waits
+    /// for a released client's next request, `awaits_reask`).
+    fn dispatch_class(&mut self, now: Micros, class: ClientClass) -> Served {
+        let full = self.fully_contended(class);
         // Under full contention the client whose hold just ended at its quota goes again only
         // if it is more than one turn behind: a turn cut short (a training step's end) left it
         // a little behind, and taking the next turn too made a double turn that an inference
         // request waited for (the simulation's p99 turn 10.0 ms without this, 6.0 ms with it).
         let last_holder = self.asked_again.filter(|k| {
             full && self.turn_includes_drain
-                && self.clients.contains_key(k)
+                && self.class_of(*k) == Some(class)
                 && self.history.back().is_some_and(|e| e.client == *k)
         });
-        let ranked = self.rank(now, full, last_holder);
+        let ranked = self.rank(now, class, full, last_holder);
         for key in &ranked.held_back {
             if let Some(c) = self.clients.get_mut(key) {
                 c.blocked = true;
@@ -260,20 +289,68 @@ impl Core {
             }
         }
         let Some(pick) = ranked.starved.or(ranked.best) else {
-            return;
+            return Served::NoOne;
         };
         if self.awaits_reask(now, pick.key) {
-            return;
+            return Served::Waits;
         }
         self.reask = None;
         let quota = self.grant_quota(now, pick, full, last_holder);
-        out.push(self.grant(now, pick.key, quota));
+        Served::Granted(self.grant(now, pick.key, quota))
     }
 
-    /// Who may have the token now and in what order: every client waiting for a turn,
-    /// checked against its limit and pacing allowance and ranked (below its request by
-    /// virtual time, above it by usage), and the one past the starvation bound.
-    fn rank(&self, now: Micros, full: bool, last_holder: Option<Key>) -> Ranked {
+    /// Whether `key` may take a turn now, and with how much room: its headroom under its limit
+    /// over the window and under its pacing allowance (less its usual overrun), and its usage.
+    /// `None`: held back by its limit or pacing. Under full contention of its class (`full`)
+    /// neither is checked.
+    pub(super) fn turn_room(
+        &self,
+        key: Key,
+        c: &ClientState,
+        now: Micros,
+        full: bool,
+    ) -> Option<TurnRoom> {
+        let w_eff = u128::from(self.w_eff(now));
+        // GPU time (turns credited what co-runners took of them) against the declared limit.
+        let usage = u128::from(self.usage(key, now));
+        let allowed_milli = u128::from(c.spec.limit_milli) * w_eff;
+        // Under full contention the window's limit is not checked either, for the reason
+        // pacing is not (`fully_contended`): on an H100 a (0.5, 0.5) training tenant whose
+        // window still held its warm-up sat at its 10 s limit, each of its turns waiting for
+        // an old hold to leave the window (the inference tenant's turns likewise, up to
+        // 0.3 s), while their shares were already even.
+        if usage * 1000 >= allowed_milli && !full {
+            return None; // at its limit: waits
+        }
+        let headroom = (allowed_milli.saturating_sub(usage * 1000).div_ceil(1000)) as u64;
+        // Pacing: wait until at least a min-quota grant fits the allowance.
+        let mut pace_room = Micros::MAX;
+        for rule in self.pace_rules(key, c) {
+            let room = self.pace_headroom(key, now, rule);
+            if room < self.pace_need(c, rule) {
+                return None;
+            }
+            // Under the exact rule the grant leaves room for the client's usual overrun.
+            let overrun = if rule.exact { c.overrun_us } else { 0 };
+            pace_room = pace_room.min(room.saturating_sub(overrun));
+        }
+        Some(TurnRoom {
+            usage,
+            headroom,
+            pace_room,
+        })
+    }
+
+    /// Who of `class` may have the token now and in what order: every client of the class
+    /// waiting for a turn, checked against its limit and pacing allowance and ranked (below its
+    /// request by virtual time, above it by usage), and the one past the starvation bound.
+    fn rank(
+        &self,
+        now: Micros,
+        class: ClientClass,
+        full: bool,
+        last_holder: Option<Key>,
+    ) -> Ranked {
         let w_eff = u128::from(self.w_eff(now));
         let mut best: Option<(Pick, Rank)> = None;
         // The eligible client below its request waiting longest past the starvation bound.
@@ -289,39 +366,18 @@ impl Core {
             // and under full contention (no checks on turns) it was granted a turn again, and
             // so on (on an H200 batch-1 inference beside training took 542 turns against 717
             // co-holds in one run, p99 3.4× native).
-            if !self.waits_for_turn(key, c) {
+            if c.spec.class != class || !self.waits_for_turn(key, c) {
                 continue;
             }
-            // GPU time (turns credited what co-runners took of them) against the declared limit.
-            let usage = u128::from(self.usage(key, now));
-            let allowed_milli = u128::from(c.spec.limit_milli) * w_eff;
-            // Under full contention the window's limit is not checked either, for the reason
-            // pacing is not (`fully_contended`): on an H100 a (0.5, 0.5) training tenant whose
-            // window still held its warm-up sat at its 10 s limit, each of its turns waiting for
-            // an old hold to leave the window (the inference tenant's turns likewise, up to
-            // 0.3 s), while their shares were already even.
-            if usage * 1000 >= allowed_milli && !full {
-                held_back.push(key);
-                continue; // at its limit: waits
-            }
-            let headroom = (allowed_milli.saturating_sub(usage * 1000).div_ceil(1000)) as u64;
-            // Pacing: wait until at least a min-quota grant fits the allowance.
-            let mut pace_room = Micros::MAX;
-            let mut paced_out = false;
-            for rule in self.pace_rules(key, c) {
-                let room = self.pace_headroom(key, now, rule);
-                if room < self.pace_need(c, rule) {
-                    paced_out = true;
-                    break;
-                }
-                // Under the exact rule the grant leaves room for the client's usual overrun.
-                let overrun = if rule.exact { c.overrun_us } else { 0 };
-                pace_room = pace_room.min(room.saturating_sub(overrun));
-            }
-            if paced_out {
+            let Some(TurnRoom {
+                usage,
+                headroom,
+                pace_room,
+            }) = self.turn_room(key, c, now, full)
+            else {
                 held_back.push(key);
                 continue;
-            }
+            };
             let require_milli = u128::from(c.spec.request_milli) * w_eff;
             // A client held back by its limit or pacing did not fall behind by choice: like
             // one back from idle, it is at most the lag behind the others. (Otherwise it
@@ -454,6 +510,10 @@ impl Core {
         if let Some(turn) = even_turn {
             quota = quota.min(turn).max(1);
         }
+        // An opportunistic turn ends when a guaranteed client held back now may go again.
+        if let Some(turn) = self.leftover_turn(key, now) {
+            quota = quota.min(turn).max(1);
+        }
         // Unpaced under full contention, a capped client takes min-quota turns, as it did
         // when its pacing allowance cut every grant to the min quota: a turn of its usual
         // quota (the base 50 ms for a hook that never goes idle, which reports the quota as
@@ -492,7 +552,8 @@ impl Core {
             quota_end,
         });
         let c = self.clients.get_mut(&key).expect("picked");
-        self.vtime = self.vtime.max(c.pass);
+        let vtime = &mut self.vtime[class::index(c.spec.class)];
+        *vtime = (*vtime).max(c.pass);
         c.usage_sum += quota;
         c.pass += stride(quota, c.spec.request_milli);
         self.holder = Some(Hold {
@@ -509,6 +570,25 @@ impl Core {
             quota_us: quota,
         }
     }
+}
+
+/// What `Core::dispatch_class` did.
+enum Served {
+    Granted(Action),
+    /// The token waits for a released client's next request (`Core::awaits_reask`).
+    Waits,
+    /// No client of the class may take a turn now.
+    NoOne,
+}
+
+/// A client's room for a turn now (`Core::turn_room`).
+pub(super) struct TurnRoom {
+    /// Its usage over the window (GPU time).
+    usage: u128,
+    /// What its limit leaves of the window.
+    headroom: u64,
+    /// What its pacing allows (`Micros::MAX`: not paced).
+    pace_room: u64,
 }
 
 /// A client that may have the token, with its headroom under its limit and pacing allowance.

@@ -1,5 +1,5 @@
-//! A new resource config: clients that stay keep their place (a changed share starts a new
-//! account, carrying the last pacing window at the new limit), clients that left are dropped
+//! A new resource config: clients that stay keep their place (a changed share or class starts a
+//! new account, carrying the last pacing window at the new limit), clients that left are dropped
 //! and their waiting requests refused, new clients start empty.
 
 use super::*;
@@ -47,8 +47,8 @@ impl Core {
                 Some(k) => {
                     let mut changed = false;
                     if let Some(c) = self.clients.get_mut(&k) {
-                        changed = (c.spec.request_milli, c.spec.limit_milli)
-                            != (spec.request_milli, spec.limit_milli);
+                        changed = (c.spec.request_milli, c.spec.limit_milli, c.spec.class)
+                            != (spec.request_milli, spec.limit_milli, spec.class);
                         c.spec = spec.clone();
                     }
                     if changed {
@@ -89,8 +89,8 @@ impl Core {
         out
     }
 
-    /// A client's share changed: its past usage was measured against the old share, so it
-    /// starts a new account (its running hold, if any, stays charged). Judged against its new
+    /// A client's share or class changed: its past usage was measured against the old share
+    /// (its virtual time among another class), so it starts a new account (its running hold, if any, stays charged). Judged against its new
     /// limit, a client that shrinks from 0.7 to 0.3 would otherwise wait seconds at zero
     /// until its window forgot the old usage. Its old entries stay in the history (they still
     /// keep later holds from overlapping), re-keyed to no client. For pacing, the new account

@@ -13,7 +13,7 @@ impl Core {
             return self.co_ready_at(key, now);
         }
         let c = self.clients.get(&key)?;
-        let w = self.window_ready_at(key, now, self.fully_contended())?;
+        let w = self.window_ready_at(key, now, self.fully_contended(c.spec.class))?;
         let mut p = now;
         for rule in self.pace_rules(key, c) {
             p = p.max(self.pace_ready_at(key, now, rule, self.pace_need(c, rule))?);
@@ -45,16 +45,19 @@ impl Core {
     }
 
     /// The pacing rules of a client: `limit × pace` of GPU time over the pacing window, and
-    /// `limit × pace short` over the short one while no other client waits for the token;
-    /// none when pacing does not apply (off, an uncapped client, a limit of 0, which the
-    /// window check already holds back, or full contention).
+    /// `limit × pace short` over the short one while no other client waits for the token (of
+    /// any class); none when pacing does not apply (off, an uncapped client, a limit of 0, which
+    /// the window check already holds back, or full contention of its class).
     ///
     /// The short rule is for a client that has the GPU to itself, which would otherwise
     /// spend its pacing allowance in one block and then wait out the rest of the window.
     /// Beside waiting clients the turns already spread its use, and there the short rule
     /// only lost it time: headroom that came back while a neighbour ran a 20 ms burst was
     /// gone 100 ms later, and a (0.5, 0.5) client beside a (0.1, 1.0) one with such bursts
-    /// got 0.44 (`capped_and_elastic_busy_swapped_patterns` in tests/sim.rs).
+    /// got 0.44 (`capped_and_elastic_busy_swapped_patterns` in tests/sim.rs). Beside waiting
+    /// opportunistic clients likewise: a guaranteed client at (0.5, 0.5) let in by any room in
+    /// the short window cut their turns to the min quota, whose drains it then waited for, and
+    /// got 0.45 (`sim_priority.rs`).
     ///
     /// Past turns count in GPU time (`own_since`), a new one at the rate the co-runners open
     /// now leave it (`rate_milli`). Pacing read token time against a limit raised while
@@ -64,7 +67,7 @@ impl Core {
     /// waited up to 70 ms on an H200; `a_holders_pacing_does_not_jump_back_when_a_co_hold_ends`).
     pub(super) fn pace_rules(&self, key: Key, c: &ClientState) -> impl Iterator<Item = PaceRule> {
         let lim = c.spec.limit_milli;
-        let on = lim > 0 && lim < 1000 && !self.fully_contended();
+        let on = lim > 0 && lim < 1000 && !self.fully_contended(c.spec.class);
         let rate_milli = c.hold_rate_milli();
         let long = self.pace_window();
         let alone = !self
@@ -87,7 +90,8 @@ impl Core {
             })
     }
 
-    /// Whether the clients waiting for the token request, together, the whole GPU. Then the
+    /// Whether the clients of `class` waiting for the token request, together, the whole GPU
+    /// (the classes are scheduled one after the other, `class.rs`). Then the
     /// turns by virtual time give each exactly its request (≤ its limit) over any stretch,
     /// and neither the window's limit nor pacing is checked (a client alone or beside clients
     /// that do not ask for the rest of the GPU is held to both as before): they only added
@@ -99,13 +103,13 @@ impl Core {
     ///
     /// Only with turns by virtual time (`max_lag` > 0): ranked by usage over the window
     /// (Gemini), the checks are what keeps a client from running ahead.
-    pub(super) fn fully_contended(&self) -> bool {
+    pub(super) fn fully_contended(&self, class: ClientClass) -> bool {
         self.unpaced_when_full
             && self.max_lag_us > 0
             && self
                 .clients
                 .iter()
-                .filter(|(k, c)| self.waits_for_turn(**k, c))
+                .filter(|(k, c)| c.spec.class == class && self.waits_for_turn(**k, c))
                 .map(|(_, c)| u32::from(c.spec.request_milli))
                 .sum::<u32>()
                 >= 1000
@@ -404,15 +408,18 @@ impl Core {
             .collect()
     }
 
-    /// The smallest virtual time among the clients other than `key` that compete: wait
-    /// for the token, hold it, or held it in the last 100 ms (`None`: no one else).
+    /// The smallest virtual time among the clients of `key`'s class other than `key` that
+    /// compete: wait for the token, hold it, or held it in the last 100 ms (`None`: no one
+    /// else). Virtual times of different classes are not compared (`class.rs`).
     pub(super) fn pass_floor(&self, key: Key, now: Micros) -> Option<u128> {
         let holder = self.holder.as_ref().map(|h| h.client);
         let held = self.recent_holders(now);
         self.clients
             .iter()
             .filter(|(k, c)| {
-                **k != key && (!c.waiting.is_empty() || holder == Some(**k) || held.contains(k))
+                **k != key
+                    && self.peers(key, **k)
+                    && (!c.waiting.is_empty() || holder == Some(**k) || held.contains(k))
             })
             .map(|(_, c)| c.pass)
             .min()

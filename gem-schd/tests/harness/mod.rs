@@ -6,7 +6,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-pub use gem_schd::core::{Action, ClientSpec, Core, Micros, Params};
+pub use gem_schd::core::{Action, ClientClass, ClientSpec, Core, Micros, Params};
 
 pub const MS: Micros = 1_000;
 pub const S: Micros = 1_000_000;
@@ -241,6 +241,15 @@ pub fn spec(id: &str, req: u16, lim: u16) -> ClientSpec {
         request_milli: req,
         limit_milli: lim,
         mem_limit: 1 << 30,
+        class: ClientClass::Guaranteed,
+    }
+}
+
+/// An opportunistic client (`sharedgpu/priority` 0): it gets what guaranteed clients leave.
+pub fn opportunistic(id: &str, req: u16, lim: u16) -> ClientSpec {
+    ClientSpec {
+        class: ClientClass::Opportunistic,
+        ..spec(id, req, lim)
     }
 }
 

@@ -4,6 +4,7 @@ use super::reload::carried_pacing;
 use super::*;
 use gem_proto::code;
 
+mod classes;
 mod contention;
 mod corun;
 mod pacing;
@@ -21,6 +22,7 @@ fn spec(id: &str, req: u16, lim: u16, mem: u64) -> ClientSpec {
         request_milli: req,
         limit_milli: lim,
         mem_limit: mem,
+        class: ClientClass::Guaranteed,
     }
 }
 
