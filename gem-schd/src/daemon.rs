@@ -22,7 +22,9 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result};
 use gem_proto::{FrameError, Reply, Request, code};
 use gem_schd::config::{self, SocketTemplate};
-use gem_schd::core::{Action, ClientSpec, CoRunSettings, ConnId, Core, Micros, Params};
+use gem_schd::core::{
+    Action, ClientClass, ClientSpec, CoRunSettings, ConnId, Core, Micros, Params,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
@@ -189,6 +191,10 @@ pub async fn run(
     info!(
         gpu = %actor.settings.gpu,
         clients = specs.len(),
+        opportunistic = specs
+            .iter()
+            .filter(|s| s.class == ClientClass::Opportunistic)
+            .count(),
         config = %actor.settings.config.display(),
         verify_pod_peers = actor.settings.verify_pod_peers,
         "gem-schd serving"
@@ -368,7 +374,12 @@ impl Actor {
             Cmd::Frame { conn, req } => self.frame(now, conn, req),
             Cmd::Config(specs) => {
                 let ids: Vec<&str> = specs.iter().map(|s| s.id.as_str()).collect();
-                info!(clients = ?ids, "resource config reloaded");
+                let opportunistic: Vec<&str> = specs
+                    .iter()
+                    .filter(|s| s.class == ClientClass::Opportunistic)
+                    .map(|s| s.id.as_str())
+                    .collect();
+                info!(clients = ?ids, ?opportunistic, "resource config reloaded");
                 let acts = self.core.set_config(now, &specs);
                 self.perform(acts);
                 self.sync_listeners();

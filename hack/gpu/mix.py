@@ -16,6 +16,10 @@ Scenarios:
   capped_elastic  three pairs, a capped tenant (0.5/0.5) beside an elastic one (0.5/1.0)
   four            conv, matmul, elem, encoder at 0.1/0.2/0.3/0.4, request = limit
   four_corun      the same with gem-schd co-running light clients (--co-run-below 0.6)
+  priority        a guaranteed tenant (0.5/0.5) beside two opportunistic ones (sharedgpu/priority
+                  0: 0.3/1.0 and 0.2/1.0), all busy; then the same config with the guaranteed
+                  tenant idle. Workloads from MIX_PRIORITY (default matmul,conv,attn: the
+                  guaranteed one first)
 """
 
 import json
@@ -37,6 +41,15 @@ FOUR = [("conv", 0.1), ("matmul", 0.2), ("elem", 0.3), ("encoder", 0.4)]
 
 
 class MixBench(ShareBench):
+    def write_config(self, clients):
+        """clients: [(id, request, limit, mem_bytes[, class])]: the class column where given."""
+        path = os.path.join(self.root, "rc.txt")
+        with open(path + ".tmp", "w") as f:
+            f.write(f"{len(clients)}\n")
+            for c in clients:
+                f.write(" ".join(str(x) for x in c) + "\n")
+        os.rename(path + ".tmp", path)
+
     def spawn(self, args, client=None, env=None):
         """A mix_tenant.py process, with the hook and its client's socket directory when
         `client` is set."""
@@ -76,22 +89,24 @@ def latency(r):
     return {"lat_p50_ms": pct(lat, 0.5), "lat_p99_ms": pct(lat, 0.99), "lat_max_ms": max(lat)}
 
 
-def shared_run(b, clients, raw, key, extra=()):
-    """clients: [(label, workload, request, limit)] under gem-schd; the table row."""
+def shared_run(b, clients, raw, key, extra=(), idle=()):
+    """clients: [(label, workload, request, limit[, class])] under gem-schd, those labelled in
+    `idle` configured but not started; the table row."""
     b.extra = list(extra)
     logf = os.path.join(b.out, "bench.log")
     b.logs.flush()
     since = os.path.getsize(logf)
     b.schd_debug = True
+    running = [c for c in clients if c[0] not in idle]
     try:
-        with b.schd([(lbl, req, lim, 40 * GIB) for lbl, _, req, lim in clients]):
-            res = b.tenants([(lbl, work, lbl) for lbl, work, _, _ in clients])
+        with b.schd([(c[0], c[2], c[3], 40 * GIB, *c[4:]) for c in clients]):
+            res = b.tenants([(c[0], c[1], c[0]) for c in running])
     finally:
         b.schd_debug, b.extra = False, []
     raw[key] = res
     t1 = SECONDS - 0.5
     row = {}
-    for lbl, work, req, lim in clients:
+    for lbl, work, req, lim, *cls in running:
         r = res[lbl]
         f = busy_figures(r, SKIP, t1)
         # gem-schd's charge covers its 10 s window at its last grant: compare the GPU time of
@@ -99,7 +114,7 @@ def shared_run(b, clients, raw, key, extra=()):
         ch = charged(logf, since, lbl)
         same = windows(r["busy"], t1 - 10, t1, 10)[0]
         f.update(work=work, request=req, limit=lim, steps_per_s=round(r["steps"] / SECONDS, 2),
-                 charged=ch, gpu_last_10s=same)
+                 charged=ch, gpu_last_10s=same, **{"class": (cls or ["guaranteed"])[0]})
         if ch is not None:
             f["charge_minus_gpu_pp"] = round(100 * (ch - same), 2)
             f["charge_differs"] = abs(ch - same) > 0.01
@@ -107,7 +122,7 @@ def shared_run(b, clients, raw, key, extra=()):
         f["over_limit_pp"] = round(100 * (f["max_1s"] - lim), 2)
         f.update(latency(r))
         row[lbl] = f
-    every = union(*[res[lbl]["busy"] for lbl, _, _, _ in clients])
+    every = union(*[res[c[0]]["busy"] for c in running])
     row["gpu_busy"] = round(windows(every, SKIP, t1, t1 - SKIP)[0], 4)
     return row
 
@@ -150,7 +165,15 @@ def four_corun(b, raw):
     return four(b, raw, ["--co-run-below", "0.6"])
 
 
-ALL = ["native", "colocated", "capped_elastic", "four", "four_corun"]
+def priority(b, raw):
+    g, o, p = os.environ.get("MIX_PRIORITY", "matmul,conv,attn").split(",")
+    clients = [(f"g_{g}", g, 0.5, 0.5, "guaranteed"), (f"o_{o}", o, 0.3, 1.0, "opportunistic"),
+               (f"p_{p}", p, 0.2, 1.0, "opportunistic")]
+    return {"all_busy": shared_run(b, clients, raw, "priority"),
+            "guaranteed_idle": shared_run(b, clients, raw, "priority_idle", idle=(f"g_{g}",))}
+
+
+ALL = ["native", "colocated", "capped_elastic", "four", "four_corun", "priority"]
 
 
 def main():

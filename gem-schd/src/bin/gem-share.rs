@@ -29,7 +29,9 @@ enum Cmd {
         /// GPU UUID (`nvidia-smi -L` prints it).
         #[arg(long)]
         gpu: String,
-        /// Resource-config file: first line N, then `ID REQUEST LIMIT GPU_MEM` lines.
+        /// Resource-config file: first line N, then `ID REQUEST LIMIT GPU_MEM [CLASS]` lines;
+        /// CLASS is `guaranteed` (the default) or `opportunistic` (given only the GPU time
+        /// the guaranteed clients leave).
         #[arg(long)]
         config: PathBuf,
         /// Directory for the clients' sockets.
