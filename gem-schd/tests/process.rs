@@ -293,6 +293,49 @@ fn hot_reload_keeps_stayers_errors_leavers_and_survives_a_bad_file() {
 }
 
 #[test]
+fn the_config_class_column_puts_guaranteed_clients_first() {
+    // o holds a 5 s turn; p (opportunistic too) asks, then g (guaranteed, a four-column line).
+    // When o releases, g is granted, although p asked first.
+    let s = Schd::start(
+        "3\ng 0.5 1.0 1000\no 0.3 1.0 1000 opportunistic\np 0.2 1.0 1000 opportunistic\n",
+        &[
+            "--base-quota-ms",
+            "5000",
+            "--min-quota-ms",
+            "5000",
+            "--grace-ms",
+            "0",
+        ],
+    );
+    let mut o = s.connect("o");
+    let mut p = s.connect("p");
+    let mut g = s.connect("g");
+    assert!(o.request_token(0, 0).unwrap() > 4_000_000);
+    p.send_token_request(0, 0).unwrap();
+    s.wait_log(
+        |l| l.contains("token request waits") && l.contains("client=p"),
+        "p's request to wait",
+    );
+    g.send_token_request(0, 0).unwrap();
+    s.wait_log(
+        |l| l.contains("token request waits") && l.contains("client=g"),
+        "g's request to wait",
+    );
+    o.release(1_000).unwrap();
+    assert!(g.wait_grant().unwrap() > 4_000_000);
+    p.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    assert!(
+        p.wait_grant().is_err_and(|e| e.is_timeout()),
+        "p must wait while g holds the token"
+    );
+    // When g releases, p's request is granted.
+    g.release(1_000).unwrap();
+    p.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert!(p.wait_grant().unwrap() > 0);
+}
+
+#[test]
 fn killing_a_client_process_frees_its_memory() {
     let s = Schd::start("1\na 0.5 1.0 1000\n", &[]);
     let mut me = s.connect("a");
