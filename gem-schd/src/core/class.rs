@@ -83,6 +83,16 @@ impl Core {
         }
     }
 
+    /// Whether the token waits for the next request of `key`, whose hold ended with a Release
+    /// before its quota's end, rather than go to an opportunistic client: `key` is guaranteed
+    /// and an opportunistic client waits for a turn.
+    pub(super) fn released_before_opportunistic(&self, key: Key) -> bool {
+        self.class_of(key) == Some(ClientClass::Guaranteed)
+            && self.clients.iter().any(|(k, c)| {
+                c.spec.class == ClientClass::Opportunistic && self.waits_for_turn(*k, c)
+            })
+    }
+
     /// Whether a guaranteed client holds the token or waits for a turn: an opportunistic
     /// client then co-runs with no one (its co-hold would share the GPU with the guaranteed
     /// holder, or with the turn the guaranteed client waits for).

@@ -644,8 +644,7 @@ impl Core {
             // deadline arrives a little before the quota's end by gem-schd's, and a launch-bound
             // training loop at (0.5, 0.5) beside opportunistic clients then waited for an
             // opportunistic turn after each of its own and was charged 0.38 (`sim_priority.rs`).
-            let guaranteed = self.class_of(key) == Some(ClientClass::Guaranteed);
-            if ended && (ran_out || guaranteed) {
+            if ended && (ran_out || self.released_before_opportunistic(key)) {
                 self.reask = Some(Reask {
                     client: key,
                     until: now.saturating_add(REASK_US),
