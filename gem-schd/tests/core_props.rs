@@ -88,9 +88,10 @@ struct World {
     live: HashSet<ConnId>,
     /// The co-running threshold (0: off).
     below: f64,
-    /// The holder before the event being checked (a process joining its client's running hold
-    /// is granted what is left of it, whatever waits).
-    held_before: Option<String>,
+    /// The core's count of turns granted before the event being checked: a grant that is no new
+    /// turn is a process joining its client's running hold (granted what is left of it,
+    /// whatever waits).
+    grants_before: u64,
     /// Every action, in order (to compare runs).
     trace: Vec<Action>,
 }
@@ -153,7 +154,7 @@ impl World {
     /// a guaranteed client may take one, unless it joins its client's running hold.
     fn check_turn(&self, client: &str) -> Result<(), TestCaseError> {
         if self.core.class(client) != Some(ClientClass::Opportunistic)
-            || self.held_before.as_deref() == Some(client)
+            || self.core.grants() == self.grants_before
         {
             return Ok(());
         }
@@ -251,7 +252,7 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
         config: init.iter().map(|s| s.id.clone()).collect(),
         live: (0..6).collect(),
         below: if co { 0.6 } else { 0.0 },
-        held_before: None,
+        grants_before: 0,
         trace: Vec::new(),
     };
     w.core.set_co_run(CoRunSettings {
@@ -262,7 +263,7 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
         w.core.hello(s as ConnId, IDS[s % 3]).unwrap();
     }
     for op in ops {
-        w.held_before = w.core.holder().map(str::to_owned);
+        w.grants_before = w.core.grants();
         let acts = match op {
             Op::Request(s, o, b) => {
                 let c = w.slots[s].0;
@@ -401,7 +402,7 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
     // Liveness: run the clock, releasing every grant at once; all waiters get served.
     let mut steps = 0;
     while !w.pending.is_empty() {
-        w.held_before = w.core.holder().map(str::to_owned);
+        w.grants_before = w.core.grants();
         steps += 1;
         prop_assert!(steps < 100_000, "waiters never served: {:?}", w.pending);
         let next = w.core.next_wakeup(w.now);
@@ -417,7 +418,7 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
             .collect();
         w.check(acts)?;
         for c in granted {
-            w.held_before = w.core.holder().map(str::to_owned);
+            w.grants_before = w.core.grants();
             let acts = w.core.release(w.now, c, 0);
             w.check(acts)?;
         }

@@ -90,9 +90,9 @@ impl Core {
     }
 
     /// A client's share or class changed: its past usage was measured against the old share
-    /// (its virtual time among another class), so it starts a new account (its running hold, if any, stays charged). Judged against its new
-    /// limit, a client that shrinks from 0.7 to 0.3 would otherwise wait seconds at zero
-    /// until its window forgot the old usage. Its old entries stay in the history (they still
+    /// (its virtual time among another class), so it starts a new account (its running hold,
+    /// if any, stays charged). Judged against its new limit, a client that shrinks from 0.7 to
+    /// 0.3 would otherwise wait seconds at zero until its window forgot the old usage. Its old entries stay in the history (they still
     /// keep later holds from overlapping), re-keyed to no client. For pacing, the new account
     /// carries the last pacing window as if used at the new limit, so that its allowance grows
     /// at that rate from here: with nothing carried, a client shrunk to 0.3 spent its whole
