@@ -50,6 +50,9 @@ pub struct PodInfo {
     pub created: i64,
     pub node_name: Option<String>,
     pub phase: Option<String>,
+    /// `status.startTime` is set: the kubelet has admitted the pod (it sets the time on
+    /// its first sync after admission).
+    pub started: bool,
     pub scheduler_name: Option<String>,
     pub annotations: BTreeMap<String, String>,
     /// Init and app containers whose limits ask for the resource: the kubelet calls
@@ -92,15 +95,18 @@ impl PodInfo {
                 .unwrap_or_default(),
             node_name: spec.and_then(|s| s.node_name.clone()),
             phase: pod.status.as_ref().and_then(|s| s.phase.clone()),
+            started: pod.status.as_ref().is_some_and(|s| s.start_time.is_some()),
             scheduler_name: spec.and_then(|s| s.scheduler_name.clone()),
             annotations: meta.annotations.clone().unwrap_or_default(),
             gpu_containers: u32::try_from(containers.unwrap_or(0)).unwrap_or(u32::MAX),
         })
     }
 
-    /// Not started yet: the kubelet admits a pod before it reports any phase but Pending.
+    /// Not admitted yet: the kubelet admits a pod before it reports a start time or any
+    /// phase but Pending. (A pod past admission is never taken again, even if its
+    /// answers were lost.)
     fn waiting(&self) -> bool {
-        matches!(self.phase.as_deref(), None | Some("Pending"))
+        !self.started && matches!(self.phase.as_deref(), None | Some("Pending"))
     }
 
     fn finished(&self) -> bool {
@@ -200,7 +206,7 @@ pub struct Context<'a> {
 }
 
 /// The pod the kubelet is admitting when it calls `Allocate`, and what its next
-/// container gets. Candidates: bound to this node, not started, with containers asking
+/// container gets. Candidates: bound to this node, not admitted yet, with containers asking
 /// for the resource that have not all been answered; the oldest (creationTimestamp,
 /// then name) is the one, as the kubelet admits oldest first. A candidate without a
 /// valid record is refused rather than skipped: it is the pod being admitted, and the
@@ -301,6 +307,7 @@ mod tests {
             created,
             node_name: Some(NODE.into()),
             phase: Some("Pending".into()),
+            started: false,
             scheduler_name: Some(SCHED.into()),
             annotations: if gpus.is_empty() {
                 BTreeMap::new()
@@ -356,14 +363,24 @@ mod tests {
     fn running_finished_elsewhere_and_non_asking_pods_are_not_candidates() {
         let mut running = pod("running", 1, 1, &[G[0]]);
         running.phase = Some("Running".into());
+        // Admitted, still in its init containers: Pending, but with a start time.
+        let mut initing = pod("initing", 0, 2, &[G[0]]);
+        initing.started = true;
         let mut done = pod("done", 2, 1, &[G[0]]);
         done.phase = Some("Succeeded".into());
         let mut other = pod("other", 3, 1, &[G[0]]);
         other.node_name = Some("n2".into());
         let plain = pod("plain", 4, 0, &[]);
-        let pods = [running, done, other, plain, pod("it", 9, 1, &[G[1]])];
+        let pods = [
+            running,
+            initing,
+            done,
+            other,
+            plain,
+            pod("it", 9, 1, &[G[1]]),
+        ];
         assert_eq!(pick(&pods, &Answered::default()).unwrap().pod_key, "ns/it");
-        let e = pick(&pods[..4], &Answered::default()).unwrap_err();
+        let e = pick(&pods[..5], &Answered::default()).unwrap_err();
         assert_eq!(
             e.to_string(),
             "no pod bound to node n1 is waiting for kubeshare.io/gpu: it is given only to pods placed by kubeshare-scheduler from sharedgpu/* labels, with their GPUs in an allocation record"
@@ -463,6 +480,9 @@ mod tests {
             "status": {"phase": "Pending"}
         }))
         .unwrap();
+        let mut started = p.clone();
+        started.status.as_mut().unwrap().start_time = p.metadata.creation_timestamp.clone();
+        assert!(!PodInfo::from_pod(&started, RESOURCE).unwrap().waiting());
         let i = PodInfo::from_pod(&p, RESOURCE).unwrap();
         assert_eq!(i.gpu_containers, 2);
         assert_eq!(i.key, "ns/p");
@@ -563,13 +583,18 @@ mod tests {
                     answered.record(&g);
                 }
                 if pods[i].phase.as_deref() == Some("Pending") {
+                    pods[i].started = true;
+                    if restarts[step % restarts.len()] {
+                        // Admitted, still in its init containers.
+                        continue;
+                    }
                     pods[i].phase = Some("Running".into());
                 }
             }
             let none = matches!(pick(&pods, &answered), Err(Refusal::NoPod { .. }));
             prop_assert!(none);
-            // Pods that run keep their counts until they are gone.
-            pods.retain(|p| p.phase.as_deref() == Some("Running"));
+            // Pods that were admitted keep their counts until they are gone.
+            pods.retain(|p| p.started);
             let running = pods.len();
             answered.forget_gone(&pods);
             prop_assert_eq!(answered.pods.len(), running);
