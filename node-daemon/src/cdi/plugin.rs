@@ -1,11 +1,11 @@
 //! The device plugin for `kubeshare.io/gpu` (the I/O around [`super::select`]): serves
 //! the kubelet's device-plugin API v1beta1 on a socket in its device-plugin directory,
 //! registers there, and registers again when the kubelet restarts (it makes a new
-//! `kubelet.sock` and removes the plugins' sockets). `Allocate` lists the pods bound to
-//! this node, takes the one the kubelet is admitting and answers with the CDI devices of
-//! its allocation record, which the runtime resolves through the node's CDI spec. What
-//! has been answered is checkpointed under the daemon's root before the kubelet hears
-//! the answer.
+//! `kubelet.sock` and removes the plugins' sockets). A watch of the pods bound to this
+//! node keeps the order they arrived in; `Allocate` lists them, takes the one the kubelet
+//! is admitting and answers with the CDI devices of its allocation record, which the
+//! runtime resolves through the node's CDI spec. What has been answered is checkpointed
+//! under the daemon's root before the kubelet hears the answer.
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::MetadataExt as _;
@@ -14,8 +14,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
+use kube::runtime::{WatchStreamExt as _, watcher};
 use kubeshare_kubelet_rpc::deviceplugin::{
     self as dp, AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse, Device,
     DevicePlugin, DevicePluginOptions, DevicePluginServer, Empty, ListAndWatchResponse,
@@ -26,7 +28,7 @@ use tokio::sync::{Mutex, watch};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use super::select::{self, Answered, Context, PodInfo};
+use super::select::{self, Answered, Arrivals, Context, PodInfo};
 use crate::source::InventorySource;
 
 /// The plugin's socket name in the kubelet's device-plugin directory.
@@ -116,6 +118,7 @@ struct State {
     answered: Answered,
     /// The node's GPUs (what the CDI spec names).
     gpus: BTreeSet<String>,
+    arrivals: Arrivals,
 }
 
 struct Plugin {
@@ -123,31 +126,49 @@ struct Plugin {
     pods: Api<Pod>,
     state: Mutex<State>,
     devices: watch::Receiver<Vec<String>>,
+    /// Bumped to stop the server of the current registration: its `ListAndWatch` streams
+    /// end, so its connections close and the kubelet takes the next registration (it
+    /// refuses one while the plugin's socket is still connected).
+    generation: watch::Sender<u64>,
+}
+
+/// Resolves once `generation` has moved past `mine`.
+async fn superseded(mut generation: watch::Receiver<u64>, mine: u64) {
+    while *generation.borrow_and_update() == mine {
+        if generation.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 impl Plugin {
-    /// Every pod bound to this node, read from the API at the moment of the call: the
-    /// kubelet learns of a pod as soon as it is bound, so a watch could still be behind.
-    async fn list(&self) -> Result<Vec<PodInfo>, kube::Error> {
+    /// Every pod bound to this node, read from the API at the moment of the call (the
+    /// kubelet learns of a pod as soon as it is bound, so the watch could still be
+    /// behind), with the order the watch saw them arrive in.
+    async fn list(&self, arrivals: &Arrivals) -> Result<Vec<PodInfo>, kube::Error> {
         let lp = ListParams::default().fields(&format!("spec.nodeName={}", self.cfg.node));
         let list = self.pods.list(&lp).await?;
         Ok(list
             .items
             .iter()
             .filter_map(|p| PodInfo::from_pod(p, &self.cfg.resource))
+            .map(|mut p| {
+                p.arrival = arrivals.of(&p.uid);
+                p
+            })
             .collect())
     }
 
     /// Drops the answers of pods that are gone, from a fresh list.
     async fn forget_gone(&self) {
-        let pods = match self.list().await {
+        let mut st = self.state.lock().await;
+        let pods = match self.list(&st.arrivals).await {
             Ok(p) => p,
             Err(e) => {
                 tracing::debug!(error = %e, "device plugin: cannot list pods; answers kept");
                 return;
             }
         };
-        let mut st = self.state.lock().await;
         if st.answered.forget_gone(&pods)
             && let Err(e) = save_checkpoint(&self.cfg.checkpoint, &st.answered)
         {
@@ -170,16 +191,22 @@ impl DevicePlugin for Plugin {
     type ListAndWatchStream = DeviceStream;
 
     /// The slots now and after every change; the stream stays open (the kubelet reads
-    /// its end as the plugin going away).
+    /// its end as the plugin going away) until its server is stopped.
     async fn list_and_watch(
         &self,
         _: Request<Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
-        let stream =
-            futures::stream::unfold((self.devices.clone(), true), |(mut rx, first)| async move {
-                // The sender lives as long as the plugin: no end before it.
-                if !first && rx.changed().await.is_err() {
-                    return None;
+        let generation = self.generation.subscribe();
+        let mine = *generation.borrow();
+        let stream = futures::stream::unfold(
+            (self.devices.clone(), generation, true),
+            move |(mut rx, generation, first)| async move {
+                // Ends when its server is stopped (a new registration follows).
+                if !first {
+                    tokio::select! {
+                        changed = rx.changed() => if changed.is_err() { return None },
+                        _ = superseded(generation.clone(), mine) => return None,
+                    }
                 }
                 let devices = rx
                     .borrow_and_update()
@@ -189,8 +216,12 @@ impl DevicePlugin for Plugin {
                         health: dp::HEALTHY.into(),
                     })
                     .collect();
-                Some((Ok(ListAndWatchResponse { devices }), (rx, false)))
-            });
+                Some((
+                    Ok(ListAndWatchResponse { devices }),
+                    (rx, generation, false),
+                ))
+            },
+        );
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -209,7 +240,7 @@ impl DevicePlugin for Plugin {
         let node = &self.cfg.node;
         // One answer at a time: two calls must not both take the same pod's last container.
         let mut st = self.state.lock().await;
-        let pods = self.list().await.map_err(|e| {
+        let pods = self.list(&st.arrivals).await.map_err(|e| {
             tracing::warn!(error = %e, "device plugin: cannot list pods for Allocate");
             Status::unavailable(format!("cannot list the pods bound to node {node}: {e}"))
         })?;
@@ -295,9 +326,14 @@ async fn serve(plugin: &Arc<Plugin>, kubelet: SocketId) -> Result<Serving, Strin
     }
     let listener = tokio::net::UnixListener::bind(&socket)
         .map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
+    let mine = *plugin.generation.borrow();
+    let stop = superseded(plugin.generation.subscribe(), mine);
     let server = tonic::transport::Server::builder()
         .add_service(DevicePluginServer::from_arc(plugin.clone()))
-        .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener));
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+            stop,
+        );
     let task = tokio::spawn(async move {
         if let Err(e) = server.await {
             tracing::warn!(error = %e, "device plugin server ended");
@@ -318,10 +354,18 @@ pub async fn run(cfg: PluginConfig, client: kube::Client) {
     let answered = load_checkpoint(&cfg.checkpoint);
     let gpus = offered(&cfg.inventory).unwrap_or_default();
     let (devices_tx, devices) = watch::channel(select::slot_ids(gpus.len(), cfg.slots_per_gpu));
+    let pods: Api<Pod> = Api::all(client);
+    let wc = watcher::Config::default().fields(&format!("spec.nodeName={}", cfg.node));
+    let mut arrivals = watcher(pods.clone(), wc).default_backoff().boxed();
     let plugin = Arc::new(Plugin {
-        pods: Api::all(client),
-        state: Mutex::new(State { answered, gpus }),
+        pods,
+        state: Mutex::new(State {
+            answered,
+            gpus,
+            arrivals: Arrivals::default(),
+        }),
         devices,
+        generation: watch::channel(0).0,
         cfg,
     });
     let dir = plugin.cfg.dir.clone();
@@ -335,6 +379,24 @@ pub async fn run(cfg: PluginConfig, client: kube::Client) {
     let mut waiting_logged = false;
     loop {
         tokio::select! {
+            ev = arrivals.next() => {
+                let uid = |p: &Pod| p.metadata.uid.clone().unwrap_or_default();
+                let mut st = plugin.state.lock().await;
+                match ev {
+                    Some(Ok(watcher::Event::Apply(p))) => st.arrivals.arrived(&uid(&p)),
+                    Some(Ok(watcher::Event::InitApply(p))) => st.arrivals.listed(&uid(&p)),
+                    Some(Ok(watcher::Event::InitDone)) => st.arrivals.list_done(),
+                    Some(Ok(watcher::Event::Delete(p))) => st.arrivals.gone(&uid(&p)),
+                    Some(Ok(watcher::Event::Init)) => {}
+                    Some(Err(e)) => tracing::debug!(error = %e, "device plugin: pod watch error; retrying"),
+                    // The watcher retries for ever; should it end, pods are answered in
+                    // creation order from then on.
+                    None => {
+                        tracing::error!("device plugin: the pod watch ended");
+                        arrivals = futures::stream::pending().boxed();
+                    }
+                }
+            }
             _ = resync.tick() => {
                 if let Some(gpus) = offered(&plugin.cfg.inventory) {
                     let ids = select::slot_ids(gpus.len(), plugin.cfg.slots_per_gpu);
@@ -363,11 +425,14 @@ pub async fn run(cfg: PluginConfig, client: kube::Client) {
                     }
                     Step::Register => {
                         let Some(k) = kubelet else { continue };
-                        if let Some(old) = serving.take() {
-                            // Aborted, not shut down gracefully: the kubelet's ListAndWatch
-                            // stream never ends on its own.
-                            old.task.abort();
+                        if let Some(mut old) = serving.take() {
                             tracing::info!("device plugin: kubelet.sock changed or our socket is gone; registering again");
+                            // Its streams end and its connections close: the kubelet then
+                            // takes the new registration.
+                            plugin.generation.send_modify(|g| *g += 1);
+                            if tokio::time::timeout(Duration::from_secs(5), &mut old.task).await.is_err() {
+                                old.task.abort();
+                            }
                         }
                         match serve(&plugin, k).await {
                             Ok(s) => {

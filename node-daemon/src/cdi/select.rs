@@ -2,11 +2,13 @@
 //! CDI devices it gets, and what is remembered of the answers.
 //!
 //! The kubelet's `Allocate` names device IDs (slots of [`slot_ids`]), never the pod. It
-//! admits the pods bound to its node one at a time, oldest first, and calls `Allocate`
-//! once per container that asks for the resource while it admits that pod; so the call
-//! is for the oldest pod bound here, not yet running, asking for the resource, whose
-//! containers have not all been answered ([`select`]). HAMi's and Alibaba's gpushare
-//! device plugins answer the same way (the oldest pending pod bound to the node).
+//! admits the pods bound to its node one at a time, in the order its watch delivers them
+//! (the order they were bound; a batch, such as its first list, oldest
+//! `creationTimestamp` first), and calls `Allocate` once per container that asks for
+//! the resource while it admits that pod; so the call is for the first pod in that order
+//! bound here, not yet admitted, asking for the resource, whose containers have not all
+//! been answered ([`select`]). HAMi's and Alibaba's gpushare device plugins answer the
+//! same way (the oldest pending pod bound to the node).
 //! What a pod gets is what its allocation record names, never the slots the kubelet
 //! picked: `kubeshare.io/gpu=<uuid>` for each GPU of the record.
 
@@ -46,7 +48,13 @@ pub struct PodInfo {
     pub uid: String,
     /// `namespace/name`.
     pub key: String,
-    /// `creationTimestamp`, seconds since the epoch (the kubelet's admission order).
+    /// When the plugin's own watch of the node's pods first saw the pod bound here, as
+    /// a sequence number: the kubelet's watch delivers pods in the same order, and admits
+    /// them in it. 0 for pods already bound when the plugin started (order unknown:
+    /// creationTimestamp decides, as the kubelet sorts a batch), `u64::MAX` for a pod the
+    /// watch has not delivered yet (it arrived last).
+    pub arrival: u64,
+    /// `creationTimestamp`, seconds since the epoch.
     pub created: i64,
     pub node_name: Option<String>,
     pub phase: Option<String>,
@@ -83,6 +91,7 @@ impl PodInfo {
         });
         Some(PodInfo {
             uid: meta.uid.clone()?,
+            arrival: u64::MAX,
             key: format!(
                 "{}/{}",
                 meta.namespace.as_deref().unwrap_or_default(),
@@ -143,6 +152,54 @@ impl Answered {
         let before = self.pods.len();
         self.pods.retain(|uid, _| live.contains(uid.as_str()));
         self.pods.len() != before
+    }
+}
+
+/// The order in which pods arrived on this node, kept from the plugin's own watch of
+/// the node's pods (the pure bookkeeping; [`PodInfo::arrival`] says why).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Arrivals {
+    seq: BTreeMap<String, u64>,
+    next: u64,
+    /// The watch's first list is complete: pods listed later arrived while it ran.
+    listed_once: bool,
+    /// The pods of the list in progress.
+    listing: BTreeSet<String>,
+}
+
+impl Arrivals {
+    /// A pod delivered by a watch event (bound here, or changed).
+    pub fn arrived(&mut self, uid: &str) {
+        if !self.seq.contains_key(uid) {
+            self.next += 1;
+            self.seq.insert(uid.to_string(), self.next);
+        }
+    }
+
+    /// A pod of a (re)list: of unknown order when it is the first list.
+    pub fn listed(&mut self, uid: &str) {
+        self.listing.insert(uid.to_string());
+        if !self.listed_once {
+            self.seq.entry(uid.to_string()).or_insert(0);
+        } else {
+            self.arrived(uid);
+        }
+    }
+
+    /// The (re)list is complete: pods it did not name are gone.
+    pub fn list_done(&mut self) {
+        let listing = std::mem::take(&mut self.listing);
+        self.seq.retain(|uid, _| listing.contains(uid));
+        self.listed_once = true;
+    }
+
+    pub fn gone(&mut self, uid: &str) {
+        self.seq.remove(uid);
+    }
+
+    /// The pod's place ([`PodInfo::arrival`]).
+    pub fn of(&self, uid: &str) -> u64 {
+        self.seq.get(uid).copied().unwrap_or(u64::MAX)
     }
 }
 
@@ -207,8 +264,8 @@ pub struct Context<'a> {
 
 /// The pod the kubelet is admitting when it calls `Allocate`, and what its next
 /// container gets. Candidates: bound to this node, not admitted yet, with containers asking
-/// for the resource that have not all been answered; the oldest (creationTimestamp,
-/// then name) is the one, as the kubelet admits oldest first. A candidate without a
+/// for the resource that have not all been answered; the first to arrive (then the
+/// oldest creationTimestamp, then name) is the one, as the kubelet admits in that order. A candidate without a
 /// valid record is refused rather than skipped: it is the pod being admitted, and the
 /// refusal tells its owner why it gets no GPU.
 pub fn select(ctx: &Context, pods: &[PodInfo], answered: &Answered) -> Result<Grant, Refusal> {
@@ -219,7 +276,9 @@ pub fn select(ctx: &Context, pods: &[PodInfo], answered: &Answered) -> Result<Gr
                 && p.waiting()
                 && p.gpu_containers > answered.count(&p.uid)
         })
-        .min_by(|a, b| (a.created, &a.key, &a.uid).cmp(&(b.created, &b.key, &b.uid)))
+        .min_by(|a, b| {
+            (a.arrival, a.created, &a.key, &a.uid).cmp(&(b.arrival, b.created, &b.key, &b.uid))
+        })
         .ok_or_else(|| Refusal::NoPod {
             node: ctx.node.to_string(),
             resource: ctx.resource.to_string(),
@@ -304,6 +363,7 @@ mod tests {
         PodInfo {
             uid: format!("uid-{name}"),
             key: format!("ns/{name}"),
+            arrival: 0,
             created,
             node_name: Some(NODE.into()),
             phase: Some("Pending".into()),
@@ -357,6 +417,67 @@ mod tests {
         );
         a.record(&g);
         assert!(matches!(pick(&pods, &a), Err(Refusal::NoPod { .. })));
+    }
+
+    #[test]
+    fn pods_bound_in_one_second_are_answered_in_the_order_they_arrived() {
+        // Created and bound in the same second: the names would put "gone" first, but
+        // the kubelet admits "keep" first because it was bound (and delivered) first.
+        let mut keep = pod("keep", 7, 1, &[G[0]]);
+        keep.arrival = 3;
+        let mut gone = pod("gone", 7, 1, &[G[1]]);
+        gone.arrival = 4;
+        let mut a = Answered::default();
+        let g = pick(&[keep.clone(), gone.clone()], &a).unwrap();
+        assert_eq!(g.pod_key, "ns/keep");
+        a.record(&g);
+        keep.started = true;
+        let g = pick(&[keep.clone(), gone.clone()], &a).unwrap();
+        assert_eq!(
+            (g.pod_key.as_str(), g.gpus.as_slice()),
+            ("ns/gone", &[G[1].to_string()][..])
+        );
+        // Known arrivals come before one the watch has not delivered yet, and pods of the
+        // first list (0) before both, oldest first.
+        let mut late = pod("late", 1, 1, &[G[0]]);
+        late.arrival = u64::MAX;
+        let listed = pod("listed", 9, 1, &[G[0]]);
+        let pods = [late, gone, listed];
+        assert_eq!(
+            pick(&pods, &Answered::default()).unwrap().pod_key,
+            "ns/listed"
+        );
+        assert_eq!(
+            pick(&pods[..2], &Answered::default()).unwrap().pod_key,
+            "ns/gone"
+        );
+    }
+
+    #[test]
+    fn arrivals_follow_the_watch() {
+        let mut a = Arrivals::default();
+        a.listed("old1");
+        a.listed("old2");
+        a.list_done();
+        a.arrived("new1");
+        a.arrived("new2");
+        a.arrived("new1"); // an update, not an arrival
+        assert_eq!(
+            ["old1", "old2", "new1", "new2", "unseen"].map(|u| a.of(u)),
+            [0, 0, 1, 2, u64::MAX]
+        );
+        // A relist after a watch error: the known keep their place, a newcomer comes
+        // last, and what it does not name is gone.
+        a.listed("new2");
+        a.listed("old1");
+        a.listed("new3");
+        a.list_done();
+        assert_eq!(
+            ["old1", "new2", "new3", "new1"].map(|u| a.of(u)),
+            [0, 2, 3, u64::MAX]
+        );
+        a.gone("new2");
+        assert_eq!(a.of("new2"), u64::MAX);
     }
 
     #[test]
@@ -500,10 +621,12 @@ mod tests {
         assert_eq!(serde_json::from_str::<Answered>(&text).unwrap(), a);
     }
 
-    /// One pod of a simulated node: its containers and the GPUs of its record (none:
-    /// a pod asking for the resource without a record).
+    /// One pod of a simulated node: when it arrived (0: before the plugin started), its
+    /// containers and the GPUs of its record (none: a pod asking for the resource
+    /// without a record).
     #[derive(Debug, Clone)]
     struct Sim {
+        arrival: u64,
         created: i64,
         containers: u32,
         gpus: Vec<usize>,
@@ -511,24 +634,30 @@ mod tests {
 
     fn sims() -> impl Strategy<Value = Vec<Sim>> {
         prop::collection::vec(
-            (0i64..5, 1u32..4, prop::collection::vec(0usize..3, 0..3)).prop_map(
-                |(created, containers, mut gpus)| {
+            (
+                0u64..4,
+                0i64..5,
+                1u32..4,
+                prop::collection::vec(0usize..3, 0..3),
+            )
+                .prop_map(|(arrival, created, containers, mut gpus)| {
                     gpus.sort_unstable();
                     gpus.dedup();
                     Sim {
+                        arrival,
                         created,
                         containers,
                         gpus,
                     }
-                },
-            ),
+                }),
             1..7,
         )
     }
 
     proptest! {
         /// Several pods bound at once, admitted by the kubelet one at a time in its
-        /// order (oldest first, a container at a time), with the daemon restarted at
+        /// order (as they arrived, a batch oldest first; a container at a time; pods
+        /// created in one second bound in any order), with the daemon restarted at
         /// random points (the answers reloaded from their checkpoint) and a pod
         /// deleted before its turn: every container of a pod with a record gets
         /// exactly that record's GPUs, a pod without one is refused by name (and the
@@ -544,7 +673,10 @@ mod tests {
                 .enumerate()
                 .map(|(i, s)| {
                     let gpus: Vec<&str> = s.gpus.iter().map(|g| G[*g]).collect();
-                    pod(&format!("p{i}"), s.created, s.containers, &gpus)
+                    let mut p = pod(&format!("p{i}"), s.created, s.containers, &gpus);
+                    // Distinct arrivals after the first list (0).
+                    p.arrival = if s.arrival == 0 { 0 } else { s.arrival * 10 + i as u64 };
+                    p
                 })
                 .collect();
             if let Some(d) = deleted.filter(|d| *d < pods.len()) {
@@ -552,7 +684,10 @@ mod tests {
             }
             // The kubelet's admission order.
             let mut order: Vec<usize> = (0..pods.len()).collect();
-            order.sort_by(|a, b| (pods[*a].created, &pods[*a].key).cmp(&(pods[*b].created, &pods[*b].key)));
+            order.sort_by(|a, b| {
+                let k = |p: &PodInfo| (p.arrival, p.created, p.key.clone());
+                k(&pods[*a]).cmp(&k(&pods[*b]))
+            });
             let mut answered = Answered::default();
             let mut step = 0;
             for i in order {

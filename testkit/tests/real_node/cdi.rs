@@ -62,6 +62,20 @@ async fn seen(pods: &Api<Pod>, name: &str) -> Result<Vec<(String, Vec<String>)>>
     Ok(out)
 }
 
+/// Runs `args` inside the node's namespaces (its own /var/lib/kubelet); whether it succeeded.
+async fn in_node(node: &RealNode, args: &[&str]) -> Result<bool> {
+    let run_dir = node.dir.parent().context("node dir has no parent")?;
+    let st = tokio::process::Command::new(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/node.sh"),
+    )
+    .arg("exec")
+    .arg(run_dir)
+    .args(args)
+    .status()
+    .await?;
+    Ok(st.success())
+}
+
 fn checkpoint(node: &RealNode) -> Result<select::Answered> {
     let path = node.kubeshare_path(plugin::CHECKPOINT);
     Ok(serde_json::from_slice(
@@ -139,6 +153,51 @@ async fn each_container_gets_exactly_its_records_gpus_through_cdi() -> Result<()
     assert_eq!(checkpoint(&r.node)?.count(&whole_uid), 3);
     delete_pods_and_wait(&r.pods, "", WAIT).await?;
 
+    // The kubelet removes the plugins' sockets when it restarts: the plugin serves and
+    // registers again (the kubelet accepts it, as the daemon logs), and the next pod is
+    // answered through the new registration.
+    let daemon_pods: Api<Pod> = Api::namespaced(r.client.clone(), KUBESHARE_NS);
+    let daemon_pod = daemon_pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=kubeshare-node-daemon"))
+        .await?
+        .items
+        .into_iter()
+        .find(|p| p.metadata.deletion_timestamp.is_none())
+        .and_then(|p| p.metadata.name)
+        .context("no node daemon pod")?;
+    let registrations = || async {
+        let log = pod_logs(&daemon_pods, &daemon_pod, "node-daemon").await?;
+        Ok::<_, anyhow::Error>(
+            log.matches("device plugin: registered with the kubelet")
+                .count(),
+        )
+    };
+    let before = registrations().await?;
+    ensure!(
+        before >= 1,
+        "the node daemon's device plugin never registered"
+    );
+    let socket = format!(
+        "{}/{}",
+        kubeshare_api::layout::KUBELET_DEVICE_PLUGIN_DIR,
+        plugin::ENDPOINT
+    );
+    ensure!(
+        in_node(&r.node, &["rm", &socket]).await?,
+        "cannot remove {socket}"
+    );
+    wait_until("the device plugin to register again", WAIT, || async {
+        match registrations().await {
+            Ok(n) => Ok((n > before).then_some(())),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await?;
+    ensure!(
+        in_node(&r.node, &["test", "-S", &socket]).await?,
+        "no {socket} on the node"
+    );
+
     // A share: only its GPU's node, in each container.
     let frac = json!({"sharedgpu/gpu_request": "0.3", "sharedgpu/gpu_limit": "0.5"});
     create(&r.pods, &gpu_pod("frac", frac)?).await?;
@@ -157,6 +216,26 @@ async fn each_container_gets_exactly_its_records_gpus_through_cdi() -> Result<()
     let answered = checkpoint(&r.node)?;
     assert_eq!(answered.count(&uid(&p)?), 3, "{answered:?}");
     assert_eq!(answered.count(&whole_uid), 0, "{answered:?}");
+    delete_pods_and_wait(&r.pods, "", WAIT).await?;
+
+    // Two pods created and bound within a second, on different GPUs (0.6 + 0.6 do not
+    // fit on one): the kubelet admits them in the order they were bound, and each of
+    // their six containers gets its own pod's GPU.
+    let big = json!({"sharedgpu/gpu_request": "0.6", "sharedgpu/gpu_limit": "0.6"});
+    create(&r.pods, &gpu_pod("p1", big.clone())?).await?;
+    create(&r.pods, &gpu_pod("p2", big)?).await?;
+    let mut gpus = BTreeMap::new();
+    for name in ["p1", "p2"] {
+        let gpu = gpu_of(&running(&r.pods, name).await?)?;
+        let index = inv.gpu(&gpu).context("not the node's GPU")?.index;
+        let mut want = vec![format!("/dev/nvidia{index}"), "/dev/nvidiactl".to_string()];
+        want.sort();
+        for (c, d) in seen(&r.pods, name).await? {
+            assert_eq!(d, want, "{name}: container {c}");
+        }
+        gpus.insert(name, gpu);
+    }
+    ensure!(gpus["p1"] != gpus["p2"], "both on one GPU: {gpus:?}");
     delete_pods_and_wait(&r.pods, "", WAIT).await?;
     r.ns.delete().await?;
     Ok(())
