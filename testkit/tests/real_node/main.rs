@@ -9,9 +9,9 @@
 //! One at a time: they share the node's simulated GPUs, and one restarts the node daemon.
 //! Here: a pod's GPU, hook and sockets, shares and memory caps inside containers; the node
 //! daemon's restarts and the device plugin's GPUs in `daemon.rs`; groups, plain pods and the
-//! deployment itself in `deploy.rs`; GPU use without the hook in `guard.rs`; a GPU handed
-//! over through CDI in `cdi.rs` (with KUBESHARE_NODE_CDI=1); another pod's gem-schd socket
-//! in `peers.rs`.
+//! deployment itself in `deploy.rs`; GPU use without the hook in `guard.rs`; GPUs handed
+//! over through CDI in `cdi.rs` (the rig's default; not with KUBESHARE_NODE_CDI=0);
+//! another pod's gem-schd socket in `peers.rs`.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
