@@ -118,13 +118,19 @@ struct State {
     answered: Answered,
     /// The node's GPUs (what the CDI spec names).
     gpus: BTreeSet<String>,
-    arrivals: Arrivals,
 }
+
+/// How long `Allocate` waits for the watch to deliver the pods its list shows.
+const ARRIVAL_WAIT: Duration = Duration::from_secs(3);
 
 struct Plugin {
     cfg: PluginConfig,
     pods: Api<Pod>,
     state: Mutex<State>,
+    /// Kept by the run loop from the watch (never held across an await).
+    arrivals: std::sync::Mutex<Arrivals>,
+    /// Bumped after each change of `arrivals`.
+    arrived: watch::Sender<u64>,
     devices: watch::Receiver<Vec<String>>,
     /// Bumped to stop the server of the current registration: its `ListAndWatch` streams
     /// end, so its connections close and the kubelet takes the next registration (it
@@ -142,27 +148,53 @@ async fn superseded(mut generation: watch::Receiver<u64>, mine: u64) {
 }
 
 impl Plugin {
-    /// Every pod bound to this node, read from the API at the moment of the call (the
+    /// Every pod bound to this node, read from the API at the moment of the call: the
     /// kubelet learns of a pod as soon as it is bound, so the watch could still be
-    /// behind), with the order the watch saw them arrive in.
-    async fn list(&self, arrivals: &Arrivals) -> Result<Vec<PodInfo>, kube::Error> {
+    /// behind.
+    async fn list(&self) -> Result<Vec<PodInfo>, kube::Error> {
         let lp = ListParams::default().fields(&format!("spec.nodeName={}", self.cfg.node));
         let list = self.pods.list(&lp).await?;
         Ok(list
             .items
             .iter()
             .filter_map(|p| PodInfo::from_pod(p, &self.cfg.resource))
-            .map(|mut p| {
-                p.arrival = arrivals.of(&p.uid);
-                p
-            })
             .collect())
+    }
+
+    fn with_arrivals(&self, pods: &mut [PodInfo]) {
+        let arrivals = self.arrivals.lock().unwrap_or_else(|e| e.into_inner());
+        for p in pods {
+            p.arrival = arrivals.of(&p.uid);
+        }
+    }
+
+    /// `pods` with the order they arrived in, once the watch has delivered every
+    /// candidate (or [`ARRIVAL_WAIT`] has passed: then the undelivered come last).
+    async fn in_arrival_order(&self, ctx: &Context<'_>, pods: &mut [PodInfo], answered: &Answered) {
+        let mut arrived = self.arrived.subscribe();
+        let deadline = tokio::time::Instant::now() + ARRIVAL_WAIT;
+        loop {
+            arrived.borrow_and_update();
+            self.with_arrivals(pods);
+            if !select::awaiting_arrival(ctx, pods, answered) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, arrived.changed())
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    "device plugin: the pod watch has not delivered every pod waiting for the GPU; those come last"
+                );
+                return;
+            }
+        }
     }
 
     /// Drops the answers of pods that are gone, from a fresh list.
     async fn forget_gone(&self) {
         let mut st = self.state.lock().await;
-        let pods = match self.list(&st.arrivals).await {
+        let pods = match self.list().await {
             Ok(p) => p,
             Err(e) => {
                 tracing::debug!(error = %e, "device plugin: cannot list pods; answers kept");
@@ -240,7 +272,7 @@ impl DevicePlugin for Plugin {
         let node = &self.cfg.node;
         // One answer at a time: two calls must not both take the same pod's last container.
         let mut st = self.state.lock().await;
-        let pods = self.list(&st.arrivals).await.map_err(|e| {
+        let mut pods = self.list().await.map_err(|e| {
             tracing::warn!(error = %e, "device plugin: cannot list pods for Allocate");
             Status::unavailable(format!("cannot list the pods bound to node {node}: {e}"))
         })?;
@@ -253,6 +285,7 @@ impl DevicePlugin for Plugin {
             resource: &self.cfg.resource,
             gpus: &st.gpus,
         };
+        self.in_arrival_order(&ctx, &mut pods, &answered).await;
         let mut container_responses = Vec::new();
         let mut grants = Vec::new();
         for c in req.into_inner().container_requests {
@@ -359,11 +392,9 @@ pub async fn run(cfg: PluginConfig, client: kube::Client) {
     let mut arrivals = watcher(pods.clone(), wc).default_backoff().boxed();
     let plugin = Arc::new(Plugin {
         pods,
-        state: Mutex::new(State {
-            answered,
-            gpus,
-            arrivals: Arrivals::default(),
-        }),
+        state: Mutex::new(State { answered, gpus }),
+        arrivals: std::sync::Mutex::new(Arrivals::default()),
+        arrived: watch::channel(0).0,
         devices,
         generation: watch::channel(0).0,
         cfg,
@@ -381,12 +412,12 @@ pub async fn run(cfg: PluginConfig, client: kube::Client) {
         tokio::select! {
             ev = arrivals.next() => {
                 let uid = |p: &Pod| p.metadata.uid.clone().unwrap_or_default();
-                let mut st = plugin.state.lock().await;
+                let mut a = plugin.arrivals.lock().unwrap_or_else(|e| e.into_inner());
                 match ev {
-                    Some(Ok(watcher::Event::Apply(p))) => st.arrivals.arrived(&uid(&p)),
-                    Some(Ok(watcher::Event::InitApply(p))) => st.arrivals.listed(&uid(&p)),
-                    Some(Ok(watcher::Event::InitDone)) => st.arrivals.list_done(),
-                    Some(Ok(watcher::Event::Delete(p))) => st.arrivals.gone(&uid(&p)),
+                    Some(Ok(watcher::Event::Apply(p))) => a.arrived(&uid(&p)),
+                    Some(Ok(watcher::Event::InitApply(p))) => a.listed(&uid(&p)),
+                    Some(Ok(watcher::Event::InitDone)) => a.list_done(),
+                    Some(Ok(watcher::Event::Delete(p))) => a.gone(&uid(&p)),
                     Some(Ok(watcher::Event::Init)) => {}
                     Some(Err(e)) => tracing::debug!(error = %e, "device plugin: pod watch error; retrying"),
                     // The watcher retries for ever; should it end, pods are answered in
@@ -396,6 +427,8 @@ pub async fn run(cfg: PluginConfig, client: kube::Client) {
                         arrivals = futures::stream::pending().boxed();
                     }
                 }
+                drop(a);
+                plugin.arrived.send_modify(|n| *n = n.wrapping_add(1));
             }
             _ = resync.tick() => {
                 if let Some(gpus) = offered(&plugin.cfg.inventory) {

@@ -52,7 +52,8 @@ pub struct PodInfo {
     /// a sequence number: the kubelet's watch delivers pods in the same order, and admits
     /// them in it. 0 for pods already bound when the plugin started (order unknown:
     /// creationTimestamp decides, as the kubelet sorts a batch), `u64::MAX` for a pod the
-    /// watch has not delivered yet (it arrived last).
+    /// watch has not delivered yet (`Allocate` waits for it, see [`awaiting_arrival`];
+    /// past that wait it ranks last).
     pub arrival: u64,
     /// `creationTimestamp`, seconds since the epoch.
     pub created: i64,
@@ -262,6 +263,25 @@ pub struct Context<'a> {
     pub gpus: &'a BTreeSet<String>,
 }
 
+fn candidates<'a>(
+    ctx: &'a Context,
+    pods: &'a [PodInfo],
+    answered: &'a Answered,
+) -> impl Iterator<Item = &'a PodInfo> {
+    pods.iter().filter(move |p| {
+        p.node_name.as_deref() == Some(ctx.node)
+            && p.waiting()
+            && p.gpu_containers > answered.count(&p.uid)
+    })
+}
+
+/// Whether a candidate of [`select`] has not been delivered by the plugin's watch yet:
+/// then the order between candidates is not known, and `Allocate` waits for the watch
+/// (pods bound within a second of each other, as a Job's are, differ only there).
+pub fn awaiting_arrival(ctx: &Context, pods: &[PodInfo], answered: &Answered) -> bool {
+    candidates(ctx, pods, answered).any(|p| p.arrival == u64::MAX)
+}
+
 /// The pod the kubelet is admitting when it calls `Allocate`, and what its next
 /// container gets. Candidates: bound to this node, not admitted yet, with containers asking
 /// for the resource that have not all been answered; the first to arrive (then the
@@ -269,13 +289,7 @@ pub struct Context<'a> {
 /// valid record is refused rather than skipped: it is the pod being admitted, and the
 /// refusal tells its owner why it gets no GPU.
 pub fn select(ctx: &Context, pods: &[PodInfo], answered: &Answered) -> Result<Grant, Refusal> {
-    let pod = pods
-        .iter()
-        .filter(|p| {
-            p.node_name.as_deref() == Some(ctx.node)
-                && p.waiting()
-                && p.gpu_containers > answered.count(&p.uid)
-        })
+    let pod = candidates(ctx, pods, answered)
         .min_by(|a, b| {
             (a.arrival, a.created, &a.key, &a.uid).cmp(&(b.arrival, b.created, &b.key, &b.uid))
         })
@@ -451,6 +465,19 @@ mod tests {
             pick(&pods[..2], &Answered::default()).unwrap().pod_key,
             "ns/gone"
         );
+        // The order is known only once the watch has delivered every candidate.
+        let g = gpus();
+        let ctx = Context {
+            node: NODE,
+            scheduler: SCHED,
+            resource: RESOURCE,
+            gpus: &g,
+        };
+        assert!(awaiting_arrival(&ctx, &pods, &Answered::default()));
+        assert!(!awaiting_arrival(&ctx, &pods[1..], &Answered::default()));
+        let mut done = Answered::default();
+        done.pods.insert("uid-late".into(), 1);
+        assert!(!awaiting_arrival(&ctx, &pods, &done));
     }
 
     #[test]
