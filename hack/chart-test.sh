@@ -59,6 +59,26 @@ dra="$("$HELM" template kubeshare "$CHART" --set dra.enabled=true --set 'dra.cla
   || { cat "$WORK/lint.log" >&2; die "helm lint --set dra.enabled=true"; }
 log "dra: off by default; on, --dra, the DeviceClass and the claim templates"
 
+# CDI is off by default; on, the node daemon writes its spec into cdi.specDir and registers its
+# device plugin in the kubelet's device-plugins/ (both hostPaths), and the webhook asks for
+# kubeshare.io/gpu; cdi.devDir (stand-in device nodes) is mounted where the spec names it.
+! "$HELM" template kubeshare "$CHART" | grep -q -- "--cdi-spec-dir\|--gpu-resource\|device-plugins" \
+  || die "CDI is on by default"
+cdi="$("$HELM" template kubeshare "$CHART" --set cdi.enabled=true --set cdi.kubeletRootDir=/srv/kubelet/ \
+  --set cdi.devDir=/run/fake-dev)"
+for want in "- --cdi-spec-dir=/var/run/cdi" "- --device-plugin-dir=/var/lib/kubelet/device-plugins" \
+    "- --cdi-dev-dir=/run/fake-dev" \
+    "- {name: cdi-spec, hostPath: {path: /var/run/cdi, type: DirectoryOrCreate}}" \
+    "hostPath: {path: /srv/kubelet/device-plugins, type: Directory}" \
+    "- {name: device-plugins, mountPath: /var/lib/kubelet/device-plugins}" \
+    "- {name: cdi-dev, mountPath: /run/fake-dev, readOnly: true}" \
+    '"--log-format", "json", "--gpu-resource", "kubeshare.io/gpu"]'; do
+  [[ "$(grep -cF -- "$want" <<<"$cdi")" == 1 ]] || die "cdi.enabled=true: expected once: $want"
+done
+"$HELM" lint --strict "$CHART" --namespace "$NS" --set cdi.enabled=true >"$WORK/lint.log" 2>&1 \
+  || { cat "$WORK/lint.log" >&2; die "helm lint --set cdi.enabled=true"; }
+log "cdi: off by default; on, the spec dir, the device-plugin dir and the webhook's --gpu-resource"
+
 # Co-running reaches gem-schd through the node daemon, on (0.6) by default, another value as
 # set, off with 0; a value outside 0..1 is refused by name.
 [[ "$("$HELM" template kubeshare "$CHART" | grep -c -- "- --gem-schd-arg=--co-run-below=0.6$")" == 1 ]] \

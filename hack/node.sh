@@ -26,9 +26,10 @@
 # Env: KUBESHARE_NODE_IMAGES (dir of OCI archives to import at up; default
 #      <repo>/target/images), KUBESHARE_NODE_NAME (default kubeshare-node),
 #      KUBESHARE_UP_TIMEOUT (seconds per readiness wait, default 120),
-#      KUBESHARE_NODE_CDI=1 (run the containerd 2.x that hack/build-containerd.sh
-#      builds, with CDI on and RUN_DIR/node/cdi as its only spec dir; unset, the
-#      node runs the host's containerd exactly as without it).
+#      KUBESHARE_NODE_CDI (default 1: run the containerd 2.x that
+#      hack/build-containerd.sh builds, with CDI on and RUN_DIR/node/cdi as its only
+#      spec dir, as a GPU node gets its devices; 0: the host's containerd 1.6,
+#      without CDI).
 # Needs root, containerd, runc, the CNI plugins in /usr/lib/cni, iptables,
 # conntrack, ip, unshare, nsenter.
 set -euo pipefail
@@ -39,7 +40,7 @@ SELF="$HACK/node.sh"
 
 log() { echo "node: $*" >&2; }
 die() { log "error: $*"; exit 1; }
-usage() { sed -n '2,30p' "$SELF" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,31p' "$SELF" | sed 's/^# \{0,1\}//'; }
 
 CLAIMS=/tmp/kubeshare-node-claims
 TIMEOUT="${KUBESHARE_UP_TIMEOUT:-120}"
@@ -408,7 +409,7 @@ cmd_up() {
   for b in kubelet kube-proxy kubectl; do [[ -x "$BIN/$b" ]] || die "missing $BIN/$b (run hack/build-k8s.sh)"; done
   API_PORT="$(jq -r .ports.apiserver "$RUN/cluster.json")"
   CTRD_BIN=""
-  if [[ "${KUBESHARE_NODE_CDI:-0}" == 1 ]]; then
+  if [[ "${KUBESHARE_NODE_CDI:-1}" != 0 ]]; then
     CTRD_BIN="$("$HACK/build-containerd.sh" | tail -n 1)"
     [[ -x "$CTRD_BIN/containerd" ]] || die "hack/build-containerd.sh gave no containerd"
   fi

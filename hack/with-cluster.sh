@@ -65,9 +65,14 @@ if (( NODE_MODE )); then
   fake_nvml="${CARGO_TARGET_DIR:-$REPO/target}/${KUBESHARE_IMAGES_PROFILE:-release}/libfake_cuda.so"
   [[ -f "$fake_nvml" ]] || { echo "with-cluster: missing $fake_nvml (build fake-libcuda)" >&2; exit 1; }
   install -D -m 0755 "$fake_nvml" "$RUN/node/test/lib/libnvidia-ml.so.1"
+  # A node with CDI (node.env names its containerd) gets its GPUs through CDI.
+  cdi=()
+  if grep -q '^CTRD_BIN=' "$RUN/node/node.env"; then
+    cdi=(--cdi-spec-dir "$RUN/node/cdi" --cdi-dev-dir "$RUN/node/cdi-dev")
+  fi
   KUBECTL="$KUBESHARE_K8S_BIN/kubectl --kubeconfig $RUN/kubeconfig/admin.kubeconfig" \
     HELM_KUBE_ARGS="--kubeconfig $RUN/kubeconfig/admin.kubeconfig" "$HACK/deploy.sh" --gpus 2 \
-    --fake-gpu-dir /var/lib/kubeshare-test
+    --fake-gpu-dir /var/lib/kubeshare-test "${cdi[@]}"
   export KUBESHARE_NODE_DIR="$RUN/node"
   echo "with-cluster: node up, KubeShare deployed" >&2
 fi

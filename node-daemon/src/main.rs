@@ -111,8 +111,9 @@ struct Args {
     dra: bool,
 
     /// Write a CDI spec of kind kubeshare.io/gpu into this directory (e.g. /etc/cdi or
-    /// /var/run/cdi, the runtime's cdi_spec_dirs) and keep it current; unset = off
-    /// (docs/node.md, "CDI").
+    /// /var/run/cdi, the runtime's cdi_spec_dirs), keep it current, and run the device
+    /// plugin for kubeshare.io/gpu that hands its devices out; unset = off (docs/node.md,
+    /// "CDI").
     #[arg(long, value_name = "DIR")]
     cdi_spec_dir: Option<PathBuf>,
 
@@ -125,6 +126,17 @@ struct Args {
     /// spec mounts into containers (repeatable; earlier wins).
     #[arg(long = "cdi-lib-dir", value_name = "DIR", default_values_t = kubeshare_node_daemon::cdi::host::DEFAULT_LIB_DIRS.iter().map(|s| s.to_string()).collect::<Vec<_>>())]
     cdi_lib_dirs: Vec<String>,
+
+    /// With --cdi-spec-dir: the kubelet's device-plugin directory, where the device plugin
+    /// for kubeshare.io/gpu registers (it answers each container of a KubeShare pod with
+    /// the CDI devices of the pod's allocation record).
+    #[arg(long, default_value = kubeshare_api::layout::KUBELET_DEVICE_PLUGIN_DIR, value_name = "DIR")]
+    device_plugin_dir: PathBuf,
+
+    /// Slots the device plugin advertises per GPU (one per container that asks; see
+    /// cdi::select::DEFAULT_SLOTS_PER_GPU for why they must never run out).
+    #[arg(long, default_value_t = kubeshare_node_daemon::cdi::select::DEFAULT_SLOTS_PER_GPU)]
+    cdi_slots_per_gpu: u32,
 
     /// Log as JSON lines.
     #[arg(long)]
@@ -253,6 +265,21 @@ async fn main() -> anyhow::Result<()> {
             cdi,
             cfg.inventory.clone(),
             cfg.resync,
+        ));
+        let plugin = kubeshare_node_daemon::cdi::plugin::PluginConfig {
+            node: args.node_name.clone(),
+            dir: args.device_plugin_dir.clone(),
+            resource: kubeshare_node_daemon::cdi::select::RESOURCE.into(),
+            slots_per_gpu: args.cdi_slots_per_gpu,
+            checkpoint: args
+                .root
+                .join(kubeshare_node_daemon::cdi::plugin::CHECKPOINT),
+            inventory: cfg.inventory.clone(),
+            resync: cfg.resync,
+        };
+        tokio::spawn(kubeshare_node_daemon::cdi::plugin::run(
+            plugin,
+            client.clone(),
         ));
     }
     daemon::run(cfg, client, shutdown_signal()).await

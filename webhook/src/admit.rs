@@ -98,10 +98,41 @@ impl Operation {
 /// The subresource whose UPDATE adds debug containers to a running pod.
 pub const EPHEMERAL_CONTAINERS: &str = "ephemeralcontainers";
 
-/// Decides on a Pod admission request. `object` and `old_object` are the raw JSON the
-/// apiserver sent; `subresource` is the request's `subResource` (empty or absent for
-/// the pod itself).
+/// How admission is configured (the server's flags).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AdmitOptions {
+    /// `--gpu-resource`: the device-plugin resource through which the kubelet hands a
+    /// container its GPU as CDI devices (`kubeshare.io/gpu`, the node daemon's device
+    /// plugin). Each container that gets the allocation's GPUs asks for one; no other
+    /// container may. `None`: not asked for (the NVIDIA runtime reads the env instead).
+    pub gpu_resource: Option<String>,
+}
+
+/// How many of [`AdmitOptions::gpu_resource`] a container that gets the GPUs asks for:
+/// one slot, whatever the number of GPUs (the plugin answers with all of the record's).
+pub const GPU_RESOURCE_QUANTITY: &str = "1";
+
+/// Decides on a Pod admission request with the default [`AdmitOptions`]. `object` and
+/// `old_object` are the raw JSON the apiserver sent; `subresource` is the request's
+/// `subResource` (empty or absent for the pod itself).
 pub fn admit_pod(
+    op: Operation,
+    subresource: Option<&str>,
+    object: Option<&Value>,
+    old_object: Option<&Value>,
+) -> Verdict {
+    admit_pod_with(
+        &AdmitOptions::default(),
+        op,
+        subresource,
+        object,
+        old_object,
+    )
+}
+
+/// [`admit_pod`] configured by `opts`.
+pub fn admit_pod_with(
+    opts: &AdmitOptions,
     op: Operation,
     subresource: Option<&str>,
     object: Option<&Value>,
@@ -118,7 +149,7 @@ pub fn admit_pod(
     let result = match (op, subresource.unwrap_or_default()) {
         (Operation::Create, "") => match object {
             Some(obj) => parse_pod(obj, "object")
-                .and_then(|p| admit_create(&p))
+                .and_then(|p| admit_create(opts, &p))
                 .and_then(|v| check_host_dir(obj, v)),
             None => Err(Denial::bad_request("CREATE request without an object")),
         },
@@ -163,7 +194,7 @@ fn labels_of(pod: &Pod) -> BTreeMap<String, String> {
     pod.metadata.labels.clone().unwrap_or_default()
 }
 
-fn admit_create(pod: &Pod) -> Result<Verdict, Denial> {
+fn admit_create(opts: &AdmitOptions, pod: &Pod) -> Result<Verdict, Denial> {
     let labels = labels_of(pod);
     // Every sharedgpu/ label is checked, also on pods that would not be ours (a lone
     // `sharedgpu/priority` is a forgotten gpu_limit, not a pod without a GPU).
@@ -172,7 +203,9 @@ fn admit_create(pod: &Pod) -> Result<Verdict, Denial> {
         return Err(Denial::bad_request("the pod has no spec"));
     };
     let mut plan = Plan::default();
+    let gpu_resource = opts.gpu_resource.as_deref();
     if !is_kubeshare_pod(spec.scheduler_name.as_deref(), &labels) {
+        refuse_gpu_resource(spec, gpu_resource)?;
         // Not ours: none of its containers may see a GPU KubeShare manages, unless the
         // kubelet gives it GPUs through NVIDIA's device plugin. Such a pod may also run
         // on KubeShare nodes: their daemon publishes the GPUs it holds, and the extender
@@ -202,12 +235,16 @@ fn admit_create(pod: &Pod) -> Result<Verdict, Denial> {
     }
     // A pod on kubeshare-scheduler without GPU labels asks for no GPU: it gets none.
     let Some(demand) = demand else {
+        refuse_gpu_resource(spec, gpu_resource)?;
         guard::plan_no_gpu(spec, &mut plan);
         return Ok(Verdict::from(plan));
     };
     guard::refuse_device_plugin_gpus(spec)?;
     guard::plan_toleration(spec, &mut plan);
-    plan_gpu_pod_marker(spec, &mut plan)?;
+    check_gpu_pod_marker(spec)?;
+    if let Some(r) = gpu_resource {
+        check_gpu_resource(spec, r)?;
+    }
     let hook = !demand.is_whole();
     if hook {
         plan_volumes(spec, &mut plan)?;
@@ -231,16 +268,112 @@ fn admit_create(pod: &Pod) -> Result<Verdict, Denial> {
             if hook {
                 plan_mounts(c, &at, &mut plan)?;
             }
+            // The containers that get the allocation's GPUs in their env ask the kubelet
+            // for them too, so that the device plugin hands them the GPUs' device nodes
+            // as CDI devices (docs/node.md, "CDI"). The first app container also
+            // carries the scheduler's mark.
+            let mut wants = Vec::new();
+            if field == "containers" && i == 0 {
+                wants.push((GPU_POD_RESOURCE, GPU_POD_MARK));
+            }
+            if let Some(r) = gpu_resource {
+                wants.push((r, GPU_RESOURCE_QUANTITY));
+            }
+            plan_resources(c, &at, &wants, &mut plan);
         }
     }
     Ok(Verdict::from(plan))
 }
 
-/// `kubeshare.io/gpu-pod: 0` in the first container's limits and requests: the
-/// mark by which kube-scheduler sends the pod to the extender (its
-/// `managedResources`; see [`GPU_POD_RESOURCE`] and [`GPU_POD_MARK`]). A pod
-/// that sets it itself must set it to 0 there, and nowhere else.
-fn plan_gpu_pod_marker(spec: &PodSpec, plan: &mut Plan) -> Result<(), Denial> {
+/// The quantity of `resource` a container asks for, in its limits and its requests.
+fn asked<'a>(c: &'a Container, resource: &str) -> [Option<&'a Quantity>; 2] {
+    let r = c.resources.as_ref();
+    [
+        r.and_then(|r| r.limits.as_ref())
+            .and_then(|m| m.get(resource)),
+        r.and_then(|r| r.requests.as_ref())
+            .and_then(|m| m.get(resource)),
+    ]
+}
+
+fn all_containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
+    spec.init_containers
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .chain(&spec.containers)
+}
+
+/// A pod that gets no GPU from KubeShare may not ask for the GPU resource: the device
+/// plugin would refuse it at the kubelet anyway (no allocation record), later and
+/// less clearly.
+fn refuse_gpu_resource(spec: &PodSpec, resource: Option<&str>) -> Result<(), Denial> {
+    let Some(resource) = resource else {
+        return Ok(());
+    };
+    match all_containers(spec).find(|c| asked(c, resource).iter().any(Option::is_some)) {
+        Some(c) => Err(Denial::invalid(format!(
+            "container {:?}: resource {resource} is given by KubeShare to the containers of pods with sharedgpu/gpu_* labels; leave it out (add the labels to ask for a GPU)",
+            c.name
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// A KubeShare pod that sets the GPU resource itself must set it as the webhook does.
+fn check_gpu_resource(spec: &PodSpec, resource: &str) -> Result<(), Denial> {
+    let want = Quantity(GPU_RESOURCE_QUANTITY.into());
+    for c in all_containers(spec) {
+        if asked(c, resource).iter().flatten().any(|q| **q != want) {
+            return Err(Denial::invalid(format!(
+                "container {:?}: resource {resource} is set by KubeShare to {GPU_RESOURCE_QUANTITY} on every container (the allocation decides which GPUs); leave it out",
+                c.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Adds each of `wants` (resource, quantity) to the container's limits and requests
+/// where it is missing (extended resources need both, equal).
+fn plan_resources(c: &Container, at: &ContainerAt, wants: &[(&str, &str)], plan: &mut Plan) {
+    if wants.is_empty() {
+        return;
+    }
+    let all = || {
+        Value::Object(
+            wants
+                .iter()
+                .map(|(k, v)| (k.to_string(), Value::from(*v)))
+                .collect(),
+        )
+    };
+    let Some(r) = c.resources.as_ref() else {
+        plan.add(
+            &at.path(&["resources"]),
+            serde_json::json!({"limits": all(), "requests": all()}),
+        );
+        return;
+    };
+    for (key, map) in [("limits", &r.limits), ("requests", &r.requests)] {
+        match map {
+            None => plan.add(&at.path(&["resources", key]), all()),
+            Some(m) => {
+                for (name, q) in wants {
+                    if !m.contains_key(*name) {
+                        plan.add(&at.path(&["resources", key, name]), Value::from(*q));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `kubeshare.io/gpu-pod: 0` goes in the first container's limits and requests
+/// ([`plan_resources`]): the mark by which kube-scheduler sends the pod to the
+/// extender (its `managedResources`; see [`GPU_POD_RESOURCE`] and [`GPU_POD_MARK`]).
+/// A pod that sets it itself must set it to 0 there, and nowhere else.
+fn check_gpu_pod_marker(spec: &PodSpec) -> Result<(), Denial> {
     let mark_quantity = Quantity(GPU_POD_MARK.into());
     let init = spec.init_containers.as_deref().unwrap_or_default();
     for (i, c) in init.iter().chain(&spec.containers).enumerate() {
@@ -261,33 +394,6 @@ fn plan_gpu_pod_marker(spec: &PodSpec, plan: &mut Plan) -> Result<(), Denial> {
                     c.name
                 )));
             }
-        }
-    }
-    let Some(c) = spec.containers.first() else {
-        return Ok(());
-    };
-    let at = ContainerAt {
-        field: "containers",
-        index: 0,
-        label: String::new(),
-    };
-    let r = c.resources.as_ref();
-    let mark = || serde_json::json!({ GPU_POD_RESOURCE: GPU_POD_MARK });
-    let Some(r) = r else {
-        plan.add(
-            &at.path(&["resources"]),
-            serde_json::json!({"limits": mark(), "requests": mark()}),
-        );
-        return Ok(());
-    };
-    for (key, map) in [("limits", &r.limits), ("requests", &r.requests)] {
-        match map {
-            None => plan.add(&at.path(&["resources", key]), mark()),
-            Some(m) if !m.contains_key(GPU_POD_RESOURCE) => plan.add(
-                &at.path(&["resources", key, GPU_POD_RESOURCE]),
-                GPU_POD_MARK.into(),
-            ),
-            Some(_) => {}
         }
     }
     Ok(())

@@ -57,6 +57,12 @@ enum Command {
         /// Seconds to let requests in flight finish on SIGTERM.
         #[arg(long, default_value_t = 10)]
         grace_seconds: u64,
+        /// Ask for this device-plugin resource (one per container) in each container that
+        /// gets the allocation's GPUs, and refuse it in every other container: the node
+        /// daemon's device plugin then hands the container its GPUs as CDI devices
+        /// (kubeshare.io/gpu; docs/node.md, "CDI"). Unset: not asked for.
+        #[arg(long, value_name = "NAME", env = "KUBESHARE_WEBHOOK_GPU_RESOURCE")]
+        gpu_resource: Option<String>,
     },
     /// Generate a CA and a serving certificate; print the caBundle (base64 CA PEM).
     Certs {
@@ -102,6 +108,7 @@ fn main() -> anyhow::Result<()> {
             key,
             poll_seconds,
             grace_seconds,
+            gpu_resource,
         } => {
             let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
             rt.block_on(async move {
@@ -110,6 +117,7 @@ fn main() -> anyhow::Result<()> {
                     cert,
                     key,
                     poll: Duration::from_secs(poll_seconds.max(1)),
+                    admit: kubeshare_webhook::admit::AdmitOptions { gpu_resource },
                 })
                 .await?;
                 server::shutdown_signal().await;

@@ -9,7 +9,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::admit::{Operation, Verdict, admit_pod};
+use crate::admit::{AdmitOptions, Operation, Verdict, admit_pod_with};
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
@@ -117,8 +117,13 @@ pub struct Answer {
     pub verdict: Verdict,
 }
 
-/// Answers one AdmissionReview body.
+/// Answers one AdmissionReview body with the default [`AdmitOptions`].
 pub fn answer(body: &[u8], mode: Mode) -> Result<Answer, ReviewError> {
+    answer_with(body, mode, &AdmitOptions::default())
+}
+
+/// Answers one AdmissionReview body, admission configured by `opts`.
+pub fn answer_with(body: &[u8], mode: Mode, opts: &AdmitOptions) -> Result<Answer, ReviewError> {
     let review: ReviewIn = serde_json::from_slice(body)?;
     if review.api_version != API_VERSION || review.kind != KIND {
         return Err(ReviewError::Version {
@@ -134,7 +139,8 @@ pub fn answer(body: &[u8], mode: Mode) -> Result<Answer, ReviewError> {
         .ok_or_else(|| ReviewError::Operation(req.operation.clone()))?;
     let is_pod = req.kind.group.is_empty() && req.kind.kind == "Pod";
     let mut verdict = if is_pod {
-        admit_pod(
+        admit_pod_with(
+            opts,
             op,
             req.sub_resource.as_deref(),
             req.object.as_ref(),

@@ -18,9 +18,9 @@ use axum_server::tls_rustls::RustlsConfig;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
-use crate::admit::Verdict;
+use crate::admit::{AdmitOptions, Verdict};
 pub use crate::metrics::{Outcome, Stats};
-use crate::review::{Mode, answer};
+use crate::review::{Mode, answer_with};
 
 /// An AdmissionReview carries the pod twice (object and oldObject); pods are at most
 /// ~1.5 MB in etcd.
@@ -55,36 +55,47 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
+/// What the handlers share.
+#[derive(Clone)]
+struct AppState {
+    stats: Arc<Stats>,
+    admit: Arc<AdmitOptions>,
+}
+
 /// The routes, without TLS.
-pub fn router(stats: Arc<Stats>) -> Router {
+pub fn router(stats: Arc<Stats>, admit: AdmitOptions) -> Router {
     Router::new()
         .route("/mutate", post(mutate))
         .route("/validate", post(validate))
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .with_state(stats)
+        .with_state(AppState {
+            stats,
+            admit: Arc::new(admit),
+        })
 }
 
-async fn mutate(State(stats): State<Arc<Stats>>, body: Bytes) -> Response {
-    handle(&stats, &body, Mode::Mutate)
+async fn mutate(State(st): State<AppState>, body: Bytes) -> Response {
+    handle(&st, &body, Mode::Mutate)
 }
 
-async fn validate(State(stats): State<Arc<Stats>>, body: Bytes) -> Response {
-    handle(&stats, &body, Mode::Validate)
+async fn validate(State(st): State<AppState>, body: Bytes) -> Response {
+    handle(&st, &body, Mode::Validate)
 }
 
-async fn metrics(State(stats): State<Arc<Stats>>) -> Response {
+async fn metrics(State(st): State<AppState>) -> Response {
     (
         [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
-        stats.render(),
+        st.stats.render(),
     )
         .into_response()
 }
 
-fn handle(stats: &Stats, body: &[u8], mode: Mode) -> Response {
+fn handle(st: &AppState, body: &[u8], mode: Mode) -> Response {
+    let stats = &st.stats;
     let start = Instant::now();
-    match answer(body, mode) {
+    match answer_with(body, mode, &st.admit) {
         Ok(a) => {
             let outcome = match &a.verdict {
                 Verdict::Deny(_) => Outcome::Denied,
@@ -121,6 +132,8 @@ pub struct ServeConfig {
     /// Fallback re-check of the files when no file event came (events can be lost on
     /// some volume types).
     pub poll: Duration,
+    /// How admission is configured.
+    pub admit: AdmitOptions,
 }
 
 /// A started server.
@@ -190,7 +203,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
 
     let handle: Handle<SocketAddr> = Handle::new();
     let server = axum_server::bind_rustls(cfg.listen, tls).handle(handle.clone());
-    let app = router(stats.clone());
+    let app = router(stats.clone(), cfg.admit.clone());
     let listen = cfg.listen;
     let task = tokio::spawn(async move {
         server

@@ -97,6 +97,7 @@ async fn the_certificate_rotates_during_a_burst_with_no_failed_admission() -> Re
         key: files.key(),
         // The fallback poll; file events normally trigger the reload at once.
         poll: Duration::from_secs(1),
+        admit: Default::default(),
     })
     .await?;
     let port = running.addr.port();

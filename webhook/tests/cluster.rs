@@ -124,6 +124,7 @@ async fn the_real_apiserver_calls_the_webhook() -> Result<()> {
         cert: files.cert(),
         key: files.key(),
         poll: Duration::from_secs(5),
+        admit: Default::default(),
     })
     .await?;
 

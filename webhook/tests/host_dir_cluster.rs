@@ -139,6 +139,7 @@ async fn a_namespace_editor_cannot_mount_kubeshares_host_directory() -> Result<(
         cert: files.cert(),
         key: files.key(),
         poll: Duration::from_secs(5),
+        admit: Default::default(),
     })
     .await?;
     let config = webhook_by_url(

@@ -84,6 +84,7 @@ async fn start(dir: &Path) -> server::Running {
         cert: dir.join(certs::TLS_CERT),
         key: dir.join(certs::TLS_KEY),
         poll: Duration::from_secs(1),
+        admit: Default::default(),
     })
     .await
     .expect("server starts")

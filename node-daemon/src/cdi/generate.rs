@@ -17,12 +17,6 @@ pub const CONTAINER_DEV_DIR: &str = "/dev";
 /// The driver's control nodes a CUDA process opens besides its GPU's node; added when
 /// the host has them (`nvidia-uvm*` appear once the uvm module is loaded).
 pub const CONTROL_NODES: [&str; 3] = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"];
-/// The env the webhook gives a fractional pod (webhook/src/inject.rs; the hook reads
-/// these names). `NVIDIA_VISIBLE_DEVICES` and `KUBESHARE_POD_UID` are not here: they
-/// come from the pod's annotations and UID through the downward API, which a
-/// node-wide spec cannot know.
-pub const ENV_SOCKET_DIR: &str = "KUBESHARE_SOCKET_DIR";
-pub const ENV_LD_PRELOAD: &str = "LD_PRELOAD";
 
 /// One driver library to bind into containers (same path inside as on the host, as
 /// NVIDIA's toolkit does, so the image's loader finds it where the host's would).
@@ -135,10 +129,15 @@ fn node(host_dev_dir: &str, name: &str) -> DeviceNode {
 }
 
 /// The spec for kind [`KIND`]: per GPU, a device named by its index and one named by
-/// its UUID, each adding the GPU's `/dev/nvidiaN`. The control nodes, driver libraries,
-/// the hook's directory and the hook's env are spec-wide edits: the runtime applies them
-/// once to a container that gets any of the devices. `None` when the node has no GPU to
-/// offer (a spec without devices is invalid).
+/// its UUID, each adding the GPU's `/dev/nvidiaN`. The control nodes, driver libraries
+/// and the hook's directory are spec-wide edits: the runtime applies them once to a
+/// container that gets any of the devices. `None` when the node has no GPU to offer (a
+/// spec without devices is invalid).
+///
+/// No env: a CDI env edit replaces a variable of the same name, so a spec that set
+/// `LD_PRELOAD` would drop what the image or the webhook put there (the webhook appends
+/// the hook to the pod's own `LD_PRELOAD`), and would give the hook to whole-GPU pods,
+/// which the webhook does not. The webhook sets every variable (docs/webhook.md).
 ///
 /// MIG instances (`MIG-` UUIDs) are left out: their nodes are the parent's plus
 /// `/dev/nvidia-caps/*` capabilities, which this does not model.
@@ -180,10 +179,7 @@ pub fn gpu_spec(gpus: &[GpuInfo], host: &HostView, layout: &Layout) -> Option<Sp
         kind: KIND.to_string(),
         devices,
         container_edits: ContainerEdits {
-            env: vec![
-                format!("{ENV_SOCKET_DIR}={}", layout::POD_SOCKET_DIR),
-                format!("{ENV_LD_PRELOAD}={}", layout::POD_HOOK_LIB),
-            ],
+            env: Vec::new(),
             device_nodes,
             hooks: Vec::new(),
             mounts,
@@ -340,12 +336,14 @@ mod tests {
             .map(|n| n.path.as_str())
             .collect();
         assert_eq!(control, ["/dev/nvidiactl", "/dev/nvidia-uvm"]);
-        assert_eq!(
-            common.env,
-            [
-                "KUBESHARE_SOCKET_DIR=/kubeshare/run",
-                "LD_PRELOAD=/kubeshare/lib/libgemhook.so.1"
-            ]
+        // Env is the webhook's: a CDI env edit would replace the pod's LD_PRELOAD.
+        assert!(common.env.is_empty(), "{:?}", common.env);
+        assert!(
+            spec.devices
+                .iter()
+                .all(|d| d.container_edits.env.is_empty()),
+            "{:?}",
+            spec.devices
         );
         let mounts: Vec<(&str, &str)> = common
             .mounts

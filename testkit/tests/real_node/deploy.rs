@@ -103,9 +103,9 @@ async fn a_pod_that_is_not_a_kubeshare_pod_gets_no_gpu() -> Result<()> {
             "tolerations": [{"operator": "Exists"}],
             "nodeSelector": {"kubernetes.io/hostname": r.node.name},
             "initContainers": [{"name": "init", "image": WORKLOAD_IMAGE, "imagePullPolicy": "IfNotPresent",
-                "command": ["/bin/sh", "-c", "echo NVD=$NVIDIA_VISIBLE_DEVICES"]}],
+                "command": ["/bin/sh", "-c", format!("echo NVD=$NVIDIA_VISIBLE_DEVICES; {LIST_DEVS}")]}],
             "containers": [{"name": "main", "image": WORKLOAD_IMAGE, "imagePullPolicy": "IfNotPresent",
-                "command": ["/bin/sh", "-c", "echo NVD=$NVIDIA_VISIBLE_DEVICES; echo DONE; sleep 3600"]}],
+                "command": ["/bin/sh", "-c", format!("echo NVD=$NVIDIA_VISIBLE_DEVICES; {LIST_DEVS}; echo DONE; sleep 3600")]}],
         }
     }))?;
     create(&r.pods, &pod).await?;
@@ -114,6 +114,24 @@ async fn a_pod_that_is_not_a_kubeshare_pod_gets_no_gpu() -> Result<()> {
     assert_eq!(field(&log, "NVD"), Some("void"), "main: {log}");
     let init = pod_logs(&r.pods, "plain", "init").await?;
     assert_eq!(field(&init, "NVD"), Some("void"), "init: {init}");
+    // No GPU device node either: it asks for no kubeshare.io/gpu, so the runtime is
+    // handed no CDI device (the stand-in nodes exist on the node).
+    assert_eq!(devs(&log), Vec::<String>::new(), "main: {log}");
+    assert_eq!(devs(&init), Vec::<String>::new(), "init: {init}");
+    let asks = |c: &k8s_openapi::api::core::v1::Container| {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.limits.as_ref())
+            .is_some_and(|l| l.contains_key(kubeshare_node_daemon::cdi::select::RESOURCE))
+    };
+    let admitted = r.pods.get("plain").await?.spec.context("no spec")?;
+    assert!(
+        !admitted
+            .containers
+            .iter()
+            .chain(admitted.init_containers.iter().flatten())
+            .any(asks)
+    );
     delete_pods_and_wait(&r.pods, "", WAIT).await?;
     r.ns.delete().await?;
     Ok(())

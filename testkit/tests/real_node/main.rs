@@ -9,9 +9,9 @@
 //! One at a time: they share the node's simulated GPUs, and one restarts the node daemon.
 //! Here: a pod's GPU, hook and sockets, shares and memory caps inside containers; the node
 //! daemon's restarts and the device plugin's GPUs in `daemon.rs`; groups, plain pods and the
-//! deployment itself in `deploy.rs`; GPU use without the hook in `guard.rs`; a GPU handed
-//! over through CDI in `cdi.rs` (with KUBESHARE_NODE_CDI=1); another pod's gem-schd socket
-//! in `peers.rs`.
+//! deployment itself in `deploy.rs`; GPU use without the hook in `guard.rs`; GPUs handed
+//! over through CDI in `cdi.rs` (the rig's default; not with KUBESHARE_NODE_CDI=0);
+//! another pod's gem-schd socket in `peers.rs`.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -139,6 +139,36 @@ fn json_lines(log: &str) -> Vec<Value> {
         .collect()
 }
 
+/// Shell that prints each `/dev/nvidia*` character device as `DEV <path>`.
+const LIST_DEVS: &str = "for d in /dev/nvidia*; do if [ -c $d ]; then echo \"DEV $d\"; fi; done";
+
+/// The devices a container printed with [`LIST_DEVS`], sorted.
+fn devs(log: &str) -> Vec<String> {
+    let mut d: Vec<String> = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("DEV "))
+        .map(str::to_string)
+        .collect();
+    d.sort();
+    d
+}
+
+/// The device nodes a container given `gpu_indexes` has: with CDI (the default rig)
+/// those GPUs' and the control node, from the node daemon's spec; without CDI
+/// (`KUBESHARE_NODE_CDI=0`) none, as nothing here injects them.
+fn gpu_devs(node: &RealNode, gpu_indexes: &[u32]) -> Vec<String> {
+    if node.env("CTRD_BIN").is_none() {
+        return Vec::new();
+    }
+    let mut want: Vec<String> = gpu_indexes
+        .iter()
+        .map(|i| format!("/dev/nvidia{i}"))
+        .collect();
+    want.push("/dev/nvidiactl".into());
+    want.sort();
+    want
+}
+
 fn unique() -> u128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -152,17 +182,19 @@ async fn fractional_pod_gets_its_gpu_the_hook_and_only_its_own_sockets() -> Resu
     let r = rig("rn-frac").await?;
     // Two pods on one GPU (same affinity tag), so that there is another pod's
     // socket directory on the node for the first pod not to see.
-    let script = "echo NVD=$NVIDIA_VISIBLE_DEVICES; echo LDP=$LD_PRELOAD; \
+    let script = format!(
+        "echo NVD=$NVIDIA_VISIBLE_DEVICES; echo LDP=$LD_PRELOAD; {LIST_DEVS}; \
         cuda-workload launch --kernel-us 1000 --count 20; \
         echo RUN=$(ls -A /kubeshare/run | tr '\\n' ' '); \
-        echo UP=$(ls -A /kubeshare/run/.. | tr '\\n' ' '); echo DONE; sleep 3600";
+        echo UP=$(ls -A /kubeshare/run/.. | tr '\\n' ' '); echo DONE; sleep 3600"
+    );
     let labels = [
         ("sharedgpu/gpu_request", "0.3"),
         ("sharedgpu/gpu_limit", "0.3"),
         ("sharedgpu/sched_affinity", "frac"),
     ];
-    create(&r.pods, &workload_pod("a", &labels, script)?).await?;
-    create(&r.pods, &workload_pod("b", &labels, script)?).await?;
+    create(&r.pods, &workload_pod("a", &labels, &script)?).await?;
+    create(&r.pods, &workload_pod("b", &labels, &script)?).await?;
     let a = running(&r.pods, "a").await?;
     let b = running(&r.pods, "b").await?;
     let gpu = gpu_of(&a)?;
@@ -187,6 +219,13 @@ async fn fractional_pod_gets_its_gpu_the_hook_and_only_its_own_sockets() -> Resu
 
     let log = wait_for_log(&r.pods, "a", "main", "DONE", WAIT).await?;
     assert_eq!(field(&log, "NVD"), Some(gpu.as_str()), "{log}");
+    // Exactly its GPU's device node (and the control node), through CDI.
+    let inv = daemon::node_inventory(&r.client, &r.node.name).await?;
+    let index = inv
+        .gpu(&gpu)
+        .context("the pod's GPU is not the node's")?
+        .index;
+    assert_eq!(devs(&log), gpu_devs(&r.node, &[index]), "{log}");
     let ldp = field(&log, "LDP").unwrap_or_default();
     assert!(ldp.ends_with("/libgemhook.so.1"), "LD_PRELOAD={ldp:?}");
     // The hook reached the gem-schd of this GPU through /kubeshare/run and got the pod's share.
