@@ -1,13 +1,18 @@
 //! A DRA kubelet plugin's two gRPC services (`k8s.io/kubelet` `pkg/apis`):
 //! - `pluginregistration.Registration` on `<driver>-reg.sock` in the kubelet's
-//!   [`REGISTRY_DIR`]: the kubelet's plugin watcher finds the socket, asks
+//!   `plugins_registry/`: the kubelet's plugin watcher finds the socket, asks
 //!   [`Registration`]'s `GetInfo` where the plugin serves and which services it speaks,
-//!   and reports the outcome with `NotifyRegistrationStatus`;
+//!   reports the outcome with `NotifyRegistrationStatus`, keeps asking `GetInfo` every
+//!   10 s while the socket is there, and drops the plugin when the socket goes;
 //! - `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin` on `dra.sock` in
-//!   `<PLUGINS_DIR>/<driver>/`: `NodePrepareResources` before a pod's containers start
+//!   `plugins/<driver>/`: `NodePrepareResources` before a pod's containers start
 //!   (answering with the CDI device IDs of each claim's devices) and
-//!   `NodeUnprepareResources` after they stop. Implement [`DraPlugin`] and serve it
-//!   with [`DraPluginServer`].
+//!   `NodeUnprepareResources` after they stop.
+//!
+//! Implement [`DraPlugin`] and serve it with [`PluginServer`], which binds both sockets
+//! under the kubelet's root directory ([`PluginSockets`]) and, at shutdown, removes the
+//! registration socket before it stops the service, so the kubelet never holds a
+//! registration whose service is gone.
 //!
 //! The messages follow the upstream `.proto` files (field numbers are the contract).
 
@@ -15,6 +20,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use crate::serve::{ServeError, UnixServer};
 use crate::uds::{Error, connect};
 
 mod registration {
@@ -34,13 +40,20 @@ pub use plugin::d_r_a_plugin_server::{DRAPlugin as DraPlugin, DRAPluginServer as
 pub use registration::registration_client::RegistrationClient;
 pub use registration::registration_server::{Registration as RegistrationApi, RegistrationServer};
 
+/// The kubelet's default `--root-dir`.
+pub const KUBELET_ROOT: &str = "/var/lib/kubelet";
 /// Where the kubelet's plugin watcher looks for registration sockets.
 pub const REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
 /// Where plugins keep their service sockets, one directory per driver.
 pub const PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
+/// [`REGISTRY_DIR`] and [`PLUGINS_DIR`] relative to the kubelet's root directory.
+pub const REGISTRY_SUBDIR: &str = "plugins_registry";
+pub const PLUGINS_SUBDIR: &str = "plugins";
 /// The plugin type the kubelet routes to its DRA manager.
 pub const PLUGIN_TYPE: &str = "DRAPlugin";
-/// The service (and version) named in `supported_versions`: dra/v1.
+/// The service (and version) named in `supported_versions`: dra/v1, the first of the
+/// services a 1.34+ kubelet knows (`v1.DRAPlugin`, then `v1beta1.DRAPlugin`). A plugin
+/// lists services, not API versions; the kubelet picks the first it knows.
 pub const SERVICE_V1: &str = "v1.DRAPlugin";
 /// The service socket's file name.
 pub const DRA_SOCKET: &str = "dra.sock";
@@ -53,6 +66,26 @@ pub fn registration_socket(registry_dir: &Path, driver: &str) -> PathBuf {
 /// The service socket of `driver` under `plugins_dir`: `<driver>/dra.sock`.
 pub fn dra_socket(plugins_dir: &Path, driver: &str) -> PathBuf {
     plugins_dir.join(driver).join(DRA_SOCKET)
+}
+
+/// A driver's two sockets under the kubelet's root directory (`--root-dir`). The
+/// paths are the host's: the kubelet dials the service at the path `GetInfo` names,
+/// so a plugin in a container mounts these directories at the same paths.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginSockets {
+    /// `<root>/plugins_registry/<driver>-reg.sock`.
+    pub registration: PathBuf,
+    /// `<root>/plugins/<driver>/dra.sock`.
+    pub service: PathBuf,
+}
+
+impl PluginSockets {
+    pub fn under(kubelet_root: &Path, driver: &str) -> PluginSockets {
+        PluginSockets {
+            registration: registration_socket(&kubelet_root.join(REGISTRY_SUBDIR), driver),
+            service: dra_socket(&kubelet_root.join(PLUGINS_SUBDIR), driver),
+        }
+    }
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -210,6 +243,79 @@ impl RegistrationApi for Registration {
             )));
         }
         Ok(tonic::Response::new(RegistrationStatusResponse {}))
+    }
+}
+
+/// A DRA kubelet plugin with both sockets bound, ready to serve.
+#[derive(Debug)]
+pub struct PluginServer {
+    service: UnixServer,
+    registry: UnixServer,
+    registration: Registration,
+}
+
+impl PluginServer {
+    /// Binds the service socket, then the registration socket: once the kubelet can
+    /// see the plugin, the service it names already listens.
+    pub fn bind(driver: &str, sockets: &PluginSockets) -> Result<PluginServer, ServeError> {
+        let service = UnixServer::bind(&sockets.service)?;
+        let registry = UnixServer::bind(&sockets.registration)?;
+        Ok(PluginServer {
+            service,
+            registry,
+            registration: Registration::new(driver, &sockets.service),
+        })
+    }
+
+    /// The registration service, to read what the kubelet reported.
+    pub fn registration(&self) -> Registration {
+        self.registration.clone()
+    }
+
+    /// Serves `plugin` until `shutdown` resolves; then removes the registration socket
+    /// (the kubelet deregisters the plugin) before it stops the service and removes its
+    /// socket. Either server failing stops the other.
+    pub async fn serve<P: DraPlugin>(
+        self,
+        plugin: P,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<(), ServeError> {
+        use tokio::sync::oneshot;
+        let (reg_stop, reg_stopped) = oneshot::channel::<()>();
+        let (svc_stop, svc_stopped) = oneshot::channel::<()>();
+        let reg = self.registry.serve(
+            tonic::transport::Server::builder()
+                .add_service(RegistrationServer::new(self.registration.clone())),
+            async {
+                let _ = reg_stopped.await;
+            },
+        );
+        let svc = self.service.serve(
+            tonic::transport::Server::builder().add_service(DraPluginServer::new(plugin)),
+            async {
+                let _ = svc_stopped.await;
+            },
+        );
+        let mut reg = std::pin::pin!(reg);
+        let mut svc = std::pin::pin!(svc);
+        tokio::select! {
+            _ = shutdown => {}
+            r = &mut reg => {
+                let _ = svc_stop.send(());
+                let s = svc.await;
+                return r.and(s);
+            }
+            s = &mut svc => {
+                let _ = reg_stop.send(());
+                let r = reg.await;
+                return s.and(r);
+            }
+        }
+        let _ = reg_stop.send(());
+        let r = reg.await;
+        let _ = svc_stop.send(());
+        let s = svc.await;
+        r.and(s)
     }
 }
 
@@ -394,6 +500,68 @@ mod tests {
             .into_inner();
         assert_eq!(resp.claims.keys().collect::<Vec<_>>(), vec!["u1"]);
         server.abort();
+    }
+
+    /// The plugin as the kubelet meets it: the registration socket under
+    /// `plugins_registry/` names the service socket under `plugins/<driver>/`, which
+    /// answers; at shutdown both sockets go.
+    #[tokio::test]
+    async fn plugin_server_binds_both_sockets_and_removes_them() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let sockets = PluginSockets::under(root.path(), "gpu.kubeshare.io");
+        assert_eq!(
+            sockets.registration,
+            root.path()
+                .join("plugins_registry/gpu.kubeshare.io-reg.sock")
+        );
+        assert_eq!(
+            sockets.service,
+            root.path().join("plugins/gpu.kubeshare.io/dra.sock")
+        );
+        let server = PluginServer::bind("gpu.kubeshare.io", &sockets).expect("bind");
+        let reg = server.registration();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(server.serve(Echo, async {
+            let _ = stopped.await;
+        }));
+
+        let info = get_info(&sockets.registration).await.expect("GetInfo");
+        assert_eq!(info.endpoint, sockets.service.display().to_string());
+        assert_eq!(info.supported_versions, vec![SERVICE_V1]);
+        let mut kubelet =
+            RegistrationClient::new(connect(&sockets.registration).await.expect("connect"));
+        kubelet
+            .notify_registration_status(RegistrationStatus {
+                plugin_registered: true,
+                error: String::new(),
+            })
+            .await
+            .expect("NotifyRegistrationStatus");
+        assert_eq!(reg.status().map(|s| s.plugin_registered), Some(true));
+
+        let mut client =
+            DraPluginClient::new(connect(Path::new(&info.endpoint)).await.expect("connect"));
+        let resp = client
+            .node_prepare_resources(NodePrepareResourcesRequest {
+                claims: vec![Claim {
+                    namespace: "ns".into(),
+                    uid: "u1".into(),
+                    name: "c".into(),
+                }],
+            })
+            .await
+            .expect("NodePrepareResources")
+            .into_inner();
+        assert_eq!(resp.claims["u1"].devices[0].device_name, "gpu-0");
+
+        stop.send(()).expect("still serving");
+        tokio::time::timeout(std::time::Duration::from_secs(10), task)
+            .await
+            .expect("stops within 10 s")
+            .expect("join")
+            .expect("serve");
+        assert!(!sockets.registration.exists());
+        assert!(!sockets.service.exists());
     }
 
     /// The optional `share_id` (field 5) is absent on the wire when unset, so an older

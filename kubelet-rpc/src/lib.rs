@@ -4,7 +4,11 @@
 //! - [`deviceplugin`] (v1beta1): registration and the plugin service, for the device
 //!   plugin that the real-node tests run beside KubeShare.
 //! - [`dra`] (`pluginregistration` and `dra/v1`): a DRA kubelet plugin's registration
-//!   and node service, for KubeShare's DRA driver (docs/dra.md).
+//!   and node service, clients and a server that binds both sockets, for KubeShare's
+//!   DRA driver (docs/dra.md).
+//!
+//! The kubelet dials plugins over Unix sockets: [`connect`] is the client side,
+//! [`UnixServer`] the server side.
 //!
 //! The messages are written here from the kubelet's API contracts (the field numbers
 //! are the contract; fields we do not read are left out, and protobuf skips them); the
@@ -13,6 +17,8 @@
 pub mod deviceplugin;
 pub mod dra;
 pub mod podresources;
+mod serve;
 mod uds;
 
+pub use serve::{ServeError, UnixServer};
 pub use uds::{Error, connect};
