@@ -1,7 +1,8 @@
 //! The daemon's main loop: the edges around the pure decisions of [`crate::reconcile`].
 //!
 //! Inputs: the pods bound to the node (a list-then-watch on `spec.nodeName=<node>`),
-//! the inventory (re-read every resync), a resync tick. Each change recomputes the
+//! the ResourceClaims the DRA kubelet plugin prepared (with `--dra`), the inventory
+//! (re-read every resync), a resync tick. Each change recomputes the
 //! desired state from everything known and applies the difference to the disk, so
 //! after a restart the daemon rebuilds its state from the API and the files alone.
 //! Nothing on disk is touched until the first list of pods has completed.
@@ -22,8 +23,9 @@ use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use kubeshare_api::NodeInventory;
 
 use crate::disk::{HostDir as _, Layout, install_hook_lib};
+use crate::dra::book::{Applied, Book, Changes};
 use crate::metrics::{Counters, Snapshot};
-use crate::reconcile::{self, Action, Desired, Placement, PodView};
+use crate::reconcile::{self, Action, ClaimShare, Desired, Placement, PodView};
 use crate::source::InventorySource;
 use crate::supervisor::{GemSchdCommand, ProcStats, Supervisor};
 
@@ -122,6 +124,20 @@ pub async fn run(
     client: Client,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    run_with_claims(cfg, client, shutdown, None).await
+}
+
+/// [`run`], with the claims in `claims` (the DRA kubelet plugin's book) written into
+/// the GPUs' configs beside the pods; each change it signals is answered once applied.
+pub async fn run_with_claims(
+    cfg: Config,
+    client: Client,
+    shutdown: impl Future<Output = ()>,
+    claims: Option<(Book, Changes)>,
+) -> anyhow::Result<()> {
+    let (book, mut changes) = claims.unzip();
+    // Changes waiting for the first list of pods to complete.
+    let mut applied: Vec<Applied> = Vec::new();
     prepare(&cfg)?;
     let layout = cfg.layout.clone();
     // As discovered; `inventory` is what is published: the same with the GPUs that
@@ -178,6 +194,13 @@ pub async fn run(
         let mut dirty = false;
         tokio::select! {
             _ = &mut shutdown => break,
+            change = next_change(&mut changes) => match change {
+                Some(ack) => {
+                    applied.push(ack);
+                    dirty = true;
+                }
+                None => changes = None,
+            },
             ev = stream.next() => {
                 let mut next = ev;
                 // Take every event already waiting, then reconcile once.
@@ -236,7 +259,11 @@ pub async fn run(
             }
         }
         if dirty && synced {
-            daemon.reconcile(&inventory, &crate::pods::visible(&store));
+            let claims = book.as_ref().map(Book::shares).unwrap_or_default();
+            daemon.reconcile(&inventory, &crate::pods::visible(&store), &claims);
+            for ack in applied.drain(..) {
+                let _ = ack.send(());
+            }
         }
     }
 
@@ -254,6 +281,14 @@ fn interval(every: Duration) -> tokio::time::Interval {
     let mut t = tokio::time::interval(every);
     t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     t
+}
+
+/// The next change of the prepared claims; never without a book.
+async fn next_change(changes: &mut Option<Changes>) -> Option<Applied> {
+    match changes.as_mut() {
+        Some(c) => c.next().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The next tick of `t`; never without one.
@@ -454,8 +489,8 @@ impl Daemon {
         tracing::warn!(node = %self.cfg.node, "could not set the GPU-node taint; the next resync tries again");
     }
 
-    fn reconcile(&mut self, inventory: &NodeInventory, pods: &[PodView]) {
-        let desired = reconcile::desired(&self.cfg.node, inventory, pods);
+    fn reconcile(&mut self, inventory: &NodeInventory, pods: &[PodView], claims: &[ClaimShare]) {
+        let desired = reconcile::desired_with_claims(&self.cfg.node, inventory, pods, claims);
         let layout = &self.cfg.layout;
         let mut writes = 0u64;
         let mut errors = 0u64;

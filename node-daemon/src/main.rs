@@ -106,9 +106,15 @@ struct Args {
     print_inventory: bool,
 
     /// Publish the node's GPUs as a DRA ResourceSlice (driver gpu.kubeshare.io, shared
-    /// through consumable capacity; Kubernetes 1.36+, docs/dra.md).
+    /// through consumable capacity; Kubernetes 1.36+, docs/dra.md) and serve the kubelet
+    /// plugin that prepares claims (CDI specs into --cdi-spec-dir, else /var/run/cdi).
     #[arg(long)]
     dra: bool,
+
+    /// The kubelet's root directory (its --root-dir): with --dra, the kubelet plugin
+    /// registers in plugins_registry/ and serves in plugins/gpu.kubeshare.io/ there.
+    #[arg(long, default_value = kubeshare_kubelet_rpc::dra::KUBELET_ROOT, value_name = "DIR")]
+    kubelet_root_dir: PathBuf,
 
     /// Write a CDI spec of kind kubeshare.io/gpu into this directory (e.g. /etc/cdi or
     /// /var/run/cdi, the runtime's cdi_spec_dirs), keep it current, and run the device
@@ -245,6 +251,44 @@ async fn main() -> anyhow::Result<()> {
         },
     };
     let client = client(args.kubeconfig.as_ref()).await?;
+    let cdi = kubeshare_node_daemon::cdi::host::CdiConfig {
+        spec_dir: args.cdi_spec_dir.clone().unwrap_or_default(),
+        dev_dir: args.cdi_dev_dir.clone(),
+        lib_dirs: args.cdi_lib_dirs.iter().map(PathBuf::from).collect(),
+        layout: cfg.layout.clone(),
+    };
+    // Stops the daemon's loop and the kubelet plugin together.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut plugin = None;
+    if args.dra {
+        use kubeshare_node_daemon::dra::{book, checkpoint, plugin as kp};
+        let path = kp::checkpoint_path(&cfg.layout);
+        // Before anything reads the pods: the first configs written hold these claims.
+        let claims = checkpoint::load(&path)?;
+        let (book, changes) = book::Book::new(claims);
+        let (server, sockets) = kp::bind(&args.kubelet_root_dir)
+            .context("cannot serve the DRA kubelet plugin (--kubelet-root-dir)")?;
+        tracing::info!(registration = %sockets.registration.display(), service = %sockets.service.display(), checkpoint = %path.display(), "DRA: kubelet plugin sockets bound");
+        let pcfg = kp::PluginConfig {
+            node: args.node_name.clone(),
+            cdi: kubeshare_node_daemon::cdi::host::CdiConfig {
+                spec_dir: args
+                    .cdi_spec_dir
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from(kp::DEFAULT_SPEC_DIR)),
+                ..cdi.clone()
+            },
+            inventory: cfg.inventory.clone(),
+            checkpoint: path,
+            apply_timeout: Duration::from_secs(10),
+        };
+        let p = kp::Plugin::new(pcfg, client.clone(), book.clone());
+        let mut stopped = stopped.clone();
+        let task = tokio::spawn(kp::serve(server, p, async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }));
+        plugin = Some((task, (book, changes)));
+    }
     if args.dra {
         let (c, n, s, every) = (
             client.clone(),
@@ -254,13 +298,7 @@ async fn main() -> anyhow::Result<()> {
         );
         tokio::spawn(kubeshare_node_daemon::dra::run(c, n, s, every));
     }
-    if let Some(spec_dir) = args.cdi_spec_dir.clone() {
-        let cdi = kubeshare_node_daemon::cdi::host::CdiConfig {
-            spec_dir,
-            dev_dir: args.cdi_dev_dir.clone(),
-            lib_dirs: args.cdi_lib_dirs.iter().map(PathBuf::from).collect(),
-            layout: cfg.layout.clone(),
-        };
+    if args.cdi_spec_dir.is_some() {
         tokio::spawn(kubeshare_node_daemon::cdi::host::run(
             cdi,
             cfg.inventory.clone(),
@@ -282,5 +320,25 @@ async fn main() -> anyhow::Result<()> {
             client.clone(),
         ));
     }
-    daemon::run(cfg, client, shutdown_signal()).await
+    let (task, claims) = plugin.unzip();
+    let result = daemon::run_with_claims(
+        cfg,
+        client,
+        async move {
+            shutdown_signal().await;
+            let _ = stop.send(true);
+        },
+        claims,
+    )
+    .await;
+    if let Some(task) = task {
+        // The registration socket goes before the daemon exits.
+        match tokio::time::timeout(Duration::from_secs(10), task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::error!(error = %e, "DRA: kubelet plugin failed"),
+            Ok(Err(e)) => tracing::error!(error = %e, "DRA: kubelet plugin task failed"),
+            Err(_) => tracing::warn!("DRA: kubelet plugin did not stop within 10 s"),
+        }
+    }
+    result
 }

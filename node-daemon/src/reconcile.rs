@@ -1,6 +1,8 @@
-//! The node daemon's decisions, free of I/O: from the pods bound to this node and the
-//! node's GPU inventory, what every GPU's resource-config must say and which pod
-//! directories must exist; and from what is on disk, the actions that get there.
+//! The node daemon's decisions, free of I/O: from the pods bound to this node, the
+//! ResourceClaims its DRA kubelet plugin prepared and the node's GPU inventory, what
+//! every GPU's resource-config must say and which pod directories must exist; and from
+//! what is on disk, the actions that get there. Pods placed by the extender and
+//! prepared claims are entries of the same configs: one set of books per GPU.
 //!
 //! Everything here is recomputed from scratch on each pass (level-triggered), so a
 //! missed watch event, a restart or a hand-edited file is repaired by the next pass.
@@ -162,8 +164,77 @@ fn class_of(pod: &PodView) -> ClientClass {
     ClientClass::of_priority(priority)
 }
 
+/// A ResourceClaim of driver `gpu.kubeshare.io` prepared on this node: one more
+/// client of each GPU it holds a share of. Its client ID is the pod the claim is
+/// reserved for (gem-schd checks that a process on a socket runs in the socket's pod),
+/// so its sockets live in that pod's directory, as a labelled pod's do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimShare {
+    /// `namespace/name` of the claim, for messages.
+    pub claim_key: String,
+    pub pod_uid: String,
+    /// `namespace/name` of the pod.
+    pub pod_key: String,
+    pub gpus: Vec<ClaimGpu>,
+}
+
+/// A claim's share of one GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimGpu {
+    pub uuid: String,
+    pub request: Milli,
+    pub limit: Milli,
+    /// The memory cap gem-schd enforces, bytes.
+    pub mem: u64,
+}
+
 /// The desired state of node `node` with GPUs `inventory`, given the pods bound to it.
 pub fn desired(node: &str, inventory: &NodeInventory, pods: &[PodView]) -> Desired {
+    desired_with_claims(node, inventory, pods, &[])
+}
+
+/// Why a prepared claim cannot be configured, if it cannot: its pod UID is no client
+/// ID, a GPU is gone from the node, or its pod is already configured through labels.
+fn claim_problem(
+    node: &str,
+    inventory: &NodeInventory,
+    labelled: &BTreeSet<String>,
+    claim: &ClaimShare,
+) -> Option<String> {
+    if !is_valid_id(&claim.pod_uid) {
+        return Some(format!(
+            "ResourceClaim {}: pod UID {:?} cannot be a client ID",
+            claim.claim_key, claim.pod_uid
+        ));
+    }
+    if labelled.contains(&claim.pod_uid) {
+        return Some(format!(
+            "has sharedgpu labels and ResourceClaim {} of {}: one pod gets its share one way; the claim is not configured",
+            claim.claim_key,
+            kubeshare_api::dra::DRIVER_NAME
+        ));
+    }
+    claim
+        .gpus
+        .iter()
+        .find(|g| inventory.gpu(&g.uuid).is_none())
+        .map(|g| {
+            format!(
+                "ResourceClaim {}: GPU {} is not a GPU of node {node}",
+                claim.claim_key, g.uuid
+            )
+        })
+}
+
+/// [`desired`] with the claims the DRA kubelet plugin prepared as more entries of the
+/// same configs. A claim whose pod already holds an entry on the same GPU (another
+/// claim of the pod) is reported, not configured twice.
+pub fn desired_with_claims(
+    node: &str,
+    inventory: &NodeInventory,
+    pods: &[PodView],
+    claims: &[ClaimShare],
+) -> Desired {
     let mut d = Desired {
         configs: inventory
             .gpus
@@ -216,6 +287,54 @@ pub fn desired(node: &str, inventory: &NodeInventory, pods: &[PodView]) -> Desir
                 d.placements.push(placed(&gpus, false));
             }
         }
+    }
+    let labelled = d.pod_dirs.clone();
+    let mut claimed: BTreeSet<(&str, &str)> = BTreeSet::new();
+    let mut claims: Vec<&ClaimShare> = claims.iter().collect();
+    // The same claims in any order give the same books.
+    claims.sort_by(|a, b| a.claim_key.cmp(&b.claim_key));
+    for claim in claims {
+        let problem = claim_problem(node, inventory, &labelled, claim).or_else(|| {
+            claim
+                .gpus
+                .iter()
+                .find(|g| claimed.contains(&(claim.pod_uid.as_str(), g.uuid.as_str())))
+                .map(|g| {
+                    format!(
+                        "ResourceClaim {}: the pod already has a share of GPU {} through another claim; not configured",
+                        claim.claim_key, g.uuid
+                    )
+                })
+        });
+        if let Some(message) = problem {
+            d.problems.push(Problem {
+                pod_uid: claim.pod_uid.clone(),
+                pod_key: claim.pod_key.clone(),
+                message,
+            });
+            continue;
+        }
+        for g in &claim.gpus {
+            claimed.insert((claim.pod_uid.as_str(), g.uuid.as_str()));
+            if let Some(c) = d.configs.get_mut(&g.uuid) {
+                c.entries.push(ResourceEntry {
+                    id: claim.pod_uid.clone(),
+                    request: g.request,
+                    limit: g.limit,
+                    gpu_mem: g.mem,
+                    // The scheduler booked the request against the device's capacity:
+                    // a guarantee (a claim has no priority to say otherwise).
+                    class: ClientClass::Guaranteed,
+                });
+            }
+        }
+        d.pod_dirs.insert(claim.pod_uid.clone());
+        d.placements.push(Placement {
+            pod_uid: claim.pod_uid.clone(),
+            pod_key: claim.pod_key.clone(),
+            gpus: claim.gpus.iter().map(|g| g.uuid.clone()).collect(),
+            whole: false,
+        });
     }
     for (gpu, c) in &mut d.configs {
         // Stable order: the file changes only when its pods change.
@@ -693,6 +812,108 @@ mod tests {
         assert!(d.problems.is_empty());
         assert_eq!(d.configs[&gpu_uuid(0)].entries.len(), 2);
         assert_eq!(d.overcommitted, vec![(gpu_uuid(0), 1100)]);
+    }
+
+    fn claim(key: &str, pod: u32, gpus: &[(u32, u16, u16, u64)]) -> ClaimShare {
+        ClaimShare {
+            claim_key: format!("nd-test/{key}"),
+            pod_uid: uid(pod),
+            pod_key: format!("nd-test/p{pod}"),
+            gpus: gpus
+                .iter()
+                .map(|&(g, request, limit, mem)| ClaimGpu {
+                    uuid: gpu_uuid(g),
+                    request: Milli::new(request).unwrap(),
+                    limit: Milli::new(limit).unwrap(),
+                    mem,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn prepared_claims_are_entries_beside_labelled_pods() {
+        // The labelled pod has no priority (opportunistic); claims are guaranteed.
+        let inv = inventory(2);
+        let pods = vec![shared(1, "0.2", "0.4", 0)];
+        let claims = vec![
+            claim("c5", 5, &[(0, 300, 600, 2 << 30)]),
+            claim("c3", 3, &[(0, 100, 1000, 1 << 30), (1, 100, 1000, 1 << 30)]),
+        ];
+        let d = desired_with_claims(NODE, &inv, &pods, &claims);
+        assert!(d.problems.is_empty(), "{:?}", d.problems);
+        assert_eq!(
+            d.configs[&gpu_uuid(0)].render(),
+            format!(
+                "3\n{} 0.2 0.4 1073741824 opportunistic\n{} 0.1 1.0 1073741824\n{} 0.3 0.6 2147483648\n",
+                uid(1),
+                uid(3),
+                uid(5)
+            )
+        );
+        assert_eq!(
+            d.configs[&gpu_uuid(1)].render(),
+            format!("1\n{} 0.1 1.0 1073741824\n", uid(3))
+        );
+        assert_eq!(d.pod_dirs, BTreeSet::from([uid(1), uid(3), uid(5)]));
+        assert_eq!(d.placements.len(), 3);
+        // The claims in another order: the same books.
+        let rev: Vec<ClaimShare> = claims.iter().rev().cloned().collect();
+        assert_eq!(desired_with_claims(NODE, &inv, &pods, &rev), d);
+        // Without the claims: the labelled pod alone, and the claims' dirs go.
+        let without = desired(NODE, &inv, &pods);
+        let actual = Actual {
+            configs: d
+                .configs
+                .iter()
+                .map(|(g, c)| (g.clone(), Some(c.render())))
+                .collect(),
+            pod_dirs: d.pod_dirs.clone(),
+        };
+        let acts = diff(&without, &actual);
+        assert!(acts.contains(&Action::RemovePodDir(uid(3))), "{acts:?}");
+        assert!(acts.contains(&Action::RemovePodDir(uid(5))), "{acts:?}");
+        assert!(!acts.contains(&Action::RemovePodDir(uid(1))), "{acts:?}");
+    }
+
+    #[test]
+    fn claims_that_cannot_be_configured_are_reported() {
+        let inv = inventory(1);
+        let pods = vec![shared(1, "0.2", "0.4", 0)];
+        let mut bad_uid = claim("c9", 9, &[(0, 100, 100, 1)]);
+        bad_uid.pod_uid = "a b".into();
+        let claims = vec![
+            // The labelled pod also claims: the labels win.
+            claim("c1", 1, &[(0, 100, 100, 1)]),
+            // A GPU the node no longer has.
+            claim("c2", 2, &[(7, 100, 100, 1)]),
+            // Two claims of one pod on one GPU: the first (by name) is configured.
+            claim("c3a", 3, &[(0, 100, 200, 1)]),
+            claim("c3b", 3, &[(0, 300, 300, 1)]),
+            bad_uid,
+        ];
+        let d = desired_with_claims(NODE, &inv, &pods, &claims);
+        let msgs: Vec<String> = d.problems.iter().map(|p| p.message.clone()).collect();
+        assert_eq!(msgs.len(), 4, "{msgs:#?}");
+        for want in [
+            "has sharedgpu labels and ResourceClaim nd-test/c1 of gpu.kubeshare.io: one pod gets its share one way; the claim is not configured",
+            "ResourceClaim nd-test/c2: GPU GPU-00000007-aaaa-bbbb-cccc-dddddddddddd is not a GPU of node nd-node-a",
+            "ResourceClaim nd-test/c3b: the pod already has a share of GPU GPU-00000000-aaaa-bbbb-cccc-dddddddddddd through another claim; not configured",
+            "ResourceClaim nd-test/c9: pod UID \"a b\" cannot be a client ID",
+        ] {
+            assert!(
+                msgs.iter().any(|m| m == want),
+                "missing {want:?} in {msgs:#?}"
+            );
+        }
+        assert_eq!(
+            d.configs[&gpu_uuid(0)].render(),
+            format!(
+                "2\n{} 0.2 0.4 1073741824 opportunistic\n{} 0.1 0.2 1\n",
+                uid(1),
+                uid(3)
+            )
+        );
     }
 
     #[test]

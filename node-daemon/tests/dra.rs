@@ -3,8 +3,11 @@
 //! kwok playing the kubelet): the node daemon, run with `--dra` and a fake inventory,
 //! publishes its kwok node's ResourceSlice, and the stock kube-scheduler allocates
 //! ResourceClaims against the GPU's consumable capacity. No KubeShare extender takes
-//! part. Needs Kubernetes 1.36+ (consumable capacity beta and on); skipped on older
-//! control planes.
+//! part. The test then plays the kubelet (kwok has none): it registers the daemon's
+//! kubelet plugin through the registration socket and prepares and unprepares the
+//! allocated claims over the plugin's socket, as the kubelet's DRA manager does.
+//! Needs Kubernetes 1.36+ (consumable capacity beta and on); skipped on older control
+//! planes.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -21,6 +24,7 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kubeshare_api::dra::{Consumed, DRIVER_NAME, ShareConfig};
 use kubeshare_api::{GpuInfo, Milli, NodeInventory, parse_bytes};
+use kubeshare_kubelet_rpc::dra as dra_rpc;
 use kubeshare_node_daemon::dra::{Published, publish};
 use kubeshare_testkit::{
     Cluster, Identity, KwokNode, TestNamespace, create_kwok_node, delete_node, wait_for, wait_until,
@@ -31,6 +35,41 @@ const WAIT: Duration = Duration::from_secs(60);
 
 /// The node daemon process; SIGTERM, then SIGKILL, when dropped.
 struct Daemon(Child);
+
+/// Starts the node daemon for kwok node `node` as the chart runs it with dra.enabled:
+/// its own identity, `--dra`, the inventory file `inv_file`, its root in `dir/root`,
+/// plus `extra` arguments; logging to `log` (appended, so restarts keep the history).
+fn start_daemon(
+    cluster: &Cluster,
+    node: &str,
+    dir: &Path,
+    inv_file: &Path,
+    log: &Path,
+    extra: &[String],
+) -> anyhow::Result<Daemon> {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    let child = Command::new(env!("CARGO_BIN_EXE_kubeshare-node-daemon"))
+        .args(["--node-name", node, "--dra", "--taint-node=false"])
+        .args(["--resync-secs", "1", "--pod-resources-interval-secs", "0"])
+        .arg("--root")
+        .arg(dir.join("root"))
+        .arg("--fake-inventory")
+        .arg(inv_file)
+        .arg("--kubeconfig")
+        .arg(cluster.kubeconfig(Identity::NodeDaemon)?)
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{}", free_port()))
+        .args(extra)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()?;
+    Ok(Daemon(child))
+}
 
 impl Drop for Daemon {
     fn drop(&mut self) {
@@ -101,7 +140,9 @@ async fn install_dra(admin: &kube::Client) -> anyhow::Result<()> {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
         "metadata": {"name": "kubeshare:node-daemon-dra"},
         "rules": [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
-                   "verbs": ["get", "list", "watch", "create", "update", "delete"]}],
+                   "verbs": ["get", "list", "watch", "create", "update", "delete"]},
+                  {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
+                   "verbs": ["get"]}],
     }))?;
     Api::<ClusterRole>::all(admin.clone())
         .patch("kubeshare:node-daemon-dra", &pp, &Patch::Apply(&role))
@@ -122,13 +163,31 @@ async fn install_dra(admin: &kube::Client) -> anyhow::Result<()> {
 
 /// A claim template for one share of a GPU: `compute` thousandths and `memory`.
 fn template(name: &str, compute: u16, memory: &str) -> anyhow::Result<ResourceClaimTemplate> {
+    template_with(name, compute, memory, None)
+}
+
+/// [`template`] with `config` (the opaque parameters of driver gpu.kubeshare.io,
+/// apiVersion and kind added) for its request.
+fn template_with(
+    name: &str,
+    compute: u16,
+    memory: &str,
+    config: Option<serde_json::Value>,
+) -> anyhow::Result<ResourceClaimTemplate> {
+    let mut devices = json!({"requests": [{"name": "gpu", "exactly": {
+        "deviceClassName": DRIVER_NAME,
+        "capacity": {"requests": {"compute": compute.to_string(), "memory": memory}},
+    }}]});
+    if let Some(mut params) = config {
+        params["apiVersion"] = "gpu.kubeshare.io/v1alpha1".into();
+        params["kind"] = "GpuShareConfig".into();
+        devices["config"] = json!([{"requests": ["gpu"],
+            "opaque": {"driver": DRIVER_NAME, "parameters": params}}]);
+    }
     Ok(serde_json::from_value(json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
         "metadata": {"name": name},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": DRIVER_NAME,
-            "capacity": {"requests": {"compute": compute.to_string(), "memory": memory}},
-        }}]}}},
+        "spec": {"spec": {"devices": devices}},
     }))?)
 }
 
@@ -273,24 +332,15 @@ async fn stock_scheduler_shares_a_gpu_by_consumable_capacity() -> anyhow::Result
     let inv_file = tmp.path().join("inv.json");
     std::fs::write(&inv_file, inv.to_json())?;
     let log = tmp.path().join("daemon.log");
-    let out = std::fs::File::create(&log)?;
-    let child = Command::new(env!("CARGO_BIN_EXE_kubeshare-node-daemon"))
-        .args(["--node-name", &node, "--dra", "--taint-node=false"])
-        .args(["--resync-secs", "1", "--pod-resources-interval-secs", "0"])
-        .arg("--root")
-        .arg(tmp.path().join("root"))
-        .arg("--fake-inventory")
-        .arg(&inv_file)
-        .arg("--kubeconfig")
-        .arg(cluster.kubeconfig(Identity::NodeDaemon)?)
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{}", free_port()))
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .spawn()?;
-    let _daemon = Daemon(child);
+    let kubelet = format!("{}", tmp.path().join("kubelet").display());
+    let _daemon = start_daemon(
+        cluster,
+        &node,
+        tmp.path(),
+        &inv_file,
+        &log,
+        &["--kubelet-root-dir".into(), kubelet],
+    )?;
 
     // 1. The slice: one shared device with both capacities, pool generation 1.
     let slices: Api<ResourceSlice> = Api::all(admin.clone());
@@ -391,6 +441,287 @@ async fn stock_scheduler_shares_a_gpu_by_consumable_capacity() -> anyhow::Result
         }
     })
     .await?;
+    ns.delete().await?;
+    Ok(())
+}
+
+/// The kubelet's side of a claim: what NodePrepareResources and
+/// NodeUnprepareResources carry.
+fn kubelet_claim(c: &ResourceClaim) -> dra_rpc::Claim {
+    dra_rpc::Claim {
+        namespace: c.metadata.namespace.clone().unwrap_or_default(),
+        uid: c.metadata.uid.clone().unwrap_or_default(),
+        name: c.metadata.name.clone().unwrap_or_default(),
+    }
+}
+
+/// The claim of `pod` once the scheduler allocated it and reserved it for the pod.
+async fn reserved_claim_of(
+    pods: &Api<Pod>,
+    claims: &Api<ResourceClaim>,
+    pod: &str,
+) -> anyhow::Result<ResourceClaim> {
+    wait_for(pods, pod, WAIT, |p| scheduled_on(p).is_some()).await?;
+    let name = claim_of(pods, claims, pod)
+        .await?
+        .metadata
+        .name
+        .unwrap_or_default();
+    Ok(wait_for(claims, &name, WAIT, |c| {
+        c.status.as_ref().is_some_and(|s| {
+            s.allocation.is_some() && s.reserved_for.as_ref().is_some_and(|r| !r.is_empty())
+        })
+    })
+    .await?)
+}
+
+/// A path's text, or "" when it cannot be read.
+fn text(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// The DRA kubelet plugin, with the test as the kubelet: registration, a claim at
+/// 0.3/0.6 with 2 GiB prepared into gem-schd's config and a CDI spec, a claim whose
+/// config is bad refused with the field named, idempotent calls, the claim kept
+/// across a restart of the daemon, and unprepare undoing it all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_plugin_prepares_claims_into_gem_schd_configs() -> anyhow::Result<()> {
+    let cluster = Cluster::shared()?;
+    let admin = cluster.client(Identity::Admin).await?;
+    match minor(&admin).await? {
+        Some(m) if m >= 36 => {}
+        other => {
+            eprintln!(
+                "skipped: consumable capacity needs Kubernetes 1.36+ (apiserver minor {other:?})"
+            );
+            return Ok(());
+        }
+    }
+    install_dra(&admin).await?;
+    let ns = TestNamespace::create(cluster, "dra-plugin").await?;
+    let nsname = ns.name().to_string();
+    let node = ns.unique_name("gpu");
+    let _node_guard = NodeGuard(
+        cluster.kubeconfig(Identity::Admin)?.to_path_buf(),
+        node.clone(),
+    );
+    create_kwok_node(&admin, &KwokNode::new(&node)).await?;
+    let gpu = format!("GPU-{:08x}-1111-4000-8000-000000000000", std::process::id());
+    let inv = NodeInventory {
+        gpus: vec![GpuInfo {
+            uuid: gpu.clone(),
+            index: 0,
+            model: "NVIDIA-H100-80GB-HBM3".into(),
+            memory: 16 << 30,
+            numa_node: None,
+            nvlink_peers: vec![],
+            held_by: None,
+        }],
+    };
+    let tmp = tempfile::Builder::new().prefix("dp").tempdir_in("/tmp")?;
+    let dir = tmp.path();
+    let inv_file = dir.join("inv.json");
+    std::fs::write(&inv_file, inv.to_json())?;
+    // Stand-ins for the host's /dev and driver library directory.
+    std::fs::create_dir_all(dir.join("dev"))?;
+    std::fs::write(dir.join("dev/nvidiactl"), "")?;
+    std::fs::create_dir_all(dir.join("lib"))?;
+    std::fs::write(dir.join("lib/libcuda.so.1"), "elf")?;
+    let log = dir.join("daemon.log");
+    let kubelet_root = dir.join("kubelet");
+    let cdi_dir = dir.join("cdi");
+    let args: Vec<String> = [
+        ("--kubelet-root-dir", &kubelet_root),
+        ("--cdi-spec-dir", &cdi_dir),
+        ("--cdi-dev-dir", &dir.join("dev")),
+        ("--cdi-lib-dir", &dir.join("lib")),
+    ]
+    .iter()
+    .flat_map(|(k, v)| [k.to_string(), v.display().to_string()])
+    .collect();
+    let logs = || text(&log);
+    let daemon = start_daemon(cluster, &node, dir, &inv_file, &log, &args)?;
+
+    // 1. Registration, as the kubelet's plugin watcher does it.
+    let sockets = dra_rpc::PluginSockets::under(&kubelet_root, DRIVER_NAME);
+    let info = wait_until("the plugin's GetInfo", WAIT, || async {
+        Ok(dra_rpc::get_info(&sockets.registration).await.ok())
+    })
+    .await
+    .with_context(logs)?;
+    assert_eq!(info.r#type, "DRAPlugin");
+    assert_eq!(info.name, DRIVER_NAME);
+    assert_eq!(info.endpoint, sockets.service.display().to_string());
+    assert_eq!(info.supported_versions, vec!["v1.DRAPlugin"]);
+    let mut reg = dra_rpc::RegistrationClient::new(
+        kubeshare_kubelet_rpc::connect(&sockets.registration).await?,
+    );
+    reg.notify_registration_status(dra_rpc::RegistrationStatus {
+        plugin_registered: true,
+        error: String::new(),
+    })
+    .await?;
+
+    // 2. Two pods, each with a claim: 0.3 with a limit of 0.6 and 2 GiB, and one whose
+    // limit is below its booking. The scheduler allocates both (it does not read the
+    // opaque config); the plugin refuses the second.
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &nsname);
+    let claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), &nsname);
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(admin.clone(), &nsname);
+    let pp = PostParams::default();
+    templates
+        .create(
+            &pp,
+            &template_with("burst", 300, "2Gi", Some(json!({"limit": "0.6"})))?,
+        )
+        .await?;
+    templates
+        .create(
+            &pp,
+            &template_with("bad", 300, "2Gi", Some(json!({"limit": "0.2"})))?,
+        )
+        .await?;
+    pods.create(&pp, &pod("a", &node, "burst")?).await?;
+    pods.create(&pp, &pod("b", &node, "bad")?).await?;
+    let claim_a = reserved_claim_of(&pods, &claims, "a").await?;
+    let claim_b = reserved_claim_of(&pods, &claims, "b").await?;
+    let pod_a = pods.get("a").await?.metadata.uid.unwrap_or_default();
+    let (ka, kb) = (kubelet_claim(&claim_a), kubelet_claim(&claim_b));
+    let mut plugin = dra_rpc::DraPluginClient::new(
+        kubeshare_kubelet_rpc::connect(Path::new(&info.endpoint)).await?,
+    );
+    let prepare = dra_rpc::NodePrepareResourcesRequest {
+        claims: vec![ka.clone(), kb.clone()],
+    };
+    let resp = plugin
+        .node_prepare_resources(prepare.clone())
+        .await?
+        .into_inner();
+    let a = &resp.claims[&ka.uid];
+    assert_eq!(a.error, "", "{}", logs());
+    assert_eq!(a.devices.len(), 1);
+    let d = &a.devices[0];
+    assert_eq!(
+        (d.pool_name.as_str(), d.device_name.as_str()),
+        (node.as_str(), "gpu-0")
+    );
+    assert_eq!(d.request_names, vec!["gpu"]);
+    assert_eq!(
+        d.cdi_device_ids,
+        vec![format!("kubeshare.io/claim={}-gpu-0", ka.uid)]
+    );
+    assert!(
+        d.share_id.is_some(),
+        "the allocation's shareID is passed on"
+    );
+    let b = &resp.claims[&kb.uid];
+    assert!(b.devices.is_empty());
+    assert_eq!(
+        b.error,
+        "request gpu: opaque config of gpu.kubeshare.io: limit=0.2: must be at least the claim's capacity request compute=300 (the share the scheduler booked)"
+    );
+
+    // 3. The answer came after the books: gem-schd's config names pod a's share, its
+    // socket directory exists, and the claim's CDI spec gives the GPU, the hook and
+    // that directory.
+    let root = dir.join("root");
+    let config = root.join("gpus").join(&gpu).join("resource-config.txt");
+    let line = format!("1\n{pod_a} 0.3 0.6 2147483648\n");
+    assert_eq!(text(&config), line, "{}", logs());
+    assert!(root.join("pods").join(&pod_a).is_dir());
+    let spec_file = cdi_dir.join(format!("kubeshare.io-claim_{}.json", ka.uid));
+    let spec: serde_json::Value = serde_json::from_str(&text(&spec_file))
+        .with_context(|| format!("{}: {}", spec_file.display(), logs()))?;
+    assert_eq!(spec["kind"], "kubeshare.io/claim");
+    assert_eq!(spec["devices"][0]["name"], format!("{}-gpu-0", ka.uid));
+    assert_eq!(
+        spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"],
+        "/dev/nvidia0"
+    );
+    let common = &spec["containerEdits"];
+    let env: Vec<&str> = common["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert!(
+        env.contains(&"LD_PRELOAD=/kubeshare/lib/libgemhook.so.1"),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&"KUBESHARE_SOCKET_DIR=/kubeshare/run"),
+        "{env:?}"
+    );
+    let mounts = common["mounts"].as_array().cloned().unwrap_or_default();
+    assert!(
+        mounts.iter().any(|m| m["hostPath"]
+            == root.join("pods").join(&pod_a).display().to_string()
+            && m["containerPath"] == "/kubeshare/run"),
+        "{mounts:?}"
+    );
+    assert!(
+        !cdi_dir
+            .join(format!("kubeshare.io-claim_{}.json", kb.uid))
+            .exists()
+    );
+
+    // 4. Asked again (the kubelet retries after its own restart): the same answer.
+    let again = plugin.node_prepare_resources(prepare).await?.into_inner();
+    assert_eq!(again.claims[&ka.uid], resp.claims[&ka.uid]);
+    assert_eq!(text(&config), line);
+
+    // 5. A restart keeps the claim: with the config emptied while the daemon was
+    // down, the restarted daemon writes pod a's share back from its checkpoint.
+    drop(daemon);
+    assert!(
+        !sockets.registration.exists(),
+        "a stopped daemon leaves no registration behind"
+    );
+    std::fs::write(&config, "0\n")?;
+    let daemon = start_daemon(cluster, &node, dir, &inv_file, &log, &args)?;
+    wait_until(
+        "the restarted daemon to write the claim back",
+        WAIT,
+        || async { Ok((text(&config) == line).then_some(())) },
+    )
+    .await
+    .with_context(logs)?;
+    let mut plugin = dra_rpc::DraPluginClient::new(
+        wait_until("the restarted plugin", WAIT, || async {
+            Ok(kubeshare_kubelet_rpc::connect(&sockets.service).await.ok())
+        })
+        .await?,
+    );
+    let again = plugin
+        .node_prepare_resources(dra_rpc::NodePrepareResourcesRequest {
+            claims: vec![ka.clone()],
+        })
+        .await?
+        .into_inner();
+    assert_eq!(again.claims[&ka.uid], resp.claims[&ka.uid]);
+
+    // 6. Unprepare undoes it, and again, and for a claim never prepared, succeeds.
+    let unknown = dra_rpc::Claim {
+        uid: "00000000-0000-4000-8000-000000000000".into(),
+        ..kb.clone()
+    };
+    for _ in 0..2 {
+        let resp = plugin
+            .node_unprepare_resources(dra_rpc::NodeUnprepareResourcesRequest {
+                claims: vec![ka.clone(), kb.clone(), unknown.clone()],
+            })
+            .await?
+            .into_inner();
+        assert_eq!(resp.claims.len(), 3);
+        for (uid, r) in &resp.claims {
+            assert_eq!(r.error, "", "{uid}");
+        }
+        assert_eq!(text(&config), "0\n", "{}", logs());
+        assert!(!spec_file.exists());
+        assert!(!root.join("pods").join(&pod_a).exists());
+    }
+    drop(daemon);
     ns.delete().await?;
     Ok(())
 }

@@ -1,0 +1,495 @@
+//! From a ResourceClaim allocated on this node to the shares it holds (pure): for each
+//! allocation result of driver `gpu.kubeshare.io`, which GPU of the inventory it is, what
+//! the scheduler booked (`consumedCapacity`), and what the claim's opaque config adds
+//! (the limit, unified memory), resolved by [`ShareConfig::resolve`] as the labels'
+//! values are. The result, a [`PreparedClaim`], is what the kubelet plugin checkpoints
+//! and what the daemon turns into gem-schd's config entries and the claim's CDI spec.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{
+    DeviceAllocationConfiguration, DeviceRequestAllocationResult, ResourceClaim,
+};
+use kubeshare_api::dra::{COMPUTE, COMPUTE_UNITS, ConfigError, Consumed, DRIVER_NAME, MEMORY};
+use kubeshare_api::{GpuDemand, Milli, NodeInventory, parse_bytes};
+use serde::{Deserialize, Serialize};
+
+use super::slice::{MEMORY_STEP, device_name};
+use crate::reconcile::{ClaimGpu, ClaimShare};
+
+/// A claim prepared on this node: what the kubelet plugin answered and what gem-schd
+/// enforces for it. Serialized into the checkpoint, so fields only ever get added.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreparedClaim {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    /// The pod the claim is reserved for: gem-schd's client ID, and the directory of
+    /// its sockets (`pods/<pod uid>/`).
+    pub pod_uid: String,
+    pub pod_name: String,
+    pub devices: Vec<ClaimDevice>,
+}
+
+/// One allocation result: a share of one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimDevice {
+    /// The claim's request this device serves (a subrequest's parent: containers name
+    /// requests, not subrequests).
+    pub request: String,
+    pub pool: String,
+    pub device: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
+    pub gpu_uuid: String,
+    pub gpu_index: u32,
+    /// Guaranteed share, thousandths (the booked `compute`).
+    pub request_milli: u16,
+    /// Ceiling, thousandths.
+    pub limit_milli: u16,
+    /// The memory cap gem-schd enforces, bytes: the booked `memory`, or in
+    /// unified-memory mode the managed ceiling.
+    pub memory_cap: u64,
+    /// Unified-memory mode: the GPU-resident share (the booked `memory`), the hook's
+    /// prefetch budget. `None`: device memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub um_resident: Option<u64>,
+}
+
+impl PreparedClaim {
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// What the daemon's books hold for this claim.
+    pub fn share(&self) -> ClaimShare {
+        ClaimShare {
+            claim_key: self.key(),
+            pod_uid: self.pod_uid.clone(),
+            pod_key: format!("{}/{}", self.namespace, self.pod_name),
+            gpus: self
+                .devices
+                .iter()
+                .map(|d| ClaimGpu {
+                    uuid: d.gpu_uuid.clone(),
+                    // Both were checked when the claim was prepared; a checkpoint that
+                    // says otherwise is caught by its checksum.
+                    request: Milli::new(d.request_milli).unwrap_or(Milli::ZERO),
+                    limit: Milli::new(d.limit_milli).unwrap_or(Milli::ONE),
+                    mem: d.memory_cap,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Why a claim cannot be prepared here; the kubelet shows the message on the pod.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimError {
+    #[error("the ResourceClaim now has uid {found}, not {want}: it was deleted and made again")]
+    Uid { want: String, found: String },
+    #[error("the ResourceClaim is not allocated")]
+    NotAllocated,
+    #[error("the ResourceClaim is reserved for no pod")]
+    NoPod,
+    #[error(
+        "the ResourceClaim is reserved for {0} pods; a {DRIVER_NAME} share belongs to one pod (gem-schd serves a socket only to processes of its pod): give each pod its own claim, e.g. from a ResourceClaimTemplate"
+    )]
+    SharedByPods(usize),
+    #[error("the ResourceClaim has no device of driver {DRIVER_NAME}")]
+    NoDevice,
+    #[error("request {request}: device {pool}/{device} is not a GPU of node {node}")]
+    Foreign {
+        request: String,
+        pool: String,
+        device: String,
+        node: String,
+    },
+    #[error("request {request}: GPU {device} is allocated to the claim twice")]
+    Twice { request: String, device: String },
+    #[error("request {request}: consumedCapacity {capacity}={value}: {why}")]
+    Capacity {
+        request: String,
+        capacity: &'static str,
+        value: String,
+        why: String,
+    },
+    #[error("request {request}: opaque config of {DRIVER_NAME}: {error}")]
+    Config { request: String, error: ConfigError },
+}
+
+/// The request a result serves, as containers name it: `gpu` for `gpu` and for its
+/// subrequest `gpu/h100`.
+pub fn base_request(request: &str) -> &str {
+    request.split('/').next().unwrap_or(request)
+}
+
+/// The last opaque config of this driver that applies to `request` (a config naming no
+/// requests applies to all). The allocation lists the class's configs before the
+/// claim's, so the claim's own config wins over its class's.
+fn config_for<'a>(
+    configs: &'a [DeviceAllocationConfiguration],
+    request: &str,
+) -> Option<&'a serde_json::Value> {
+    configs
+        .iter()
+        .filter(|c| {
+            c.requests.as_ref().is_none_or(|rs| {
+                rs.is_empty()
+                    || rs
+                        .iter()
+                        .any(|r| r == request || r == base_request(request))
+            })
+        })
+        .filter_map(|c| c.opaque.as_ref())
+        .filter(|o| o.driver == DRIVER_NAME)
+        .map(|o| &o.parameters.0)
+        .next_back()
+}
+
+/// What the scheduler booked for one result; the policy defaults (all of the GPU) for
+/// a capacity not listed.
+fn consumed(r: &DeviceRequestAllocationResult, gpu_memory: u64) -> Result<Consumed, ClaimError> {
+    let caps = r.consumed_capacity.clone().unwrap_or_default();
+    let bad = |capacity: &'static str, value: &str, why: &str| ClaimError::Capacity {
+        request: r.request.clone(),
+        capacity,
+        value: value.to_string(),
+        why: why.to_string(),
+    };
+    let compute = match caps.get(COMPUTE) {
+        None => Milli::ONE,
+        Some(q) => {
+            let v = parse_bytes(&q.0).map_err(|e| bad(COMPUTE, &q.0, &e.to_string()))?;
+            u16::try_from(v)
+                .ok()
+                .filter(|v| *v <= COMPUTE_UNITS)
+                .and_then(Milli::new)
+                .ok_or_else(|| bad(COMPUTE, &q.0, "not a whole number from 0 to 1000"))?
+        }
+    };
+    let memory = match caps.get(MEMORY) {
+        None => gpu_memory / MEMORY_STEP * MEMORY_STEP,
+        Some(q) => parse_bytes(&q.0).map_err(|e| bad(MEMORY, &q.0, &e.to_string()))?,
+    };
+    Ok(Consumed { compute, memory })
+}
+
+/// The claim `claim` (asked for by the kubelet as `want_uid`) as prepared on `node`
+/// with GPUs `inventory`.
+pub fn prepare(
+    claim: &ResourceClaim,
+    want_uid: &str,
+    node: &str,
+    inventory: &NodeInventory,
+) -> Result<PreparedClaim, ClaimError> {
+    let found = claim.metadata.uid.clone().unwrap_or_default();
+    if found != want_uid {
+        return Err(ClaimError::Uid {
+            want: want_uid.to_string(),
+            found,
+        });
+    }
+    let status = claim.status.as_ref();
+    let alloc = status
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .ok_or(ClaimError::NotAllocated)?;
+    let pods: Vec<_> = status
+        .and_then(|s| s.reserved_for.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
+        .collect();
+    let pod = match pods.as_slice() {
+        [] => return Err(ClaimError::NoPod),
+        [p] => *p,
+        many => return Err(ClaimError::SharedByPods(many.len())),
+    };
+    let configs = alloc.config.as_deref().unwrap_or_default();
+    let by_name: BTreeMap<String, &kubeshare_api::GpuInfo> = inventory
+        .gpus
+        .iter()
+        .map(|g| (device_name(g.index), g))
+        .collect();
+    let mut devices: Vec<ClaimDevice> = Vec::new();
+    for r in alloc.results.iter().flatten() {
+        if r.driver != DRIVER_NAME {
+            continue;
+        }
+        let gpu = by_name
+            .get(&r.device)
+            .filter(|_| r.pool == node)
+            .ok_or_else(|| ClaimError::Foreign {
+                request: r.request.clone(),
+                pool: r.pool.clone(),
+                device: r.device.clone(),
+                node: node.to_string(),
+            })?;
+        if devices.iter().any(|d| d.gpu_uuid == gpu.uuid) {
+            return Err(ClaimError::Twice {
+                request: r.request.clone(),
+                device: r.device.clone(),
+            });
+        }
+        let consumed = consumed(r, gpu.memory)?;
+        let config = match config_for(configs, &r.request) {
+            Some(v) => kubeshare_api::dra::ShareConfig::from_value(v),
+            None => Ok(kubeshare_api::dra::ShareConfig::default()),
+        };
+        let demand: GpuDemand =
+            config
+                .and_then(|c| c.resolve(consumed))
+                .map_err(|error| ClaimError::Config {
+                    request: r.request.clone(),
+                    error,
+                })?;
+        let (request, limit) = (demand.request_per_gpu(), demand.limit_per_gpu());
+        let resident = consumed.memory;
+        devices.push(ClaimDevice {
+            request: base_request(&r.request).to_string(),
+            pool: r.pool.clone(),
+            device: r.device.clone(),
+            share_id: r.share_id.clone(),
+            gpu_uuid: gpu.uuid.clone(),
+            gpu_index: gpu.index,
+            request_milli: request.get(),
+            limit_milli: limit.get(),
+            memory_cap: demand.um.map_or(resident, |u| u.ceiling(resident)),
+            um_resident: demand.um.map(|_| resident),
+        });
+    }
+    if devices.is_empty() {
+        return Err(ClaimError::NoDevice);
+    }
+    Ok(PreparedClaim {
+        uid: want_uid.to_string(),
+        namespace: claim.metadata.namespace.clone().unwrap_or_default(),
+        name: claim.metadata.name.clone().unwrap_or_default(),
+        pod_uid: pod.uid.clone(),
+        pod_name: pod.name.clone(),
+        devices,
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use kubeshare_api::GpuInfo;
+    use serde_json::{Value, json};
+
+    pub const NODE: &str = "node-a";
+    pub const U0: &str = "GPU-00000000-0000-4000-8000-000000000000";
+    pub const U1: &str = "GPU-11111111-1111-4111-8111-111111111111";
+    pub const POD: &str = "8d9e5c3a-1b2c-4d5e-8f90-0123456789ab";
+
+    pub fn inventory() -> NodeInventory {
+        let gpu = |index: u32, uuid: &str| GpuInfo {
+            uuid: uuid.into(),
+            index,
+            model: "NVIDIA-H100-80GB-HBM3".into(),
+            memory: (16 << 30) + 123,
+            numa_node: None,
+            nvlink_peers: vec![],
+            held_by: None,
+        };
+        NodeInventory {
+            gpus: vec![gpu(0, U0), gpu(1, U1)],
+        }
+    }
+
+    /// A claim as the apiserver returns it once the scheduler allocated `results` with
+    /// `config` and reserved it for `pods`.
+    pub fn claim(results: Value, config: Value, pods: &[&str]) -> ResourceClaim {
+        let reserved: Vec<Value> = pods
+            .iter()
+            .enumerate()
+            .map(|(i, uid)| json!({"resource": "pods", "name": format!("p{i}"), "uid": uid}))
+            .collect();
+        serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "ns", "uid": "claim-uid-1"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER_NAME}}]}},
+            "status": {
+                "allocation": {"devices": {"results": results, "config": config}},
+                "reservedFor": reserved,
+            },
+        }))
+        .unwrap()
+    }
+
+    pub fn result(device: &str, compute: &str, memory: &str) -> Value {
+        json!({"request": "gpu", "driver": DRIVER_NAME, "pool": NODE, "device": device,
+               "shareID": "share-1",
+               "consumedCapacity": {"compute": compute, "memory": memory}})
+    }
+
+    pub fn opaque(params: Value) -> Value {
+        let mut p = json!({"apiVersion": "gpu.kubeshare.io/v1alpha1", "kind": "GpuShareConfig"});
+        if let (Value::Object(o), Value::Object(e)) = (&mut p, params) {
+            o.extend(e);
+        }
+        json!([{"source": "FromClaim", "requests": ["gpu"],
+                "opaque": {"driver": DRIVER_NAME, "parameters": p}}])
+    }
+
+    #[test]
+    fn a_share_with_a_limit() {
+        let c = claim(
+            json!([result("gpu-1", "300", "2Gi")]),
+            opaque(json!({"limit": "0.6"})),
+            &[POD],
+        );
+        let p = prepare(&c, "claim-uid-1", NODE, &inventory()).unwrap();
+        assert_eq!(p.key(), "ns/c");
+        assert_eq!(p.pod_uid, POD);
+        assert_eq!(p.pod_name, "p0");
+        assert_eq!(
+            p.devices,
+            vec![ClaimDevice {
+                request: "gpu".into(),
+                pool: NODE.into(),
+                device: "gpu-1".into(),
+                share_id: Some("share-1".into()),
+                gpu_uuid: U1.into(),
+                gpu_index: 1,
+                request_milli: 300,
+                limit_milli: 600,
+                memory_cap: 2 << 30,
+                um_resident: None,
+            }]
+        );
+        let s = p.share();
+        assert_eq!(s.pod_key, "ns/p0");
+        assert_eq!(s.gpus[0].request.get(), 300);
+        assert_eq!(s.gpus[0].limit.get(), 600);
+        assert_eq!(s.gpus[0].mem, 2 << 30);
+    }
+
+    #[test]
+    fn defaults_unified_memory_and_subrequests() {
+        // No config, no consumed capacity: the whole GPU, as published (whole MiB).
+        let mut r = result("gpu-0", "1", "1");
+        r.as_object_mut().unwrap().remove("consumedCapacity");
+        r["request"] = "gpu/h100".into();
+        let c = claim(json!([r]), Value::Null, &[POD]);
+        let p = prepare(&c, "claim-uid-1", NODE, &inventory()).unwrap();
+        let d = &p.devices[0];
+        assert_eq!(
+            (d.request.as_str(), d.request_milli, d.limit_milli),
+            ("gpu", 1000, 1000)
+        );
+        assert_eq!(d.memory_cap, 16 << 30);
+
+        // Unified memory: gem-schd caps the managed ceiling; the hook gets the resident share.
+        let c = claim(
+            json!([result("gpu-0", "250", "1Gi")]),
+            opaque(json!({"memoryMode": "unified", "managedMemory": "3Gi"})),
+            &[POD],
+        );
+        let d = prepare(&c, "claim-uid-1", NODE, &inventory())
+            .unwrap()
+            .devices[0]
+            .clone();
+        assert_eq!((d.request_milli, d.limit_milli), (250, 250));
+        assert_eq!(d.memory_cap, 3 << 30);
+        assert_eq!(d.um_resident, Some(1 << 30));
+
+        // A config for another request, or another driver's, does not apply.
+        let other = json!([
+            {"source": "FromClaim", "requests": ["other"],
+             "opaque": {"driver": DRIVER_NAME, "parameters": {"limit": "bad"}}},
+            {"source": "FromClass",
+             "opaque": {"driver": "gpu.example.com", "parameters": {"x": 1}}},
+        ]);
+        let c = claim(json!([result("gpu-0", "100", "1Gi")]), other, &[POD]);
+        assert_eq!(
+            prepare(&c, "claim-uid-1", NODE, &inventory())
+                .unwrap()
+                .devices[0]
+                .limit_milli,
+            100
+        );
+    }
+
+    fn err(results: Value, config: Value, pods: &[&str]) -> String {
+        prepare(
+            &claim(results, config, pods),
+            "claim-uid-1",
+            NODE,
+            &inventory(),
+        )
+        .unwrap_err()
+        .to_string()
+    }
+
+    #[test]
+    fn errors_name_the_request_and_the_field() {
+        let r = || json!([result("gpu-0", "300", "2Gi")]);
+        assert_eq!(
+            err(r(), opaque(json!({"limit": "0.2"})), &[POD]),
+            "request gpu: opaque config of gpu.kubeshare.io: limit=0.2: must be at least the claim's capacity request compute=300 (the share the scheduler booked)"
+        );
+        assert_eq!(
+            err(r(), opaque(json!({"limt": "0.5"})), &[POD]),
+            "request gpu: opaque config of gpu.kubeshare.io: limt=0.5: unknown field (a typo?); known fields are apiVersion, kind, request, limit, memory, memoryMode, managedMemory"
+        );
+        assert_eq!(
+            err(r(), opaque(json!({"memory": "1Gi"})), &[POD]),
+            "request gpu: opaque config of gpu.kubeshare.io: memory=1073741824: must equal the claim's capacity request memory=2147483648 (the bytes the scheduler booked); leave memory out to take it from there"
+        );
+        assert_eq!(
+            err(json!([result("gpu-0", "0", "2Gi")]), Value::Null, &[POD]),
+            "request gpu: opaque config of gpu.kubeshare.io: limit=0.0: must be greater than 0"
+        );
+        assert_eq!(
+            err(json!([result("gpu-0", "1500", "2Gi")]), Value::Null, &[POD]),
+            "request gpu: consumedCapacity compute=1500: not a whole number from 0 to 1000"
+        );
+        assert_eq!(
+            err(json!([result("gpu-7", "300", "2Gi")]), Value::Null, &[POD]),
+            "request gpu: device node-a/gpu-7 is not a GPU of node node-a"
+        );
+        let mut elsewhere = result("gpu-0", "300", "2Gi");
+        elsewhere["pool"] = "node-b".into();
+        assert!(err(json!([elsewhere]), Value::Null, &[POD]).contains("node-b/gpu-0 is not a GPU"));
+        assert_eq!(
+            err(
+                json!([result("gpu-0", "100", "1Gi"), result("gpu-0", "100", "1Gi")]),
+                Value::Null,
+                &[POD]
+            ),
+            "request gpu: GPU gpu-0 is allocated to the claim twice"
+        );
+        assert!(err(r(), Value::Null, &[POD, "other-pod"]).starts_with(
+            "the ResourceClaim is reserved for 2 pods; a gpu.kubeshare.io share belongs to one pod"
+        ));
+        assert_eq!(
+            err(r(), Value::Null, &[]),
+            "the ResourceClaim is reserved for no pod"
+        );
+        let mut theirs = result("gpu-0", "300", "2Gi");
+        theirs["driver"] = "gpu.example.com".into();
+        assert_eq!(
+            err(json!([theirs]), Value::Null, &[POD]),
+            "the ResourceClaim has no device of driver gpu.kubeshare.io"
+        );
+        let c = claim(r(), Value::Null, &[POD]);
+        assert_eq!(
+            prepare(&c, "another-uid", NODE, &inventory()).unwrap_err(),
+            ClaimError::Uid {
+                want: "another-uid".into(),
+                found: "claim-uid-1".into()
+            }
+        );
+        let mut unallocated = c;
+        unallocated.status.as_mut().unwrap().allocation = None;
+        assert_eq!(
+            prepare(&unallocated, "claim-uid-1", NODE, &inventory()).unwrap_err(),
+            ClaimError::NotAllocated
+        );
+    }
+}
