@@ -251,43 +251,33 @@ async fn main() -> anyhow::Result<()> {
         },
     };
     let client = client(args.kubeconfig.as_ref()).await?;
-    let cdi = kubeshare_node_daemon::cdi::host::CdiConfig {
-        spec_dir: args.cdi_spec_dir.clone().unwrap_or_default(),
-        dev_dir: args.cdi_dev_dir.clone(),
-        lib_dirs: args.cdi_lib_dirs.iter().map(PathBuf::from).collect(),
-        layout: cfg.layout.clone(),
-    };
-    // Stops the daemon's loop and the kubelet plugin together.
-    let (stop, stopped) = tokio::sync::watch::channel(false);
+    // Stops the daemon's loop and the DRA kubelet plugin together.
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
     let mut plugin = None;
     if args.dra {
-        use kubeshare_node_daemon::dra::{book, checkpoint, plugin as kp};
-        let path = kp::checkpoint_path(&cfg.layout);
-        // Before anything reads the pods: the first configs written hold these claims.
-        let claims = checkpoint::load(&path)?;
-        let (book, changes) = book::Book::new(claims);
-        let (server, sockets) = kp::bind(&args.kubelet_root_dir)
-            .context("cannot serve the DRA kubelet plugin (--kubelet-root-dir)")?;
-        tracing::info!(registration = %sockets.registration.display(), service = %sockets.service.display(), checkpoint = %path.display(), "DRA: kubelet plugin sockets bound");
+        use kubeshare_node_daemon::dra::plugin as kp;
         let pcfg = kp::PluginConfig {
             node: args.node_name.clone(),
             cdi: kubeshare_node_daemon::cdi::host::CdiConfig {
-                spec_dir: args
-                    .cdi_spec_dir
-                    .clone()
+                spec_dir: (args.cdi_spec_dir.clone())
                     .unwrap_or_else(|| PathBuf::from(kp::DEFAULT_SPEC_DIR)),
-                ..cdi.clone()
+                dev_dir: args.cdi_dev_dir.clone(),
+                lib_dirs: args.cdi_lib_dirs.iter().map(PathBuf::from).collect(),
+                layout: cfg.layout.clone(),
             },
             inventory: cfg.inventory.clone(),
-            checkpoint: path,
+            checkpoint: kp::checkpoint_path(&cfg.layout),
             apply_timeout: Duration::from_secs(10),
         };
-        let p = kp::Plugin::new(pcfg, client.clone(), book.clone());
-        let mut stopped = stopped.clone();
-        let task = tokio::spawn(kp::serve(server, p, async move {
+        let stopped = async move {
             let _ = stopped.wait_for(|s| *s).await;
-        }));
-        plugin = Some((task, (book, changes)));
+        };
+        plugin = Some(kp::start(
+            pcfg,
+            &args.kubelet_root_dir,
+            client.clone(),
+            stopped,
+        )?);
     }
     if args.dra {
         let (c, n, s, every) = (
@@ -298,7 +288,13 @@ async fn main() -> anyhow::Result<()> {
         );
         tokio::spawn(kubeshare_node_daemon::dra::run(c, n, s, every));
     }
-    if args.cdi_spec_dir.is_some() {
+    if let Some(spec_dir) = args.cdi_spec_dir.clone() {
+        let cdi = kubeshare_node_daemon::cdi::host::CdiConfig {
+            spec_dir,
+            dev_dir: args.cdi_dev_dir.clone(),
+            lib_dirs: args.cdi_lib_dirs.iter().map(PathBuf::from).collect(),
+            layout: cfg.layout.clone(),
+        };
         tokio::spawn(kubeshare_node_daemon::cdi::host::run(
             cdi,
             cfg.inventory.clone(),
@@ -320,25 +316,14 @@ async fn main() -> anyhow::Result<()> {
             client.clone(),
         ));
     }
-    let (task, claims) = plugin.unzip();
-    let result = daemon::run_with_claims(
-        cfg,
-        client,
-        async move {
-            shutdown_signal().await;
-            let _ = stop.send(true);
-        },
-        claims,
-    )
-    .await;
+    let (task, claims) = plugin.map(|p| (p.task, (p.book, p.changes))).unzip();
+    let shutdown = async move {
+        shutdown_signal().await;
+        let _ = stop.send(true);
+    };
+    let result = daemon::run_with_claims(cfg, client, shutdown, claims).await;
     if let Some(task) = task {
-        // The registration socket goes before the daemon exits.
-        match tokio::time::timeout(Duration::from_secs(10), task).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => tracing::error!(error = %e, "DRA: kubelet plugin failed"),
-            Ok(Err(e)) => tracing::error!(error = %e, "DRA: kubelet plugin task failed"),
-            Err(_) => tracing::warn!("DRA: kubelet plugin did not stop within 10 s"),
-        }
+        kubeshare_node_daemon::dra::plugin::join(task).await;
     }
     result
 }

@@ -23,7 +23,7 @@ use kubeshare_kubelet_rpc::dra::{
 };
 use kubeshare_kubelet_rpc::{ServeError, dra::Device};
 
-use super::book::Book;
+use super::book::{Book, Changes};
 use super::cdi;
 use super::checkpoint;
 use super::claim::PreparedClaim;
@@ -270,4 +270,53 @@ pub async fn serve(
     let result = server.serve(plugin, shutdown).await;
     tracing::info!(kubelet_said = ?registration.status(), "DRA: kubelet plugin stopped; its registration is removed");
     result
+}
+
+/// Why the plugin cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::CheckpointError),
+    #[error("cannot serve the DRA kubelet plugin (--kubelet-root-dir): {0}")]
+    Serve(#[from] ServeError),
+}
+
+/// The plugin, started: its task, and the daemon loop's side of its claims.
+pub struct Started {
+    pub task: tokio::task::JoinHandle<Result<(), ServeError>>,
+    pub book: Book,
+    pub changes: Changes,
+}
+
+/// Loads the checkpoint (before the daemon's loop reads any pod, so the first configs
+/// it writes hold the prepared claims), binds the sockets under `kubelet_root` and
+/// serves until `shutdown`.
+pub fn start(
+    cfg: PluginConfig,
+    kubelet_root: &Path,
+    client: kube::Client,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<Started, StartError> {
+    let claims = checkpoint::load(&cfg.checkpoint)?;
+    let (book, changes) = Book::new(claims);
+    let (server, sockets) = bind(kubelet_root)?;
+    tracing::info!(registration = %sockets.registration.display(), service = %sockets.service.display(), checkpoint = %cfg.checkpoint.display(), "DRA: kubelet plugin sockets bound");
+    let plugin = Plugin::new(cfg, client, book.clone());
+    let task = tokio::spawn(serve(server, plugin, shutdown));
+    Ok(Started {
+        task,
+        book,
+        changes,
+    })
+}
+
+/// Waits (10 s at most) for the plugin's task to end after its shutdown, so that the
+/// registration socket is gone before the daemon exits.
+pub async fn join(task: tokio::task::JoinHandle<Result<(), ServeError>>) {
+    match tokio::time::timeout(Duration::from_secs(10), task).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => tracing::error!(error = %e, "DRA: kubelet plugin failed"),
+        Ok(Err(e)) => tracing::error!(error = %e, "DRA: kubelet plugin task failed"),
+        Err(_) => tracing::warn!("DRA: kubelet plugin did not stop within 10 s"),
+    }
 }
