@@ -207,6 +207,19 @@ impl Registration {
         self.status.lock().ok().and_then(|s| s.clone())
     }
 
+    /// Records the kubelet's verdict; a failed registration is an error carrying the
+    /// kubelet's message (as upstream's helper answers: the kubelet then retries).
+    pub(crate) fn notify(&self, status: RegistrationStatus) -> Result<(), String> {
+        if let Ok(mut s) = self.status.lock() {
+            *s = Some(status.clone());
+        }
+        if status.plugin_registered {
+            Ok(())
+        } else {
+            Err(format!("registration failed: {}", status.error))
+        }
+    }
+
     /// The answer to `GetInfo`.
     pub fn info(&self) -> PluginInfo {
         PluginInfo {
@@ -231,18 +244,9 @@ impl RegistrationApi for Registration {
         &self,
         req: tonic::Request<RegistrationStatus>,
     ) -> Result<tonic::Response<RegistrationStatusResponse>, tonic::Status> {
-        let status = req.into_inner();
-        if let Ok(mut s) = self.status.lock() {
-            *s = Some(status.clone());
-        }
-        if !status.plugin_registered {
-            // As upstream's helper does: the kubelet then retries the registration.
-            return Err(tonic::Status::internal(format!(
-                "registration failed: {}",
-                status.error
-            )));
-        }
-        Ok(tonic::Response::new(RegistrationStatusResponse {}))
+        self.notify(req.into_inner())
+            .map(|()| tonic::Response::new(RegistrationStatusResponse {}))
+            .map_err(tonic::Status::internal)
     }
 }
 
@@ -274,7 +278,9 @@ impl PluginServer {
 
     /// Serves `plugin` until `shutdown` resolves; then removes the registration socket
     /// (the kubelet deregisters the plugin) before it stops the service and removes its
-    /// socket. Either server failing stops the other.
+    /// socket. The service failing stops the registration. The registration socket is
+    /// not served by tonic: the kubelet's plugin watcher sends an `:authority` that
+    /// tonic's HTTP/2 refuses (see `registration_h2`).
     pub async fn serve<P: DraPlugin>(
         self,
         plugin: P,
@@ -283,13 +289,12 @@ impl PluginServer {
         use tokio::sync::oneshot;
         let (reg_stop, reg_stopped) = oneshot::channel::<()>();
         let (svc_stop, svc_stopped) = oneshot::channel::<()>();
-        let reg = self.registry.serve(
-            tonic::transport::Server::builder()
-                .add_service(RegistrationServer::new(self.registration.clone())),
-            async {
+        let registration = self.registration.clone();
+        let reg = self.registry.serve_with(|listener| {
+            crate::registration_h2::serve(listener, registration, async {
                 let _ = reg_stopped.await;
-            },
-        );
+            })
+        });
         let svc = self.service.serve(
             tonic::transport::Server::builder().add_service(DraPluginServer::new(plugin)),
             async {
@@ -300,22 +305,21 @@ impl PluginServer {
         let mut svc = std::pin::pin!(svc);
         tokio::select! {
             _ = shutdown => {}
-            r = &mut reg => {
+            // Ends only at its shutdown: never first.
+            () = &mut reg => {
                 let _ = svc_stop.send(());
-                let s = svc.await;
-                return r.and(s);
+                return svc.await;
             }
             s = &mut svc => {
                 let _ = reg_stop.send(());
-                let r = reg.await;
-                return s.and(r);
+                reg.await;
+                return s;
             }
         }
         let _ = reg_stop.send(());
-        let r = reg.await;
+        reg.await;
         let _ = svc_stop.send(());
-        let s = svc.await;
-        r.and(s)
+        svc.await
     }
 }
 

@@ -17,6 +17,7 @@
 pub mod deviceplugin;
 pub mod dra;
 pub mod podresources;
+mod registration_h2;
 mod serve;
 mod uds;
 

@@ -106,6 +106,19 @@ impl UnixServer {
             source,
         })
     }
+
+    /// Runs `serve` on the listener (a server other than tonic's) and removes the
+    /// socket file when it returns.
+    pub(crate) async fn serve_with<F, Fut>(mut self, serve: F)
+    where
+        F: FnOnce(UnixListener) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        if let Some(listener) = self.listener.take() {
+            serve(listener).await;
+            let _ = remove_socket(&self.path);
+        }
+    }
 }
 
 impl Drop for UnixServer {
