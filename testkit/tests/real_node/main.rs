@@ -10,8 +10,8 @@
 //! Here: a pod's GPU, hook and sockets, shares and memory caps inside containers; the node
 //! daemon's restarts and the device plugin's GPUs in `daemon.rs`; groups, plain pods and the
 //! deployment itself in `deploy.rs`; GPU use without the hook in `guard.rs`; GPUs handed
-//! over through CDI in `cdi.rs` (the rig's default; not with KUBESHARE_NODE_CDI=0);
-//! another pod's gem-schd socket in `peers.rs`.
+//! over through CDI in `cdi.rs` and a share claimed through DRA in `dra.rs` (the rig's
+//! default; not with KUBESHARE_NODE_CDI=0); another pod's gem-schd socket in `peers.rs`.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -31,6 +31,7 @@ use serde_json::{Value, json};
 mod cdi;
 mod daemon;
 mod deploy;
+mod dra;
 mod guard;
 mod peers;
 

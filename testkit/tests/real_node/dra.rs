@@ -1,0 +1,291 @@
+//! DRA on the real node: a pod claims 0.3 of a GPU with a limit of 0.6 and 2 GiB through a
+//! ResourceClaim of `gpu.kubeshare.io`; the stock kube-scheduler places it, the kubelet
+//! has the node daemon's kubelet plugin prepare the claim, containerd applies the claim's
+//! CDI spec, and inside the container the hook (on the fake libcuda) reaches that GPU's
+//! gem-schd and gets the claim's share and memory cap. Deleting the pod unprepares it.
+//!
+//! The rig runs on CDI unless `KUBESHARE_NODE_CDI=0` (containerd with CDI, its spec dir
+//! RUN_DIR/node/cdi, the chart's `cdi.enabled` with stand-in device nodes made by
+//! hack/deploy.sh); without it the test says so and checks nothing. The chart runs the
+//! node daemon without `--dra`: the test turns it on in the DaemonSet (the flags and
+//! mounts `dra.enabled` adds) and puts the DaemonSet back afterwards. The claims' specs
+//! go to the daemon's `--cdi-spec-dir`, beside its node spec.
+
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate, ResourceSlice};
+use kube::api::{Patch, PatchParams};
+use kubeshare_api::dra::DRIVER_NAME;
+
+use super::*;
+
+const DAEMONSET: &str = "kubeshare-node-daemon";
+const RBAC_NAME: &str = "kubeshare:node-daemon-dra-test";
+
+/// Puts the node daemon's DaemonSet template and the test's DRA objects back however
+/// the test ends (with a client of its own: the test's runtime is blocked meanwhile).
+struct Restore {
+    kubeconfig: PathBuf,
+    template: Value,
+}
+
+impl Restore {
+    async fn run(kubeconfig: &Path, template: Value) {
+        let client = match kubeshare_testkit::client_from_kubeconfig(kubeconfig).await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("could not put the node daemon's DaemonSet back: {e}");
+                return;
+            }
+        };
+        let ds: Api<DaemonSet> = Api::namespaced(client.clone(), KUBESHARE_NS);
+        if let Err(e) = set_template(&ds, template).await {
+            eprintln!("could not put the node daemon's DaemonSet back: {e}");
+        }
+        let dp = DeleteParams::default();
+        let _ = Api::<DeviceClass>::all(client.clone())
+            .delete(DRIVER_NAME, &dp)
+            .await;
+        let _ = Api::<ClusterRoleBinding>::all(client.clone())
+            .delete(RBAC_NAME, &dp)
+            .await;
+        let _ = Api::<ClusterRole>::all(client.clone())
+            .delete(RBAC_NAME, &dp)
+            .await;
+    }
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let (kubeconfig, template) = (self.kubeconfig.clone(), self.template.clone());
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(Restore::run(&kubeconfig, template));
+            Ok::<_, std::io::Error>(())
+        })
+        .join();
+    }
+}
+
+/// The DeviceClass and the node daemon ServiceAccount's rights that `dra.enabled`
+/// installs (charts/kubeshare/templates/dra.yaml).
+async fn install_dra(client: &kube::Client) -> Result<()> {
+    let pp = PatchParams::apply("kubeshare-real-node-dra").force();
+    let dc: DeviceClass = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": DRIVER_NAME},
+        "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{DRIVER_NAME}\"")}}]},
+    }))?;
+    Api::<DeviceClass>::all(client.clone())
+        .patch(DRIVER_NAME, &pp, &Patch::Apply(&dc))
+        .await?;
+    let role: ClusterRole = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": RBAC_NAME},
+        "rules": [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+                   "verbs": ["get", "list", "watch", "create", "update", "delete"]},
+                  {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
+                   "verbs": ["get"]}],
+    }))?;
+    Api::<ClusterRole>::all(client.clone())
+        .patch(RBAC_NAME, &pp, &Patch::Apply(&role))
+        .await?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": RBAC_NAME},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": RBAC_NAME},
+        "subjects": [{"kind": "ServiceAccount", "name": DAEMONSET, "namespace": KUBESHARE_NS}],
+    }))?;
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .patch(RBAC_NAME, &pp, &Patch::Apply(&binding))
+        .await?;
+    Ok(())
+}
+
+/// Replaces the DaemonSet's pod template (a merge patch replaces lists whole).
+async fn set_template(ds: &Api<DaemonSet>, template: Value) -> Result<()> {
+    let patch = json!({"spec": {"template": template}});
+    ds.patch(DAEMONSET, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// `template` with `--dra`, its flag and its mounts added to the node daemon's
+/// container: the kubelet's plugin directories, at the host's paths.
+fn with_dra(mut template: Value) -> Result<Value> {
+    let dirs: Vec<(&str, PathBuf)> = vec![
+        (
+            "dra-registry",
+            PathBuf::from("/var/lib/kubelet/plugins_registry"),
+        ),
+        ("dra-plugins", PathBuf::from("/var/lib/kubelet/plugins")),
+    ];
+    let spec = &mut template["spec"];
+    let c = &mut spec["containers"][0];
+    let args = c["args"]
+        .as_array_mut()
+        .context("the container has no args")?;
+    ensure!(
+        args.iter()
+            .any(|a| a.as_str().is_some_and(|a| a.starts_with("--cdi-spec-dir="))),
+        "the node daemon runs without --cdi-spec-dir (the chart's cdi.enabled)"
+    );
+    args.extend(["--dra", "--kubelet-root-dir=/var/lib/kubelet"].map(Value::from));
+    let mounts = c["volumeMounts"]
+        .as_array_mut()
+        .context("the container has no volumeMounts")?;
+    mounts.extend(
+        dirs.iter()
+            .map(|(name, path)| json!({"name": name, "mountPath": path})),
+    );
+    let volumes = spec["volumes"]
+        .as_array_mut()
+        .context("the pod has no volumes")?;
+    volumes.extend(dirs.iter().map(|(name, path)| {
+        json!({"name": name, "hostPath": {"path": path, "type": "DirectoryOrCreate"}})
+    }));
+    Ok(template)
+}
+
+/// A pod of the default scheduler whose container uses the claim from `template`, on
+/// the fake GPU `gpu` (the claim's CEL selector picks the same one).
+fn claiming_pod(name: &str, template: &str, gpu: &str, script: &str) -> Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "tolerations": [{"key": "kubeshare.io/gpu", "operator": "Exists"}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+            "containers": [{
+                "name": "main", "image": WORKLOAD_IMAGE, "imagePullPolicy": "IfNotPresent",
+                "command": ["/bin/sh", "-c", script],
+                "resources": {"claims": [{"name": "gpu"}]},
+                "env": [
+                    {"name": "FAKE_CUDA_DEVICES", "value": gpu},
+                    {"name": "FAKE_CUDA_SHARED_DIR", "value": "/fake-gpu"},
+                    {"name": "FAKE_CUDA_MEM_BYTES", "value": (80u64 << 30).to_string()},
+                ],
+                "volumeMounts": [{"name": "fake-gpu", "mountPath": "/fake-gpu"}],
+            }],
+            "volumes": [{"name": "fake-gpu", "hostPath":
+                {"path": FAKE_GPU_HOST_DIR, "type": "DirectoryOrCreate"}}],
+        },
+    }))?)
+}
+
+#[tokio::test]
+#[ignore = "needs the real node: make node-test"]
+async fn a_claimed_share_reaches_gem_schd_and_the_hook() -> Result<()> {
+    let r = rig("rn-dra").await?;
+    // hack/node.sh wrote its containerd to node.env: the node runs on CDI.
+    if r.node.env("CTRD_BIN").is_none() {
+        eprintln!("the node runs without CDI (KUBESHARE_NODE_CDI=0): nothing checked");
+        return Ok(());
+    }
+    let inv = daemon::node_inventory(&r.client, &r.node.name).await?;
+    let gpu = inv.gpus.iter().min_by_key(|g| g.index).context("no GPUs")?;
+    // The spec dir hack/with-cluster.sh deploys the chart with.
+    let cdi = r.node.dir.join("cdi");
+
+    install_dra(&r.client)
+        .await
+        .context("installing the DRA objects")?;
+    let ds: Api<DaemonSet> = Api::namespaced(r.client.clone(), KUBESHARE_NS);
+    let before = serde_json::to_value(&ds.get(DAEMONSET).await?)?;
+    let _restore = Restore {
+        kubeconfig: Cluster::shared()?
+            .kubeconfig(Identity::Admin)?
+            .to_path_buf(),
+        template: before["spec"]["template"].clone(),
+    };
+    set_template(&ds, with_dra(before["spec"]["template"].clone())?)
+        .await
+        .context("turning --dra on in the node daemon's DaemonSet")?;
+    // The new daemon publishes the node's slice.
+    let slices: Api<ResourceSlice> = Api::all(r.client.clone());
+    let slice = format!("{}-{DRIVER_NAME}", r.node.name);
+    wait_for(&slices, &slice, WAIT, |_| true)
+        .await
+        .context("the node daemon with --dra publishing its slice")?;
+
+    // 0.3 of the GPU, bursting to 0.6, with 2 GiB.
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(r.client.clone(), r.ns.name());
+    let t: ResourceClaimTemplate = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "burst"},
+        "spec": {"spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DRIVER_NAME,
+                "selectors": [{"cel": {"expression":
+                    format!("device.attributes[\"{DRIVER_NAME}\"].uuid == \"{}\"", gpu.uuid)}}],
+                "capacity": {"requests": {"compute": "300", "memory": "2Gi"}},
+            }}],
+            "config": [{"requests": ["gpu"], "opaque": {"driver": DRIVER_NAME, "parameters":
+                {"apiVersion": "gpu.kubeshare.io/v1alpha1", "kind": "GpuShareConfig", "limit": "0.6"}}}],
+        }}},
+    }))?;
+    templates.create(&PostParams::default(), &t).await?;
+    let script = "echo LDP=$LD_PRELOAD; echo SOCK=$(ls -A /kubeshare/run | tr '\\n' ' '); \
+        cuda-workload meminfo; cuda-workload launch --kernel-us 1000 --count 20; \
+        echo DONE; sleep 3600";
+    create(
+        &r.pods,
+        &claiming_pod("claimer", "burst", &gpu.uuid, script)?,
+    )
+    .await?;
+    let pod = running(&r.pods, "claimer").await?;
+    let pod_uid = uid(&pod)?;
+    let log = wait_for_log(&r.pods, "claimer", "main", "DONE", WAIT).await?;
+
+    // The claim's CDI spec gave the hook and the pod's socket directory; the hook
+    // reached the GPU's gem-schd and got the claim's share and memory cap.
+    assert_eq!(
+        field(&log, "LDP"),
+        Some(kubeshare_api::layout::POD_HOOK_LIB),
+        "{log}"
+    );
+    assert_eq!(
+        field(&log, "SOCK").map(str::trim),
+        Some(format!("{}.sock", gpu.uuid).as_str()),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!(
+            "connection to gem-schd for {}: request 300 limit 600 (milli), memory cap 2147483648 bytes",
+            gpu.uuid
+        )),
+        "{log}"
+    );
+    let out = json_lines(&log);
+    assert_eq!(
+        out.first().map(|v| v["total"].clone()),
+        Some(json!(2u64 << 30)),
+        "{log}"
+    );
+    assert!(out.iter().any(|v| v["kernels"] == json!(20)), "{log}");
+    let line = format!("{pod_uid} 0.3 0.6 2147483648");
+    let config = r.node.resource_config(&gpu.uuid).unwrap_or_default();
+    assert!(config.lines().any(|l| l == line), "{config}");
+
+    // The pod goes: the kubelet unprepares the claim, and its line and spec go.
+    delete_pods_and_wait(&r.pods, "", WAIT).await?;
+    wait_until("the claim's line to leave the config", WAIT, || async {
+        let c = r.node.resource_config(&gpu.uuid).unwrap_or_default();
+        Ok::<_, String>((!c.contains(&pod_uid)).then_some(()))
+    })
+    .await?;
+    let specs: Vec<String> = std::fs::read_dir(&cdi)?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("kubeshare.io-claim_"))
+        .collect();
+    assert!(specs.is_empty(), "{specs:?}");
+    drop(_restore);
+    r.ns.delete().await?;
+    Ok(())
+}
