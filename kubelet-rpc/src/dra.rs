@@ -12,7 +12,9 @@
 //! Implement [`DraPlugin`] and serve it with [`PluginServer`], which binds both sockets
 //! under the kubelet's root directory ([`PluginSockets`]) and, at shutdown, removes the
 //! registration socket before it stops the service, so the kubelet never holds a
-//! registration whose service is gone.
+//! registration whose service is gone. The registration socket is served by a small
+//! HTTP/2 server of this crate, not by tonic, which refuses the kubelet's requests
+//! there (`registration_h2` says why); [`RegistrationServer`] serves other clients.
 //!
 //! The messages follow the upstream `.proto` files (field numbers are the contract).
 
@@ -184,7 +186,8 @@ pub struct NodeUnprepareResourceResponse {
 }
 
 /// The registration service of one driver: tells the kubelet where its DRA service
-/// listens, and remembers what the kubelet answered.
+/// listens, and remembers what the kubelet answered. [`PluginServer`] serves it to the
+/// kubelet; as [`RegistrationApi`] it is also a tonic service.
 #[derive(Debug, Clone)]
 pub struct Registration {
     driver: String,
