@@ -24,14 +24,44 @@ const DAEMONSET: &str = "kubeshare-node-daemon";
 const RBAC_NAME: &str = "kubeshare:node-daemon-dra-test";
 
 /// Puts the node daemon's DaemonSet template and the test's DRA objects back however
-/// the test ends (with a client of its own: the test's runtime is blocked meanwhile).
+/// the test ends (with a client of its own: the test's runtime is blocked meanwhile),
+/// and waits until the node is as the next tests expect it.
 struct Restore {
     kubeconfig: PathBuf,
+    node: String,
     template: Value,
 }
 
+/// The node daemon's DaemonSet has rolled out: every pod of its latest template ready.
+fn rolled_out(ds: &DaemonSet) -> bool {
+    let generation = ds.metadata.generation.unwrap_or(0);
+    ds.status.as_ref().is_some_and(|s| {
+        s.observed_generation.unwrap_or(0) >= generation
+            && s.updated_number_scheduled == Some(s.desired_number_scheduled)
+            && s.number_ready == s.desired_number_scheduled
+            && s.number_unavailable.unwrap_or(0) == 0
+    })
+}
+
+/// How many `kubeshare.io/gpu` the Node offers, and when the kubelet last reported.
+fn offered(
+    n: &k8s_openapi::api::core::v1::Node,
+) -> (Option<String>, Option<k8s_openapi::jiff::Timestamp>) {
+    let s = n.status.as_ref();
+    let gpus = s
+        .and_then(|s| s.allocatable.as_ref())
+        .and_then(|a| a.get("kubeshare.io/gpu"))
+        .map(|q| q.0.clone());
+    let beat = s
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .and_then(|c| c.last_heartbeat_time.as_ref())
+        .map(|t| t.0);
+    (gpus, beat)
+}
+
 impl Restore {
-    async fn run(kubeconfig: &Path, template: Value) {
+    async fn run(kubeconfig: &Path, node: &str, template: Value) {
         let client = match kubeshare_testkit::client_from_kubeconfig(kubeconfig).await {
             Ok(c) => c,
             Err(e) => {
@@ -42,6 +72,24 @@ impl Restore {
         let ds: Api<DaemonSet> = Api::namespaced(client.clone(), KUBESHARE_NS);
         if let Err(e) = set_template(&ds, template).await {
             eprintln!("could not put the node daemon's DaemonSet back: {e}");
+        }
+        // The restored daemon's device plugin registers anew, and until the kubelet
+        // reports its devices healthy it refuses pods asking for them: wait for a
+        // report made after the rollout.
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+        let cdi = nodes.get(node).await.map(|n| offered(&n).0.is_some());
+        if let Err(e) = wait_for(&ds, DAEMONSET, WAIT, rolled_out).await {
+            eprintln!("the node daemon did not roll back: {e}");
+        }
+        let rolled = k8s_openapi::jiff::Timestamp::now();
+        if matches!(cdi, Ok(true))
+            && let Err(e) = wait_for(&nodes, node, WAIT, |n| match offered(n) {
+                (Some(g), Some(beat)) => g != "0" && beat > rolled,
+                _ => false,
+            })
+            .await
+        {
+            eprintln!("the node offers no kubeshare.io/gpu after the rollback: {e}");
         }
         let dp = DeleteParams::default();
         let _ = Api::<DeviceClass>::all(client.clone())
@@ -58,12 +106,16 @@ impl Restore {
 
 impl Drop for Restore {
     fn drop(&mut self) {
-        let (kubeconfig, template) = (self.kubeconfig.clone(), self.template.clone());
+        let (kubeconfig, node, template) = (
+            self.kubeconfig.clone(),
+            self.node.clone(),
+            self.template.clone(),
+        );
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            rt.block_on(Restore::run(&kubeconfig, template));
+            rt.block_on(Restore::run(&kubeconfig, &node, template));
             Ok::<_, std::io::Error>(())
         })
         .join();
@@ -201,6 +253,7 @@ async fn a_claimed_share_reaches_gem_schd_and_the_hook() -> Result<()> {
         kubeconfig: Cluster::shared()?
             .kubeconfig(Identity::Admin)?
             .to_path_buf(),
+        node: r.node.name.clone(),
         template: before["spec"]["template"].clone(),
     };
     set_template(&ds, with_dra(before["spec"]["template"].clone())?)
