@@ -535,6 +535,8 @@ async fn kubelet_plugin_prepares_claims_into_gem_schd_configs() -> anyhow::Resul
         ("--cdi-spec-dir", &cdi_dir),
         ("--cdi-dev-dir", &dir.join("dev")),
         ("--cdi-lib-dir", &dir.join("lib")),
+        // --cdi-spec-dir also runs the device plugin for kubeshare.io/gpu: kept here.
+        ("--device-plugin-dir", &dir.join("device-plugins")),
     ]
     .iter()
     .flat_map(|(k, v)| [k.to_string(), v.display().to_string()])
