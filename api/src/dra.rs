@@ -35,6 +35,51 @@ pub const MEMORY: &str = "memory";
 /// `compute` of one whole GPU: shares are counted in thousandths, as [`Milli`] counts them.
 pub const COMPUTE_UNITS: u16 = 1000;
 
+/// The device attribute holding the GPU's NVML UUID (a string).
+pub const ATTR_UUID: &str = "uuid";
+/// Memory is booked in MiB steps: fine enough for any share, and the step NVIDIA's and
+/// HAMi's drivers use.
+pub const MEMORY_STEP: u64 = 1 << 20;
+
+/// The device name of the GPU at NVML index `index` in its node's pool (the pool is
+/// named after the node). The node daemon names its devices so and the extender reads
+/// a claim's allocation back with [`device_index`], so both sides agree on which GPU a
+/// claim holds even without the slice at hand.
+pub fn device_name(index: u32) -> String {
+    format!("gpu-{index}")
+}
+
+/// The NVML index of a device named by [`device_name`]; `None` for any other name.
+pub fn device_index(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix("gpu-")?;
+    // `gpu-01` is no name device_name writes.
+    if digits.is_empty() || (digits.len() > 1 && digits.starts_with('0')) {
+        return None;
+    }
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// A GPU's `memory` capacity as published: its bytes rounded down to whole [`MEMORY_STEP`]s.
+pub fn device_memory(gpu_memory: u64) -> u64 {
+    gpu_memory / MEMORY_STEP * MEMORY_STEP
+}
+
+/// What label pods (placed by the extender) leave of one GPU for claims: the `compute`
+/// and `memory` capacities the node daemon publishes for the device. `label_milli` is
+/// the sum of the label pods' requests on the GPU in thousandths, `label_mem` the sum
+/// of their memory bookings in bytes. A GPU the label pods fill publishes 0: no claim
+/// fits beside them. The extender books the other way round (label pods on top of the
+/// claims), so the two sums together stay within one GPU.
+pub fn capacity_left(gpu_memory: u64, label_milli: u32, label_mem: u64) -> (u16, u64) {
+    let compute = u32::from(COMPUTE_UNITS).saturating_sub(label_milli) as u16;
+    // Rounded down to a whole step: what a claim books is a whole number of steps.
+    let memory = device_memory(device_memory(gpu_memory).saturating_sub(label_mem));
+    (compute, memory)
+}
+
 /// The fields of [`ShareConfig`] as written in JSON.
 pub mod field {
     pub const API_VERSION: &str = "apiVersion";
@@ -467,6 +512,39 @@ impl ShareConfig {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn device_names_round_trip() {
+        for i in [0, 1, 7, 10, 4_000_000_000] {
+            assert_eq!(device_index(&device_name(i)), Some(i));
+        }
+        for bad in [
+            "gpu-",
+            "gpu-01",
+            "gpu-x",
+            "gpu--1",
+            "gpu-+1",
+            "GPU-0",
+            "mig-0",
+            "gpu-99999999999",
+        ] {
+            assert_eq!(device_index(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn label_pods_leave_the_rest() {
+        let gib = 1u64 << 30;
+        assert_eq!(capacity_left(16 * gib + 5, 0, 0), (1000, 16 * gib));
+        assert_eq!(capacity_left(16 * gib, 700, 4 * gib), (300, 12 * gib));
+        // Memory not in whole MiB leaves the whole MiB below.
+        assert_eq!(
+            capacity_left(16 * gib, 0, 1),
+            (1000, 16 * gib - MEMORY_STEP)
+        );
+        // Overbooked by labels (a record from before): nothing left, never negative.
+        assert_eq!(capacity_left(gib, 1500, 2 * gib), (0, 0));
+    }
 
     fn cfg(extra: Value) -> Value {
         let mut v = json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND});

@@ -12,6 +12,7 @@
 //! - [`state`]: the state the routes, bind and the background tasks share.
 //! - [`server`]: the axum routes and serving.
 //! - `binding`: bind's task: the record and the node in one Binding, single flight.
+//! - [`claims`]: what ResourceClaims of the DRA driver hold of each GPU (pure).
 //! - `api`: one API call, with a permit and retries until a deadline.
 //! - [`error`]: what an API call or a bind answers when it fails.
 //! - `backpressure`: the filter holds new pods while API calls queue too long.
@@ -21,6 +22,7 @@
 mod api;
 mod backpressure;
 mod binding;
+pub mod claims;
 pub mod convert;
 pub mod error;
 pub mod metrics;

@@ -69,6 +69,9 @@ pub struct Shared {
     cluster: Mutex<Cluster>,
     pub(crate) nodes_synced: AtomicBool,
     pub(crate) pods_synced: AtomicBool,
+    /// The ResourceClaim and ResourceSlice watches have listed (or the API serves no
+    /// `resource.k8s.io/v1`): what claims hold is in the books.
+    pub(crate) claims_synced: AtomicBool,
     /// Background tasks that are not running (ended, restarting): not ready.
     pub(crate) tasks_down: AtomicUsize,
     pub metrics: Metrics,
@@ -121,6 +124,7 @@ impl Shared {
             cluster: Mutex::new(Cluster::new(placement)),
             nodes_synced: AtomicBool::new(false),
             pods_synced: AtomicBool::new(false),
+            claims_synced: AtomicBool::new(false),
             tasks_down: AtomicUsize::new(0),
             metrics: Metrics::default(),
             client,
@@ -145,11 +149,12 @@ impl Shared {
         self.start.elapsed().as_millis() as u64
     }
 
-    /// Whether both watches have listed (since their last restart) and every
+    /// Whether the watches have listed (since their last restart) and every
     /// background task runs; no answer is given before.
     pub fn synced(&self) -> bool {
         self.nodes_synced.load(Ordering::Acquire)
             && self.pods_synced.load(Ordering::Acquire)
+            && self.claims_synced.load(Ordering::Acquire)
             && self.tasks_down.load(Ordering::Acquire) == 0
     }
 
@@ -157,6 +162,7 @@ impl Shared {
     pub fn mark_synced(&self) {
         self.nodes_synced.store(true, Ordering::Release);
         self.pods_synced.store(true, Ordering::Release);
+        self.claims_synced.store(true, Ordering::Release);
     }
 
     /// Runs `f` on the books.

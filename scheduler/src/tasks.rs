@@ -1,5 +1,6 @@
 //! The extender's background tasks: the node and pod watches that keep the books,
-//! and the timer that expires group reservations, checks assumed bookings against
+//! the ResourceClaim and ResourceSlice watches that add what DRA claims hold of the
+//! GPUs, and the timer that expires group reservations, checks assumed bookings against
 //! the API, wakes group members whose places were freed (nominating a pod tied to
 //! one node to that node), and reports record problems (events, metrics).
 //!
@@ -34,8 +35,11 @@ pub const WAKE_ANNOTATION: &str = "sharedgpu/wake";
 
 /// Starts every background task under its supervisor.
 pub(crate) fn start(client: Client, s: Arc<Shared>) -> Vec<JoinHandle<()>> {
-    let (c1, c2) = (client.clone(), client);
+    let (c1, c2, c3) = (client.clone(), client.clone(), client);
     vec![
+        supervise("claims", s.clone(), move |s| {
+            watch_claims(c3.clone(), s).boxed()
+        }),
         supervise("nodes", s.clone(), move |s| {
             watch_nodes(c1.clone(), s).boxed()
         }),
@@ -72,6 +76,8 @@ where
                 s.pods_synced.store(false, Ordering::Release);
             } else if name == "nodes" {
                 s.nodes_synced.store(false, Ordering::Release);
+            } else if name == "claims" {
+                s.claims_synced.store(false, Ordering::Release);
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
             s.tasks_down.fetch_sub(1, Ordering::AcqRel);
@@ -144,6 +150,107 @@ async fn watch_pods(client: Client, s: Arc<Shared>) {
                 }
             }
             Err(e) => warn!(error = %e, "pod watch error"),
+        }
+    }
+}
+
+/// How often a cluster without `resource.k8s.io/v1` is asked again whether it serves it.
+const DRA_API_RECHECK: Duration = Duration::from_secs(300);
+
+/// Whether the API serves ResourceClaims of `resource.k8s.io/v1`.
+async fn serves_claims(client: &Client) -> Result<bool, kube::Error> {
+    match client.list_api_group_resources("resource.k8s.io/v1").await {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "resourceclaims")),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// ResourceClaims and the DRA driver's ResourceSlices: after every change, what the
+/// claims hold of each GPU ([`crate::claims::claimed`]) replaces what the books held.
+/// Synced once both have listed; on a cluster without `resource.k8s.io/v1` there is
+/// nothing to hold, and it asks again now and then.
+async fn watch_claims(client: Client, s: Arc<Shared>) {
+    use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+    use kube::runtime::reflector;
+    loop {
+        match serves_claims(&client).await {
+            Ok(true) => break,
+            Ok(false) => {
+                s.with_cluster(|c| c.set_claims(Default::default()));
+                if !s.claims_synced.swap(true, Ordering::AcqRel) {
+                    info!(
+                        "the API serves no resource.k8s.io/v1 ResourceClaims: no DRA claims to count"
+                    );
+                }
+                tokio::time::sleep(DRA_API_RECHECK).await;
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot ask the API for resource.k8s.io/v1; retrying");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        }
+    }
+    let claims: Api<ResourceClaim> = Api::all(client.clone());
+    let slices: Api<ResourceSlice> = Api::all(client);
+    let sc = watcher::Config::default()
+        .fields(&format!("spec.driver={}", kubeshare_api::dra::DRIVER_NAME));
+    let (cstore, mut cw) = reflector::store::<ResourceClaim>();
+    let (sstore, mut sw) = reflector::store::<ResourceSlice>();
+    let mut cs = watcher::watcher(claims, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let mut ss = watcher::watcher(slices, sc).default_backoff().boxed();
+    let (mut claims_listed, mut slices_listed) = (false, false);
+    loop {
+        let mut changed = false;
+        let mut claim_ev = |e: watcher::Result<Event<ResourceClaim>>, changed: &mut bool| match e {
+            Ok(e) => {
+                claims_listed |= matches!(e, Event::InitDone);
+                *changed |= !matches!(e, Event::Init | Event::InitApply(_));
+                cw.apply_watcher_event(&e);
+            }
+            Err(e) => warn!(error = %e, "ResourceClaim watch error"),
+        };
+        let mut slice_ev = |e: watcher::Result<Event<ResourceSlice>>, changed: &mut bool| match e {
+            Ok(e) => {
+                slices_listed |= matches!(e, Event::InitDone);
+                *changed |= !matches!(e, Event::Init | Event::InitApply(_));
+                sw.apply_watcher_event(&e);
+            }
+            Err(e) => warn!(error = %e, "ResourceSlice watch error"),
+        };
+        tokio::select! {
+            ev = cs.next() => match ev {
+                Some(e) => claim_ev(e, &mut changed),
+                None => return,
+            },
+            ev = ss.next() => match ev {
+                Some(e) => slice_ev(e, &mut changed),
+                None => return,
+            },
+        }
+        // Take every event already waiting, then recount once: a burst of claims
+        // (a job's pods) costs one recount, not one each.
+        while let Some(Some(e)) = cs.next().now_or_never() {
+            claim_ev(e, &mut changed);
+        }
+        while let Some(Some(e)) = ss.next().now_or_never() {
+            slice_ev(e, &mut changed);
+        }
+        if !(changed && claims_listed && slices_listed) {
+            continue;
+        }
+        let cl: Vec<ResourceClaim> = cstore.state().iter().map(|c| (**c).clone()).collect();
+        let sl: Vec<ResourceSlice> = sstore.state().iter().map(|c| (**c).clone()).collect();
+        let claimed = crate::claims::claimed(&cl, &sl);
+        s.with_cluster(|c| c.set_claims(claimed));
+        if !s.claims_synced.swap(true, Ordering::AcqRel) {
+            info!(
+                claims = cl.len(),
+                slices = sl.len(),
+                "ResourceClaims synced; their GPU shares are in the books"
+            );
         }
     }
 }

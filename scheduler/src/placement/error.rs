@@ -151,6 +151,14 @@ pub enum GpuWhy {
         need: Gib,
         factor: Factor,
     },
+    /// The GPU would not fit counting what ResourceClaims (the DRA driver's, placed by
+    /// the stock scheduler) hold of it.
+    #[error("{why}, counting {share} held by ResourceClaims {claims}")]
+    Claimed {
+        why: Box<GpuWhy>,
+        share: Milli,
+        claims: String,
+    },
 }
 
 /// Why a coscheduling group cannot start yet (its members wait).

@@ -169,10 +169,11 @@ impl<'a> OnNode<'a> {
         self.own.is_some_and(|b| b.on(self.node_name, uuid))
     }
 
-    /// Usage of GPU i, leaving out the pod's own booking.
+    /// Usage of GPU i, leaving out the pod's own booking; what ResourceClaims hold
+    /// counts as device-mode use (a claim's memory is a cap, never overcommitted).
     fn usage(&self, i: usize) -> Usage {
         let g = self.gpu(i);
-        match self.own.filter(|b| b.on(self.node_name, &g.info.uuid)) {
+        let u = match self.own.filter(|b| b.on(self.node_name, &g.info.uuid)) {
             Some(b) => {
                 let (dev_mem, um_mem) = match b.managed {
                     None => (g.mem_used.saturating_sub(b.mem), g.um_used),
@@ -191,6 +192,26 @@ impl<'a> OnNode<'a> {
                 um_mem: g.um_used,
                 holders: g.holders,
             },
+        };
+        let c = &g.claimed;
+        Usage {
+            share: u.share.saturating_add(c.milli),
+            dev_mem: u.dev_mem.saturating_add(c.mem),
+            um_mem: u.um_mem,
+            holders: u.holders.saturating_add(c.count),
+        }
+    }
+
+    /// `why` a GPU does not fit, naming the claims on it when claims hold part of it.
+    fn with_claims(&self, i: usize, why: GpuWhy) -> GpuWhy {
+        let c = &self.gpu(i).claimed;
+        if c.count == 0 {
+            return why;
+        }
+        GpuWhy::Claimed {
+            why: Box::new(why),
+            share: milli(c.milli.min(1000)),
+            claims: c.names.clone(),
         }
     }
 
@@ -284,16 +305,19 @@ impl<'a> OnNode<'a> {
             return Err(GpuFail {
                 rank: (1, free),
                 idx,
-                why: GpuWhy::Share {
-                    free: milli(free),
-                    request,
-                },
+                why: self.with_claims(
+                    i,
+                    GpuWhy::Share {
+                        free: milli(free),
+                        request,
+                    },
+                ),
             });
         }
         let (mem_free, need) = self.memory_check(g, u, need_cache).map_err(|why| GpuFail {
             rank: (2, free),
             idx,
-            why,
+            why: self.with_claims(i, why),
         })?;
         Ok((i, u.share, mem_free, need))
     }

@@ -17,6 +17,7 @@ use memo::Verdict;
 
 mod assume;
 mod books;
+mod claimed;
 mod error;
 mod fit;
 mod memo;
@@ -279,9 +280,21 @@ pub struct Nomination {
     pub node: String,
 }
 
+/// What ResourceClaims hold of one GPU (the stock scheduler's bookings, `claimed.rs`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct ClaimHold {
+    milli: u32,
+    mem: u64,
+    /// The claims, `namespace/name`, comma-separated (for the reason a pod is refused).
+    names: String,
+    count: u32,
+}
+
 #[derive(Debug, Clone)]
 struct Gpu {
     info: GpuInfo,
+    /// What ResourceClaims hold, on top of the label pods' bookings below.
+    claimed: ClaimHold,
     used: u32,
     /// Caps of device-mode pods.
     mem_used: u64,
@@ -352,6 +365,8 @@ pub struct Cluster {
     /// The newest `now_ms` a caller passed: the clock of what happens inside a
     /// watch event (a preemption completed by a victim's deletion).
     now_hint: u64,
+    /// What ResourceClaims hold, by (node, device) (`claimed.rs`).
+    claimed: crate::claims::Claimed,
 }
 
 #[derive(Debug, Clone)]

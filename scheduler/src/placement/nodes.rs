@@ -40,6 +40,7 @@ impl Cluster {
                     .into_iter()
                     .map(|info| Gpu {
                         info,
+                        claimed: Default::default(),
                         used: 0,
                         mem_used: 0,
                         um_used: 0,
@@ -59,12 +60,13 @@ impl Cluster {
                     self.next_id += 1;
                     self.next_id - 1
                 });
-                let node = Node {
+                let mut node = Node {
                     id,
                     stamp: self.version,
                     gpus,
                     by_uuid,
                 };
+                self.attach_claims(name, &mut node);
                 self.nodes.insert(name.to_string(), node);
                 let uids: Vec<String> = self
                     .by_node

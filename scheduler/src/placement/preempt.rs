@@ -224,7 +224,9 @@ impl Cluster {
                     .filter(|&u| units[u].places.contains(&(n.clone(), g.info.uuid.clone())))
                     .collect();
                 if !on.is_empty() {
-                    let need = (u64::from(g.used) + request).saturating_sub(1000);
+                    // Claims are not evicted: what they hold stays.
+                    let need = (u64::from(g.used) + u64::from(g.claimed.milli) + request)
+                        .saturating_sub(1000);
                     scopes.push(Scope {
                         node: n,
                         units: on,

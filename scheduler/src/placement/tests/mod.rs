@@ -113,6 +113,7 @@ fn gpu_of(a: &Allocation) -> (String, Vec<String>) {
 }
 
 mod books;
+mod claims;
 mod demo;
 mod groups;
 mod nominate;
