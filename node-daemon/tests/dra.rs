@@ -360,7 +360,7 @@ async fn stock_scheduler_shares_a_gpu_by_consumable_capacity() -> anyhow::Result
     // What the apiserver stored reads back as unchanged: no new generation each resync.
     let daemon_client = cluster.client(Identity::NodeDaemon).await?;
     assert_eq!(
-        publish(&daemon_client, &node, &inv).await?,
+        publish(&daemon_client, &node, &inv, &Default::default()).await?,
         Published::Unchanged
     );
     assert_eq!(slices.get(&slice_name).await?.spec.pool.generation, 1);

@@ -275,6 +275,39 @@ pub fn prepare(
     })
 }
 
+/// Whether `claim` fits beside what label pods (`labels`, by GPU UUID) and the
+/// `others` prepared claims hold of its GPUs: one set of books on the node. The stock
+/// scheduler and the extender decide apart, each from what it last saw of the other, so
+/// at the same instant both may book the last room of a GPU; the claim, prepared later
+/// than the label pod was bound, is refused, with a message that says what holds the GPU.
+pub fn check_books<'a>(
+    claim: &PreparedClaim,
+    others: impl IntoIterator<Item = &'a PreparedClaim>,
+    labels: &super::slice::LabelUse,
+) -> Result<(), String> {
+    let others: Vec<&PreparedClaim> = others.into_iter().filter(|o| o.uid != claim.uid).collect();
+    for d in &claim.devices {
+        let label = labels.get(&d.gpu_uuid).map_or(0, |u| u.0);
+        let claimed: u32 = others
+            .iter()
+            .flat_map(|o| o.devices.iter())
+            .filter(|o| o.gpu_uuid == d.gpu_uuid)
+            .map(|o| u32::from(o.request_milli))
+            .sum();
+        let total = label
+            .saturating_add(claimed)
+            .saturating_add(u32::from(d.request_milli));
+        if total > u32::from(COMPUTE_UNITS) {
+            return Err(format!(
+                "request {}: GPU {} ({}) would be booked past one GPU: label pods hold {}, other claims {}, this claim {} thousandths \
+                 (a label pod was placed on it while the scheduler allocated this claim); delete the pod so that its claim is allocated again",
+                d.request, d.gpu_uuid, d.device, label, claimed, d.request_milli
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -334,6 +367,31 @@ pub(crate) mod tests {
         }
         json!([{"source": "FromClaim", "requests": ["gpu"],
                 "opaque": {"driver": DRIVER_NAME, "parameters": p}}])
+    }
+
+    #[test]
+    fn a_claim_is_refused_past_one_gpu_counting_label_pods_and_other_claims() {
+        let c = claim(json!([result("gpu-1", "500", "2Gi")]), json!([]), &[POD]);
+        let p = prepare(&c, "claim-uid-1", NODE, &inventory()).unwrap();
+        let mut other = p.clone();
+        other.uid = "claim-uid-2".into();
+        other.devices[0].request_milli = 300;
+        let none = super::super::slice::LabelUse::new();
+        assert_eq!(check_books(&p, [&other], &none), Ok(()));
+        // Label pods hold 0.3 of gpu 1: 0.3 + 0.3 + 0.5 is past one GPU.
+        let labels = super::super::slice::LabelUse::from([(U1.to_string(), (300, 0))]);
+        let e = check_books(&p, [&other], &labels).unwrap_err();
+        assert!(
+            e.starts_with(&format!(
+                "request gpu: GPU {U1} (gpu-1) would be booked past one GPU: label pods hold 300, other claims 300, this claim 500 thousandths"
+            )),
+            "{e}"
+        );
+        // The claim itself (prepared again) is not counted twice; another GPU's label
+        // pods do not count.
+        assert_eq!(check_books(&p, [&p], &labels), Ok(()));
+        let elsewhere = super::super::slice::LabelUse::from([(U0.to_string(), (1000, 0))]);
+        assert_eq!(check_books(&p, [&other], &elsewhere), Ok(()));
     }
 
     #[test]

@@ -12,8 +12,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
+use kube::api::ListParams;
 use kubeshare_api::Layout;
 use kubeshare_api::dra::DRIVER_NAME;
 use kubeshare_kubelet_rpc::dra::{
@@ -161,6 +163,12 @@ impl Plugin {
                 ));
             }
         }
+        let pods = Api::<Pod>::all(self.client.clone())
+            .list(&ListParams::default().fields(&format!("spec.nodeName={}", self.cfg.node)))
+            .await
+            .map_err(|e| format!("cannot list the pods of node {}: {e}", self.cfg.node))?;
+        let labels = super::publish::label_use_of(&self.cfg.node, &inventory, &pods.items);
+        super::claim::check_books(&prepared, claims.values(), &labels)?;
         self.write_spec(&prepared)?;
         claims.insert(prepared.uid.clone(), prepared.clone());
         if let Err(e) = checkpoint::store(&self.cfg.checkpoint, &claims) {

@@ -1,17 +1,22 @@
 //! The I/O edge of the ResourceSlice: reads the Node and its slices, sends what
 //! [`super::slice::plan`] decides, and removes any other slice of this driver on the
 //! node (a renamed or duplicated one), so that the scheduler sees exactly one pool.
+//! [`run`] watches the node's pods and publishes again whenever what the label pods
+//! hold changes, so that the slice's capacities follow them (one set of books with the
+//! extender: docs/dra.md).
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
+use futures::{FutureExt as _, StreamExt as _};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use kubeshare_api::NodeInventory;
 use kubeshare_api::dra::DRIVER_NAME;
 
-use super::slice::{Step, plan, slice_name};
+use super::slice::{LabelUse, Step, label_use, plan, slice_name};
 use crate::source::InventorySource;
 
 #[derive(Debug, thiserror::Error)]
@@ -37,11 +42,12 @@ pub enum Published {
     Unchanged,
 }
 
-/// Makes the API hold `node`'s slice for `inv`.
+/// Makes the API hold `node`'s slice for `inv`, less what label pods hold (`used`).
 pub async fn publish(
     client: &kube::Client,
     node: &str,
     inv: &NodeInventory,
+    used: &LabelUse,
 ) -> Result<Published, PublishError> {
     let n = Api::<Node>::all(client.clone())
         .get(node)
@@ -83,7 +89,7 @@ pub async fn publish(
         }
     }
     let pp = PostParams::default();
-    match plan(node, &uid, inv, existing.as_ref()) {
+    match plan(node, &uid, inv, used, existing.as_ref()) {
         Step::Unchanged => Ok(Published::Unchanged),
         Step::Create(s) => {
             api.create(&pp, &s)
@@ -109,14 +115,66 @@ pub async fn publish(
     }
 }
 
-/// Publishes the node's slice from `source` now and every `every`, forever; failures
-/// are logged and retried at the next turn (a conflict there means someone changed
-/// the slice since it was read: the next read sees it).
+/// What the label pods among `pods` (this node's) hold of each GPU of `inv`, read as the
+/// daemon's loop reads them (`reconcile::desired_with_claims` without claims), so the
+/// slice and gem-schd's configs count the same pods.
+pub fn label_use_of(node: &str, inv: &NodeInventory, pods: &[Pod]) -> LabelUse {
+    let views: Vec<crate::reconcile::PodView> = pods
+        .iter()
+        .filter_map(crate::reconcile::PodView::from_pod)
+        .collect();
+    label_use(&crate::reconcile::desired_with_claims(
+        node,
+        inv,
+        &views,
+        &[],
+    ))
+}
+
+/// Publishes the node's slice from `source` now, every `every`, and whenever the node's
+/// pods change (label pods coming and going change the capacities), forever; failures
+/// are logged and retried at the next turn (a conflict there means someone changed the
+/// slice since it was read: the next read sees it). Until the pod watch has listed, the
+/// slice is not published: capacities without the label pods would let claims into
+/// their shares.
 pub async fn run(client: kube::Client, node: String, source: InventorySource, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let pods: Api<Pod> = Api::all(client.clone());
+    let wc = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let mut stream = watcher(pods, wc).default_backoff().boxed();
+    let (store, mut writer) = reflector::store::<Pod>();
+    let mut synced = false;
+    let mut last: Option<LabelUse> = None;
     loop {
-        tick.tick().await;
+        let mut due = false;
+        tokio::select! {
+            _ = tick.tick() => due = true,
+            ev = stream.next() => {
+                let mut next = ev;
+                // Take every event already waiting, then publish once.
+                loop {
+                    match next {
+                        Some(Ok(e)) => {
+                            writer.apply_watcher_event(&e);
+                            synced |= crate::pods::completes_list(&e);
+                        }
+                        Some(Err(e)) => tracing::warn!(error = %e, "DRA: pod watch error; retrying"),
+                        None => {
+                            tracing::error!("DRA: the pod watch ended; the slice no longer follows label pods");
+                            return;
+                        }
+                    }
+                    match stream.next().now_or_never() {
+                        Some(n) => next = n,
+                        None => break,
+                    }
+                }
+            }
+        }
+        if !synced {
+            continue;
+        }
         let inv = match source.load() {
             Ok(inv) => inv,
             Err(e) => {
@@ -124,9 +182,18 @@ pub async fn run(client: kube::Client, node: String, source: InventorySource, ev
                 continue;
             }
         };
-        match publish(&client, &node, &inv).await {
-            Ok(Published::Unchanged) => {}
-            Ok(p) => tracing::info!(?p, gpus = inv.gpus.len(), "DRA: ResourceSlice published"),
+        let pods: Vec<Pod> = store.state().iter().map(|p| (**p).clone()).collect();
+        let used = label_use_of(&node, &inv, &pods);
+        // A pod event that changes no label share sends nothing; the tick still checks.
+        if !due && last.as_ref() == Some(&used) {
+            continue;
+        }
+        match publish(&client, &node, &inv, &used).await {
+            Ok(Published::Unchanged) => last = Some(used),
+            Ok(p) => {
+                tracing::info!(?p, gpus = inv.gpus.len(), "DRA: ResourceSlice published");
+                last = Some(used);
+            }
             Err(e) => tracing::warn!(error = %e, "DRA: publishing the ResourceSlice failed"),
         }
     }

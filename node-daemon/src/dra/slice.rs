@@ -7,6 +7,12 @@
 //! claim that names neither gets the defaults, the whole capacity: the whole GPU. The
 //! pool's generation goes up whenever the devices change, as the scheduler requires to
 //! tell a stale slice from a current one.
+//!
+//! One set of books with the extender: a device's capacities are what the label pods on
+//! the GPU leave ([`kubeshare_api::dra::capacity_left`]), so the stock scheduler never
+//! books a claim into a share the extender gave a label pod. The request policies keep
+//! the whole GPU as their default and maximum: a claim that names no amount asks for the
+//! whole GPU and fits only on a GPU no label pod holds.
 
 use std::collections::BTreeMap;
 
@@ -17,11 +23,34 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kubeshare_api::NodeInventory;
-use kubeshare_api::dra::{COMPUTE, COMPUTE_UNITS, DRIVER_NAME, MEMORY};
+use kubeshare_api::dra::{ATTR_UUID, COMPUTE, COMPUTE_UNITS, DRIVER_NAME, MEMORY, capacity_left};
 
-/// Memory is booked in MiB steps: fine enough for any share, and the step NVIDIA's and
-/// HAMi's drivers use.
-pub const MEMORY_STEP: u64 = 1 << 20;
+use crate::reconcile::Desired;
+
+/// What label pods hold of each GPU, by UUID: (sum of requests in thousandths, sum of
+/// memory caps in bytes).
+pub type LabelUse = BTreeMap<String, (u32, u64)>;
+
+/// What the label pods in `desired` (the daemon's configs, built without claims) hold of
+/// each GPU: a shared pod its request and memory cap, a whole-GPU pod all of it.
+pub fn label_use(desired: &Desired) -> LabelUse {
+    let mut used = LabelUse::new();
+    for (gpu, config) in &desired.configs {
+        let u = used.entry(gpu.clone()).or_default();
+        for e in &config.entries {
+            u.0 = u.0.saturating_add(u32::from(e.request.get()));
+            u.1 = u.1.saturating_add(e.gpu_mem);
+        }
+    }
+    for (gpu, pods) in &desired.whole {
+        if !pods.is_empty() {
+            used.insert(gpu.clone(), (u32::from(COMPUTE_UNITS), u64::MAX));
+        }
+    }
+    used
+}
+
+pub use kubeshare_api::dra::{MEMORY_STEP, device_name};
 /// Longest string attribute the apiserver accepts.
 const MAX_STRING_ATTRIBUTE: usize = 64;
 /// Longest object name.
@@ -37,11 +66,6 @@ pub fn slice_name(node: &str) -> String {
         head.pop();
     }
     format!("{head}{suffix}")
-}
-
-/// The device name of the GPU at NVML index `index`.
-pub fn device_name(index: u32) -> String {
-    format!("gpu-{index}")
 }
 
 fn string(s: impl Into<String>) -> DeviceAttribute {
@@ -65,7 +89,8 @@ fn q(v: u64) -> Quantity {
 /// The devices of `inv`: every GPU that no other device plugin holds and that has at
 /// least two MiB of memory (one step above the minimum; anything less is no real GPU
 /// and the apiserver would refuse its policy).
-pub fn devices(inv: &NodeInventory) -> Vec<Device> {
+/// Each device's capacities are what `used` (label pods) leaves of the GPU.
+pub fn devices(inv: &NodeInventory, used: &LabelUse) -> Vec<Device> {
     let by_uuid: BTreeMap<&str, u32> = inv
         .gpus
         .iter()
@@ -75,12 +100,12 @@ pub fn devices(inv: &NodeInventory) -> Vec<Device> {
         .iter()
         .filter(|g| g.held_by.is_none())
         .filter_map(|g| {
-            let memory = g.memory / MEMORY_STEP * MEMORY_STEP;
+            let memory = kubeshare_api::dra::device_memory(g.memory);
             if memory < 2 * MEMORY_STEP {
                 return None;
             }
             let mut attributes = BTreeMap::from([
-                ("uuid".to_string(), string(&g.uuid)),
+                (ATTR_UUID.to_string(), string(&g.uuid)),
                 ("index".to_string(), int(i64::from(g.index))),
                 ("memory".to_string(), int(memory as i64)),
             ]);
@@ -110,11 +135,13 @@ pub fn devices(inv: &NodeInventory) -> Vec<Device> {
                 attributes.insert("nvlinkPeerCount".into(), int(peers.len() as i64));
             }
             let compute = u64::from(COMPUTE_UNITS);
+            let (label_milli, label_mem) = used.get(&g.uuid).copied().unwrap_or_default();
+            let (compute_left, memory_left) = capacity_left(g.memory, label_milli, label_mem);
             let capacity = BTreeMap::from([
                 (
                     COMPUTE.to_string(),
                     DeviceCapacity {
-                        value: q(compute),
+                        value: q(u64::from(compute_left)),
                         request_policy: Some(CapacityRequestPolicy {
                             default: Some(q(compute)),
                             valid_range: Some(CapacityRequestPolicyRange {
@@ -129,7 +156,7 @@ pub fn devices(inv: &NodeInventory) -> Vec<Device> {
                 (
                     MEMORY.to_string(),
                     DeviceCapacity {
-                        value: q(memory),
+                        value: q(memory_left),
                         request_policy: Some(CapacityRequestPolicy {
                             default: Some(q(memory)),
                             valid_range: Some(CapacityRequestPolicyRange {
@@ -153,9 +180,16 @@ pub fn devices(inv: &NodeInventory) -> Vec<Device> {
         .collect()
 }
 
-/// The slice that publishes `inv` for Node `node` (uid `node_uid`, its owner: the slice
-/// goes when the Node does) at pool generation `generation`.
-pub fn desired(node: &str, node_uid: &str, inv: &NodeInventory, generation: i64) -> ResourceSlice {
+/// The slice that publishes `inv`, less what label pods hold (`used`), for Node `node`
+/// (uid `node_uid`, its owner: the slice goes when the Node does) at pool generation
+/// `generation`.
+pub fn desired(
+    node: &str,
+    node_uid: &str,
+    inv: &NodeInventory,
+    used: &LabelUse,
+    generation: i64,
+) -> ResourceSlice {
     ResourceSlice {
         metadata: ObjectMeta {
             name: Some(slice_name(node)),
@@ -177,7 +211,7 @@ pub fn desired(node: &str, node_uid: &str, inv: &NodeInventory, generation: i64)
                 generation,
                 resource_slice_count: 1,
             },
-            devices: Some(devices(inv)),
+            devices: Some(devices(inv, used)),
             ..Default::default()
         },
     }
@@ -195,17 +229,19 @@ pub enum Step {
     Unchanged,
 }
 
-/// Compares `existing` (the node's slice as read, if any) with what `inv` should publish.
+/// Compares `existing` (the node's slice as read, if any) with what `inv`, less what
+/// label pods hold (`used`), should publish.
 pub fn plan(
     node: &str,
     node_uid: &str,
     inv: &NodeInventory,
+    used: &LabelUse,
     existing: Option<&ResourceSlice>,
 ) -> Step {
     let Some(cur) = existing else {
-        return Step::Create(desired(node, node_uid, inv, 1));
+        return Step::Create(desired(node, node_uid, inv, used, 1));
     };
-    let mut want = desired(node, node_uid, inv, cur.spec.pool.generation);
+    let mut want = desired(node, node_uid, inv, used, cur.spec.pool.generation);
     if same(cur, &want) {
         return Step::Unchanged;
     }
@@ -280,7 +316,7 @@ mod tests {
         let inv = NodeInventory {
             gpus: vec![g0, gpu(1, 16 << 30)],
         };
-        let s = desired("node-a", "uid-1", &inv, 1);
+        let s = desired("node-a", "uid-1", &inv, &LabelUse::new(), 1);
         let v = serde_json::to_value(&s).unwrap();
         assert_eq!(v["apiVersion"], "resource.k8s.io/v1");
         assert_eq!(v["kind"], "ResourceSlice");
@@ -327,13 +363,69 @@ mod tests {
     }
 
     #[test]
+    fn label_pods_shrink_the_capacity() {
+        let inv = NodeInventory {
+            gpus: vec![gpu(0, 16 << 30), gpu(1, 16 << 30)],
+        };
+        let used = LabelUse::from([(gpu(0, 0).uuid, (700, 4 << 30))]);
+        let v = serde_json::to_value(devices(&inv, &used)).unwrap();
+        let cap = |d: usize, c: &str| v[d]["capacity"][c]["value"].clone();
+        assert_eq!(cap(0, "compute"), "300");
+        assert_eq!(cap(0, "memory"), (12u64 << 30).to_string());
+        assert_eq!(cap(1, "compute"), "1000");
+        // The policy still defaults to the whole GPU: a claim naming no amount does
+        // not fit beside a label pod.
+        assert_eq!(
+            v[0]["capacity"]["compute"]["requestPolicy"]["default"],
+            "1000"
+        );
+        // A label pod coming changes the slice: the next generation.
+        let Step::Create(mut cur) = plan("n", "u", &inv, &LabelUse::new(), None) else {
+            panic!("no slice yet: create");
+        };
+        cur.metadata.resource_version = Some("3".into());
+        let Step::Replace(next) = plan("n", "u", &inv, &used, Some(&cur)) else {
+            panic!("label pods came: replace");
+        };
+        assert_eq!(next.spec.pool.generation, 2);
+    }
+
+    #[test]
+    fn label_use_sums_the_configs() {
+        use kubeshare_api::{ClientClass, Milli, ResourceConfig, ResourceEntry};
+        let entry = |id: &str, r: u16, mem: u64| ResourceEntry {
+            id: id.into(),
+            request: Milli::new(r).unwrap(),
+            limit: Milli::ONE,
+            gpu_mem: mem,
+            class: ClientClass::Guaranteed,
+        };
+        let mut d = Desired::default();
+        d.configs.insert(
+            "A".into(),
+            ResourceConfig {
+                entries: vec![entry("p1", 300, 1 << 30), entry("p2", 400, 2 << 30)],
+            },
+        );
+        d.configs.insert("B".into(), ResourceConfig::default());
+        d.whole.insert("C".into(), vec!["p3".into()]);
+        let u = label_use(&d);
+        assert_eq!(u["A"], (700, 3 << 30));
+        assert_eq!(u["B"], (0, 0));
+        assert_eq!(u["C"], (1000, u64::MAX));
+    }
+
+    #[test]
     fn held_and_tiny_gpus_are_left_out() {
         let mut held = gpu(0, 16 << 30);
         held.held_by = Some("ns/pod".into());
         let inv = NodeInventory {
             gpus: vec![held, gpu(1, MEMORY_STEP + 1), gpu(2, 2 * MEMORY_STEP)],
         };
-        let names: Vec<String> = devices(&inv).into_iter().map(|d| d.name).collect();
+        let names: Vec<String> = devices(&inv, &LabelUse::new())
+            .into_iter()
+            .map(|d| d.name)
+            .collect();
         assert_eq!(names, vec!["gpu-2"]);
     }
 
@@ -342,7 +434,7 @@ mod tests {
         let inv = NodeInventory {
             gpus: vec![gpu(0, 16 << 30)],
         };
-        let Step::Create(mut cur) = plan("n", "u", &inv, None) else {
+        let Step::Create(mut cur) = plan("n", "u", &inv, &LabelUse::new(), None) else {
             panic!("no slice yet: create");
         };
         assert_eq!(cur.spec.pool.generation, 1);
@@ -360,12 +452,15 @@ mod tests {
                 .unwrap()
                 .min = Quantity("1Mi".into());
         }
-        assert_eq!(plan("n", "u", &inv, Some(&cur)), Step::Unchanged);
+        assert_eq!(
+            plan("n", "u", &inv, &LabelUse::new(), Some(&cur)),
+            Step::Unchanged
+        );
         // A GPU more: the next generation, guarded by the resourceVersion read.
         let more = NodeInventory {
             gpus: vec![gpu(0, 16 << 30), gpu(1, 16 << 30)],
         };
-        let Step::Replace(next) = plan("n", "u", &more, Some(&cur)) else {
+        let Step::Replace(next) = plan("n", "u", &more, &LabelUse::new(), Some(&cur)) else {
             panic!("changed: replace");
         };
         assert_eq!(next.spec.pool.generation, 2);
@@ -373,7 +468,7 @@ mod tests {
         assert_eq!(next.spec.devices.as_ref().unwrap().len(), 2);
         // A new Node object of the same name (new uid): the owner is corrected.
         assert!(matches!(
-            plan("n", "other-uid", &inv, Some(&cur)),
+            plan("n", "other-uid", &inv, &LabelUse::new(), Some(&cur)),
             Step::Replace(_)
         ));
     }
