@@ -5,9 +5,11 @@
 //! Tests run one at a time (one extender on the port); each uses its own
 //! namespace and `ext-` nodes, and pins its pods to its nodes with a nodeSelector.
 //!
-//! `rig.rs` holds the harness; this file the placement rules, `groups.rs` coscheduling and
-//! the extender killed or restarted mid-operation, `preempt.rs` preemption.
+//! `rig.rs` holds the harness; this file the placement rules, `dra.rs` DRA claims in
+//! the books, `groups.rs` coscheduling and the extender killed or restarted
+//! mid-operation, `preempt.rs` preemption.
 
+mod dra;
 mod groups;
 mod preempt;
 mod rig;
