@@ -70,8 +70,8 @@ pub fn device_memory(gpu_memory: u64) -> u64 {
 /// What label pods (placed by the extender) leave of one GPU for claims: the `compute`
 /// and `memory` capacities the node daemon publishes for the device. `label_milli` is
 /// the sum of the label pods' requests on the GPU in thousandths, `label_mem` the sum
-/// of their memory bookings in bytes. A GPU the label pods fill publishes 0: no claim
-/// fits beside them. The extender books the other way round (label pods on top of the
+/// of their memory bookings in bytes. A GPU the label pods fill leaves 0: no claim fits
+/// beside them (the node daemon then leaves the device out of its slice). The extender books the other way round (label pods on top of the
 /// claims), so the two sums together stay within one GPU.
 pub fn capacity_left(gpu_memory: u64, label_milli: u32, label_mem: u64) -> (u16, u64) {
     let compute = u32::from(COMPUTE_UNITS).saturating_sub(label_milli) as u16;

@@ -365,6 +365,62 @@ async fn stock_scheduler_shares_a_gpu_by_consumable_capacity() -> anyhow::Result
     );
     assert_eq!(slices.get(&slice_name).await?.spec.pool.generation, 1);
 
+    // 1b. One set of books: a label pod the extender bound here (its allocation record:
+    // 0.4 and 6Gi of the GPU) shrinks the device's capacities to what it leaves; when
+    // it goes, the whole GPU is published again.
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &nsname);
+    let record = kubeshare_api::Allocation {
+        node: node.clone(),
+        gpu_uuids: vec![inv.gpus[0].uuid.clone()],
+        gpu_mem: 6 << 30,
+        gpu_model: inv.gpus[0].model.clone(),
+        granted: kubeshare_api::Granted::Fraction {
+            request: Milli::new(400).context("0.4")?,
+            limit: Milli::new(400).context("0.4")?,
+        },
+        gpu_mem_resident: None,
+    };
+    let labelled: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "labelled", "annotations": record.to_annotations(),
+                     "labels": {"sharedgpu/gpu_request": "0.4", "sharedgpu/gpu_limit": "0.4",
+                                "sharedgpu/gpu_mem": "6Gi"}},
+        "spec": {"schedulerName": kubeshare_api::SCHEDULER_NAME, "nodeName": node,
+                 "terminationGracePeriodSeconds": 0,
+                 "containers": [{"name": "app", "image": "registry.invalid/app:1"}]},
+    }))?;
+    pods.create(&PostParams::default(), &labelled).await?;
+    let capacity = |s: &ResourceSlice, c: &str| {
+        s.spec
+            .devices
+            .as_ref()
+            .and_then(|d| d.first())
+            .and_then(|d| d.capacity.as_ref())
+            .and_then(|m| m.get(c))
+            .and_then(|q| parse_bytes(&q.value.0).ok())
+    };
+    let shrunk = wait_for(&slices, &slice_name, WAIT, |s| {
+        capacity(s, "compute") == Some(600)
+    })
+    .await
+    .with_context(|| std::fs::read_to_string(&log).unwrap_or_default())?;
+    assert_eq!(capacity(&shrunk, "memory"), Some(10 << 30));
+    assert_eq!(shrunk.spec.pool.generation, 2);
+    pods.delete(
+        "labelled",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let back = wait_for(&slices, &slice_name, WAIT, |s| {
+        capacity(s, "compute") == Some(1000)
+    })
+    .await?;
+    assert_eq!(capacity(&back, "memory"), Some(16 << 30));
+    assert_eq!(back.spec.pool.generation, 3);
+
     // 2. Claims of 300 and 600 thousandths share the GPU.
     let pods: Api<Pod> = Api::namespaced(admin.clone(), &nsname);
     let claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), &nsname);

@@ -10,9 +10,9 @@
 //!
 //! One set of books with the extender: a device's capacities are what the label pods on
 //! the GPU leave ([`kubeshare_api::dra::capacity_left`]), so the stock scheduler never
-//! books a claim into a share the extender gave a label pod. The request policies keep
-//! the whole GPU as their default and maximum: a claim that names no amount asks for the
-//! whole GPU and fits only on a GPU no label pod holds.
+//! books a claim into a share the extender gave a label pod. The apiserver wants a
+//! request policy's default and maximum within the capacity, so they are what is left
+//! too; a GPU the label pods leave no compute or no MiB of is left out of the slice.
 
 use std::collections::BTreeMap;
 
@@ -134,14 +134,19 @@ pub fn devices(inv: &NodeInventory, used: &LabelUse) -> Vec<Device> {
                 }
                 attributes.insert("nvlinkPeerCount".into(), int(peers.len() as i64));
             }
-            let compute = u64::from(COMPUTE_UNITS);
             let (label_milli, label_mem) = used.get(&g.uuid).copied().unwrap_or_default();
             let (compute_left, memory_left) = capacity_left(g.memory, label_milli, label_mem);
+            if compute_left == 0 || memory_left < MEMORY_STEP {
+                // Label pods hold all of it: no claim fits, and a policy of nothing
+                // is invalid. Claims allocated on it before stay prepared.
+                return None;
+            }
+            let compute = u64::from(compute_left);
             let capacity = BTreeMap::from([
                 (
                     COMPUTE.to_string(),
                     DeviceCapacity {
-                        value: q(u64::from(compute_left)),
+                        value: q(compute),
                         request_policy: Some(CapacityRequestPolicy {
                             default: Some(q(compute)),
                             valid_range: Some(CapacityRequestPolicyRange {
@@ -158,7 +163,7 @@ pub fn devices(inv: &NodeInventory, used: &LabelUse) -> Vec<Device> {
                     DeviceCapacity {
                         value: q(memory_left),
                         request_policy: Some(CapacityRequestPolicy {
-                            default: Some(q(memory)),
+                            default: Some(q(memory_left)),
                             valid_range: Some(CapacityRequestPolicyRange {
                                 min: q(MEMORY_STEP),
                                 max: None,
@@ -373,12 +378,19 @@ mod tests {
         assert_eq!(cap(0, "compute"), "300");
         assert_eq!(cap(0, "memory"), (12u64 << 30).to_string());
         assert_eq!(cap(1, "compute"), "1000");
-        // The policy still defaults to the whole GPU: a claim naming no amount does
-        // not fit beside a label pod.
+        // The policy's default and maximum are what is left (the apiserver wants them
+        // within the capacity).
+        let policy = &v[0]["capacity"]["compute"]["requestPolicy"];
+        assert_eq!(policy["default"], "300");
+        assert_eq!(policy["validRange"]["max"], "300");
         assert_eq!(
-            v[0]["capacity"]["compute"]["requestPolicy"]["default"],
-            "1000"
+            v[0]["capacity"]["memory"]["requestPolicy"]["default"],
+            (12u64 << 30).to_string()
         );
+        // A GPU the label pods fill is left out.
+        let full = LabelUse::from([(gpu(1, 0).uuid, (1000, 0))]);
+        let names: Vec<String> = devices(&inv, &full).into_iter().map(|d| d.name).collect();
+        assert_eq!(names, vec!["gpu-0"]);
         // A label pod coming changes the slice: the next generation.
         let Step::Create(mut cur) = plan("n", "u", &inv, &LabelUse::new(), None) else {
             panic!("no slice yet: create");
