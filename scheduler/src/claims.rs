@@ -35,10 +35,13 @@ pub type Claimed = BTreeMap<(String, String), ClaimedGpu>;
 /// devices resolved through `slices`. A claim holds its share from allocation until it
 /// is deallocated, whether or not its pod runs, as the stock scheduler counts it. An
 /// amount that does not parse counts as the whole capacity: never less than booked.
-pub fn claimed(claims: &[ResourceClaim], slices: &[ResourceSlice]) -> Claimed {
+pub fn claimed<'a>(
+    claims: impl IntoIterator<Item = &'a ResourceClaim>,
+    slices: impl IntoIterator<Item = &'a ResourceSlice>,
+) -> Claimed {
     // (pool, device) → (node, uuid)
     let mut devices: BTreeMap<(&str, &str), (&str, Option<&str>)> = BTreeMap::new();
-    for s in slices.iter().filter(|s| s.spec.driver == DRIVER_NAME) {
+    for s in slices.into_iter().filter(|s| s.spec.driver == DRIVER_NAME) {
         let pool = s.spec.pool.name.as_str();
         let node = s.spec.node_name.as_deref().unwrap_or(pool);
         for d in s.spec.devices.iter().flatten() {
@@ -191,7 +194,7 @@ mod tests {
                 json!({"compute": "1k", "memory": "1Gi"})
             )]),
         )];
-        let got = claimed(&claims, &[]);
+        let got = claimed(&claims, []);
         let g = &got[&("n2".to_string(), "gpu-3".to_string())];
         assert_eq!(
             (g.uuid.clone(), g.milli, g.mem),

@@ -241,9 +241,8 @@ async fn watch_claims(client: Client, s: Arc<Shared>) {
         if !(changed && claims_listed && slices_listed) {
             continue;
         }
-        let cl: Vec<ResourceClaim> = cstore.state().iter().map(|c| (**c).clone()).collect();
-        let sl: Vec<ResourceSlice> = sstore.state().iter().map(|c| (**c).clone()).collect();
-        let claimed = crate::claims::claimed(&cl, &sl);
+        let (cl, sl) = (cstore.state(), sstore.state());
+        let claimed = crate::claims::claimed(cl.iter().map(|c| &**c), sl.iter().map(|c| &**c));
         s.with_cluster(|c| c.set_claims(claimed));
         if !s.claims_synced.swap(true, Ordering::AcqRel) {
             info!(

@@ -79,7 +79,7 @@ fn a_claim_sends_a_label_pod_elsewhere_or_leaves_it_pending_with_the_claims_name
     assert_eq!(h.node, "n1");
     // The claims go (deallocated): b fits where they were... once h is gone too.
     c.delete_pod("h");
-    c.set_claims(claimed(&[], &slices));
+    c.set_claims(claimed([], &slices));
     assert_eq!(c.claim_holds(), vec![]);
     let b = schedule(&mut c, &mut frac("b", "0.7"), 0).unwrap();
     assert_eq!(b.node, "n1");
@@ -90,7 +90,7 @@ fn claimed_memory_and_whole_gpus() {
     let i1 = inv(1, 2, "A", 40, &[]);
     let mut c = cluster(&[("n1", i1.clone())]);
     // No slice read yet: the device name gives the GPU (index 1).
-    c.set_claims(claimed(&[claim("m", "n1", 1, 100, 30 * GIB)], &[]));
+    c.set_claims(claimed(&[claim("m", "n1", 1, 100, 30 * GIB)], []));
     assert_eq!(c.claim_holds()[0].1, 1);
     // Memory: 30 GiB of gpu 1 is claimed, so 20 GiB goes to gpu 0 only.
     let mut p = pod(
