@@ -2,8 +2,9 @@
 //! behind `--dra`:
 //! - the node's GPUs published as one ResourceSlice, each GPU a device that many claims
 //!   share through consumable capacity (`compute` in thousandths, `memory` in bytes), so
-//!   that the stock kube-scheduler places ResourceClaims on GPU shares: [`slice`] builds
-//!   it and decides what to send (pure), [`publish`] reads and writes the API;
+//!   that the stock kube-scheduler places ResourceClaims on GPU shares, each device's
+//!   capacities being what the label pods on the GPU leave: [`slice`] builds it and
+//!   decides what to send (pure), [`publish`] reads and writes the API;
 //! - the kubelet plugin that hands a claimed share to a container: [`claim`] works out a
 //!   claim's shares and [`cdi`] its CDI spec (both pure), [`checkpoint`] keeps the
 //!   prepared claims across restarts, [`book`] shares them with the daemon's loop, which
