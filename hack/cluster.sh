@@ -40,22 +40,8 @@ die() { log "error: $*"; exit 1; }
 
 usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
 
-CMD="${1:-}"
-[[ -n "$CMD" ]] || { usage >&2; exit 2; }
-shift
-RUN=""
+RUN="${RUN:-}"
 OWNER=""
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --owner-pid) OWNER="${2:?--owner-pid needs a pid}"; shift 2 ;;
-    -h|--help) usage; exit 0 ;;
-    -*) die "unknown option $1" ;;
-    *) [[ -z "$RUN" ]] || die "more than one RUN_DIR given"; RUN="$1"; shift ;;
-  esac
-done
-RUN="${RUN:-${KUBESHARE_RUN_DIR:-$REPO/target/kubeshare-cluster}}"
-mkdir -p "$RUN"
-RUN="$(cd "$RUN" && pwd)"
 CLAIMS="${KUBESHARE_PORT_CLAIMS:-/tmp/kubeshare-port-claims}"
 TIMEOUT="${KUBESHARE_UP_TIMEOUT:-120}"
 API_BIND="${KUBESHARE_APISERVER_BIND:-127.0.0.1}"
@@ -315,16 +301,38 @@ EOF
 
 # ------------------------------------------------------------------- configs
 
-write_configs() {
-  local c="$RUN/config"
-  mkdir -p "$c"
-  # Both schedulers' client limits, alike (hack/bench-scale.sh raises them so
-  # that neither scheduler is throttled by its client; upstream: 50 / 100).
-  local client_limits=""
+# Both schedulers' client limits, alike (hack/bench-scale.sh raises them so
+# that neither scheduler is throttled by its client; upstream: 50 / 100).
+sched_client_limits() {
   if [[ -n "${KUBESHARE_SCHED_QPS:-}" ]]; then
-    client_limits="  qps: $KUBESHARE_SCHED_QPS
+    echo "  qps: $KUBESHARE_SCHED_QPS
   burst: ${KUBESHARE_SCHED_BURST:-$KUBESHARE_SCHED_QPS}"
   fi
+}
+
+# The default scheduler's configuration (profile default-scheduler).
+write_default_scheduler_config() {
+  local c="$RUN/config" client_limits
+  mkdir -p "$c"
+  client_limits="$(sched_client_limits)"
+  cat >"$c/kube-scheduler.yaml" <<EOF
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: $RUN/kubeconfig/kube-scheduler.kubeconfig
+$client_limits
+leaderElection:
+  leaderElect: false
+profiles:
+- schedulerName: default-scheduler
+EOF
+}
+
+write_configs() {
+  local c="$RUN/config"
+  write_default_scheduler_config
+  local client_limits
+  client_limits="$(sched_client_limits)"
   # As manifests/ configure it: only pods marked kubeshare.io/gpu-pod (the
   # webhook marks GPU pods) go through the extender. Off by default: most tests
   # create GPU pods without the webhook, and so without the mark.
@@ -348,17 +356,6 @@ write_configs() {
   # at 1,000 nodes).
   local pct=""
   [[ -z "${KUBESHARE_SCHED_PCT:-}" ]] || pct="  percentageOfNodesToScore: $KUBESHARE_SCHED_PCT"
-  cat >"$c/kube-scheduler.yaml" <<EOF
-apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-clientConnection:
-  kubeconfig: $RUN/kubeconfig/kube-scheduler.kubeconfig
-$client_limits
-leaderElection:
-  leaderElect: false
-profiles:
-- schedulerName: default-scheduler
-EOF
   # Our scheduler: its only profile is kubeshare-scheduler, and every pod it
   # schedules goes through the extender (unless KUBESHARE_MANAGED_RESOURCES). Short
   # backoffs so tests do not wait long after the extender rejects a pod.
@@ -443,6 +440,66 @@ default_sa() { curl_api "https://127.0.0.1:$P_APISERVER/api/v1/namespaces/defaul
 
 kubectl_admin() { "$BIN/kubectl" --kubeconfig "$RUN/kubeconfig/admin.kubeconfig" "$@"; }
 
+# ------------------------------------------------------------ components
+# One function per component that every mode runs (hack/gpu-node.sh runs them too, with
+# its own RUN, BIN and ports P_*). KUBESHARE_FEATURE_GATES: --feature-gates of the
+# apiserver, kube-controller-manager and the schedulers (unset: none).
+
+# etcd, then kube-apiserver (each waited for).
+start_etcd_apiserver() {
+  local pki="$RUN/pki"
+  start etcd "$BIN/etcd" --name=kubeshare --data-dir="$RUN/etcd" \
+    --listen-client-urls="http://127.0.0.1:$P_ETCD" --advertise-client-urls="http://127.0.0.1:$P_ETCD" \
+    --listen-peer-urls="http://127.0.0.1:$P_ETCD_PEER" --initial-advertise-peer-urls="http://127.0.0.1:$P_ETCD_PEER" \
+    --initial-cluster="kubeshare=http://127.0.0.1:$P_ETCD_PEER" \
+    --unsafe-no-fsync --log-level=warn
+  wait_for etcd etcd_healthy
+
+  start kube-apiserver "$BIN/kube-apiserver" \
+    --etcd-servers="http://127.0.0.1:$P_ETCD" \
+    --bind-address="$API_BIND" --advertise-address=127.0.0.1 --secure-port="$P_APISERVER" \
+    --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
+    --client-ca-file="$pki/ca.crt" \
+    --requestheader-client-ca-file="$pki/front-proxy-ca.crt" --requestheader-allowed-names=front-proxy-client \
+    --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
+    --requestheader-extra-headers-prefix=X-Remote-Extra- \
+    --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
+    --kubelet-client-certificate="$pki/client-apiserver-kubelet.crt" \
+    --kubelet-client-key="$pki/client-apiserver-kubelet.key" \
+    --enable-aggregator-routing=true --kubelet-preferred-address-types=InternalIP \
+    --service-account-issuer=https://kubernetes.default.svc \
+    --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
+    --service-cluster-ip-range=10.96.0.0/16 \
+    --endpoint-reconciler-type=none --allow-privileged=true \
+    --cert-dir="$RUN/apiserver-certs" --profiling="${KUBESHARE_APISERVER_PROFILING:-false}" \
+    ${KUBESHARE_FEATURE_GATES:+--feature-gates="$KUBESHARE_FEATURE_GATES"}
+  wait_for kube-apiserver api_ready
+}
+
+start_kcm() {
+  local pki="$RUN/pki" kc="$RUN/kubeconfig"
+  start kube-controller-manager "$BIN/kube-controller-manager" \
+    --kubeconfig="$kc/kube-controller-manager.kubeconfig" \
+    --authentication-kubeconfig="$kc/kube-controller-manager.kubeconfig" \
+    --authorization-kubeconfig="$kc/kube-controller-manager.kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$P_KCM" --cert-dir="$RUN/kcm-certs" \
+    --leader-elect=false --use-service-account-credentials=true \
+    --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" \
+    --controllers=endpoints-controller,endpointslice-controller,serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller,namespace-controller,garbage-collector-controller,job-controller,ttl-after-finished-controller,replicaset-controller,deployment-controller,daemonset-controller,statefulset-controller,node-lifecycle-controller,pod-garbage-collector-controller,clusterrole-aggregation-controller,resourceclaim-controller \
+    ${KUBESHARE_NODE_MONITOR_GRACE_PERIOD:+--node-monitor-grace-period="$KUBESHARE_NODE_MONITOR_GRACE_PERIOD"} \
+    --profiling=false ${KUBESHARE_FEATURE_GATES:+--feature-gates="$KUBESHARE_FEATURE_GATES"}
+}
+
+# The cluster's default scheduler (profile default-scheduler).
+start_default_scheduler() {
+  local kc="$RUN/kubeconfig"
+  start kube-scheduler "$BIN/kube-scheduler" --config="$RUN/config/kube-scheduler.yaml" \
+    --authentication-kubeconfig="$kc/kube-scheduler.kubeconfig" \
+    --authorization-kubeconfig="$kc/kube-scheduler.kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$P_SCHED" --cert-dir="$RUN/kube-scheduler-certs" \
+    ${KUBESHARE_FEATURE_GATES:+--feature-gates="$KUBESHARE_FEATURE_GATES"}
+}
+
 # ------------------------------------------------------------------ commands
 
 cmd_up() {
@@ -481,32 +538,8 @@ cmd_up() {
   write_env
   log "run dir $RUN, apiserver https://127.0.0.1:$P_APISERVER"
 
-  local pki="$RUN/pki" kc="$RUN/kubeconfig"
-  start etcd "$BIN/etcd" --name=kubeshare --data-dir="$RUN/etcd" \
-    --listen-client-urls="http://127.0.0.1:$P_ETCD" --advertise-client-urls="http://127.0.0.1:$P_ETCD" \
-    --listen-peer-urls="http://127.0.0.1:$P_ETCD_PEER" --initial-advertise-peer-urls="http://127.0.0.1:$P_ETCD_PEER" \
-    --initial-cluster="kubeshare=http://127.0.0.1:$P_ETCD_PEER" \
-    --unsafe-no-fsync --log-level=warn
-  wait_for etcd etcd_healthy
-
-  start kube-apiserver "$BIN/kube-apiserver" \
-    --etcd-servers="http://127.0.0.1:$P_ETCD" \
-    --bind-address="$API_BIND" --advertise-address=127.0.0.1 --secure-port="$P_APISERVER" \
-    --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
-    --client-ca-file="$pki/ca.crt" \
-    --requestheader-client-ca-file="$pki/front-proxy-ca.crt" --requestheader-allowed-names=front-proxy-client \
-    --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
-    --requestheader-extra-headers-prefix=X-Remote-Extra- \
-    --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
-    --kubelet-client-certificate="$pki/client-apiserver-kubelet.crt" \
-    --kubelet-client-key="$pki/client-apiserver-kubelet.key" \
-    --enable-aggregator-routing=true --kubelet-preferred-address-types=InternalIP \
-    --service-account-issuer=https://kubernetes.default.svc \
-    --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
-    --service-cluster-ip-range=10.96.0.0/16 \
-    --endpoint-reconciler-type=none --allow-privileged=true \
-    --cert-dir="$RUN/apiserver-certs" --profiling="${KUBESHARE_APISERVER_PROFILING:-false}"
-  wait_for kube-apiserver api_ready
+  local kc="$RUN/kubeconfig"
+  start_etcd_apiserver
 
   # The local KubeShare processes need their RBAC; with KubeShare deployed on the
   # real node instead, its Helm release brings the RBAC (and must own it).
@@ -517,25 +550,14 @@ cmd_up() {
     log "applied manifests/rbac.yaml"
   fi
 
-  start kube-controller-manager "$BIN/kube-controller-manager" \
-    --kubeconfig="$kc/kube-controller-manager.kubeconfig" \
-    --authentication-kubeconfig="$kc/kube-controller-manager.kubeconfig" \
-    --authorization-kubeconfig="$kc/kube-controller-manager.kubeconfig" \
-    --bind-address=127.0.0.1 --secure-port="$P_KCM" --cert-dir="$RUN/kcm-certs" \
-    --leader-elect=false --use-service-account-credentials=true \
-    --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" \
-    --controllers=endpoints-controller,endpointslice-controller,serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller,namespace-controller,garbage-collector-controller,job-controller,ttl-after-finished-controller,replicaset-controller,deployment-controller,daemonset-controller,statefulset-controller,node-lifecycle-controller,pod-garbage-collector-controller,clusterrole-aggregation-controller,resourceclaim-controller \
-    ${KUBESHARE_NODE_MONITOR_GRACE_PERIOD:+--node-monitor-grace-period="$KUBESHARE_NODE_MONITOR_GRACE_PERIOD"} \
-    --profiling=false
-  start kube-scheduler "$BIN/kube-scheduler" --config="$RUN/config/kube-scheduler.yaml" \
-    --authentication-kubeconfig="$kc/kube-scheduler.kubeconfig" \
-    --authorization-kubeconfig="$kc/kube-scheduler.kubeconfig" \
-    --bind-address=127.0.0.1 --secure-port="$P_SCHED" --cert-dir="$RUN/kube-scheduler-certs"
+  start_kcm
+  start_default_scheduler
   if [[ "$LOCAL_SCHEDULER" == 1 ]]; then
     start kubeshare-scheduler "$BIN/kube-scheduler" --config="$RUN/config/kubeshare-scheduler.yaml" \
       --authentication-kubeconfig="$kc/kube-scheduler.kubeconfig" \
       --authorization-kubeconfig="$kc/kube-scheduler.kubeconfig" \
-      --bind-address=127.0.0.1 --secure-port="$P_KSCHED" --cert-dir="$RUN/kubeshare-scheduler-certs"
+      --bind-address=127.0.0.1 --secure-port="$P_KSCHED" --cert-dir="$RUN/kubeshare-scheduler-certs" \
+      ${KUBESHARE_FEATURE_GATES:+--feature-gates="$KUBESHARE_FEATURE_GATES"}
   fi
   start kwok "$BIN/kwok" --kubeconfig="$kc/kwok.kubeconfig" \
     --config="$RUN/config/kwok-stages.yaml" \
@@ -608,10 +630,31 @@ cmd_env() {
   cat "$RUN/cluster.env"
 }
 
-case "$CMD" in
-  up) cmd_up ;;
-  down) cmd_down ;;
-  env) cmd_env ;;
-  -h|--help|help) usage ;;
-  *) usage >&2; exit 2 ;;
-esac
+main() {
+  local cmd="${1:-}"
+  [[ -n "$cmd" ]] || { usage >&2; exit 2; }
+  shift
+  RUN=""
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --owner-pid) OWNER="${2:?--owner-pid needs a pid}"; shift 2 ;;
+      -h|--help) usage; exit 0 ;;
+      -*) die "unknown option $1" ;;
+      *) [[ -z "$RUN" ]] || die "more than one RUN_DIR given"; RUN="$1"; shift ;;
+    esac
+  done
+  RUN="${RUN:-${KUBESHARE_RUN_DIR:-$REPO/target/kubeshare-cluster}}"
+  mkdir -p "$RUN"
+  RUN="$(cd "$RUN" && pwd)"
+  case "$cmd" in
+    up) cmd_up ;;
+    down) cmd_down ;;
+    env) cmd_env ;;
+    -h|--help|help) usage ;;
+    *) usage >&2; exit 2 ;;
+  esac
+}
+
+# Sourced (hack/gpu-node.sh reuses the certificates, configs and component command
+# lines with RUN set by itself): only the functions above.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then main "$@"; fi

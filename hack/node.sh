@@ -58,6 +58,21 @@ KUBELET_SYSCTLS=(
 # What a node could leave behind on the host, in a form that diffs cleanly.
 # Only things no one else on the machine changes, so `down` can be strict.
 host_state() {
+  host_state_sysctls
+  echo "# links and routes of nodes (ksn*), bridges (cni*)"
+  ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E '^(ksn|cni|veth)' || true
+  ip route show 2>/dev/null | grep -E 'ksn|cni' || true
+  host_state_paths
+  host_state_cgroups 'ks-node-*'
+  echo "# mounts of containers, pods, nodes"
+  grep -E 'ks-node|kubelet|containerd|/run/netns|kubeshare' /proc/self/mountinfo | awk '{print $5}' | sort || true
+  echo "# processes"
+  # (zombies excluded: killed processes wait a moment for the host's init to reap them)
+  live_comms | grep -E '^(containerd|containerd-shim|kubelet|kube-proxy|runc)' | sort | uniq -c || true
+}
+
+# The parts of host_state that hack/gpu-node.sh's check shares.
+host_state_sysctls() {
   local s
   echo "# sysctls"
   for s in vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops \
@@ -65,25 +80,37 @@ host_state() {
            net/ipv4/conf/all/route_localnet net/bridge/bridge-nf-call-iptables; do
     echo "$s=$(cat "/proc/sys/$s" 2>/dev/null || echo absent)"
   done
-  echo "# links and routes of nodes (ksn*), bridges (cni*)"
-  ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E '^(ksn|cni|veth)' || true
-  ip route show 2>/dev/null | grep -E 'ksn|cni' || true
+}
+
+host_state_paths() {
   echo "# /run/netns /run/containerd /var/lib/kubelet /var/lib/cni /var/log/pods /var/lib/kubeshare /etc/cni"
   local d
   for d in /run/netns /run/containerd /var/lib/kubelet /var/lib/cni /var/log/pods /var/lib/kubeshare /etc/cni; do
     [[ -e "$d" ]] && echo "exists $d"
   done
-  echo "# cgroups of nodes (ks-node-*, kubepods, k8s.io)"
+  return 0
+}
+
+# host_state_cgroups NAME: the node's cgroups (NAME, a glob), kubepods, k8s.io at the top
+# of every hierarchy.
+host_state_cgroups() {
+  echo "# cgroups of nodes (${1//\*/}*, kubepods, k8s.io)"
   local h
   for h in /sys/fs/cgroup/*/; do
-    find "$h" -maxdepth 1 -mindepth 1 -type d \( -name 'ks-node-*' -o -name kubepods -o -name 'kubepods.slice' -o -name k8s.io \) 2>/dev/null
+    find "$h" -maxdepth 1 -mindepth 1 -type d \( -name "$1" -o -name kubepods -o -name 'kubepods.slice' -o -name k8s.io \) 2>/dev/null
   done | sort
-  echo "# mounts of containers, pods, nodes"
-  grep -E 'ks-node|kubelet|containerd|/run/netns|kubeshare' /proc/self/mountinfo | awk '{print $5}' | sort || true
-  echo "# processes"
-  # (zombies excluded: killed processes wait a moment for the host's init to reap them)
-  ps -e -o stat=,comm= | awk '$1 !~ /^Z/ {print $2}' \
-    | grep -E '^(containerd|containerd-shim|kubelet|kube-proxy|runc)' | sort | uniq -c || true
+}
+
+# The command names of the live processes (not zombies: killed processes wait a moment
+# for the host's init to reap them), from /proc, so that hosts without procps (ps) work.
+live_comms() {
+  local f st
+  for f in /proc/[0-9]*/stat; do
+    read -r st 2>/dev/null <"$f" || continue
+    [[ "${st##*) }" == Z* ]] && continue
+    st="${st#*(}"
+    echo "${st%)*}"
+  done
 }
 
 # ------------------------------------------------------------------ helpers
@@ -186,6 +213,50 @@ pid_alive() { [[ "$1" =~ ^[0-9]+$ ]] && [[ -d "/proc/$1" ]]; }
 write_configs() {
   mkdir -p "$NODE/cni-conf" "$NODE/cni-ipam" "$NODE/sysctl" "$NODE/kubeshare" "$NODE/test" "$NODE/pod-logs" \
            "$NODE/kubelet" "$NODE/containerd"
+  write_containerd_config
+  cat >"$NODE/cni-conf/10-kubeshare.conflist" <<EOF
+{
+  "cniVersion": "0.4.0",
+  "name": "kubeshare-node",
+  "plugins": [
+    {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]],
+              "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "$NODE/cni-ipam"}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+EOF
+  write_kubelet_config
+  cat >"$NODE/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $NODE/kube-proxy.kubeconfig}
+hostnameOverride: $NODE_NAME
+mode: iptables
+clusterCIDR: $POD_CIDR
+bindAddress: $NODE_IP
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+# Leave the conntrack sysctls alone (some are global, not per network namespace).
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s, udpTimeout: 0s, udpStreamTimeout: 0s}
+EOF
+  write_sysctl_files
+}
+
+# The files bind-mounted over the kubelet's host sysctls (see KUBELET_SYSCTLS).
+write_sysctl_files() {
+  local e name value
+  mkdir -p "$NODE/sysctl"
+  for e in "${KUBELET_SYSCTLS[@]}"; do
+    read -r name value <<<"$e"
+    echo "$value" >"$NODE/sysctl/${name//\//.}"
+  done
+}
+
+# NODE/containerd.toml: root, state and sockets under NODE, CNI from CNI_BIN and
+# NODE/cni-conf; with CTRD_BIN (containerd 2.x), CDI on with NODE/cdi (or CDI_SPEC_DIR)
+# as its only spec dir.
+write_containerd_config() {
   cat >"$NODE/containerd.toml" <<EOF
 version = 2
 root = "$NODE/containerd/root"
@@ -220,37 +291,38 @@ EOF
   if [[ -n "${CTRD_BIN:-}" ]]; then
     # containerd 2.x migrates this version-2 file (these keys move to its
     # io.containerd.cri.v1.runtime plugin). One spec dir, the node's own: the
-    # host's /etc/cdi and /var/run/cdi belong to the host.
-    mkdir -p "$NODE/cdi"
-    awk -v dir="$NODE/cdi" '{ print }
+    # host's /etc/cdi and /var/run/cdi belong to the host. (CDI_SPEC_DIR: another one,
+    # made by the caller where it runs containerd.)
+    [[ -n "${CDI_SPEC_DIR:-}" ]] || mkdir -p "$NODE/cdi"
+    awk -v dir="${CDI_SPEC_DIR:-$NODE/cdi}" '{ print }
       $0 == "[plugins.\"io.containerd.grpc.v1.cri\"]" {
         print "  enable_cdi = true"; print "  cdi_spec_dirs = [\"" dir "\"]" }' \
       "$NODE/containerd.toml" >"$NODE/containerd.toml.cdi"
     mv "$NODE/containerd.toml.cdi" "$NODE/containerd.toml"
     grep -qx '  enable_cdi = true' "$NODE/containerd.toml" || die "could not turn CDI on in $NODE/containerd.toml"
   fi
-  cat >"$NODE/cni-conf/10-kubeshare.conflist" <<EOF
-{
-  "cniVersion": "0.4.0",
-  "name": "kubeshare-node",
-  "plugins": [
-    {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
-     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]],
-              "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "$NODE/cni-ipam"}},
-    {"type": "portmap", "capabilities": {"portMappings": true}}
-  ]
 }
-EOF
+
+# NODE/kubelet.yaml. Env (hack/gpu-node.sh sets them; node.sh keeps the defaults):
+# KUBELET_ADDRESS (default NODE_IP), KUBELET_PORT (10250), KUBELET_HEALTHZ_PORT (10248),
+# KUBELET_SERVING_CERT (1: NODE/pki/kubelet-serving.*; 0: the kubelet makes its own),
+# KUBELET_RESOLV_CONF (/etc/resolv.conf), KUBELET_CGROUP_ROOT (/ks-node-NODE_ID),
+# KUBELET_CONFIG_EXTRA (YAML lines appended).
+write_kubelet_config() {
+  local tls=""
+  if [[ "${KUBELET_SERVING_CERT:-1}" == 1 ]]; then
+    tls="
+tlsCertFile: $NODE/pki/kubelet-serving.crt
+tlsPrivateKeyFile: $NODE/pki/kubelet-serving.key"
+  fi
   cat >"$NODE/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: $NODE_IP
-port: 10250
+address: ${KUBELET_ADDRESS:-$NODE_IP}
+port: ${KUBELET_PORT:-10250}
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
-healthzPort: 10248
-tlsCertFile: $NODE/pki/kubelet-serving.crt
-tlsPrivateKeyFile: $NODE/pki/kubelet-serving.key
+healthzPort: ${KUBELET_HEALTHZ_PORT:-10248}$tls
 authentication:
   anonymous: {enabled: false}
   webhook: {enabled: false}
@@ -262,14 +334,14 @@ cgroupDriver: cgroupfs
 # This machine (and CI's) mounts cgroup v1; kubelets from 1.35 on refuse it unless told
 # (a deprecation, not a removal yet).
 failCgroupV1: false
-cgroupRoot: /ks-node-$NODE_ID
+cgroupRoot: ${KUBELET_CGROUP_ROOT:-/ks-node-$NODE_ID}
 cgroupsPerQOS: true
 # Setting -999 needs CAP_SYS_RESOURCE; the failure would only be logged.
 oomScoreAdj: 0
 failSwapOn: false
 podLogsDir: $NODE/pod-logs
 clusterDomain: cluster.local
-resolvConf: /etc/resolv.conf
+resolvConf: ${KUBELET_RESOLV_CONF:-/etc/resolv.conf}
 # The images are imported, never pulled: keep them whatever the disk holds.
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
@@ -280,24 +352,7 @@ serializeImagePulls: false
 registerNode: true
 maxPods: 50
 EOF
-  cat >"$NODE/kube-proxy.yaml" <<EOF
-apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-clientConnection: {kubeconfig: $NODE/kube-proxy.kubeconfig}
-hostnameOverride: $NODE_NAME
-mode: iptables
-clusterCIDR: $POD_CIDR
-bindAddress: $NODE_IP
-healthzBindAddress: 127.0.0.1:10256
-metricsBindAddress: 127.0.0.1:10249
-# Leave the conntrack sysctls alone (some are global, not per network namespace).
-conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s, udpTimeout: 0s, udpStreamTimeout: 0s}
-EOF
-  local e
-  for e in "${KUBELET_SYSCTLS[@]}"; do
-    read -r name value <<<"$e"
-    echo "$value" >"$NODE/sysctl/${name//\//.}"
-  done
+  [[ -z "${KUBELET_CONFIG_EXTRA:-}" ]] || echo "$KUBELET_CONFIG_EXTRA" >>"$NODE/kubelet.yaml"
 }
 
 # ------------------------------------------------------------------ inside
@@ -319,9 +374,30 @@ cmd_inside() {
   ip route add default via "$HOST_IP"
   echo 1 >/proc/sys/net/ipv4/ip_forward
 
-  # Host paths that containerd, runc, CNI and the kubelet write whatever their
-  # config says (shim sockets, netns files, CNI caches): fresh tmpfs, gone with
-  # this mount namespace.
+  node_mounts
+
+  pids=()
+  trap 'kill -TERM "${pids[@]}" 2>/dev/null; wait; exit 0' TERM INT
+  # KUBESHARE_NODE_CDI: containerd finds its shim (and this script its ctr) on PATH.
+  [[ -z "${CTRD_BIN:-}" ]] || export PATH="$CTRD_BIN:$PATH"
+  start_containerd
+  # The images come before the kubelet, so that no pod ever tries a pull.
+  until [[ -e "$NODE/images.ready" ]]; do sleep 0.1; done
+  "$BIN/kubelet" --config="$NODE/kubelet.yaml" --kubeconfig="$NODE/kubelet.kubeconfig" \
+    --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" --root-dir=/var/lib/kubelet \
+    --cert-dir="$NODE/pki" --node-labels="nvidia.com/gpu.present=true" --v=2 \
+    >"$NODE/logs/kubelet.log" 2>&1 &
+  pids+=($!); echo $! >"$NODE/pids/kubelet.pid"
+  "$BIN/kube-proxy" --config="$NODE/kube-proxy.yaml" --v=2 >"$NODE/logs/kube-proxy.log" 2>&1 &
+  pids+=($!); echo $! >"$NODE/pids/kube-proxy.pid"
+  wait
+}
+
+# Inside the node's mount namespace: host paths that containerd, runc, CNI and the
+# kubelet write whatever their config says (shim sockets, netns files, CNI caches)
+# become fresh tmpfs, gone with this mount namespace; KubeShare's host directory and
+# the tests' one are NODE's; the kubelet's host sysctls are NODE's files.
+node_mounts() {
   mount -t tmpfs -o mode=755 node-run /run
   mkdir -p /run/lock /run/netns
   mount -t tmpfs -o mode=755 node-var-lib /var/lib
@@ -335,30 +411,115 @@ cmd_inside() {
     read -r name _ <<<"$e"
     mount --bind "$NODE/sysctl/${name//\//.}" "/proc/sys/$name"
   done
+}
 
-  local pids=()
-  trap 'kill -TERM "${pids[@]}" 2>/dev/null; wait; exit 0' TERM INT
-  # KUBESHARE_NODE_CDI: containerd finds its shim (and this script its ctr) on PATH.
-  [[ -z "${CTRD_BIN:-}" ]] || export PATH="$CTRD_BIN:$PATH"
+# Starts containerd (NODE/containerd.toml; its pid joins `pids`), waits until it
+# answers, touches NODE/containerd.ready.
+start_containerd() {
   containerd --config "$NODE/containerd.toml" >"$NODE/logs/containerd.log" 2>&1 &
   pids+=($!); echo $! >"$NODE/pids/containerd.pid"
-  deadline=$(( $(date +%s) + 30 ))
+  local deadline=$(( $(date +%s) + 30 ))
   until ctr -a "$NODE/containerd.sock" version >/dev/null 2>&1; do
     (( $(date +%s) < deadline )) || die "containerd did not start (see $NODE/logs/containerd.log)"
     pid_alive "${pids[0]}" || die "containerd exited (see $NODE/logs/containerd.log)"
     sleep 0.1
   done
   touch "$NODE/containerd.ready"
-  # The images come before the kubelet, so that no pod ever tries a pull.
-  until [[ -e "$NODE/images.ready" ]]; do sleep 0.1; done
-  "$BIN/kubelet" --config="$NODE/kubelet.yaml" --kubeconfig="$NODE/kubelet.kubeconfig" \
-    --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" --root-dir=/var/lib/kubelet \
-    --cert-dir="$NODE/pki" --node-labels="nvidia.com/gpu.present=true" --v=2 \
-    >"$NODE/logs/kubelet.log" 2>&1 &
-  pids+=($!); echo $! >"$NODE/pids/kubelet.pid"
-  "$BIN/kube-proxy" --config="$NODE/kube-proxy.yaml" --v=2 >"$NODE/logs/kube-proxy.log" 2>&1 &
-  pids+=($!); echo $! >"$NODE/pids/kube-proxy.pid"
-  wait
+}
+
+# ------------------------------------------------------------------ cgroups
+
+# The cgroup v2 controllers the kubelet needs in its cgroupRoot (those of them the
+# kernel has): its cgroupfs driver checks each cgroup it uses for all of them.
+KUBELET_V2_CONTROLLERS=(cpu cpuset memory hugetlb pids io)
+
+# cgroup_tree_create NAME: NAME at the top of every hierarchy (cpuset copied from the
+# parent on v1); prints the cgroup the node's processes are tracked in. On v1 that is
+# NAME in the pids (or freezer) hierarchy. On v2 it is the leaf NAME/node: the kubelet
+# puts pods in NAME/kubepods and must turn controllers on in NAME's subtree_control,
+# which the kernel refuses while NAME itself holds processes. Controllers the root's
+# subtree_control lacks are turned on there too and listed in NODE/cgroup-root-enabled
+# (cgroup_tree_remove turns them off again).
+cgroup_tree_create() {
+  local name="$1" h
+  for h in $(hierarchies); do
+    mkdir -p "$h/$name"
+    if [[ -f "$h/cpuset.cpus" && -f "$h/$name/cpuset.cpus" ]]; then
+      cat "$h/cpuset.cpus" >"$h/$name/cpuset.cpus"
+      cat "$h/cpuset.mems" >"$h/$name/cpuset.mems"
+    fi
+  done
+  if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
+    local root=/sys/fs/cgroup c
+    : >"$NODE/cgroup-root-enabled"
+    for c in "${KUBELET_V2_CONTROLLERS[@]}"; do
+      grep -qw "$c" "$root/cgroup.controllers" || continue
+      if ! grep -qw "$c" "$root/cgroup.subtree_control"; then
+        echo "+$c" >"$root/cgroup.subtree_control" \
+          || die "cannot turn on the $c controller in $root/cgroup.subtree_control (a cgroup namespace whose root holds processes?)"
+        echo "$c" >>"$NODE/cgroup-root-enabled"
+      fi
+      echo "+$c" >"$root/$name/cgroup.subtree_control" || die "cannot turn on the $c controller in $root/$name"
+    done
+    mkdir -p "$root/$name/node"
+    echo "$root/$name/node"
+  else
+    echo "$(track_hierarchy)/$name"
+  fi
+}
+
+# cgroup_tree_kill NAME: SIGKILL every process in NAME's tree of the tracking hierarchy
+# until it stays empty, then wait (briefly) until they are reaped.
+cgroup_tree_kill() {
+  local track; track="$(track_hierarchy)/$1"
+  local n=0 any pid try killed=()
+  while [[ -d "$track" ]]; do
+    any=0
+    while read -r pid; do
+      [[ -n "$pid" ]] || continue
+      any=1
+      kill -KILL "$pid" 2>/dev/null || true
+      killed+=("$pid")
+    done < <(find "$track" -name cgroup.procs -exec cat {} + 2>/dev/null)
+    (( any )) || break
+    n=$((n + 1))
+    (( n < 100 )) || { log "processes keep appearing in $track"; break; }
+    sleep 0.1
+  done
+  # Dead and out of the cgroup; wait (briefly) until they are reaped too.
+  for try in $(seq 1 50); do
+    any=0
+    for pid in "${killed[@]}"; do
+      [[ -e "/proc/$pid" && "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]] && any=1
+    done
+    (( any )) || break
+    sleep 0.1
+  done
+}
+
+# cgroup_tree_remove NAME: the empty cgroups of NAME's trees, deepest first (a
+# just-killed process may hold one a moment).
+cgroup_tree_remove() {
+  local name="$1" h try left
+  for try in $(seq 1 50); do
+    left=0
+    for h in $(hierarchies); do
+      [[ -d "$h/$name" ]] || continue
+      find "$h/$name" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+      [[ -d "$h/$name" ]] && left=1
+    done
+    (( left )) || break
+    sleep 0.1
+  done
+  for h in $(hierarchies); do [[ -d "$h/$name" ]] && log "cgroup $h/$name could not be removed"; done
+  local c
+  if [[ -f "$NODE/cgroup-root-enabled" ]]; then
+    for c in $(cat "$NODE/cgroup-root-enabled"); do
+      echo "-$c" >/sys/fs/cgroup/cgroup.subtree_control || log "could not turn the $c controller off again at the cgroup root"
+    done
+    rm -f "$NODE/cgroup-root-enabled"
+  fi
+  return 0
 }
 
 # ------------------------------------------------------------------ commands
@@ -459,15 +620,7 @@ extendedKeyUsage=clientAuth"
 
   # The cgroup tree: every node process is tracked in it (down kills what it
   # lists), and it is the kubelet's cgroupRoot, so pods land under it too.
-  local h
-  for h in $(hierarchies); do
-    mkdir -p "$h/$CGROUP"
-    if [[ -f "$h/cpuset.cpus" && -f "$h/$CGROUP/cpuset.cpus" ]]; then
-      cat "$h/cpuset.cpus" >"$h/$CGROUP/cpuset.cpus"
-      cat "$h/cpuset.mems" >"$h/$CGROUP/cpuset.mems"
-    fi
-  done
-  local track; track="$(track_hierarchy)/$CGROUP"
+  local track; track="$(cgroup_tree_create "$CGROUP")"
 
   (
     echo "$BASHPID" >"$track/cgroup.procs"
@@ -534,7 +687,7 @@ cmd_down() {
   NODE="$RUN/node"
   if ! load_env; then log "no node in $RUN"; return 0; fi
   local t0; t0=$(date +%s%N)
-  local f pid try
+  local f pid
   f="$NODE/pids/watchdog.pid"
   if [[ -f "$f" ]]; then
     pid="$(cat "$f")"
@@ -547,44 +700,9 @@ cmd_down() {
   fi
   # Kill everything in the node's cgroup tree (containerd, shims, kubelet, pods),
   # until it stays empty; the namespaces die with their last process.
-  local track; track="$(track_hierarchy)/$CGROUP"
-  local n=0 any killed=()
-  while [[ -d "$track" ]]; do
-    any=0
-    while read -r pid; do
-      [[ -n "$pid" ]] || continue
-      any=1
-      kill -KILL "$pid" 2>/dev/null || true
-      killed+=("$pid")
-    done < <(find "$track" -name cgroup.procs -exec cat {} + 2>/dev/null)
-    (( any )) || break
-    n=$((n + 1))
-    (( n < 100 )) || { log "processes keep appearing in $track"; break; }
-    sleep 0.1
-  done
-  # Dead and out of the cgroup; wait (briefly) until they are reaped too.
-  for try in $(seq 1 50); do
-    any=0
-    for pid in "${killed[@]}"; do
-      [[ -e "/proc/$pid" && "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]] && any=1
-    done
-    (( any )) || break
-    sleep 0.1
-  done
+  cgroup_tree_kill "$CGROUP"
   ip link del "ksn${NODE_ID}h" 2>/dev/null || true
-  # Empty cgroups, deepest first; a just-killed process may hold one a moment.
-  local h
-  for try in $(seq 1 50); do
-    local left=0
-    for h in $(hierarchies); do
-      [[ -d "$h/$CGROUP" ]] || continue
-      find "$h/$CGROUP" -depth -type d -exec rmdir {} \; 2>/dev/null || true
-      [[ -d "$h/$CGROUP" ]] && left=1
-    done
-    (( left )) || break
-    sleep 0.1
-  done
-  for h in $(hierarchies); do [[ -d "$h/$CGROUP" ]] && log "cgroup $h/$CGROUP could not be removed"; done
+  cgroup_tree_remove "$CGROUP"
   rm -rf "$NODE/containerd" "$NODE/kubeshare" "$NODE/test" "$NODE/cni-ipam" "$NODE/runc" "$NODE/kubelet" \
     "$NODE/cdi" "$NODE/cdi-dev"
   rm -f "$NODE/node.env" "$NODE"/pids/*.pid "$NODE/containerd.ready" "$NODE/images.ready"
@@ -602,35 +720,41 @@ cmd_down() {
   fi
 }
 
-CMD="${1:-}"
-[[ -n "$CMD" ]] || { usage >&2; exit 2; }
-shift
-case "$CMD" in
-  host-state) host_state; exit 0 ;;
-  -h|--help|help) usage; exit 0 ;;
-esac
-RUN="${1:-}"
-[[ -n "$RUN" ]] || { usage >&2; exit 2; }
-shift
-[[ -d "$RUN" ]] || die "no run dir $RUN"
-RUN="$(cd "$RUN" && pwd)"
-OWNER=""
-case "$CMD" in
-  up)
-    while [[ $# -gt 0 ]]; do
-      case "$1" in
-        --owner-pid) OWNER="${2:?--owner-pid needs a pid}"; shift 2 ;;
-        *) die "unknown argument $1" ;;
-      esac
-    done
-    cmd_up ;;
-  down) cmd_down ;;
-  _inside) cmd_inside ;;
-  exec)
-    load_env || die "no node in $RUN"
-    exec nsenter -t "$INIT_PID" -m -n -- "$@" ;;
-  import)
-    load_env || die "no node in $RUN"
-    import_images "$@" ;;
-  *) usage >&2; exit 2 ;;
-esac
+main() {
+  CMD="${1:-}"
+  [[ -n "$CMD" ]] || { usage >&2; exit 2; }
+  shift
+  case "$CMD" in
+    host-state) host_state; exit 0 ;;
+    -h|--help|help) usage; exit 0 ;;
+  esac
+  RUN="${1:-}"
+  [[ -n "$RUN" ]] || { usage >&2; exit 2; }
+  shift
+  [[ -d "$RUN" ]] || die "no run dir $RUN"
+  RUN="$(cd "$RUN" && pwd)"
+  OWNER=""
+  case "$CMD" in
+    up)
+      while [[ $# -gt 0 ]]; do
+        case "$1" in
+          --owner-pid) OWNER="${2:?--owner-pid needs a pid}"; shift 2 ;;
+          *) die "unknown argument $1" ;;
+        esac
+      done
+      cmd_up ;;
+    down) cmd_down ;;
+    _inside) cmd_inside ;;
+    exec)
+      load_env || die "no node in $RUN"
+      exec nsenter -t "$INIT_PID" -m -n -- "$@" ;;
+    import)
+      load_env || die "no node in $RUN"
+      import_images "$@" ;;
+    *) usage >&2; exit 2 ;;
+  esac
+}
+
+# Sourced (hack/gpu-node.sh reuses the node's configs, mounts, cgroups and host checks):
+# only the functions above.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then main "$@"; fi
