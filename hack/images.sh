@@ -74,7 +74,14 @@ stage_one() {
     node-daemon)
       copy_elf "$root" "$TARGET/kubeshare-node-daemon" /usr/local/bin/kubeshare-node-daemon
       copy_elf "$root" "$TARGET/gem-schd" /usr/local/bin/gem-schd
-      copy_elf "$root" "$TARGET/libgemhook.so" /usr/local/lib/kubeshare/libgemhook.so.1 ;;
+      copy_elf "$root" "$TARGET/libgemhook.so" /usr/local/lib/kubeshare/libgemhook.so.1
+      # NVML (the driver's libnvidia-ml.so.1, which the daemon loads at run time) links
+      # glibc's libpthread, libdl and librt, which the daemon itself does not.
+      local libc_dir lib
+      libc_dir="$(dirname "$(ldd "$TARGET/kubeshare-node-daemon" | grep -o '/[^ ]*/libc\.so\.6' | head -n 1)")"
+      for lib in libpthread.so.0 libdl.so.2 librt.so.1; do
+        [[ -e "$libc_dir/$lib" ]] && install -D -m 0755 "$(readlink -f "$libc_dir/$lib")" "$root$libc_dir/$lib"
+      done ;;
     workload)
       # A CUDA program with the fake driver where a CUDA image has the real one's
       # (NVIDIA's runtime mounts libcuda.so.1 there), and a shell for tests.
