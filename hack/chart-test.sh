@@ -104,6 +104,25 @@ node_daemon_role <<<"$plain" | grep -q 'resources: \["nodes"\]' || die "no node-
   || die "the node daemon evicts (or may) by default"
 log "nodeDaemon.evictUntrackedGpuPods: off by default, with pods/eviction only when on"
 
+# Nodes without a pod network or NVIDIA's runtime (hack/gpu-node.sh): off by default; on,
+# every KubeShare pod is on the host network with the apiserver's address, and the node
+# daemon loads NVML from the driver dir, privileged; a half-given address is refused.
+! "$HELM" template kubeshare "$CHART" | grep -q 'hostNetwork: true\|KUBERNETES_SERVICE_HOST\|privileged: true' \
+  || die "hostNetwork, k8sServiceHost or privileged is on by default"
+bare="$("$HELM" template kubeshare "$CHART" --set hostNetwork=true --set k8sServiceHost=10.0.0.1 \
+  --set k8sServicePort=6443 --set nodeDaemon.driverLibDir=/usr/local/nvidia/lib64)"
+[[ "$(grep -c '^      hostNetwork: true$' <<<"$bare")" == 3 \
+   && "$(grep -c 'name: KUBERNETES_SERVICE_HOST, value: "10.0.0.1"' <<<"$bare")" == 4 \
+   && "$(grep -c 'name: KUBERNETES_SERVICE_PORT, value: "6443"' <<<"$bare")" == 4 \
+   && "$(grep -c -- '- --nvml-library=/usr/local/nvidia/lib64/libnvidia-ml.so.1$' <<<"$bare")" == 1 \
+   && "$(grep -c '^          privileged: true$' <<<"$bare")" == 1 ]] \
+  || die "hostNetwork / k8sServiceHost / driverLibDir do not reach the 3 pods, 4 containers, the daemon"
+if "$HELM" template kubeshare "$CHART" --set k8sServiceHost=10.0.0.1 >"$WORK/bad.log" 2>&1; then
+  die "k8sServiceHost without k8sServicePort was accepted"
+fi
+grep -q 'k8sServicePort' "$WORK/bad.log" || { cat "$WORK/bad.log" >&2; die "the error does not name k8sServicePort"; }
+log "hostNetwork, k8sServiceHost/Port, nodeDaemon.driverLibDir: off by default, on where they belong"
+
 # ------------------------------------------------------------------ 2. manifests/
 HELM="$HELM" "$REPO/hack/render-manifests.sh" --check
 log "manifests/ is the chart rendered"
