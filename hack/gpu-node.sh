@@ -20,6 +20,7 @@
 #   hack/gpu-node.sh down [--purge]           stop everything, remove what it made, check the host
 #   hack/gpu-node.sh exec CMD...              CMD in the node's mount namespace
 #   hack/gpu-node.sh host-state               what `down` compares with `up`'s snapshot
+#   hack/gpu-node.sh preflight                what `up` depends on, as this machine has it
 # up --fake-gpu: the fake libcuda and a fake inventory (as hack/deploy.sh sets up the CI
 #   node) instead of NVML; the scenarios then run cuda-workload.
 # up --cdi: the chart rendered with its CDI values (pods get their GPU through CDI);
@@ -44,7 +45,7 @@ SELF="$HACK/gpu-node.sh"
 
 log() { echo "gpu-node: $*" >&2; }
 die() { log "error: $*"; exit 1; }
-usage() { sed -n '2,35p' "$SELF" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set -euo/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; }
 
 STATE="${KSGPU_STATE:-/var/tmp/ksgpu}"
 # hack/node.sh's and hack/cluster.sh's run dir: the certificates are STATE/pki.
@@ -395,6 +396,20 @@ cmd_unpack() {
   fi
   cp "$dir/INFO" "$STATE/parts/$n"
   log "unpacked part $n into $STATE in $(( ($(date +%s%N) - t0) / 1000000 )) ms ($(cat "$dir/INFO"))"
+  # Each binary runs here (not a noexec mount, not damaged): its version line.
+  local item out flag
+  for item in $(cut -d: -f2- "$dir/INFO"); do
+    case "$item" in
+      bin/containerd-shim-runc-v2) flag=-v ;;
+      bin/kubeshare-gpu-scenarios) flag=--help ;;
+      bin/*) flag=--version ;;
+      *) continue ;;
+    esac
+    if ! out="$("$STATE/$item" "$flag" 2>&1)"; then
+      die "$STATE/$item does not run here: $(head -n 2 <<<"$out")"
+    fi
+    log "  $item: $(head -n 1 <<<"$out")"
+  done
 }
 
 # ---------------------------------------------------------------- images
@@ -535,6 +550,13 @@ cmd_up() {
     sed "s#/usr/local/nvidia/lib64#$libdir#g" "$manifest" >"$STATE/chart/deploy.yaml"
     manifest="$STATE/chart/deploy.yaml"
   fi
+  if ! grep -q '^Seccomp_filters:' /proc/self/status; then
+    # A kernel without seccomp filters: containerd refuses a pod that asks for the
+    # runtime's default profile (the chart's kubeshare-scheduler does).
+    log "this kernel has no seccomp filters: the chart's seccompProfile RuntimeDefault is dropped"
+    sed '/seccompProfile: {type: RuntimeDefault}/d' "$manifest" >"$STATE/chart/deploy-noseccomp.yaml"
+    manifest="$STATE/chart/deploy-noseccomp.yaml"
+  fi
 
   NODE_IP="$(detect_node_ip)"
   local alias=""
@@ -547,6 +569,7 @@ NODE_IP=$NODE_IP
 NODE_ALIAS=$alias
 FAKE=$fake
 CDI=$cdi
+DRIVER_LIB_DIR=$libdir
 EOF
   trap 'rc=$?; if [[ $rc != 0 ]]; then log "up failed (logs: $STATE/logs, $NODE/logs); bringing it down"; cmd_down --keep-logs || true; fi' EXIT
   log "node $NODE_NAME at $NODE_IP, state $STATE, $( ((fake)) && echo fake GPU || echo "NVML from $libdir")"
@@ -621,6 +644,47 @@ cmd_inside() {
   wait
 }
 
+# ------------------------------------------------------------- preflight
+
+# What `up` depends on, as this machine has it; changes nothing. Exits non-zero on a
+# blocker (a missing tool, no usable cgroup controllers, a port taken).
+cmd_preflight() {
+  local bad=0 b d
+  say() { printf '%-22s %s\n' "$1" "$2"; }
+  [[ "$(id -u)" == 0 ]] || { say root "NO"; bad=1; }
+  for b in unshare nsenter setsid mount tar sha256sum base64 awk sed grep find tr; do
+    command -v "$b" >/dev/null || { say "tool $b" missing; bad=1; }
+  done
+  say xz "$(command -v xz || echo "none (unpack uses Python's lzma)")"
+  say python "$(for p in "${KSGPU_PYTHON:-}" /usr/bin/python3 python3 /opt/torch/.venv/bin/python; do [[ -n "$p" ]] && command -v "$p" && break; done || echo none)"
+  say kernel "$(uname -r)"
+  if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
+    say cgroup "v2; controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"
+    say "cgroup subtree" "$(cat /sys/fs/cgroup/cgroup.subtree_control)"
+    say "cgroup root procs" "$(wc -l </sys/fs/cgroup/cgroup.procs) (of this namespace's root; $(cut -d: -f3 /proc/self/cgroup) is ours)"
+    for b in cpu memory pids; do
+      grep -qw "$b" /sys/fs/cgroup/cgroup.controllers || { say "cgroup $b" "missing"; bad=1; }
+    done
+  else
+    say cgroup "v1: $(ls /sys/fs/cgroup | tr '\n' ' ')"
+  fi
+  say seccomp "$(grep -E '^Seccomp(_filters)?:' /proc/self/status | tr '\n\t' '  ')"
+  say overlayfs "$(grep -qw overlay /proc/filesystems && echo yes || echo "not loaded (modprobe overlay?)")"
+  say "node address" "$(detect_node_ip || true) $([[ -n "$(detect_node_ip || true)" ]] || echo "(none: up adds 10.255.255.254 on lo)")"
+  for b in "$P_ETCD" "$P_ETCD_PEER" "$P_APISERVER" "$P_KCM" "$P_SCHED" "$KUBELET_PORT" "$KUBELET_HEALTHZ_PORT" "${CHART_PORTS[@]}"; do
+    ! tcp_listening "$b" || { say "port $b" "TAKEN"; bad=1; }
+  done
+  for d in /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu /usr/lib64; do
+    [[ -e "$d/libnvidia-ml.so.1" || -e "$d/libcuda.so.1" ]] \
+      && say "driver libs" "$d: $(cd "$d" && ls libnvidia-ml.so.1 libcuda.so.1 2>/dev/null | tr '\n' ' ')"
+  done
+  say "/dev/nvidia*" "$(ls /dev | grep '^nvidia' | tr '\n' ' ')"
+  say "torch python" "$(readlink -f /opt/torch/.venv/bin/python 2>/dev/null || echo none)"
+  say "ld.so.cache" "$([[ -e /etc/ld.so.cache ]] && echo yes || echo no)"
+  say "state" "$STATE: $(df -h "$(dirname "$STATE")" | awk 'NR==2 {print $4 " free"}'); parts: $(ls "$STATE/parts" 2>/dev/null | tr '\n' ' ')"
+  (( bad == 0 )) || die "preflight found a blocker (above)"
+}
+
 # ----------------------------------------------------------------- down
 
 cmd_down() {
@@ -645,7 +709,7 @@ cmd_down() {
     [[ -z "${NODE_ALIAS:-}" ]] || lo_alias del "$NODE_IP" || log "could not remove the address $NODE_IP from lo"
     rm -rf "$NODE/containerd" "$NODE/kubeshare" "$NODE/test" "$NODE/kubelet" "$NODE/cni-bin" \
       "$STATE/images" "$STATE/kubeconfig" "$STATE/config" "$STATE/pids" "$STATE/etcd" \
-      "$STATE"/*-certs "$STATE/chart/deploy.yaml"
+      "$STATE"/*-certs "$STATE/chart/deploy.yaml" "$STATE/chart/deploy-noseccomp.yaml"
     rm -f "$STATE/up.env" "$NODE/containerd.ready" "$NODE/images.ready" "$NODE"/pids/*.pid
     local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
     log "down in $((ms / 1000)).$(printf '%03d' $((ms % 1000)))s (logs kept: $STATE/logs, $NODE/logs, $NODE/pod-logs)"
@@ -680,7 +744,11 @@ cmd_scenarios() {
   load_pack_env
   load_up_env || die "not up in $STATE"
   local mode=()
-  (( FAKE )) && mode=(--workload fake)
+  if (( FAKE )); then mode=(--workload fake); fi
+  # Through CDI the runtime hands pods the GPU; otherwise they run privileged.
+  if (( CDI )); then mode+=(--device-access cdi); fi
+  # The torch pods' LD_LIBRARY_PATH: the driver dir `up` found.
+  if [[ -n "${DRIVER_LIB_DIR:-}" && " $* " != *" --lib-path "* ]]; then mode+=(--lib-path "$DRIVER_LIB_DIR"); fi
   runner scenarios --test-dir "$STATE/node/test" --script "$HACK/gpu-node/gpu_share.py" "${mode[@]}" "$@"
 }
 
@@ -698,9 +766,11 @@ main() {
     scenarios) cmd_scenarios "$@" ;;
     exec) load_up_env || die "not up"; exec nsenter -t "$INIT_PID" -m -- "$@" ;;
     host-state) gpu_host_state ;;
+    preflight) cmd_preflight ;;
     -h|--help|help) usage ;;
     *) usage >&2; exit 2 ;;
   esac
 }
 
-main "$@"
+# One line: bash reads a script as it runs it, and this file may change meanwhile.
+main "$@"; exit

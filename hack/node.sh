@@ -431,7 +431,7 @@ start_containerd() {
 
 # The cgroup v2 controllers the kubelet needs in its cgroupRoot (those of them the
 # kernel has): its cgroupfs driver checks each cgroup it uses for all of them.
-KUBELET_V2_CONTROLLERS=(cpu cpuset memory hugetlb pids io)
+KUBELET_V2_CONTROLLERS=(cpu cpuset memory hugetlb pids)
 
 # cgroup_tree_create NAME: NAME at the top of every hierarchy (cpuset copied from the
 # parent on v1); prints the cgroup the node's processes are tracked in. On v1 that is

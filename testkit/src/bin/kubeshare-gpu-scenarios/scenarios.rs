@@ -225,7 +225,11 @@ async fn create(ctx: &Ctx<'_>, pod: &Pod) -> Result<()> {
 
 /// Waits until the pod runs (or has run to completion); fails at once if it failed.
 async fn started(ctx: &Ctx<'_>, name: &str) -> Result<Pod> {
-    let deadline = Instant::now() + ctx.timeout;
+    started_within(ctx, name, ctx.timeout).await
+}
+
+async fn started_within(ctx: &Ctx<'_>, name: &str, timeout: Duration) -> Result<Pod> {
+    let deadline = Instant::now() + timeout;
     loop {
         if let Some(p) = ctx.pods.get_opt(name).await? {
             match pod_phase(&p) {
@@ -240,8 +244,7 @@ async fn started(ctx: &Ctx<'_>, name: &str) -> Result<Pod> {
         }
         ensure!(
             Instant::now() < deadline,
-            "pod {name} did not start in {:?}",
-            ctx.timeout
+            "pod {name} did not start in {timeout:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -635,6 +638,9 @@ async fn gpu_count(ctx: &Ctx<'_>) -> Result<usize> {
     Err(anyhow!("no node has a sharedgpu/inventory"))
 }
 
+/// How long the `free` scenario waits for the next pod once the holder is deleted.
+const FREED_SHARE_WAIT: Duration = Duration::from_secs(60);
+
 async fn free(ctx: &Ctx<'_>) -> Result<(bool, Value)> {
     let gpus = gpu_count(ctx).await?;
     let hold = Work::Share {
@@ -680,7 +686,9 @@ async fn free(ctx: &Ctx<'_>) -> Result<(bool, Value)> {
             },
         )
         .await?;
-    started(ctx, "next").await?;
+    // "Within seconds": a minute is far past that (and well short of kube-scheduler's own
+    // fallback for a pod that no event moves: 5 min in its unschedulable queue).
+    started_within(ctx, "next", FREED_SHARE_WAIT).await?;
     let to_running = t0.elapsed().as_secs_f64();
     log_until(ctx, "next", ctx.timeout, |l| {
         has_phase(l, "ready") || has_result(l)
