@@ -117,11 +117,14 @@ bare="$("$HELM" template kubeshare "$CHART" --set hostNetwork=true --set k8sServ
    && "$(grep -c -- '- --nvml-library=/usr/local/nvidia/lib64/libnvidia-ml.so.1$' <<<"$bare")" == 1 \
    && "$(grep -c '^          privileged: true$' <<<"$bare")" == 1 ]] \
   || die "hostNetwork / k8sServiceHost / driverLibDir do not reach the 3 pods, 4 containers, the daemon"
+! grep -q -- '--cdi-lib-dir' <<<"$bare" || die "driverLibDir without cdi.enabled passed --cdi-lib-dir"
+"$HELM" template kubeshare "$CHART" --set cdi.enabled=true --set nodeDaemon.driverLibDir=/usr/local/nvidia/lib64/ \
+  | grep -qx -- '        - --cdi-lib-dir=/usr/local/nvidia/lib64' || die "cdi.enabled + driverLibDir: no --cdi-lib-dir"
 if "$HELM" template kubeshare "$CHART" --set k8sServiceHost=10.0.0.1 >"$WORK/bad.log" 2>&1; then
   die "k8sServiceHost without k8sServicePort was accepted"
 fi
 grep -q 'k8sServicePort' "$WORK/bad.log" || { cat "$WORK/bad.log" >&2; die "the error does not name k8sServicePort"; }
-log "hostNetwork, k8sServiceHost/Port, nodeDaemon.driverLibDir: off by default, on where they belong"
+log "hostNetwork, k8sServiceHost/Port, nodeDaemon.driverLibDir (and CDI's lib dir): off by default, on where they belong"
 
 # ------------------------------------------------------------------ 2. manifests/
 HELM="$HELM" "$REPO/hack/render-manifests.sh" --check
