@@ -14,7 +14,7 @@
 # Usage:
 #   hack/gpu-node.sh pack [--no-build] [--fast] [--part N]  build (release), stage .device-carry/gpu-node-N
 #   hack/gpu-node.sh unpack N                 unpack part N into STATE
-#   hack/gpu-node.sh up [--fake-gpu] [--cdi] [--driver-lib-dir DIR]
+#   hack/gpu-node.sh up [--fake-gpu] [--cdi|--no-cdi] [--driver-lib-dir DIR]
 #   hack/gpu-node.sh scenarios [ARGS...]      kubeshare-gpu-scenarios scenarios (its --help)
 #   hack/gpu-node.sh status                   pods, nodes, warnings, the logs' tails
 #   hack/gpu-node.sh down [--purge]           stop everything, remove what it made, check the host
@@ -23,8 +23,9 @@
 #   hack/gpu-node.sh preflight                what `up` depends on, as this machine has it
 # up --fake-gpu: the fake libcuda and a fake inventory (as hack/deploy.sh sets up the CI
 #   node) instead of NVML; the scenarios then run cuda-workload.
-# up --cdi: the chart rendered with its CDI values (pods get their GPU through CDI);
-#   needs a chart that has them (pack renders chart/cdi.yaml only then).
+# up --cdi (the default where the packed chart has CDI values): KubeShare's device plugin
+#   hands each pod its GPU through CDI; --no-cdi: no device plugin, the scenarios' pods run
+#   privileged (every host device).
 # Env: KSGPU_STATE (default /var/tmp/ksgpu), KSGPU_NODE_IP (default: the address of the
 #      default route, else the first global IPv4 address, else an alias on lo),
 #      KSGPU_UP_TIMEOUT (seconds per wait, default 180); at pack: K8S_VERSION (v1.37.2),
@@ -313,7 +314,13 @@ cmd_pack() {
     --set nodeDaemon.fakeGpuDir=/var/lib/kubeshare-test
   fake_inventory "${KSGPU_FAKE_GPUS:-1}" >"$STAGE/chart/fake-inventory.yaml"
   if grep -q '^cdi:' "$REPO/charts/kubeshare/values.yaml"; then
+    # GPUs through CDI: the node daemon's kubeshare.io/gpu device plugin hands each pod its
+    # GPU as a CDI device (spec in /var/run/cdi, containerd's spec dir here), the webhook
+    # asks for it; on the fake GPU with stand-in device nodes, as the CI node does.
     render cdi --set nodeDaemon.driverLibDir=/usr/local/nvidia/lib64 --set cdi.enabled=true
+    render fake-cdi --set nodeDaemon.fakeInventoryConfigMap=kubeshare-fake-inventory \
+      --set nodeDaemon.fakeGpuDir=/var/lib/kubeshare-test \
+      --set cdi.enabled=true --set cdi.devDir=/var/lib/kubeshare-test/cdi-dev
   fi
   # The certificates (hack/cluster.sh's, plus the kubelet's client identity): openssl
   # is not needed there.
@@ -321,6 +328,7 @@ cmd_pack() {
   cat >"$STAGE/pack.env" <<EOF
 NODE_NAME=$NODE_NAME
 K8S_VERSION=$K8S_VERSION
+FAKE_GPUS=${KSGPU_FAKE_GPUS:-1}
 PARTS=${#PARTS[@]}
 PACKED="$(date -u +%FT%TZ) $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo ?)"
 EOF
@@ -503,11 +511,12 @@ EOF
 }
 
 cmd_up() {
-  local fake=0 cdi=0 libdir=""
+  local fake=0 cdi="" libdir=""
   while [[ $# -gt 0 ]]; do
     case "$1" in
       --fake-gpu) fake=1; shift ;;
       --cdi) cdi=1; shift ;;
+      --no-cdi) cdi=0; shift ;;
       --driver-lib-dir) libdir="${2:?}"; shift 2 ;;
       *) die "up: unknown argument $1" ;;
     esac
@@ -530,13 +539,17 @@ cmd_up() {
   mkdir -p "$NODE/logs" "$STATE/logs" "$STATE/pids"
   gpu_host_state >"$STATE/host-before.txt"
 
+  # GPUs through CDI where the packed chart has it, unless --no-cdi.
+  if [[ -z "$cdi" ]]; then
+    if [[ -f "$STATE/chart/cdi.yaml" ]]; then cdi=1; else cdi=0; fi
+  fi
   local manifest="$STATE/chart/gpu.yaml" extra=()
+  (( ! cdi )) || manifest="$STATE/chart/cdi.yaml"
   if (( fake )); then
     manifest="$STATE/chart/fake.yaml"; extra=("$STATE/chart/fake-inventory.yaml")
-  elif (( cdi )); then
-    manifest="$STATE/chart/cdi.yaml"
-    [[ -f "$manifest" ]] || die "--cdi: this pack's chart has no CDI values (no chart/cdi.yaml)"
+    (( ! cdi )) || manifest="$STATE/chart/fake-cdi.yaml"
   fi
+  [[ -f "$manifest" ]] || die "--cdi: this pack's chart has no CDI values (no $manifest)"
   if (( ! fake )); then
     # NVML for the node daemon: the driver's library dir (the chart was rendered with
     # /usr/local/nvidia/lib64).
@@ -602,12 +615,20 @@ EOF
   runner wait-node "$NODE_NAME" --timeout-secs "$TIMEOUT"
   if (( fake )); then
     install -D -m 0755 "$STATE/rootfs/workload/usr/lib/x86_64-linux-gnu/libcuda.so.1" "$NODE/test/lib/libnvidia-ml.so.1"
+    if (( cdi )); then
+      # Stand-in device nodes for the CDI spec to name (as hack/deploy.sh makes them for
+      # the CI node): the runtime copies their type and numbers; nothing opens them.
+      local j dev="$NODE/test/cdi-dev"
+      mkdir -p "$dev"
+      for ((j = 0; j < ${FAKE_GPUS:-1}; j++)); do mknod "$dev/nvidia$j" c 195 "$j"; done
+      mknod "$dev/nvidiactl" c 195 255
+    fi
   fi
   runner deploy --node "$NODE_NAME" --timeout-secs "$TIMEOUT" "${extra[@]}" "$manifest"
   trap - EXIT
   local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   echo "$ms" >"$STATE/up-ms"
-  log "up in $((ms / 1000)).$(printf '%03d' $((ms % 1000)))s: KubeShare on $NODE_NAME ($(basename "$manifest" .yaml))"
+  log "up in $((ms / 1000)).$(printf '%03d' $((ms % 1000)))s: KubeShare on $NODE_NAME ($(basename "$manifest" .yaml), GPUs $( ((cdi)) && echo "through CDI" || echo "to privileged pods"))"
 }
 
 # wait_node_part WHAT CMD...: until CMD succeeds; the node's first process must live.

@@ -24,6 +24,10 @@ def emit(**kv):
     print(json.dumps(kv), flush=True)
 
 
+def nvidia_devs():
+    return sorted(d for d in os.listdir("/dev") if d.startswith("nvidia"))
+
+
 def share(args):
     import torch
 
@@ -34,7 +38,7 @@ def share(args):
     for _ in range(3):
         a @ b
     torch.cuda.synchronize()
-    emit(phase="ready", device=torch.cuda.get_device_name(0), size=n)
+    emit(phase="ready", device=torch.cuda.get_device_name(0), size=n, dev_nvidia=nvidia_devs())
     if args.barrier:
         while not os.path.exists(args.barrier):
             time.sleep(0.02)
@@ -99,8 +103,7 @@ def mem(args):
 
 
 def probe(_args):
-    devs = sorted(d for d in os.listdir("/dev") if d.startswith("nvidia"))
-    info = {"phase": "probe", "dev_nvidia": devs,
+    info = {"phase": "probe", "dev_nvidia": nvidia_devs(),
             "nvidia_visible_devices": os.environ.get("NVIDIA_VISIBLE_DEVICES")}
     try:
         import torch

@@ -377,8 +377,15 @@ where
         gpus.values().all(|g| *g == first),
         "the pods are on different GPUs: {gpus:?}"
     );
+    // The GPU's device nodes each pod sees (PyTorch prints them when ready).
+    let mut devs = BTreeMap::new();
     for (name, _) in want {
-        log_until(ctx, name, ctx.timeout, |l| has_phase(l, "ready")).await?;
+        let log = log_until(ctx, name, ctx.timeout, |l| has_phase(l, "ready")).await?;
+        let ready = json_lines(&log).into_iter().find(|v| v["phase"] == "ready");
+        devs.insert(
+            name.to_string(),
+            ready.map(|v| v["dev_nvidia"].clone()).unwrap_or_default(),
+        );
     }
     std::fs::write(ctx.args.test_dir.join(&go), b"")?;
     let t_go = Instant::now();
@@ -416,7 +423,8 @@ where
         runs.push((name.to_string(), *share, report::share_run(&log)?));
     }
     let split = report::split(&runs);
-    let extra = json!({"gpu": first, "hook_connected": hooks, "delivered": delivered, "during": during_result});
+    let extra = json!({"gpu": first, "hook_connected": hooks, "delivered": delivered,
+        "during": during_result, "dev_nvidia": devs});
     ensure!(
         hooks.values().all(|h| *h),
         "the hook did not reach gem-schd in every pod: {hooks:?}"
