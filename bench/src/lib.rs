@@ -6,6 +6,7 @@
 //! `rig` holds what the bench binaries share (processes, nodes, lists).
 
 pub mod binding_pb;
+pub mod dra;
 pub mod measure;
 pub mod rig;
 

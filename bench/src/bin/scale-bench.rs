@@ -17,6 +17,11 @@
 //! - `b2` (only when asked for): `b` served by the extender restarted on two worker
 //!   threads (`--threads 2`, its runtime before the one-thread default), the control
 //!   for that default; the extender is restarted with its defaults after the run;
+//! - `dra`, `drac` (only when asked for; hack/bench-dra.sh): pods that claim a GPU share
+//!   through DRA, allocated by `default-scheduler` on the slices the node daemon's code
+//!   builds (published here for the kwok nodes); `dra`'s claims come from a template,
+//!   `drac`'s are created by the bench. Each run ends with the check of the claims'
+//!   allocation results (no device's `compute` above 1000, every pod's claim on its node);
 //!
 //! `stream`: `--clients` concurrent clients create the pods as fast as the
 //! apiserver takes them; `backlog`: the pods are created while that scheduler is
@@ -41,10 +46,10 @@ use anyhow::{Context, bail};
 use clap::{Parser, ValueEnum};
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 use kubeshare_api::{GPU_POD_MARK, GPU_POD_RESOURCE};
-use kubeshare_bench::check_books;
 use kubeshare_bench::measure::{
     BindWatch, apiserver_profile, cpu_ms_used, cpu_profile, idle_cpu, per_pod_growth, quiesce,
 };
@@ -53,6 +58,7 @@ use kubeshare_bench::rig::{
     cpu_snapshot, create_gpu_nodes, create_namespace, extender_metrics, histogram_sums, list_all,
     metrics_text, rss, scheduler_client, signal, tcp_passive_opens, watch_events,
 };
+use kubeshare_bench::{check_books, dra};
 use kubeshare_testkit::{Cluster, Identity};
 use serde_json::json;
 
@@ -80,6 +86,15 @@ enum Config {
     /// runtime it had before one thread became the default. The control for that change.
     B2,
     C,
+    /// Pods that each claim a GPU share through a ResourceClaimTemplate (DRA, docs/dra.md):
+    /// `compute` `--dra-compute` and `memory` `--dra-memory` of one device of the DeviceClass
+    /// `gpu.kubeshare.io`, on slices the node daemon's code builds; `default-scheduler`
+    /// allocates (consumable capacity), kube-controller-manager makes the claims.
+    Dra,
+    /// `dra` with each pod's claim created by this bench just before the pod (the pod
+    /// names it), not by kube-controller-manager from the template: the scheduler's side
+    /// alone, without the controller's client limits.
+    Drac,
 }
 
 impl Config {
@@ -91,13 +106,15 @@ impl Config {
             Config::B1 => "b1",
             Config::B2 => "b2",
             Config::C => "c",
+            Config::Dra => "dra",
+            Config::Drac => "drac",
         }
     }
 
     /// The kube-scheduler process (hack/cluster.sh component) that schedules its pods.
     fn scheduler(self) -> &'static str {
         match self {
-            Config::A2 | Config::A2p => "kube-scheduler",
+            Config::A2 | Config::A2p | Config::Dra | Config::Drac => "kube-scheduler",
             Config::B | Config::B1 | Config::B2 | Config::C => "kubeshare-scheduler",
         }
     }
@@ -177,6 +194,13 @@ struct Args {
     /// scheduling them.
     #[arg(long, default_value_t = 6)]
     profile_seconds: u32,
+    /// The `compute` (thousandths of one GPU) each DRA pod's claim asks for.
+    #[arg(long, default_value_t = 300)]
+    dra_compute: u16,
+    /// The `memory` each DRA pod's claim asks for (book both: a capacity left out books
+    /// all of it, the whole GPU).
+    #[arg(long, default_value = "4Gi")]
+    dra_memory: String,
 }
 
 /// What one run measured.
@@ -321,6 +345,22 @@ fn pod(config: Config, i: u32, args: &Args) -> anyhow::Result<Pod> {
             },
         ),
         Config::C => ("kubeshare-scheduler", json!({}), json!({})),
+        Config::Dra | Config::Drac => {
+            let source = if config == Config::Dra {
+                json!({"name": "gpu", "resourceClaimTemplateName": dra::TEMPLATE})
+            } else {
+                json!({"name": "gpu", "resourceClaimName": format!("p-{i:05}")})
+            };
+            return Ok(serde_json::from_value(json!({
+                "metadata": {"name": format!("p-{i:05}")},
+                "spec": {
+                    "nodeSelector": {BENCH_LABEL: "scale"},
+                    "containers": [{"name": "main", "image": "registry.invalid/cuda:1",
+                                    "resources": {"claims": [{"name": "gpu"}]}}],
+                    "resourceClaims": [source]
+                }
+            }))?);
+        }
     };
     Ok(serde_json::from_value(json!({
         "metadata": {"name": format!("p-{i:05}"), "labels": labels, "annotations": annotations},
@@ -350,11 +390,24 @@ fn record_like() -> BTreeMap<String, String> {
 }
 
 async fn create_pods(pods: &Api<Pod>, config: Config, args: &Args) -> anyhow::Result<()> {
+    let claims: Api<ResourceClaim> = Api::namespaced(
+        pods.clone().into_client(),
+        pods.namespace().context("a namespaced pod API")?,
+    );
+    let spec = dra::claim_spec(args.dra_compute, &args.dra_memory);
     stream::iter(0..args.pods)
         .map(|i| {
-            let pods = pods.clone();
+            let (pods, claims) = (pods.clone(), claims.clone());
             let p = pod(config, i, args);
+            let claim = (config == Config::Drac).then(|| {
+                serde_json::from_value::<ResourceClaim>(
+                    json!({"metadata": {"name": format!("p-{i:05}")}, "spec": spec}),
+                )
+            });
             async move {
+                if let Some(c) = claim {
+                    claims.create(&PostParams::default(), &c?).await?;
+                }
                 pods.create(&PostParams::default(), &p?).await?;
                 anyhow::Ok(())
             }
@@ -416,6 +469,18 @@ async fn run_one(
     let ns = format!("scale-{}-{}-{round}", config.name(), mode.name());
     create_namespace(admin, &ns).await?;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
+    let claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), &ns);
+    if config == Config::Dra {
+        let templates: Api<ResourceClaimTemplate> = Api::namespaced(admin.clone(), &ns);
+        let t = serde_json::from_value(json!({
+            "metadata": {"name": dra::TEMPLATE},
+            "spec": {"spec": dra::claim_spec(args.dra_compute, &args.dra_memory)}
+        }))?;
+        templates
+            .create(&PostParams::default(), &t)
+            .await
+            .context("creating the claim template")?;
+    }
     let watch = BindWatch::start(pods.clone());
     // Let the watch list the (empty) namespace before the first create.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -521,7 +586,11 @@ async fn run_one(
     let (busy_cores, steal_cores) =
         machine_t0.cores_until(&machine_end, end.saturating_duration_since(t0));
 
-    let check = check_run(config, &list_all(&pods).await?, args.pods, &ns)?;
+    let all_claims = match config {
+        Config::Dra | Config::Drac => dra::list_claims(&claims).await?,
+        _ => Vec::new(),
+    };
+    let check = check_run(config, &list_all(&pods).await?, &all_claims, args.pods, &ns)?;
     delete_namespace(admin, &ns).await?;
     Ok(Run {
         config,
@@ -557,8 +626,35 @@ async fn run_one(
 
 /// Whether a run ended right: every pod bound, and for GPU pods no GPU above 1.0 and every
 /// record right; the verdict as a line for the results.
-fn check_run(config: Config, all: &[Pod], pods: u32, ns: &str) -> anyhow::Result<String> {
+fn check_run(
+    config: Config,
+    all: &[Pod],
+    claims: &[ResourceClaim],
+    pods: u32,
+    ns: &str,
+) -> anyhow::Result<String> {
     Ok(match config {
+        Config::Dra | Config::Drac => {
+            let c = dra::check_claims(all, claims);
+            if !c.ok() || c.bound != pods as usize {
+                bail!(
+                    "{ns}: {} devices above 1000 (max {}), {} of {pods} bound, {} pending, {} bad: {:?}",
+                    c.overcommitted().len(),
+                    c.max(),
+                    c.bound,
+                    c.pending,
+                    c.bad.len(),
+                    c.bad.iter().take(5).collect::<Vec<_>>()
+                );
+            }
+            format!(
+                "ok: {} bound, {} claims allocated on {} devices, max allocated compute {}",
+                c.bound,
+                c.allocated,
+                c.compute.len(),
+                c.max()
+            )
+        }
         Config::B | Config::B1 | Config::B2 => {
             let c = check_books(all);
             if !c.ok() {
@@ -630,6 +726,8 @@ fn summary(runs: &[Run], modes: &[Mode]) -> String {
             Config::B1,
             Config::B2,
             Config::C,
+            Config::Dra,
+            Config::Drac,
         ] {
             let (rate, cpu, above) = stat(c);
             if rate.is_nan() {
@@ -685,6 +783,19 @@ async fn main() -> anyhow::Result<()> {
 
     let t = Instant::now();
     create_gpu_nodes(&admin, "scale", args.nodes, args.gpus, 16).await?;
+    if args
+        .configs
+        .iter()
+        .any(|c| matches!(c, Config::Dra | Config::Drac))
+    {
+        let t = Instant::now();
+        dra::create_device_class(&admin).await?;
+        let n = dra::publish_slices(&admin, "scale", args.gpus, 16).await?;
+        eprintln!(
+            "scale-bench: {n} ResourceSlices published in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+    }
     let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
     let rss_nodes = mib(rss(ext.pid())?);
     eprintln!(
@@ -734,6 +845,8 @@ async fn main() -> anyhow::Result<()> {
                     "config": r.config.name(), "mode": r.mode.name(), "round": r.round,
                     "nodes": args.nodes, "gpus_per_node": args.gpus, "pods": args.pods,
                     "clients": args.clients, "tied": args.tied,
+                    "dra_claim": matches!(r.config, Config::Dra | Config::Drac).then(|| json!({
+                        "compute": args.dra_compute, "memory": args.dra_memory})),
                     "extender": args.extender.display().to_string(),
                     "idle_cpu_ms_per_s": idle.as_millis(),
                     "seconds": (r.seconds * 100.0).round() / 100.0,
