@@ -783,6 +783,14 @@ async fn main() -> anyhow::Result<()> {
 
     let t = Instant::now();
     create_gpu_nodes(&admin, "scale", args.nodes, args.gpus, 16).await?;
+    let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
+    let rss_nodes = mib(rss(ext.pid())?);
+    eprintln!(
+        "scale-bench: {} nodes x {} GPUs ready in {:.1} s; extender RSS {rss_nodes:.1} MiB",
+        args.nodes,
+        args.gpus,
+        t.elapsed().as_secs_f64(),
+    );
     if args
         .configs
         .iter()
@@ -796,14 +804,6 @@ async fn main() -> anyhow::Result<()> {
             t.elapsed().as_secs_f64()
         );
     }
-    let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
-    let rss_nodes = mib(rss(ext.pid())?);
-    eprintln!(
-        "scale-bench: {} nodes x {} GPUs ready in {:.1} s; extender RSS {rss_nodes:.1} MiB",
-        args.nodes,
-        args.gpus,
-        t.elapsed().as_secs_f64(),
-    );
     let probe = SpeedProbe::start(Duration::from_millis(250));
     let idle = idle_cpu(&pids).await?;
     let probe_at_rest = probe.finish();
