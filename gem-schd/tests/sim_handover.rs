@@ -142,11 +142,13 @@ fn table() {
     }
 }
 
-/// The bubble and its removal, with a 0.3 ms wake-up: handed on only after the report, the
-/// GPU idles for the report, the grant and the wake-up at every hand-over; handed on at the
-/// notice, the wake-up runs while the holder's queue drains, fully once that queue (the hook's
-/// hand-over allowance, 0.5 ms by default) outlasts it. Shares stay within ±2 pp of the
-/// requests in GPU time, and no tenant passes its limit + 1 pp over any second.
+/// The bubble and what the notice takes of it, with a 0.3 ms wake-up: handed on only after the
+/// report, the GPU idles for the report, the grant and the wake-up at every hand-over; handed
+/// on at the notice, the wake-up runs while the holder's queue drains, fully once that queue
+/// outlasts it (0.5 ms queued at the deadline, the hook's `KUBESHARE_HOOK_HANDOVER_AHEAD_US`;
+/// the bound alone leaves 0.2 ms). The matmul tenant's drains (its 1.7 ms kernels) are too long
+/// to be handed over from (gem-schd's guard). Shares stay within ±2 pp of the requests in GPU
+/// time, and no tenant passes its limit + 1 pp over any second.
 #[test]
 fn hand_overs_at_the_drain_keep_four_saturating_tenants_busy_with_exact_shares() {
     let wake = 300;
@@ -155,27 +157,30 @@ fn hand_overs_at_the_drain_keep_four_saturating_tenants_busy_with_exact_shares()
     let after = four(wake, 500, true);
     assert!(before.busy <= 0.95, "busy {:.3} before", before.busy);
     assert!(
-        notice.busy >= before.busy + 0.03,
+        notice.busy >= before.busy + 0.02,
         "busy {:.3} at the notice, {:.3} before",
         notice.busy,
         before.busy
     );
     assert!(after.busy >= 0.98, "busy {:.3}", after.busy);
-    for (i, share) in SHARES.iter().enumerate() {
-        assert!(
-            (after.gpu[i] - share).abs() <= 0.02,
-            "tenant at {share}: GPU time {:.3}",
-            after.gpu[i]
-        );
-        assert!(
-            after.worst[i] <= share + 0.01,
-            "tenant at {share}: a second at {:.3}",
-            after.worst[i]
-        );
-        assert!(
-            (after.charged[i] - share).abs() <= 0.01,
-            "tenant at {share}: charged {:.3}",
-            after.charged[i]
-        );
+    for o in [&notice, &after] {
+        for (i, share) in SHARES.iter().enumerate() {
+            let of_busy = o.gpu[i] / o.busy;
+            assert!(
+                (o.gpu[i] - share).abs() <= 0.02 && (of_busy - share).abs() <= 0.01,
+                "tenant at {share}: GPU time {:.3}, {of_busy:.3} of the busy time",
+                o.gpu[i]
+            );
+            assert!(
+                o.worst[i] <= share + 0.01,
+                "tenant at {share}: a second at {:.3}",
+                o.worst[i]
+            );
+            assert!(
+                (o.charged[i] - share).abs() <= 0.01,
+                "tenant at {share}: charged {:.3}",
+                o.charged[i]
+            );
+        }
     }
 }

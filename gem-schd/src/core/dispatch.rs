@@ -35,8 +35,7 @@ impl Core {
     /// by the usual request, and the copy is not made): an opportunistic holder gives the token
     /// back at this hand-over when a guaranteed client waits (`class.rs`). Not renewed while
     /// others wait, the Yield is the holder's notice that it drains, and the token may go on at
-    /// once (`handover.rs`). A turn that a drain before it took much of is first renewed for
-    /// what it lost, whoever waits (`Core::make_up_for_drain`).
+    /// once (`handover.rs`).
     ///
     /// Why: a capped tenant alone is granted min-quota holds back to back (its pacing room is
     /// never larger, ~90 a second at 0.5); each ended with a drain, a round trip and the GPU
@@ -66,9 +65,6 @@ impl Core {
             .iter()
             .any(|(k, c)| *k != key && self.competes_with(key, *k) && !c.waiting.is_empty());
         let pending = self.conns.get(&conn).is_some_and(|c| c.waiting);
-        if let Some(grant) = self.make_up_for_drain(now, key, conn) {
-            return vec![grant];
-        }
         if others_wait && self.drain_notice_applies(key, conn) {
             // Not renewed: the holder drains now, and the token may go on at once.
             let mut out = self.hand_over(now, key, conn).unwrap_or_default();

@@ -7,20 +7,23 @@
 //! idled for the report, the grant, the wake-up and the first launch at every hand-over:
 //! four saturating tenants at 0.1 / 0.2 / 0.3 / 0.4 on an H200 kept it busy 0.74 of the time
 //! for 0.94 charged. Granted at the notice, the next process wakes and launches while the
-//! drain runs: its work queues behind the drain (another context: the GPU runs the drain,
-//! then the new work, or time-slices the two).
+//! drain runs: its work queues behind the drain.
 //!
 //! Charging: the holder's hold ends at the notice and its report stretches it to the drain's
 //! end; the next hold, granted at the notice, is pushed back to start there (`set_end`:
-//! entries never overlap). So the next client is charged from max(grant, drain's end). Its
-//! hook's deadline still counts from the grant (gem-schd learns the drain's end only after it),
-//! so a drain that took a good part of the next turn (at least a fifth of the min quota) is
-//! made up for at that turn's end: its Renew is granted what the drain took, whoever waits
-//! (`make_up_for_drain`). Turns stay whole: with its charge reduced alone, a batch-1 inference
-//! tenant beside training whose queued work drained for ~3 ms lost most of each turn to it,
-//! and its requests, spread over more turns, waited p50 3.7 ms instead of 1.2 in the simulation
-//! (`tests/sim_latency.rs`). A hook that does not renew gets the reduced charge alone (exact in
-//! GPU time all the same).
+//! entries never overlap). So the next client is charged from max(grant, drain's end): its
+//! charge is reduced by what it waited, not its turn lengthened, because gem-schd learns the
+//! drain's end only after the grant (the hook's deadline counts from the grant), and because
+//! a lengthened turn would hand it GPU time it may already have had: the GPU does not always
+//! run the drain first and the new work after, it may time-slice the two contexts, and the
+//! drain's end then comes later by the new work that ran beside it.
+//!
+//! That is also the limit of the hand-over: what the next client runs beside the drain is
+//! charged to the holder. So only a holder whose drains are short is handed over from (its
+//! overrun, a decaying maximum of the drains it reported, at most a fifth of the min quota):
+//! through the fake driver, which interleaves the kernels of two processes one by one, a
+//! client whose 20 ms batches drained at its hand-overs had its neighbour's kernels charged to
+//! it, and the neighbour got 0.44 of the GPU time for 0.29 charged.
 
 use super::*;
 
@@ -43,11 +46,17 @@ impl Core {
     }
 
     /// Whether a drain notice on `conn` may hand the token on: hand-overs at the drain are on,
-    /// `conn` is the sole process of `key`'s running turn (`sole_turn`), and trying costs no
-    /// more than a renewal's try (`RENEW_MAX_ENTRIES`).
+    /// `conn` is the sole process of `key`'s running turn (`sole_turn`), its drains are short
+    /// (its overrun at most a fifth of the min quota: what the next client runs beside a drain
+    /// is charged to the holder), and trying costs no more than a renewal's try
+    /// (`RENEW_MAX_ENTRIES`).
     pub(super) fn drain_notice_applies(&self, key: Key, conn: ConnId) -> bool {
         self.hand_over_at_drain
             && self.sole_turn(key, conn)
+            && self
+                .clients
+                .get(&key)
+                .is_some_and(|c| c.overrun_us <= (self.params.min_quota_us / 5).max(1))
             && self.history.len() <= dispatch::RENEW_MAX_ENTRIES
     }
 
@@ -87,63 +96,5 @@ impl Core {
         }
         *self = trial;
         Some(out)
-    }
-
-    /// What the running turn of `id` lost to the drain of the hold before it (see
-    /// `lost_to_drain`); `None`: `id` holds no turn.
-    pub fn lost_to_drain_us(&self, id: &str) -> Option<Micros> {
-        let key = *self.ids.get(id)?;
-        self.holder
-            .as_ref()
-            .is_some_and(|h| h.client == key)
-            .then(|| self.lost_to_drain(key))
-    }
-
-    /// What the running turn of `key` lost to the drain of the hold before it: how far that
-    /// hold's report pushed the turn's start past its grant (0 once made up for).
-    pub(super) fn lost_to_drain(&self, key: Key) -> Micros {
-        match &self.holder {
-            Some(h) if h.client == key => self
-                .entry(h.seq)
-                .map_or(0, |e| e.start.saturating_sub(e.grant)),
-            _ => 0,
-        }
-    }
-
-    /// Renew{..} on `conn`, the sole process of `key`'s running turn, whose start a drain pushed
-    /// back by at least a fifth of the min quota: the turn goes on for that long from now (a
-    /// Grant), whoever waits, charged without a gap. What a drain took of a turn shorter than
-    /// that is left to the reduced charge (each make-up costs the holder a round trip, and its
-    /// wake-up, counted in the loss, is no loss). `None`: nothing to make up for.
-    pub(super) fn make_up_for_drain(
-        &mut self,
-        now: Micros,
-        key: Key,
-        conn: ConnId,
-    ) -> Option<Action> {
-        let lost = self.lost_to_drain(key);
-        if !self.hand_over_at_drain
-            || !self.sole_turn(key, conn)
-            || lost < (self.params.min_quota_us / 5).max(1)
-        {
-            return None;
-        }
-        let quota_end = now.saturating_add(lost);
-        let h = self.holder.as_mut()?;
-        h.quota_end = quota_end;
-        let seq = h.seq;
-        let i = usize::try_from(seq.checked_sub(self.first_seq)?).ok()?;
-        let e = self.history.get_mut(i)?;
-        // Its reports count from now, as from a renewal's grant.
-        e.grant = now;
-        e.quota_end = quota_end;
-        let end = e.end.max(quota_end);
-        self.set_end(seq, end);
-        self.grants += 1;
-        Some(Action::Grant {
-            client: self.clients.get(&key)?.spec.id.clone(),
-            conns: vec![conn],
-            quota_us: lost,
-        })
     }
 }
