@@ -134,10 +134,9 @@ fn four(wake: Micros, ahead: Micros, hand_over: bool) -> Four {
 #[ignore]
 fn table() {
     for wake in [0, 300, 700, 1_400] {
-        for ahead in [200, 600, 1_500] {
-            for on in [false, true] {
-                four(wake, ahead, on);
-            }
+        four(wake, 200, false);
+        for ahead in [200, 500, 800] {
+            four(wake, ahead, true);
         }
     }
 }
