@@ -75,6 +75,11 @@ struct Four {
 /// queue-ahead bound `ahead`, renewals (the Yield is the drain notice), and a wake-up of
 /// `wake` after each grant; `hand_over` on or off.
 fn four(wake: Micros, ahead: Micros, hand_over: bool) -> Four {
+    four_with(wake, ahead, hand_over, true)
+}
+
+/// [`four`], with renewals (`renew`) or without (then the hooks send Drain notices).
+fn four_with(wake: Micros, ahead: Micros, hand_over: bool, renew: bool) -> Four {
     let patterns = [conv(), matmul(), elem(), encoder()];
     let names = ["conv", "matmul", "elem", "encoder"];
     let mut sim = Sim::new(
@@ -90,7 +95,8 @@ fn four(wake: Micros, ahead: Micros, hand_over: bool) -> Four {
             .collect(),
     );
     sim.core.set_hand_over_at_drain(hand_over);
-    (sim.tick, sim.precise, sim.renew) = (4 * MS, true, true);
+    (sim.tick, sim.precise, sim.renew) = (4 * MS, true, renew);
+    sim.drain_notice = !renew;
     (sim.wake, sim.max_ahead) = (wake, ahead);
     let horizon = ARRIVE + 20 * S;
     sim.run(horizon);
@@ -109,7 +115,7 @@ fn four(wake: Micros, ahead: Micros, hand_over: bool) -> Four {
     }
     o.busy = o.gpu.iter().sum();
     eprintln!(
-        "wake {:.1} ms, bound {:.1} ms, hand-over at the drain {hand_over}: GPU busy {:.3}; GPU time {:.3} / {:.3} / {:.3} / {:.3}; busiest second {:.3} / {:.3} / {:.3} / {:.3}; charged {:.3} / {:.3} / {:.3} / {:.3}",
+        "wake {:.1} ms, bound {:.1} ms, hand-over at the drain {hand_over}, renewals {renew}: GPU busy {:.3}; GPU time {:.3} / {:.3} / {:.3} / {:.3}; busiest second {:.3} / {:.3} / {:.3} / {:.3}; charged {:.3} / {:.3} / {:.3} / {:.3}",
         wake as f64 / 1e3,
         ahead as f64 / 1e3,
         o.busy,
@@ -154,6 +160,7 @@ fn hand_overs_at_the_drain_keep_four_saturating_tenants_busy_with_exact_shares()
     let before = four(wake, 200, false);
     let notice = four(wake, 200, true);
     let after = four(wake, 500, true);
+    let drains = four_with(wake, 500, true, false);
     assert!(before.busy <= 0.95, "busy {:.3} before", before.busy);
     assert!(
         notice.busy >= before.busy + 0.02,
@@ -162,7 +169,14 @@ fn hand_overs_at_the_drain_keep_four_saturating_tenants_busy_with_exact_shares()
         before.busy
     );
     assert!(after.busy >= 0.98, "busy {:.3}", after.busy);
-    for o in [&notice, &after] {
+    // Hooks that do not renew say Drain instead: the same.
+    assert!(
+        (drains.busy - after.busy).abs() <= 0.005,
+        "busy {:.3} with Drain notices, {:.3} with Renews",
+        drains.busy,
+        after.busy
+    );
+    for o in [&notice, &after, &drains] {
         for (i, share) in SHARES.iter().enumerate() {
             let of_busy = o.gpu[i] / o.busy;
             assert!(

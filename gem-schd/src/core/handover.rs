@@ -68,12 +68,12 @@ impl Core {
 
     /// The holder `key` (its sole process on `conn`) drains: the token goes now to the client a
     /// TokenRequest from `conn` at this moment would let in, if that is another client and the
-    /// notice may hand the token on (`drain_notice_applies`). The
-    /// decision is the usual one, made on a copy with the holder's hold ended now and its
-    /// request queued (so the ranking, full contention and the turn lengths are those of a
-    /// hand-over after its report); a copy, because when the holder itself would go next, or
-    /// no one may, nothing must change: the hold stands until the report, as before (and the
-    /// holder's request then decides). `Some(actions)`: handed on, the grant among them.
+    /// notice may hand the token on (`drain_notice_applies`). The decision is the usual one,
+    /// made on a copy with the holder's hold ended now and its request queued (so the ranking,
+    /// full contention and the turn lengths are those of a hand-over after its report); a copy,
+    /// because when the holder itself would go next, or no one may, nothing must change: the
+    /// hold stands until the report, as before (and the holder's request then decides).
+    /// `Some(actions)`: handed on, the grant among them.
     pub(super) fn hand_over(&mut self, now: Micros, key: Key, conn: ConnId) -> Option<Vec<Action>> {
         if !self.drain_notice_applies(key, conn) {
             return None;

@@ -142,8 +142,8 @@ fn with_hand_overs_at_the_drain_off_the_hold_stands_until_the_report() {
 #[test]
 fn a_holder_whose_drains_run_long_is_not_handed_over_from() {
     // What the next client would run beside a long drain is charged to the holder: a holder
-    // whose last drain reached past a fifth of the min quota (here 2 ms) keeps its hold until
-    // its report, as before.
+    // whose last drain (2 ms) ran past a fifth of the min quota (2 ms: 0.4 ms) keeps its hold
+    // until its report, as before.
     let mut c = two();
     assert!(grant(&c.token_request(t(0), 1, 0, 0)).is_some());
     assert!(grant(&c.token_request(t(10) + 2 * MS, 1, 2 * MS, 10 * MS)).is_some());
