@@ -261,6 +261,12 @@ impl Client {
         })
     }
 
+    /// Tell gem-schd that this holder stopped launching and drains ([`Request::Drain`]): the
+    /// token may go on at once. No reply.
+    pub fn drain(&mut self) -> Result<(), ClientError> {
+        self.send(&Request::Drain)
+    }
+
     /// Give the token back (the holder went idle). No reply.
     pub fn release(&mut self, used_us: u64) -> Result<(), ClientError> {
         self.send(&Request::Release { used_us })

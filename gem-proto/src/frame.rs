@@ -46,6 +46,7 @@ pub mod kind {
     pub const RENEW: u8 = 7;
     pub const BUSY: u8 = 8;
     pub const OPTIONS: u8 = 9;
+    pub const DRAIN: u8 = 10;
     /// Server -> client kinds.
     pub const HELLO_OK: u8 = 64;
     pub const GRANT: u8 = 65;
@@ -92,6 +93,11 @@ pub enum Request {
     /// What gem-schd wants of this client beyond the basics, asked once per token connection
     /// after Hello: answered with OptionsOk.
     Options,
+    /// The holder stopped launching at its quota's end and now waits for the work it queued;
+    /// its TokenRequest (with the overuse) or Release follows once that is done. gem-schd may
+    /// hand the token on at once: the next holder's work queues behind the drain. Sent by a
+    /// hook that does not renew (a Renew answered Yield is the same notice). No reply.
+    Drain,
 }
 
 /// A frame sent by gem-schd to a client.
@@ -122,7 +128,8 @@ pub enum Reply {
         code: u16,
         message: String,
     },
-    /// Answer to Renew: not renewed; the hold stands until the holder reports its end.
+    /// Answer to Renew: not renewed. The holder drains and reports its hold's end; gem-schd
+    /// may already have handed the token on (see [`Request::Drain`]).
     Yield,
     /// Answer to Options: time one launch in about `busy_every` and send Busy reports
     /// (0 = none: this gem-schd does not use them).
@@ -168,15 +175,19 @@ impl Request {
             Request::Renew { .. } => kind::RENEW,
             Request::Busy { .. } => kind::BUSY,
             Request::Options => kind::OPTIONS,
+            Request::Drain => kind::DRAIN,
         }
     }
 
-    /// Whether gem-schd answers this request when it accepts it (Release, MemFree and Busy
-    /// have no reply; a refusal of any request is answered with an Error).
+    /// Whether gem-schd answers this request when it accepts it (Release, MemFree, Busy and
+    /// Drain have no reply; a refusal of any request is answered with an Error).
     pub fn expects_reply(&self) -> bool {
         !matches!(
             self,
-            Request::Release { .. } | Request::MemFree { .. } | Request::Busy { .. }
+            Request::Release { .. }
+                | Request::MemFree { .. }
+                | Request::Busy { .. }
+                | Request::Drain
         )
     }
 
@@ -208,7 +219,7 @@ impl Request {
                 w.u64(*held_us);
                 w.u64(*earlier_us);
             }
-            Request::Options => {}
+            Request::Options | Request::Drain => {}
         }
         w.finish();
         Ok(())
@@ -247,6 +258,7 @@ impl Request {
                 earlier_us: if r.rest.is_empty() { 0 } else { r.u64()? },
             },
             kind::OPTIONS => Request::Options,
+            kind::DRAIN => Request::Drain,
             other => return Err(FrameError::UnknownKind(other)),
         };
         r.end()?;
@@ -533,6 +545,22 @@ mod tests {
             Reply::decode(&[3, 0, 0, 0, 1, 68, 0]),
             Err(FrameError::TrailingBytes {
                 kind: kind::YIELD,
+                extra: 1
+            })
+        );
+    }
+
+    #[test]
+    fn drain_layout_is_as_specified_and_has_no_reply() {
+        let b = Request::Drain.encode().unwrap();
+        assert_eq!(b, vec![2, 0, 0, 0, 1, 10]);
+        assert_eq!(Request::decode(&b), Ok(Some((Request::Drain, 6))));
+        assert!(!Request::Drain.expects_reply());
+        // A Drain with a payload is malformed, not a Drain.
+        assert_eq!(
+            Request::decode(&[3, 0, 0, 0, 1, 10, 0]),
+            Err(FrameError::TrailingBytes {
+                kind: kind::DRAIN,
                 extra: 1
             })
         );

@@ -30,6 +30,7 @@ fn request() -> impl Strategy<Value = Request> {
         any::<u64>().prop_map(|bytes| Request::MemFree { bytes }),
         Just(Request::MemQuery),
         Just(Request::Options),
+        Just(Request::Drain),
         any::<u64>().prop_map(|burst_us| Request::Renew { burst_us }),
         (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(busy_us, held_us, earlier_us)| {
             Request::Busy {

@@ -459,6 +459,14 @@ impl Actor {
                 let acts = self.core.renew(now, conn, burst_us);
                 self.perform(acts);
             }
+            Request::Drain => {
+                if let Some(c) = self.conns.get(&conn) {
+                    debug!(conn, client = %c.client, "drain");
+                }
+                // No reply: a stray Drain (no Hello, a departed client, no hold) changes nothing.
+                let acts = self.core.drain(now, conn);
+                self.perform(acts);
+            }
             Request::Busy {
                 busy_us,
                 held_us,

@@ -1,6 +1,7 @@
 //! Property tests of the core under random event sequences: every TokenRequest is
 //! answered exactly once, one holder at a time (co-holds beside it when co-running is on,
-//! only for clients whose fill is light), memory never granted past a limit,
+//! only for clients whose fill is light; a holder that said it drains beside the next one,
+//! until its report), memory never granted past a limit,
 //! and (liveness) every waiting request is eventually granted. Classes: no opportunistic client
 //! is granted a turn, nor renewed, while a guaranteed client waits that may take one, and a GPU
 //! of opportunistic clients only is scheduled exactly as one of guaranteed clients only.
@@ -19,6 +20,14 @@ enum Op {
     Request(usize, Micros, Micros),
     Release(usize, Micros),
     Renew(usize, Micros),
+    /// The holder's notice that it drains (a hook that does not renew).
+    Drain(usize),
+    /// A Renew, or a Drain, from the connection last granted a turn (the hook sends them at
+    /// its quota's end: hand-overs at the drain need the holder's own).
+    HolderRenew(Micros),
+    HolderDrain,
+    /// A TokenRequest with this overuse from a connection that drains (its report).
+    DrainerAsks(Micros),
     Reconnect(usize),
     Alloc(usize, u64),
     Free(usize, u64),
@@ -34,6 +43,10 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..6usize, 0..20_000u64, 0..50_000u64).prop_map(|(c, o, b)| Op::Request(c, o, b)),
         3 => (0..6usize, 0..100_000u64).prop_map(|(c, u)| Op::Release(c, u)),
         2 => (0..6usize, 0..50_000u64).prop_map(|(c, b)| Op::Renew(c, b)),
+        1 => (0..6usize).prop_map(Op::Drain),
+        3 => (0..50_000u64).prop_map(Op::HolderRenew),
+        1 => Just(Op::HolderDrain),
+        2 => (0..5_000u64).prop_map(Op::DrainerAsks),
         1 => (0..6usize).prop_map(Op::Reconnect),
         2 => (0..6usize, 0..700u64).prop_map(|(c, b)| Op::Alloc(c, b)),
         1 => (0..6usize, 0..700u64).prop_map(|(c, b)| Op::Free(c, b)),
@@ -94,6 +107,11 @@ struct World {
     grants_before: u64,
     /// Every action, in order (to compare runs).
     trace: Vec<Action>,
+    /// Connections that said they drain and were handed over from, until they report (a
+    /// TokenRequest or a Release) or reconnect: the drain overlaps the next hold.
+    draining: HashSet<ConnId>,
+    /// The connection last granted a turn.
+    last_turn: Option<ConnId>,
 }
 
 impl World {
@@ -123,6 +141,7 @@ impl World {
                             );
                         } else {
                             self.check_turn(&client)?;
+                            self.last_turn = Some(c);
                             granted_clients.insert(client.clone());
                         }
                     }
@@ -166,6 +185,31 @@ impl World {
             );
         }
         Ok(())
+    }
+
+    /// After a drain notice on `c` by the holder `holder` (its client before the notice): a
+    /// turn granted now goes to another client, the sender drains beside it and is not in a
+    /// hold any more. Returns whether the token was handed on.
+    fn handed_over(
+        &mut self,
+        c: ConnId,
+        holder: Option<&str>,
+        acts: &[Action],
+    ) -> Result<bool, TestCaseError> {
+        let turn = acts
+            .iter()
+            .any(|a| matches!(a, Action::Grant { client, .. } if !self.core.co_running(client)));
+        if !turn {
+            return Ok(false);
+        }
+        prop_assert!(holder.is_some(), "handed on with no holder: {acts:?}");
+        prop_assert!(
+            self.core.holder().is_some() && self.core.holder() != holder,
+            "handed from {holder:?} to {:?}",
+            self.core.holder()
+        );
+        self.draining.insert(c);
+        Ok(true)
     }
 
     /// The classes of the clients whose requests wait.
@@ -254,6 +298,8 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
         below: if co { 0.6 } else { 0.0 },
         grants_before: 0,
         trace: Vec::new(),
+        draining: HashSet::new(),
+        last_turn: None,
     };
     w.core.set_co_run(CoRunSettings {
         below: w.below,
@@ -264,9 +310,30 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
     }
     for op in ops {
         w.grants_before = w.core.grants();
+        // The holder's own notices, from the slot of the connection last granted a turn; a
+        // drainer's report from the slot of a connection that drains.
+        let holder_slot = w
+            .last_turn
+            .and_then(|c| w.slots.iter().position(|s| s.0 == c))
+            .unwrap_or(0);
+        let drainer_slot = w
+            .draining
+            .iter()
+            .min()
+            .and_then(|c| w.slots.iter().position(|s| s.0 == *c));
+        let op = match op {
+            Op::HolderRenew(b) => Op::Renew(holder_slot, b),
+            Op::HolderDrain => Op::Drain(holder_slot),
+            Op::DrainerAsks(o) => match drainer_slot {
+                Some(s) => Op::Request(s, o, 0),
+                None => Op::Advance(o),
+            },
+            op => op,
+        };
         let acts = match op {
             Op::Request(s, o, b) => {
                 let c = w.slots[s].0;
+                w.draining.remove(&c);
                 let was_pending = w.pending.contains(&c);
                 if w.conn_ok(s) && !was_pending {
                     w.pending.insert(c);
@@ -282,12 +349,14 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
             }
             Op::Release(s, u) => {
                 let c = w.slots[s].0;
+                w.draining.remove(&c);
                 w.core.release(w.now, c, u)
             }
             // A renewal goes to the holder alone, with no request of its class or above waiting
             // (an opportunistic holder gives the token back when a guaranteed client waits),
             // and answers its Renew; anything else is a Yield (or an error for a connection the
-            // core does not know).
+            // core does not know), with, when others wait, the next client's grant: the holder
+            // drains beside it.
             Op::Renew(s, b) => {
                 let c = w.slots[s].0;
                 let holder = w.core.holder().map(str::to_owned);
@@ -311,6 +380,15 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
                         w.pending.insert(c);
                     }
                     [Action::Yield { conn }] => prop_assert_eq!(*conn, c),
+                    [grants @ .., Action::Yield { conn }] if *conn == c => {
+                        prop_assert!(
+                            !waiting.is_empty(),
+                            "handed on with nobody waiting: {:?}",
+                            acts
+                        );
+                        let handed = w.handed_over(c, holder.as_deref(), grants)?;
+                        prop_assert!(handed, "Renew answered {:?}", acts);
+                    }
                     [Action::Error { conn, .. }] => {
                         prop_assert_eq!(*conn, c);
                         prop_assert!(!w.conn_ok(s));
@@ -319,9 +397,29 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
                 }
                 acts
             }
+            // No reply: the token goes on to a client that waited, or nothing changes.
+            Op::Drain(s) => {
+                let c = w.slots[s].0;
+                let holder = w.core.holder().map(str::to_owned);
+                let acts = w.core.drain(w.now, c);
+                prop_assert!(
+                    !acts.iter().any(|a| a.answers(c)),
+                    "a Drain answered: {:?}",
+                    acts
+                );
+                if !acts.is_empty() {
+                    prop_assert!(w.conn_ok(s), "a Drain on {} did something: {:?}", c, acts);
+                }
+                w.handed_over(c, holder.as_deref(), &acts)?;
+                acts
+            }
+            Op::HolderRenew(_) | Op::HolderDrain | Op::DrainerAsks(_) => {
+                unreachable!("mapped above")
+            }
             Op::Reconnect(s) => {
                 let (c, client) = w.slots[s];
                 w.pending.remove(&c);
+                w.draining.remove(&c);
                 let acts = w.core.disconnect(w.now, c);
                 let n = w.next_conn;
                 w.next_conn += 1;

@@ -344,7 +344,8 @@ fn three_capped_tenants_split_the_gpu_and_stay_within_their_limits_every_second(
 
 /// Renewals (the hook's `Renew` at a deadline, before draining) in the gated pair: gem-schd
 /// renews only while nobody waits, so under this contention the shares and inference's waits
-/// are those without them.
+/// are those without them. (With hand-overs at the drain a Renew answered Yield also hands the
+/// token on: off here, to compare the renewals alone; see the test below.)
 #[test]
 fn renewals_leave_the_gated_pair_as_it_was() {
     let run = |renew: bool| {
@@ -354,7 +355,10 @@ fn renewals_leave_the_gated_pair_as_it_was() {
             training_gated(),
             inference_gated(),
             true,
-            |s| s.renew = renew,
+            |s| {
+                s.renew = renew;
+                s.core.set_hand_over_at_drain(false);
+            },
         )
     };
     let (off, on) = (run(false), run(true));
@@ -425,4 +429,51 @@ fn a_lone_paced_tenant_renews_most_holds_within_its_limit() {
         renewed > 0 && worst <= 0.51,
         "training: {renewed} renewed, worst second {worst:.4}"
     );
+}
+
+/// Hand-overs at the drain in the gated pair, with the hook's queue-ahead bound (what training
+/// queued drains past its deadline: 0.2 ms, or 0.5 ms with the hand-over allowance): inference
+/// is granted at training's notice and its requests queue behind that drain; the shares and
+/// inference's waits are those of hand-overs after the report (p99 6.2 against 6.3 ms). With no
+/// bound, training's drains (~3 ms) are too long to be handed over from.
+#[test]
+fn hand_overs_at_the_drain_leave_the_gated_pairs_waits_as_they_were() {
+    for ahead in [200, 500] {
+        let run = |on: bool| {
+            eprint!("queue-ahead bound {ahead} µs, hand-over at the drain {on}: ");
+            train_infer_of(
+                Params::default(),
+                training_gated(),
+                inference_gated(),
+                true,
+                |s| {
+                    (s.renew, s.max_ahead) = (true, ahead);
+                    s.core.set_hand_over_at_drain(on);
+                },
+            )
+        };
+        let (off, on) = (run(false), run(true));
+        assert!(
+            (on.train_of_native - 0.5).abs() <= 0.02 && (on.infer_of_native - 0.5).abs() <= 0.02,
+            "shares {:.3} / {:.3}",
+            on.train_of_native,
+            on.infer_of_native
+        );
+        assert!(
+            on.p50 <= off.p50 + 200 && on.p99 <= off.p99 + 500 && on.max <= off.max + MS,
+            "inference p50 / p99 / max {} / {} / {} µs at the notice, {} / {} / {} after the report",
+            on.p50,
+            on.p99,
+            on.max,
+            off.p50,
+            off.p99,
+            off.max
+        );
+        assert!(
+            on.idle <= off.idle,
+            "GPU idle {:.3} against {:.3}",
+            on.idle,
+            off.idle
+        );
+    }
 }

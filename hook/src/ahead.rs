@@ -40,6 +40,14 @@
 //! early allowance) whatever the time left ([`Limits::sole_ns`]).
 //! The price is paid once, by the next client to ask: it waits for that queue after the hold's
 //! quota (charged to the holder as its overrun), where it waited for the bound's.
+//!
+//! At a hold's end the queue may also hold `KUBESHARE_HOOK_HANDOVER_AHEAD_US` (off by default;
+//! GPU time, once the pace is measured) when that is more than the bound
+//! ([`Limits::handover_ns`]): gem-schd hands the token on when the holder stops launching, and
+//! the next process wakes up and launches while this queue drains, instead of the GPU idling
+//! for its wake-up once a bound's worth has run. The next holder's first kernel waits for the
+//! longer of the two; but where it wakes sooner, the GPU may run its kernels beside the drain,
+//! which is then charged to this process.
 
 /// How often (at launches, precise time) a probe event is recorded, for bounds of 200 µs and
 /// more; shorter bounds probe twice per bound ([`probe_every`]).
@@ -58,13 +66,15 @@ pub const RING: usize = 64;
 
 /// How much GPU work a probe lets stay queued: `bound_ns`, plus the time left in the hold
 /// (`until_deadline_ns`) up to `early_ns` (what is queued before the deadline runs before it),
-/// or plus `sole_ns` when that is more (the process has the GPU to itself: 0 otherwise).
+/// or plus `sole_ns` when that is more (the process has the GPU to itself: 0 otherwise); and at
+/// least `handover_ns` (the next holder's wake-up runs under it).
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub bound_ns: u64,
     pub until_deadline_ns: u64,
     pub early_ns: u64,
     pub sole_ns: u64,
+    pub handover_ns: u64,
 }
 
 impl Limits {
@@ -75,6 +85,7 @@ impl Limits {
             until_deadline_ns: 0,
             early_ns: 0,
             sole_ns: 0,
+            handover_ns: 0,
         }
     }
 }
@@ -232,6 +243,7 @@ impl Ring {
             until_deadline_ns,
             early_ns,
             sole_ns,
+            handover_ns,
         } = limits;
         // Both allowances count once the pace is measured: by launching time the queue of a
         // CPU far ahead is many times deeper than it says (the sole allowance counted so let
@@ -246,6 +258,7 @@ impl Ring {
                     .saturating_sub(t.saturating_sub(now))
                     .min(early_ns)
                     .max(sole_ns)
+                    .max(handover_ns.saturating_sub(bound_ns))
             }
         };
         let closing = now
@@ -379,10 +392,18 @@ mod tests {
     }
 
     /// Holds of `hold` ns, one after another (each drained before the next): the CPU queues
-    /// `ratio` ns of GPU work per ns of launching until the deadline. Returns, over the holds
+    /// `ratio` ns of GPU work per ns of launching until the deadline, the hand-over allowance
+    /// `handover`. Returns, over the holds
     /// after the first (whose pace is not known yet), the longest drain past a deadline and the
     /// deepest queue in the first half of a hold.
-    fn simulate_holds(bound: u64, early: u64, ratio: u64, hold: u64, holds: u32) -> (u64, u64) {
+    fn simulate_holds(
+        bound: u64,
+        early: u64,
+        handover: u64,
+        ratio: u64,
+        hold: u64,
+        holds: u32,
+    ) -> (u64, u64) {
         let sim = Sim::new(ratio);
         let mut r = Ring::new();
         let (mut drain, mut deepest) = (0, 0);
@@ -396,6 +417,7 @@ mod tests {
                     until_deadline_ns: deadline.saturating_sub(sim.clock.get() + every),
                     early_ns: early,
                     sole_ns: 0,
+                    handover_ns: handover,
                 };
                 sim.launch_and_probe(&mut r, every, limits);
                 if h > 0 && sim.clock.get() < half {
@@ -419,7 +441,7 @@ mod tests {
     #[test]
     fn the_queue_may_fill_the_hold_and_narrows_to_the_bound_at_its_deadline() {
         for ratio in [3, 20] {
-            let (drain, deepest) = simulate_holds(200_000, 600_000, ratio, 5_000_000, 6);
+            let (drain, deepest) = simulate_holds(200_000, 600_000, 0, ratio, 5_000_000, 6);
             assert!(
                 drain <= 600_000,
                 "ratio {ratio}: drained {drain} ns past the deadline"
@@ -431,6 +453,24 @@ mod tests {
             assert!(
                 deepest <= 1_400_000,
                 "ratio {ratio}: queue {deepest} ns deep early on"
+            );
+        }
+    }
+
+    /// With the hand-over allowance the queue at the deadline holds about it, not the bound: the
+    /// next holder's wake-up runs while it drains (and no more than that drains past the hold).
+    #[test]
+    fn at_a_holds_end_the_queue_holds_the_hand_over_allowance() {
+        for ratio in [3, 20] {
+            let (bound_only, _) = simulate_holds(200_000, 600_000, 0, ratio, 5_000_000, 6);
+            let (drain, _) = simulate_holds(200_000, 600_000, 1_000_000, ratio, 5_000_000, 6);
+            assert!(
+                (800_000..=1_500_000).contains(&drain),
+                "ratio {ratio}: drained {drain} ns past the deadline with a 1 ms allowance"
+            );
+            assert!(
+                bound_only < 600_000,
+                "ratio {ratio}: drained {bound_only} ns past the deadline with the bound alone"
             );
         }
     }
@@ -475,6 +515,7 @@ mod tests {
                 until_deadline_ns: self.deadline.saturating_sub(sim.clock.get() + every),
                 early_ns: Self::EARLY,
                 sole_ns: self.sole,
+                handover_ns: 0,
             };
             sim.launch_and_probe(&mut self.ring, every, limits);
             every

@@ -40,6 +40,10 @@ pub struct Settings {
     /// hold renewed twice in a row (`KUBESHARE_HOOK_SOLE_AHEAD_US`, default 5,000 µs; 0 = the
     /// bound and the early allowance alone).
     pub sole_ahead_ns: u64,
+    /// How much GPU work may stay queued at a hold's end, in ns, when that is more than the
+    /// bound (`KUBESHARE_HOOK_HANDOVER_AHEAD_US`, default 0 = the bound): the next holder,
+    /// granted when this process stops launching, wakes up and launches while it runs.
+    pub handover_ahead_ns: u64,
     /// At a quota's end, ask gem-schd to renew the hold before draining
     /// (`KUBESHARE_HOOK_RENEW`, default on; `0` = always drain and ask again, as before).
     pub renew: bool,
@@ -133,6 +137,22 @@ pub fn parse_sole_ahead_us(v: Option<&str>) -> Result<u64, String> {
     parse_queue_us("KUBESHARE_HOOK_SOLE_AHEAD_US", v, DEFAULT_SOLE_AHEAD_US)
 }
 
+/// How much GPU work may stay queued at a hold's end, µs (`ahead.rs`): gem-schd hands the token
+/// on when the holder stops launching, and the next process's wake-up and first launches run
+/// while this drains (the simulation's four tenants, `tests/sim_handover.rs` in gem-schd, kept
+/// the GPU 0.965 busy with a 0.3 ms wake-up and the bound's 0.2 ms queued, 0.981 with 0.5 ms).
+/// Off by default: where the next process wakes sooner than this drains, the GPU may run its
+/// first kernels beside the drain, and gem-schd charges them to this process (docs/hook.md).
+pub const DEFAULT_HANDOVER_AHEAD_US: u64 = 0;
+
+pub fn parse_handover_ahead_us(v: Option<&str>) -> Result<u64, String> {
+    parse_queue_us(
+        "KUBESHARE_HOOK_HANDOVER_AHEAD_US",
+        v,
+        DEFAULT_HANDOVER_AHEAD_US,
+    )
+}
+
 /// A queue allowance in whole µs, 0..=50000 (50 ms: a training step's worth).
 fn parse_queue_us(name: &str, v: Option<&str>, default: u64) -> Result<u64, String> {
     match v.map(str::trim) {
@@ -199,6 +219,12 @@ pub fn settings() -> &'static Settings {
                 crate::info!("{e}");
                 DEFAULT_SOLE_AHEAD_US
             });
+        let handover_ahead_us =
+            parse_handover_ahead_us(get("KUBESHARE_HOOK_HANDOVER_AHEAD_US").as_deref())
+                .unwrap_or_else(|e| {
+                    crate::info!("{e}");
+                    DEFAULT_HANDOVER_AHEAD_US
+                });
         const RENEW: &str = "KUBESHARE_HOOK_RENEW";
         let renew = parse_flag(RENEW, get(RENEW).as_deref(), true).unwrap_or_else(|e| {
             crate::info!("{e}");
@@ -222,6 +248,7 @@ pub fn settings() -> &'static Settings {
             max_ahead_ns: max_ahead_us * 1000,
             early_ahead_ns: early_ahead_us * 1000,
             sole_ahead_ns: sole_ahead_us * 1000,
+            handover_ahead_ns: handover_ahead_us * 1000,
             renew,
             busy_every,
         }
@@ -305,6 +332,16 @@ mod tests {
         let e = parse_sole_ahead_us(Some("50001")).unwrap_err();
         assert!(e.starts_with("KUBESHARE_HOOK_SOLE_AHEAD_US="), "{e}");
         assert!(parse_sole_ahead_us(Some("5ms")).is_err());
+    }
+
+    #[test]
+    fn handover_ahead() {
+        assert_eq!(parse_handover_ahead_us(None), Ok(DEFAULT_HANDOVER_AHEAD_US));
+        assert_eq!(parse_handover_ahead_us(Some("0")), Ok(0));
+        assert_eq!(parse_handover_ahead_us(Some("1500")), Ok(1500));
+        let e = parse_handover_ahead_us(Some("50001")).unwrap_err();
+        assert!(e.starts_with("KUBESHARE_HOOK_HANDOVER_AHEAD_US="), "{e}");
+        assert!(parse_handover_ahead_us(Some("0.5")).is_err());
     }
 
     #[test]

@@ -395,6 +395,7 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
             } else {
                 0
             },
+            handover_ns: settings().handover_ahead_ns,
         },
         |s| match real!(cuEventQuery, events[s] as CUevent) {
             CUDA_SUCCESS => ahead::Done::Yes,
@@ -583,13 +584,36 @@ pub(crate) fn renew(dev: usize, g: &Gpu, t: &mut Token) -> Option<u64> {
 
 /// A gem-schd older than a frame refuses it (Error{2} "unknown frame kind N") and hangs up;
 /// the refusal arrives as the answer to whatever this process asked next. From then on the
-/// frame is not sent again: Renew (the hold drains and asks again, as before it) or Busy
-/// (gem-schd learns no fill). One reconnection per frame it lacks.
-fn note_refusal(e: &ClientError) {
+/// frame is not sent again: Renew (the hold drains and asks again, as before it), Drain (the
+/// token moves on after the drain, as before it) or Busy (gem-schd learns no fill). One
+/// reconnection per frame it lacks.
+pub(crate) fn note_refusal(e: &ClientError) {
     match e.refused_kind() {
         Some(gem_proto::kind::RENEW) => RENEW_REFUSED.store(true, Ordering::Relaxed),
+        Some(gem_proto::kind::DRAIN) => DRAIN_REFUSED.store(true, Ordering::Relaxed),
         Some(gem_proto::kind::BUSY) => crate::timing::refused(),
         _ => {}
+    }
+}
+
+/// Set once a gem-schd refused Drain (one older than it): from then on the token moves on
+/// after this process's drain and report, as before Drain.
+static DRAIN_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// The hold ends at its quota and the process stops launching: before draining, tell gem-schd,
+/// which may hand the token on at once (the next process wakes up and launches while the drain
+/// runs; the report after the drain charges it). A Renew answered Yield has told it already,
+/// so only a process that does not renew sends Drain (`KUBESHARE_HOOK_RENEW=0`); a gem-schd
+/// that refused Renew is older than Drain too. No reply: a refusal arrives with the next one.
+pub(crate) fn notice_drain(dev: usize, g: &Gpu, t: &mut Token) {
+    if settings().renew || DRAIN_REFUSED.load(Ordering::Relaxed) {
+        return;
+    }
+    let Some(c) = t.client.as_mut() else { return };
+    if let Err(e) = c.drain() {
+        note_refusal(&e);
+        info!("device {dev}: the drain notice failed: {e}; reconnecting");
+        drop_client(&mut t.client, &g.token_fd);
     }
 }
 
@@ -626,10 +650,11 @@ fn wait_for_token(
     }
 }
 
-/// Ends a hold whose quota ran out, in the launching thread: waits for the queued work and
-/// returns (overuse, burst) to report with the next request.
+/// Ends a hold whose quota ran out, in the launching thread: tells gem-schd (`notice_drain`),
+/// waits for the queued work and returns (overuse, burst) to report with the next request.
 fn end_hold(dev: usize, g: &Gpu, t: &mut Token) -> (u64, u64) {
     g.stop_launches();
+    notice_drain(dev, g, t);
     drain(dev);
     g.holding.store(false, Ordering::Release);
     let used_ns = precise_ns().saturating_sub(t.grant_ns);

@@ -7,7 +7,9 @@
 
 use crate::clock::{coarse_ns, precise_ns};
 use crate::config::settings;
-use crate::device::{drain, drop_client, exchange_capture_mode, guard, renew, start_hold};
+use crate::device::{
+    drain, drop_client, exchange_capture_mode, guard, note_refusal, notice_drain, renew, start_hold,
+};
 use crate::state::{gpu, state};
 use crate::{debug, info};
 use cuda_abi::*;
@@ -132,6 +134,7 @@ fn release_if_expired(dev: usize) {
         return;
     }
     g.stop_launches();
+    notice_drain(dev, g, &mut t);
     drain(dev);
     g.holding.store(false, Ordering::Release);
     let used_ns = precise_ns().saturating_sub(t.grant_ns);
@@ -143,6 +146,8 @@ fn release_if_expired(dev: usize) {
     if let Some(c) = t.client.as_mut()
         && let Err(e) = c.release(used_us)
     {
+        // A refusal of the frame before (a Drain to an older gem-schd) arrives here.
+        note_refusal(&e);
         info!("device {dev}: release failed: {e}");
         drop_client(&mut t.client, &g.token_fd);
     }
@@ -204,6 +209,8 @@ fn release_if_idle(dev: usize, idle_ns: u64) {
     if let Some(c) = t.client.as_mut()
         && let Err(e) = c.release(used_us)
     {
+        // A refusal of the frame before (a Drain to an older gem-schd) arrives here.
+        note_refusal(&e);
         info!("device {dev}: release failed: {e}");
         drop_client(&mut t.client, &g.token_fd);
     }

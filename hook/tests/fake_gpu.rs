@@ -692,3 +692,73 @@ fn gem_schd_learns_how_busy_a_tenant_keeps_the_gpu_from_its_timed_launches() {
         "Busy frames sent to a gem-schd that does not co-run"
     );
 }
+
+/// e launches 48 kernels of 5 ms at 3 ms of CPU each (its queue-ahead bound off, so the queue
+/// grows to ~90 ms) in its first hold, 150 ms long (gem-schd's base quota; its grace, 500 ms,
+/// outlasts the drain), and then waits for them; f asks for the token meanwhile (its one launch
+/// blocks). `e_env` goes into e's environment. Returns (when f's first launch passed, when e's
+/// queued work had run), both Unix µs.
+fn newcomer_beside_a_long_drain(e_env: &[(&str, &str)]) -> (u64, u64) {
+    let env = Env::new();
+    env.write_config(&[("e", 0.5, 1.0, GIB), ("f", 0.5, 1.0, GIB)]);
+    let _schd = env.start_schd_with(
+        &["e", "f"],
+        &["--base-quota-ms", "150", "--grace-ms", "500"],
+    );
+    let e_args = [
+        "launch",
+        "--kernel-us",
+        "5000",
+        "--launch-cpu-us",
+        "3000",
+        "--batch",
+        "48",
+        "--count",
+        "48",
+    ];
+    let mut e = env
+        .workload("e", "proc", &e_args)
+        .env("KUBESHARE_HOOK_LOG", "debug")
+        .env("KUBESHARE_HOOK_MAX_AHEAD_US", "0")
+        .envs(e_env.iter().copied())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let granted = said_on_stderr(&mut e, "granted");
+    let e = Proc(e);
+    granted
+        .recv_timeout(Duration::from_secs(10))
+        .expect("e's grant");
+    let f = env.run(
+        "f",
+        "symbol",
+        &["launch", "--kernel-us", "1000", "--count", "1"],
+    );
+    let e = e.finish(Duration::from_secs(20));
+    let f_first = f[0]["first_launch_unix_us"].as_u64().unwrap();
+    let e_start =
+        e[0]["first_launch_unix_us"].as_u64().unwrap() - e[0]["first_launch_us"].as_u64().unwrap();
+    (f_first, e_start + e[0]["wall_us"].as_u64().unwrap())
+}
+
+#[test]
+fn the_next_holder_launches_while_the_last_ones_queued_work_drains() {
+    // e's hold ends while its process waits for its own queued work (~90 ms more): the hook's
+    // idle thread tells gem-schd it drains (a Renew answered Yield, or, with renewals off, a
+    // Drain), and gem-schd grants f at once; f's launch passes then and queues behind e's
+    // work, instead of after e's drain and report (the GPU idled for those and f's wake-up at
+    // every hand-over; handed over after the report, f's launch passed 0.6–1.6 ms after e's
+    // work had run here).
+    let _s = serial();
+    for e_env in [&[][..], &[("KUBESHARE_HOOK_RENEW", "0")][..]] {
+        let (f_first, e_drained) = newcomer_beside_a_long_drain(e_env);
+        eprintln!(
+            "{e_env:?}: f's first launch passed {:.1} ms before e's work had run",
+            (e_drained as f64 - f_first as f64) / 1000.0
+        );
+        assert!(
+            f_first + 40_000 <= e_drained,
+            "{e_env:?}: f's first launch at {f_first}, e drained at {e_drained} (Unix µs)"
+        );
+    }
+}

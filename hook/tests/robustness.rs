@@ -297,9 +297,9 @@ fn a_holder_stops_launching_when_its_gem_schd_dies() {
     );
 }
 
-/// What a gem-schd from before Renew (and Options, Busy) does, over a real socket: answers
-/// Hello, grants every TokenRequest 5 ms, passes memory calls, and answers a frame it cannot
-/// read (a Renew, an Options, a Busy) with Error{2} and a hang-up. Records the kinds of the
+/// What a gem-schd from before Renew (and Options, Busy, Drain) does, over a real socket:
+/// answers Hello, grants every TokenRequest 5 ms, passes memory calls, and answers a frame it
+/// cannot read (a Renew, an Options, a Busy, a Drain) with Error{2} and a hang-up. Records the kinds of the
 /// frames it received. With `two_field_busy` it is one from after Options and Busy but before
 /// Busy's `earlier_us`: it asks for reports (one launch in 8) and takes a Busy of two fields,
 /// refusing a longer one as trailing bytes (and hanging up).
@@ -353,11 +353,15 @@ fn serve_like_an_old_gem_schd(
                             Request::TokenRequest { .. } => {
                                 ("request", Some(Reply::Grant { quota_us: 5000 }))
                             }
-                            Request::Renew { .. } | Request::Busy { .. } | Request::Options => {
+                            Request::Renew { .. }
+                            | Request::Busy { .. }
+                            | Request::Options
+                            | Request::Drain => {
                                 let k = req.kind();
                                 seen.lock().unwrap().push(match k {
                                     7 => "renew",
                                     9 => "options",
+                                    10 => "drain",
                                     _ => "busy",
                                 });
                                 let e = Reply::error(
@@ -402,9 +406,12 @@ fn serve_like_an_old_gem_schd(
     });
 }
 
-/// Runs a 1 s launch loop of client a beside [`serve_like_an_old_gem_schd`]: the kinds of the
-/// frames that gem-schd received, once the loop got through.
-fn frames_beside_an_old_gem_schd(two_field_busy: bool) -> Vec<&'static str> {
+/// Runs a 1 s launch loop of client a beside [`serve_like_an_old_gem_schd`], with `env` in its
+/// environment: the kinds of the frames that gem-schd received, once the loop got through.
+fn frames_beside_an_old_gem_schd(
+    two_field_busy: bool,
+    env_vars: &[(&str, &str)],
+) -> Vec<&'static str> {
     let _s = serial();
     let env = Env::new();
     let dir = env.client_dir("a");
@@ -421,6 +428,7 @@ fn frames_beside_an_old_gem_schd(two_field_busy: bool) -> Vec<&'static str> {
             "proc",
             &["launch", "--kernel-us", "1000", "--seconds", "1"],
         )
+        .envs(env_vars.iter().copied())
         .spawn()
         .unwrap();
     let out = Proc(run).finish(Duration::from_secs(20));
@@ -440,9 +448,11 @@ fn a_gem_schd_without_renew_or_options_costs_one_reconnection_each() {
     // them. The first of each is refused (Error{2}, the connection closed); the hook
     // reconnects and never sends that frame again: TokenRequests from then on, and no Busy
     // reports (nobody asked for them).
-    let seen = frames_beside_an_old_gem_schd(false);
+    let seen = frames_beside_an_old_gem_schd(false, &[]);
     let count = |kind: &str| seen.iter().filter(|k| **k == kind).count();
     assert_eq!(count("renew"), 1, "Renews sent: {seen:?}");
+    // Older than Renew, older than Drain: never sent.
+    assert_eq!(count("drain"), 0, "Drains sent: {seen:?}");
     assert_eq!(count("options"), 1, "Options sent: {seen:?}");
     assert_eq!(count("busy"), 0, "Busy frames sent: {seen:?}");
     let after = requests_after(&seen, "renew");
@@ -458,10 +468,26 @@ fn a_gem_schd_reading_two_field_busy_costs_one_reconnection() {
     // gem-schd that reads two fields and refuses the third as trailing bytes. The first Busy
     // is refused (the connection closed); the hook reconnects and sends no more Busy, its
     // token requests going on.
-    let seen = frames_beside_an_old_gem_schd(true);
+    let seen = frames_beside_an_old_gem_schd(true, &[]);
     let refused = seen.iter().filter(|k| **k == "busy3").count();
     assert_eq!(refused, 1, "three-field Busy frames sent: {seen:?}");
     let after = requests_after(&seen, "busy3");
+    assert!(
+        after >= 50,
+        "token requests after the refusal: {after} of {seen:?}"
+    );
+}
+
+#[test]
+fn a_gem_schd_without_drain_costs_a_hook_that_does_not_renew_one_reconnection() {
+    // A hook with renewals off tells gem-schd with a Drain that it drains at each quota's end;
+    // a gem-schd from before Drain refuses the first (Error{2}, the connection closed), and the
+    // hook reconnects and sends no more: its token requests go on as before Drain.
+    let seen = frames_beside_an_old_gem_schd(false, &[("KUBESHARE_HOOK_RENEW", "0")]);
+    let count = |kind: &str| seen.iter().filter(|k| **k == kind).count();
+    assert_eq!(count("drain"), 1, "Drains sent: {seen:?}");
+    assert_eq!(count("renew"), 0, "Renews sent: {seen:?}");
+    let after = requests_after(&seen, "drain");
     assert!(
         after >= 50,
         "token requests after the refusal: {after} of {seen:?}"

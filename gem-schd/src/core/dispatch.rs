@@ -33,7 +33,9 @@ impl Core {
     /// TokenRequest. Only the sole process in the hold, and only while no one else of its class
     /// or above waits (with others waiting the token moves on or the holder's turn is decided
     /// by the usual request, and the copy is not made): an opportunistic holder gives the token
-    /// back at this hand-over when a guaranteed client waits (`class.rs`).
+    /// back at this hand-over when a guaranteed client waits (`class.rs`). Not renewed while
+    /// others wait, the Yield is the holder's notice that it drains, and the token may go on at
+    /// once (`handover.rs`).
     ///
     /// Why: a capped tenant alone is granted min-quota holds back to back (its pacing room is
     /// never larger, ~90 a second at 0.5); each ended with a drain, a round trip and the GPU
@@ -63,6 +65,12 @@ impl Core {
             .iter()
             .any(|(k, c)| *k != key && self.competes_with(key, *k) && !c.waiting.is_empty());
         let pending = self.conns.get(&conn).is_some_and(|c| c.waiting);
+        if others_wait {
+            // Not renewed: the holder drains now, and the token may go on at once.
+            let mut out = self.hand_over(now, key, conn).unwrap_or_default();
+            out.push(Action::Yield { conn });
+            return out;
+        }
         if !sole_holder || others_wait || pending || self.history.len() > RENEW_MAX_ENTRIES {
             return vec![Action::Yield { conn }];
         }
@@ -78,6 +86,10 @@ impl Core {
             *self = trial;
             out
         } else {
+            // Not handed on to a client of a lower class either: a launch-bound guaranteed
+            // client beside opportunistic ones was charged 0.438 of its 0.5 that way, 0.486
+            // with the token going on at its report
+            // (`a_launch_bound_guaranteed_client_keeps_its_request_...` in tests/sim_priority.rs).
             vec![Action::Yield { conn }]
         }
     }

@@ -20,7 +20,8 @@
 //!
 //! Layout: this file holds the types, the connections and the public API; `window` the usage
 //! accounting, pacing and eligibility; `dispatch` who gets the token next and for how long;
-//! `class` what the guaranteed clients leave the opportunistic ones.
+//! `class` what the guaranteed clients leave the opportunistic ones; `handover` the hand-over
+//! when a holder says it drains.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -297,6 +298,8 @@ pub struct Core {
     unpaced_when_full: bool,
     /// See [`Core::set_turn_includes_drain`].
     turn_includes_drain: bool,
+    /// See [`Core::set_hand_over_at_drain`].
+    hand_over_at_drain: bool,
     /// The client whose last hold ended at its quota with a request for more (a tenant that
     /// always wants the GPU, not one that went idle): under full contention it does not take
     /// the next turn too unless it is more than a turn behind.
@@ -335,6 +338,7 @@ impl Core {
             max_lag_us: DEFAULT_MAX_LAG_US,
             unpaced_when_full: true,
             turn_includes_drain: true,
+            hand_over_at_drain: true,
             asked_again: None,
             reask: None,
             vtime: [0; 2],
@@ -404,6 +408,15 @@ impl Core {
     /// the min quota.
     pub fn set_turn_includes_drain(&mut self, on: bool) {
         self.turn_includes_drain = on;
+    }
+
+    /// Hand-overs at the drain (`handover.rs`): a holder that stops launching at its quota's
+    /// end and says so (a Renew answered Yield, a Drain) hands the token on at once, while its
+    /// queued work drains, and is charged up to the drain's end by its report. `false`: the
+    /// hold stands until the report (the GPU idled for the report, the grant and the next
+    /// process's wake-up at each hand-over).
+    pub fn set_hand_over_at_drain(&mut self, on: bool) {
+        self.hand_over_at_drain = on;
     }
 
     pub fn params(&self) -> &Params {
@@ -814,6 +827,7 @@ mod co_area;
 mod corun;
 mod dispatch;
 mod fill;
+mod handover;
 mod reload;
 mod window;
 

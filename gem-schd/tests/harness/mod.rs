@@ -126,6 +126,8 @@ pub enum Ev {
     Grant(usize, Micros),
     /// A Yield (its Renew refused) reaches the client.
     Yield(usize),
+    /// The client's process, woken by a grant `Sim::wake` ago, launches (`Sim::wake`).
+    Woken(usize, Micros),
     /// The scheduler's timer.
     Wake,
     /// Replace the config.
@@ -144,6 +146,8 @@ pub enum Msg {
     Renew {
         burst: Micros,
     },
+    /// The hook's notice that it stops launching and drains (`Sim::drain_notice`).
+    Drain,
     /// The hook's Busy report (`Sim::busy_reports`).
     Busy {
         busy: Micros,
@@ -233,6 +237,18 @@ pub struct Sim {
     /// a Release, this long after the deadline (its tick); the next launch then asks again with
     /// a TokenRequest. `None`: holds end at a launch past the deadline only.
     pub release_at_deadline: Option<Micros>,
+    /// From a grant's arrival at the client to its first launch on the GPU: the process,
+    /// blocked reading the grant, wakes up and its launch reaches the GPU (a renewal is not
+    /// delayed: the process was running). 0: at once.
+    pub wake: Micros,
+    /// The hook's queue-ahead bound at a hold's end, for clients launching kernel by kernel
+    /// (`Pattern::launch_us` > 0): before a launch the CPU waits while more than this much of
+    /// its GPU work is queued (its early allowance is not modelled). 0: no bound.
+    pub max_ahead: Micros,
+    /// Clients that do not renew (`Sim::renew` off) tell gem-schd with a Drain notice that they
+    /// stop launching and drain, as the hook does with `KUBESHARE_HOOK_RENEW=0` (a Renew
+    /// answered Yield is that notice otherwise).
+    pub drain_notice: bool,
 }
 
 pub fn spec(id: &str, req: u16, lim: u16) -> ClientSpec {
@@ -302,6 +318,9 @@ impl Sim {
             renew: false,
             busy_reports: false,
             release_at_deadline: None,
+            wake: 0,
+            max_ahead: 0,
+            drain_notice: false,
         };
         for i in 0..sim.clients.len() {
             sim.push(0, Ev::Ready(i));
@@ -371,6 +390,12 @@ impl Sim {
         let seen = self.seen(t);
         let c = &mut self.clients[i];
         if c.holding && seen < c.deadline {
+            if self.max_ahead > 0 && c.last_end > t + self.max_ahead {
+                // The queue-ahead bound: the CPU waits until the GPU has caught up.
+                let at = c.last_end - self.max_ahead;
+                self.push(at, Ev::Launch(i));
+                return;
+            }
             c.epoch += 1;
             c.launched_at = t;
             let start = self.gpu_busy.max(t);
@@ -404,6 +429,9 @@ impl Sim {
     /// The hold ended at `t` with no renewal: the CPU waits for the client's last kernel, then
     /// asks again reporting `used − quota` (or, not holding, what an expiry left to report).
     fn hand_over(&mut self, t: Micros, i: usize) {
+        if self.clients[i].holding && self.drain_notice && !self.renew {
+            self.send(t, i, Msg::Drain);
+        }
         let c = &mut self.clients[i];
         let (at, overuse, burst) = if c.holding {
             let drained = t.max(c.last_end);
@@ -419,7 +447,7 @@ impl Sim {
     }
 
     pub fn send(&mut self, t: Micros, i: usize, m: Msg) {
-        if self.busy_reports && !matches!(m, Msg::Busy { .. }) {
+        if self.busy_reports && !matches!(m, Msg::Busy { .. } | Msg::Drain) {
             let c = &mut self.clients[i];
             let from = c.reported_at;
             let busy: Micros = c
@@ -568,6 +596,7 @@ impl Sim {
                     }
                     Msg::Release { used } => self.core.release(t, i as u64, used),
                     Msg::Renew { burst } => self.core.renew(t, i as u64, burst),
+                    Msg::Drain => self.core.drain(t, i as u64),
                     Msg::Busy { busy, held } => {
                         let _ = self.core.busy(t, i as u64, busy, held, 0);
                         vec![]
@@ -576,30 +605,13 @@ impl Sim {
                 self.apply(t, acts);
             }
             Ev::Grant(i, quota) => {
-                let c = &mut self.clients[i];
-                if c.holding {
-                    c.renewed += 1;
-                }
-                c.waiting = false;
-                c.holding = true;
-                c.grant_at = t;
-                c.quota = quota;
-                c.held_from = Some(t);
-                let per_kernel = c.pattern.launch_us > 0;
-                let seen = self.seen(t);
-                let c = &mut self.clients[i];
-                c.deadline = seen + quota;
-                if let Some(after) = self.release_at_deadline {
-                    let at = (seen + quota + after).max(t);
-                    self.push(at, Ev::DeadlineCheck(i, t));
-                }
-                // The launch that asked for the token goes now.
-                if per_kernel {
-                    self.launch_one(t, i);
+                if self.wake > 0 && !self.clients[i].holding {
+                    self.push(t + self.wake, Ev::Woken(i, quota));
                 } else {
-                    self.launch(t, i);
+                    self.granted(t, i, quota);
                 }
             }
+            Ev::Woken(i, quota) => self.granted(t, i, quota),
             Ev::Yield(i) => {
                 self.clients[i].waiting = false;
                 self.hand_over(t, i);
@@ -616,6 +628,34 @@ impl Sim {
                 let acts = self.core.set_config(t, &specs);
                 self.apply(t, acts);
             }
+        }
+    }
+
+    /// The grant of `quota` reaches client `i`'s launching thread at `t` (a renewal, or a new
+    /// hold once the process is awake).
+    fn granted(&mut self, t: Micros, i: usize, quota: Micros) {
+        let c = &mut self.clients[i];
+        if c.holding {
+            c.renewed += 1;
+        }
+        c.waiting = false;
+        c.holding = true;
+        c.grant_at = t;
+        c.quota = quota;
+        c.held_from = Some(t);
+        let per_kernel = c.pattern.launch_us > 0;
+        let seen = self.seen(t);
+        let c = &mut self.clients[i];
+        c.deadline = seen + quota;
+        if let Some(after) = self.release_at_deadline {
+            let at = (seen + quota + after).max(t);
+            self.push(at, Ev::DeadlineCheck(i, t));
+        }
+        // The launch that asked for the token goes now.
+        if per_kernel {
+            self.launch_one(t, i);
+        } else {
+            self.launch(t, i);
         }
     }
 

@@ -7,6 +7,7 @@ use gem_proto::code;
 mod classes;
 mod contention;
 mod corun;
+mod handover;
 mod pacing;
 
 const MS: Micros = 1000;

@@ -73,19 +73,6 @@ fn renew_yields_without_trying_when_the_window_holds_too_many_grants() {
 }
 
 #[test]
-fn renew_yields_while_another_client_waits_and_the_hold_stands() {
-    let mut c = two();
-    assert!(grant(&c.token_request(t(0), 1, 0, 0)).is_some());
-    assert!(grant(&c.token_request(t(1), 3, 0, 0)).is_none());
-    assert!(is_yield(&c.renew(t(10), 1, 10 * MS), 1));
-    assert_eq!(c.holder(), Some("a"));
-    // The holder drains and asks: now the waiting client gets the token.
-    let acts = c.token_request(t(10) + 400, 1, 400, 10 * MS);
-    assert_eq!(grant(&acts).map(|g| g.0), Some("b"));
-    assert_eq!(c.usage_us(t(11), "a"), Some(10 * MS + 400));
-}
-
-#[test]
 fn renew_yields_to_a_non_holder_a_shared_hold_and_a_hold_past_its_grace() {
     let mut c = two();
     assert!(grant(&c.token_request(t(0), 1, 0, 0)).is_some());

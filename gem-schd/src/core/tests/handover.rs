@@ -1,0 +1,155 @@
+//! Hand-overs at the drain (`handover.rs`): the next client is granted when the holder says it
+//! drains, the holder is charged up to its drain's end, the next one from there.
+
+use super::*;
+
+fn is_yield_to(a: &Action, conn: ConnId) -> bool {
+    matches!(a, Action::Yield { conn: c } if *c == conn)
+}
+
+/// [`two`] with a (conn 1) holding from t(0) for its 10 ms quota and b (conn 3) waiting.
+fn a_holds_b_waits() -> Core {
+    let mut c = two();
+    assert_eq!(
+        grant(&c.token_request(t(0), 1, 0, 0)).map(|g| g.2),
+        Some(10 * MS)
+    );
+    assert!(grant(&c.token_request(t(1), 3, 0, 0)).is_none());
+    c
+}
+
+#[test]
+fn a_renew_while_another_waits_hands_the_token_on_and_the_drain_is_charged_to_the_holder() {
+    let mut c = a_holds_b_waits();
+    // a's quota ends with 400 µs of its work still queued; its Renew is not granted (b waits),
+    // and b is granted now, not after a's drain and report.
+    let acts = c.renew(t(10), 1, 10 * MS);
+    assert_eq!(grant(&acts).map(|g| (g.0, g.1)), Some(("b", vec![3])));
+    assert!(acts.iter().any(|a| is_yield_to(a, 1)), "{acts:?}");
+    assert_eq!(c.holder(), Some("b"));
+    let b_quota = grant(&acts).unwrap().2;
+    // a drained and asks again, reporting 400 µs past its quota: charged to it, and b's hold
+    // counts from there (b's work queued behind the drain).
+    assert!(grant(&c.token_request(t(10) + 400, 1, 400, 10 * MS)).is_none());
+    assert_eq!(c.usage_us(t(11), "a"), Some(10 * MS + 400));
+    assert_eq!(c.usage_us(t(11), "b"), Some(MS - 400));
+    // b's hold ends at its quota (its deadline counts from its grant): charged its quota less
+    // the drain it waited for, and a gets the token.
+    let end = t(10) + b_quota;
+    let acts = c.token_request(end, 3, 0, b_quota);
+    assert_eq!(grant(&acts).map(|g| g.0), Some("a"));
+    assert_eq!(c.usage_us(end, "b"), Some(b_quota - 400));
+    assert_eq!(c.usage_us(end, "a"), Some(10 * MS + 400));
+}
+
+#[test]
+fn a_hold_that_expired_while_its_process_waited_is_handed_on_and_charged_by_its_release() {
+    // The hook's idle thread ends a hold nobody ends by launching: Renew, then (Yield) the
+    // drain and a Release with the time used.
+    let mut c = a_holds_b_waits();
+    let acts = c.renew(t(10) + 100, 1, 10 * MS);
+    assert_eq!(grant(&acts).map(|g| g.0), Some("b"));
+    c.release(t(12), 1, 12 * MS);
+    assert_eq!(c.usage_us(t(13), "a"), Some(12 * MS));
+    assert_eq!(c.usage_us(t(13), "b"), Some(MS));
+    // Its next request reports the overrun again (the hook learns nothing new): charged once.
+    c.token_request(t(14), 1, 2 * MS, 10 * MS);
+    assert_eq!(c.usage_us(t(14), "a"), Some(12 * MS));
+}
+
+#[test]
+fn a_drain_that_ends_before_the_notice_arrives_leaves_the_next_hold_from_its_grant() {
+    let mut c = a_holds_b_waits();
+    assert_eq!(grant(&c.renew(t(10), 1, 10 * MS)).map(|g| g.0), Some("b"));
+    // Nothing was queued: no overuse.
+    c.token_request(t(10) + 20, 1, 0, 10 * MS);
+    assert_eq!(c.usage_us(t(11), "a"), Some(10 * MS));
+    assert_eq!(c.usage_us(t(11), "b"), Some(MS));
+}
+
+#[test]
+fn a_drain_notice_hands_the_token_on_without_a_reply() {
+    // A hook that does not renew says Drain: the same hand-over, nothing answers the Drain.
+    let mut c = a_holds_b_waits();
+    let acts = c.drain(t(10), 1);
+    assert_eq!(acts.len(), 1, "{acts:?}");
+    assert_eq!(grant(&acts).map(|g| (g.0, g.1)), Some(("b", vec![3])));
+    c.token_request(t(10) + 300, 1, 300, 10 * MS);
+    assert_eq!(c.usage_us(t(11), "a"), Some(10 * MS + 300));
+    assert_eq!(c.usage_us(t(11), "b"), Some(MS - 300));
+    // A Drain from one who does not hold, from before Hello, or with no one waiting: nothing.
+    assert!(c.drain(t(11), 1).is_empty());
+    assert!(c.drain(t(11), 42).is_empty());
+    let mut alone = two();
+    alone.token_request(t(0), 1, 0, 0);
+    assert!(alone.drain(t(10), 1).is_empty());
+    assert_eq!(alone.holder(), Some("a"));
+}
+
+#[test]
+fn a_holder_that_would_go_next_anyway_keeps_its_hold_until_its_report() {
+    // b (request 0.02) has used more than its request; a (0.5) is below its own: a goes first
+    // at every hand-over, so at its notice nothing changes (the hold stands, a drains and asks,
+    // and has the token again), as before.
+    let mut c = Core::new(
+        params(),
+        &[spec("a", 500, 1000, 100), spec("b", 20, 1000, 100)],
+        0,
+    );
+    c.hello(1, "a").unwrap();
+    c.hello(3, "b").unwrap();
+    let mut now = t(0);
+    for _ in 0..4 {
+        let (_, _, q) = grant(&c.token_request(now, 3, 0, 10 * MS)).unwrap();
+        now += q;
+        c.release(now, 3, q);
+    }
+    assert!(grant(&c.token_request(now, 1, 0, 0)).is_some());
+    assert!(grant(&c.token_request(now + MS, 3, 0, 0)).is_none());
+    let acts = c.renew(now + 10 * MS, 1, 10 * MS);
+    assert!(matches!(&acts[..], [a] if is_yield_to(a, 1)), "{acts:?}");
+    assert_eq!(c.holder(), Some("a"));
+    assert!(c.drain(now + 10 * MS, 1).is_empty());
+    let acts = c.token_request(now + 10 * MS + 300, 1, 300, 10 * MS);
+    assert_eq!(grant(&acts).map(|g| g.0), Some("a"));
+}
+
+#[test]
+fn a_hold_of_two_processes_is_not_handed_on_at_one_of_them() {
+    // The other process still launches in the hold: its client's hold ends with the last
+    // report, as before.
+    let mut c = two_processes_hold_b_waits();
+    let acts = c.renew(t(10), 1, 10 * MS);
+    assert!(matches!(&acts[..], [a] if is_yield_to(a, 1)), "{acts:?}");
+    assert!(c.drain(t(10), 2).is_empty());
+    assert_eq!(c.holder(), Some("a"));
+}
+
+#[test]
+fn with_hand_overs_at_the_drain_off_the_hold_stands_until_the_report() {
+    let mut c = a_holds_b_waits();
+    c.set_hand_over_at_drain(false);
+    let acts = c.renew(t(10), 1, 10 * MS);
+    assert!(matches!(&acts[..], [a] if is_yield_to(a, 1)), "{acts:?}");
+    assert!(c.drain(t(10), 1).is_empty());
+    assert_eq!(c.holder(), Some("a"));
+    // The holder drains and asks: now the waiting client gets the token.
+    let acts = c.token_request(t(10) + 400, 1, 400, 10 * MS);
+    assert_eq!(grant(&acts).map(|g| g.0), Some("b"));
+    assert_eq!(c.usage_us(t(11), "a"), Some(10 * MS + 400));
+}
+
+#[test]
+fn a_holder_whose_drains_run_long_is_not_handed_over_from() {
+    // What the next client would run beside a long drain is charged to the holder: a holder
+    // whose last drain (2 ms) ran past a fifth of the min quota (2 ms: 0.4 ms) keeps its hold
+    // until its report, as before.
+    let mut c = two();
+    assert!(grant(&c.token_request(t(0), 1, 0, 0)).is_some());
+    assert!(grant(&c.token_request(t(10) + 2 * MS, 1, 2 * MS, 10 * MS)).is_some());
+    assert!(grant(&c.token_request(t(13), 3, 0, 0)).is_none());
+    let acts = c.renew(t(22), 1, 10 * MS);
+    assert!(matches!(&acts[..], [a] if is_yield_to(a, 1)), "{acts:?}");
+    assert!(c.drain(t(22), 1).is_empty());
+    assert_eq!(c.holder(), Some("a"));
+}
