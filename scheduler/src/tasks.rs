@@ -1,8 +1,9 @@
 //! The extender's background tasks: the node and pod watches that keep the books,
 //! the ResourceClaim and ResourceSlice watches that add what DRA claims hold of the
 //! GPUs, and the timer that expires group reservations, checks assumed bookings against
-//! the API, wakes group members whose places were freed (nominating a pod tied to
-//! one node to that node), and reports record problems (events, metrics).
+//! the API, wakes group members whose places were freed and pending pods refused
+//! for room where room has freed (nominating a pod tied to one node to that node),
+//! and reports record problems (events, metrics).
 //!
 //! Never blind: each task runs under a supervisor. If it ends or panics, the
 //! extender is not ready (`/readyz` 503, filter and bind refuse) until the task has
@@ -29,7 +30,7 @@ use crate::error::ApiError;
 use crate::placement::Nomination;
 use crate::state::Shared;
 
-/// The annotation the extender bumps on a group member to make the scheduler
+/// The annotation the extender bumps on a pending pod to make the scheduler
 /// retry it now (an update of an unschedulable pod puts it back in the queue).
 pub const WAKE_ANNOTATION: &str = "sharedgpu/wake";
 
@@ -255,7 +256,8 @@ async fn watch_claims(client: Client, s: Arc<Shared>) {
 }
 
 /// Every tick: expire reservations (a group's go together), check assumed bookings
-/// that the watch has not confirmed, wake freed group members, report problems.
+/// that the watch has not confirmed, wake freed group members and pods refused
+/// for room that has freed since, report problems.
 async fn timer(s: Arc<Shared>) {
     let mut tick = tokio::time::interval(s.timing.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -389,12 +391,12 @@ async fn wake_member(
     let patch =
         serde_json::json!({"metadata": {"annotations": {WAKE_ANNOTATION: now.to_string()}}});
     let merge = Patch::Merge(&patch);
-    let r = call(s, deadline, "waking a group member", || {
+    let r = call(s, deadline, "waking a pod", || {
         pods.patch(name, &pp, &merge)
     })
     .await;
     if let Err(e) = r {
-        warn!(pod = %name, %ns, error = %e, "could not wake a group member");
+        warn!(pod = %name, %ns, error = %e, "could not wake a pod");
     }
 }
 

@@ -306,9 +306,17 @@ impl Cluster {
         }
     }
 
-    /// Group members to wake (their group's places were freed), since the last call.
+    /// Pods to wake since the last call: group members whose group's places
+    /// were freed, and pending pods refused for room where room has freed since.
     pub fn take_wake(&mut self) -> Vec<(String, String)> {
         let mut w = std::mem::take(&mut self.wake);
+        for uid in self.refused.take() {
+            if let Some(e) = self.pods.get(&uid)
+                && e.node_name.is_none()
+            {
+                w.push((e.namespace.clone(), e.name.clone()));
+            }
+        }
         w.sort();
         w.dedup();
         w

@@ -227,6 +227,9 @@ impl Cluster {
                 .or_default()
                 .insert(p.name.clone(), p.uid.clone());
         }
+        if p.node_name.is_some() {
+            self.refused.clear(&p.uid);
+        }
         let old = self.pods.get(&p.uid);
         let rv = p.resource_version.or_else(|| old.and_then(|e| e.rv));
         let filtered = old.is_some_and(|e| e.filtered);
@@ -292,6 +295,7 @@ impl Cluster {
         shrink(&mut self.by_node);
         shrink(&mut self.affinity);
         shrink(&mut self.groups);
+        self.refused.shrink();
         if self.gone.capacity() > 4 * self.gone.len().max(256) {
             self.gone.shrink_to(2 * self.gone.len());
         }
@@ -306,9 +310,12 @@ impl Cluster {
         self.abandon_preemption(uid);
         // A victim's room stays booked until its preemption's last victim has
         // left: then it goes to the preemptor whole, never piecemeal to others.
-        if !self.victim_left(uid) {
-            self.remove_booking(uid);
+        if !self.victim_left(uid)
+            && let Some(b) = self.remove_booking(uid)
+        {
+            self.refused.freed(&b.node, self.version);
         }
+        self.refused.clear(uid);
         if let Some(e) = self.pods.remove(uid)
             && let Some(g) = e.group
         {
@@ -437,10 +444,11 @@ impl Cluster {
             if d > now_ms {
                 break;
             }
-            if let Some(b) = self.remove_booking(&uid)
-                && let Some(g) = b.group
-            {
-                groups.push(g);
+            if let Some(b) = self.remove_booking(&uid) {
+                self.refused.freed(&b.node, self.version);
+                if let Some(g) = b.group {
+                    groups.push(g);
+                }
             }
         }
         let mut wake = Vec::new();
@@ -465,8 +473,9 @@ impl Cluster {
             if matches!(
                 self.bookings.get(&uid).map(|b| &b.kind),
                 Some(Kind::Reserved { .. })
-            ) {
-                self.remove_booking(&uid);
+            ) && let Some(b) = self.remove_booking(&uid)
+            {
+                self.refused.freed(&b.node, self.version);
             }
             if let Some(e) = self.pods.get(&uid)
                 && e.node_name.is_none()

@@ -23,6 +23,7 @@ mod fit;
 mod memo;
 mod nodes;
 mod preempt;
+mod refused;
 mod views;
 pub use books::RecordProblem;
 pub use error::{
@@ -355,6 +356,8 @@ pub struct Cluster {
     wake: Vec<(String, String)>,
     /// Pods tied to a node that kube-scheduler did not send, not yet nominated.
     nominate: Vec<Nomination>,
+    /// Pods refused for room, woken when room frees on their nodes (`refused.rs`).
+    refused: refused::Refused,
     /// Pods deleted or finished (bounded, oldest forgotten first).
     gone: HashSet<String>,
     gone_order: std::collections::VecDeque<String>,
@@ -595,6 +598,14 @@ impl Cluster {
         } else {
             FilterKind::Fits
         };
+        // Refused where room may free up: woken when it does, since the
+        // event that freed it may have reached kube-scheduler before our watch.
+        if out.passed.is_empty() && !out.failed.is_empty() {
+            self.refused
+                .refuse(&pod.uid, self.version, out.failed.keys());
+        } else {
+            self.refused.clear(&pod.uid);
+        }
         self.scores = Some(ScoreCache {
             uid: pod.uid.clone(),
             version: self.version,

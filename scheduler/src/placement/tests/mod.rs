@@ -152,6 +152,54 @@ fn two_halves_share_a_gpu_and_a_third_goes_elsewhere() {
     assert_eq!(a.gpu_model, "A");
 }
 
+/// kube-scheduler retries a pending pod on the holder's deletion, which can reach
+/// it before our watch has freed the holder's share: the pod refused for room is
+/// woken once our books free room on its node, and only then; a pod that passed
+/// or was refused on the freed books is not.
+#[test]
+fn a_pod_refused_for_room_is_woken_once_when_room_frees_on_its_node() {
+    let mut c = cluster(&[
+        ("n1", inv(1, 1, "A", 40, &[])),
+        ("n2", inv(2, 1, "A", 40, &[])),
+    ]);
+    let mut holder = frac("holder", "0.6");
+    let a = schedule(&mut c, &mut holder, 0).unwrap();
+    let mut other = frac("other", "0.6");
+    schedule(&mut c, &mut other, 0).unwrap();
+    let pending = frac("pending", "0.6");
+    assert!(c.filter(&pending, &c.node_names(), 0).passed.is_empty());
+    assert!(c.take_wake().is_empty(), "nothing freed yet");
+    c.delete_pod("holder");
+    assert_eq!(
+        c.take_wake(),
+        [("ns".to_string(), "pod-pending".to_string())]
+    );
+    assert!(c.take_wake().is_empty(), "woken once per refusal");
+    // Retried on the freed books, it passes: later freeings do not wake it.
+    assert_eq!(c.filter(&pending, &c.node_names(), 0).passed, [a.node]);
+    c.delete_pod("other");
+    assert!(c.take_wake().is_empty());
+    // Refused on one node only: room freed on another does not wake it.
+    let mut c = cluster(&[
+        ("n1", inv(1, 1, "A", 40, &[])),
+        ("n2", inv(2, 1, "A", 40, &[])),
+    ]);
+    let mut h1 = frac("h1", "0.6");
+    let b = schedule(&mut c, &mut h1, 0).unwrap();
+    let mut h2 = frac("h2", "0.6");
+    schedule(&mut c, &mut h2, 0).unwrap();
+    assert!(
+        c.filter(&pending, std::slice::from_ref(&b.node), 0)
+            .passed
+            .is_empty()
+    );
+    c.delete_pod("h2");
+    assert!(c.take_wake().is_empty(), "room freed elsewhere");
+    c.delete_pod("h1");
+    assert_eq!(c.take_wake().len(), 1);
+    c.check_invariants().unwrap();
+}
+
 #[test]
 fn reasons_name_the_node_the_gpu_and_the_numbers() {
     let mut c = cluster(&[("n1", inv(1, 1, "A", 40, &[]))]);
