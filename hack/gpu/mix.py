@@ -20,6 +20,10 @@ Scenarios:
                   0: 0.3/1.0 and 0.2/1.0), all busy; then the same config with the guaranteed
                   tenant idle. Workloads from MIX_PRIORITY (default matmul,conv,attn: the
                   guaranteed one first)
+  mps             gpt beside decode, no hook, as clients of an MPS server started for the run
+                  (nvidia-cuda-mps-control): with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE 50 each,
+                  then without percentages: the overlap and latency bar that tokens are
+                  compared with
 """
 
 import json
@@ -57,6 +61,7 @@ class MixBench(ShareBench):
         if client is not None:
             e.update(LD_PRELOAD=self.hook, KUBESHARE_SOCKET_DIR=self.sock_dir(client),
                      KUBESHARE_HOOK_LOG="info")
+        e.update(getattr(self, "extra_env", None) or {})
         e.update(env or {})
         return subprocess.Popen([sys.executable, os.path.join(HERE, "mix_tenant.py")] + args,
                                 env=e, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -173,7 +178,42 @@ def priority(b, raw):
             "guaranteed_idle": shared_run(b, clients, raw, "priority_idle", idle=(f"g_{g}",))}
 
 
-ALL = ["native", "colocated", "capped_elastic", "four", "four_corun", "priority"]
+def mps(b, raw):
+    """gpt and decode as MPS clients: each at 50 % of the SMs, then unrestricted."""
+    pipe = os.path.join(b.root, "mps-pipe")
+    logs = os.path.join(b.root, "mps-log")
+    os.makedirs(pipe, exist_ok=True)
+    os.makedirs(logs, exist_ok=True)
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=pipe, CUDA_MPS_LOG_DIRECTORY=logs)
+    ctl = next((c for c in ("nvidia-cuda-mps-control", "/usr/local/nvidia/bin/nvidia-cuda-mps-control")
+                if subprocess.run(["sh", "-c", f"command -v {c}"], capture_output=True).returncode == 0),
+               None)
+    if ctl is None:
+        return {"error": "nvidia-cuda-mps-control not found"}
+    subprocess.run([ctl, "-d"], env=env, check=True)
+    out = {}
+    try:
+        for key, pct_sm in (("sm50", "50"), ("unrestricted", None)):
+            extra = {"CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_LOG_DIRECTORY": logs}
+            if pct_sm:
+                extra["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = pct_sm
+            specs = [(lbl, ["--work", lbl], None) for lbl in ("gpt", "decode")]
+            b.extra_env = extra
+            try:
+                res = b.run(specs, SECONDS, timeout=SECONDS + 180)
+            finally:
+                b.extra_env = None
+            raw[f"mps_{key}"] = res
+            t1 = SECONDS - 0.5
+            out[key] = {lbl: {"steps_per_s": round(res[lbl]["steps"] / SECONDS, 2),
+                              "gpu": windows(res[lbl]["busy"], SKIP, t1, t1 - SKIP)[0],
+                              **latency(res[lbl])} for lbl in res}
+    finally:
+        subprocess.run([ctl], input="quit\n", env=env, text=True)
+    return out
+
+
+ALL = ["native", "colocated", "capped_elastic", "four", "four_corun", "priority", "mps"]
 
 
 def main():
