@@ -13,13 +13,12 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kubeshare_testkit::{Cluster, Identity, TestNamespace, wait_until};
-use kubeshare_webhook::certs::{self, CertRequest};
 use kubeshare_webhook::review::Mode;
-use kubeshare_webhook::server::{self, ServeConfig};
+use kubeshare_webhook::server;
 use serde_json::{Value, json};
 
 mod cluster_rig;
-use cluster_rig::{Cleanup, webhook_by_url};
+use cluster_rig::{Cleanup, LocalWebhook, local_webhook, webhook_by_url};
 
 const TEST_LABEL: &str = "kubeshare-webhook-test";
 const HOOK: &str = "/kubeshare/lib/libgemhook.so.1";
@@ -108,25 +107,11 @@ async fn the_real_apiserver_calls_the_webhook() -> Result<()> {
     let cluster = Cluster::shared()?;
     let client = cluster.client(Identity::Admin).await?;
 
-    // Our own CA and serving certificate, as `kubeshare-webhook certs` makes them.
-    let tls_dir = tempfile::tempdir()?;
-    let files = certs::generate(
-        &CertRequest {
-            dns: vec!["localhost".into()],
-            ips: vec!["127.0.0.1".parse()?],
-            days: 1,
-            reuse_ca: false,
-        },
-        tls_dir.path(),
-    )?;
-    let running = server::start(ServeConfig {
-        listen: "127.0.0.1:0".parse()?,
-        cert: files.cert(),
-        key: files.key(),
-        poll: Duration::from_secs(5),
-        admit: Default::default(),
-    })
-    .await?;
+    let LocalWebhook {
+        dir: _tls,
+        files,
+        running,
+    } = local_webhook(Default::default()).await?;
 
     let ns = TestNamespace::create(cluster, "webhook").await?;
     let token = ns.name().to_string();

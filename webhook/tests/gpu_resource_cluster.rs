@@ -14,12 +14,11 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use kubeshare_testkit::{Cluster, Identity, TestNamespace, wait_until};
 use kubeshare_webhook::admit::AdmitOptions;
-use kubeshare_webhook::certs::{self, CertRequest};
-use kubeshare_webhook::server::{self, ServeConfig};
+use kubeshare_webhook::server;
 use serde_json::{Value, json};
 
 mod cluster_rig;
-use cluster_rig::{Cleanup, webhook_by_url};
+use cluster_rig::{Cleanup, LocalWebhook, local_webhook, webhook_by_url};
 
 const TEST_LABEL: &str = "kubeshare-webhook-gpu-resource-test";
 const R: &str = "kubeshare.io/gpu";
@@ -40,24 +39,12 @@ async fn the_apiserver_stores_the_gpu_resource_the_webhook_asks_for() -> Result<
     server::install_crypto_provider();
     let cluster = Cluster::shared()?;
     let client = cluster.client(Identity::Admin).await?;
-    let tls_dir = tempfile::tempdir()?;
-    let files = certs::generate(
-        &CertRequest {
-            dns: vec!["localhost".into()],
-            ips: vec!["127.0.0.1".parse()?],
-            days: 1,
-            reuse_ca: false,
-        },
-        tls_dir.path(),
-    )?;
-    let running = server::start(ServeConfig {
-        listen: "127.0.0.1:0".parse()?,
-        cert: files.cert(),
-        key: files.key(),
-        poll: Duration::from_secs(5),
-        admit: AdmitOptions {
-            gpu_resource: Some(R.into()),
-        },
+    let LocalWebhook {
+        dir: _tls,
+        files,
+        running,
+    } = local_webhook(AdmitOptions {
+        gpu_resource: Some(R.into()),
     })
     .await?;
 

@@ -21,12 +21,11 @@ use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use kubeshare_testkit::{Cluster, Identity, TestNamespace, wait_until};
-use kubeshare_webhook::certs::{self, CertRequest};
-use kubeshare_webhook::server::{self, ServeConfig};
+use kubeshare_webhook::server;
 use serde_json::{Value, json};
 
 mod cluster_rig;
-use cluster_rig::{Cleanup, manifest, webhook_by_url};
+use cluster_rig::{Cleanup, LocalWebhook, local_webhook, manifest, webhook_by_url};
 
 const WAIT: Duration = Duration::from_secs(60);
 const TEST_LABEL: &str = "kubeshare-hostdir-test";
@@ -124,24 +123,11 @@ async fn a_namespace_editor_cannot_mount_kubeshares_host_directory() -> Result<(
     let as_tenant: Api<Pod> = Api::namespaced(tenant.clone(), ns.name());
 
     // The webhook, by URL with our own CA.
-    let tls = tempfile::tempdir()?;
-    let files = certs::generate(
-        &CertRequest {
-            dns: vec!["localhost".into()],
-            ips: vec!["127.0.0.1".parse()?],
-            days: 1,
-            reuse_ca: false,
-        },
-        tls.path(),
-    )?;
-    let running = server::start(ServeConfig {
-        listen: "127.0.0.1:0".parse()?,
-        cert: files.cert(),
-        key: files.key(),
-        poll: Duration::from_secs(5),
-        admit: Default::default(),
-    })
-    .await?;
+    let LocalWebhook {
+        dir: _tls,
+        files,
+        running,
+    } = local_webhook(Default::default()).await?;
     let config = webhook_by_url(
         &format!("kubeshare-hostdir-test-{token}"),
         running.addr.port(),

@@ -62,3 +62,41 @@ pub fn webhook_by_url(
     }
     bail!("manifests/webhook.yaml lacks the MutatingWebhookConfiguration")
 }
+
+/// A webhook server of this test's own on 127.0.0.1 (a random port), serving a
+/// certificate for `localhost` / 127.0.0.1 from a fresh CA, as `kubeshare-webhook certs`
+/// makes them. Keep the directory: it holds the certificate the server reloads.
+pub struct LocalWebhook {
+    pub dir: tempfile::TempDir,
+    pub files: kubeshare_webhook::certs::CertFiles,
+    pub running: kubeshare_webhook::server::Running,
+}
+
+pub async fn local_webhook(admit: kubeshare_webhook::admit::AdmitOptions) -> Result<LocalWebhook> {
+    use kubeshare_webhook::certs::{self, CertRequest};
+    use kubeshare_webhook::server::{self, ServeConfig};
+    server::install_crypto_provider();
+    let dir = tempfile::tempdir()?;
+    let files = certs::generate(
+        &CertRequest {
+            dns: vec!["localhost".into()],
+            ips: vec!["127.0.0.1".parse()?],
+            days: 1,
+            reuse_ca: false,
+        },
+        dir.path(),
+    )?;
+    let running = server::start(ServeConfig {
+        listen: "127.0.0.1:0".parse()?,
+        cert: files.cert(),
+        key: files.key(),
+        poll: std::time::Duration::from_secs(5),
+        admit,
+    })
+    .await?;
+    Ok(LocalWebhook {
+        dir,
+        files,
+        running,
+    })
+}
