@@ -5,21 +5,7 @@
 mod harness;
 use harness::*;
 
-/// A GPT-style training step through the gate, launch-bound as a small model is on an H200
-/// (its CPU launches slower than the GPU runs the kernels: the GPU is busy ~0.4 of the time
-/// alone), one synchronisation per step.
-fn training_launch_bound() -> Pattern {
-    Pattern {
-        kernel_us: 40,
-        kernels: 200,
-        gap_us: 1_000,
-        idle: vec![],
-        blind: true,
-        launch_us: 60,
-    }
-}
-
-/// The same loop with a larger batch: GPU-bound (the CPU queues ahead of the GPU).
+/// `training_launch_bound` with a larger batch: GPU-bound (the CPU queues ahead of the GPU).
 fn training_gpu_bound() -> Pattern {
     Pattern {
         kernel_us: 250,

@@ -23,18 +23,6 @@ fn training() -> Pattern {
     }
 }
 
-/// A launch-bound training step (the GPU is busy ~0.4 of the time alone), as in `sim_mix.rs`.
-fn training_launch_bound() -> Pattern {
-    Pattern {
-        kernel_us: 40,
-        kernels: 200,
-        gap_us: 1_000,
-        idle: vec![],
-        blind: true,
-        launch_us: 60,
-    }
-}
-
 /// `g` guaranteed beside opportunistic `o` and `p`, each with its pattern, from `ARRIVE` for
 /// `seconds`.
 fn trio(clients: [(ClientSpec, Pattern); 3], seconds: Micros) -> Sim {

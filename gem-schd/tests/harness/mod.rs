@@ -691,6 +691,19 @@ impl Sim {
     }
 }
 
+/// A launch-bound training step: its CPU launches slower than the GPU runs the kernels (the
+/// GPU is busy ~0.4 of the time alone), one synchronisation per step.
+pub fn training_launch_bound() -> Pattern {
+    Pattern {
+        kernel_us: 40,
+        kernels: 200,
+        gap_us: 1_000,
+        idle: vec![],
+        blind: true,
+        launch_us: 60,
+    }
+}
+
 pub fn run(clients: Vec<(ClientSpec, Pattern)>) -> Sim {
     run_with(Params::default(), clients)
 }
