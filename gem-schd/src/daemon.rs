@@ -79,6 +79,8 @@ pub struct Settings {
     pub turn_includes_drain: bool,
     /// Co-running of light clients (see `Core::set_co_run`).
     pub co_run: CoRunSettings,
+    /// Turns charged their kernel time (see `Core::set_charge_by_fill`).
+    pub charge_by_fill: bool,
     /// Refuse connections from processes that do not run in the socket's pod (client IDs
     /// are pod UIDs).
     pub verify_pod_peers: bool,
@@ -177,6 +179,7 @@ pub async fn run(
     core.set_unpaced_when_full(settings.unpaced_when_full);
     core.set_turn_includes_drain(settings.turn_includes_drain);
     core.set_co_run(settings.co_run);
+    core.set_charge_by_fill(settings.charge_by_fill, 0);
     let mut actor = Actor {
         core,
         settings,

@@ -94,6 +94,12 @@ struct Args {
     /// rest (docs/gem-schd.md, "Co-running"). 0 = off (the chart's `nodeDaemon.coRunBelow`).
     #[arg(long, default_value_t = 0.0)]
     co_run_below: f64,
+    /// Charge a turn its client's kernel time (the turn's length × its kernels' fill of its
+    /// turns, from the hook's Busy reports; at least a third of the length) instead of its
+    /// length: requests and limits then hold in GPU time for launch-bound tenants too
+    /// (docs/gem-schd.md, "Charging by fill").
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    charge_by_fill: bool,
     /// A co-hold's length, ms: a co-runner reports and is charged this often.
     #[arg(long, default_value_t = 20)]
     co_run_quota_ms: u64,
@@ -172,6 +178,7 @@ fn main() -> Result<()> {
             below: args.co_run_below,
             quota_us: args.co_run_quota_ms.max(1) * 1000,
         },
+        charge_by_fill: args.charge_by_fill,
         verify_pod_peers: args.verify_pod_peers,
     };
     let rt = tokio::runtime::Builder::new_current_thread()

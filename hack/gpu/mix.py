@@ -3,7 +3,8 @@
 
     python3 hack/gpu/mix.py ARTIFACT_DIR OUT [scenario ...]
 
-ARTIFACT_DIR holds libgemhook.so.1 and gem-schd. Each scenario starts gem-schd with a resource
+ARTIFACT_DIR holds libgemhook.so.1 and gem-schd. MIX_SCHD_ARGS adds gem-schd arguments to every
+scenario (e.g. `--charge-by-fill`). Each scenario starts gem-schd with a resource
 config, starts mix_tenant.py tenants together (with the hook, each its own client) and reads
 each tenant's GPU time from CUPTI's kernel records (mix_tenant.py), never from gem-schd. Beside
 it, gem-schd's own charge (its debug log, over its 10 s window at its last grant) and the
@@ -15,6 +16,8 @@ Scenarios:
   colocated       gpt beside decode, no hook (the driver's time-slicing): the latency bar
   capped_elastic  three pairs, a capped tenant (0.5/0.5) beside an elastic one (0.5/1.0)
   four            conv, matmul, elem, encoder at 0.1/0.2/0.3/0.4, request = limit
+  capped_elastic_corun  the same pairs with gem-schd co-running light clients (--co-run-below
+                  0.6, as the chart runs it)
   four_corun      the same with gem-schd co-running light clients (--co-run-below 0.6)
   priority        a guaranteed tenant (0.5/0.5) beside two opportunistic ones (sharedgpu/priority
                   0: 0.3/1.0 and 0.2/1.0), all busy; then the same config with the guaranteed
@@ -97,7 +100,7 @@ def latency(r):
 def shared_run(b, clients, raw, key, extra=(), idle=()):
     """clients: [(label, workload, request, limit[, class])] under gem-schd, those labelled in
     `idle` configured but not started; the table row."""
-    b.extra = list(extra)
+    b.extra = list(extra) + os.environ.get("MIX_SCHD_ARGS", "").split()
     logf = os.path.join(b.out, "bench.log")
     b.logs.flush()
     since = os.path.getsize(logf)
@@ -152,13 +155,18 @@ def colocated(b, raw):
             for lbl in res}
 
 
-def capped_elastic(b, raw):
+def capped_elastic(b, raw, extra=()):
     out = {}
     pairs = [tuple(p.split("+")) for p in os.environ["MIX_PAIRS"].split(",")] if "MIX_PAIRS" in os.environ else PAIRS
     for capped, elastic in pairs:
         key = f"{capped}+{elastic}"
-        out[key] = shared_run(b, [(capped, capped, 0.5, 0.5), (elastic, elastic, 0.5, 1.0)], raw, key)
+        out[key] = shared_run(b, [(capped, capped, 0.5, 0.5), (elastic, elastic, 0.5, 1.0)], raw,
+                              key + ("_corun" if extra else ""), extra)
     return out
+
+
+def capped_elastic_corun(b, raw):
+    return capped_elastic(b, raw, ["--co-run-below", "0.6"])
 
 
 def four(b, raw, extra=()):
@@ -213,7 +221,7 @@ def mps(b, raw):
     return out
 
 
-ALL = ["native", "colocated", "capped_elastic", "four", "four_corun", "priority", "mps"]
+ALL = ["native", "colocated", "capped_elastic", "capped_elastic_corun", "four", "four_corun", "priority", "mps"]
 
 
 def main():

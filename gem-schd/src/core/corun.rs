@@ -87,6 +87,15 @@ impl Core {
         self.co_run = s;
     }
 
+    /// Charges a turn its client's kernel time (the turn's length × the client's fill of its
+    /// turns, at least a third of it) instead of its length, in the window's check, pacing
+    /// and virtual time alike. A launch-bound tenant's turns are then longer for the same
+    /// GPU time: its request and limit are GPU time, not token time. Off by default.
+    pub fn set_charge_by_fill(&mut self, on: bool, now: Micros) {
+        self.charge_by_fill = on;
+        self.refresh_boost(now);
+    }
+
     /// Whether `conn` of `key` is in its client's co-hold.
     pub(super) fn co_holds(&self, key: Key, conn: ConnId) -> bool {
         self.clients
@@ -319,8 +328,11 @@ impl Core {
     /// Sets every client's boost from the fills of the co-runners open now: a client not in
     /// a co-hold shares the GPU with them, `f` of the time together, and its pacing limit is
     /// raised by `1 / (1 − f)`; the same `f` (as capped) goes on the co-runners' curve from
-    /// `now`, to credit the holder's turns with it (`co_area.rs`). Called when a co-hold opens
-    /// or ends, when a fill changes and when the config drops a client.
+    /// `now`, to credit the holder's turns with it (`co_area.rs`). Charged by fill
+    /// (`Core::set_charge_by_fill`), a client's own idle part of its turns counts as `f` when
+    /// larger, and the curve follows the holder's. Called when a co-hold opens or ends, when
+    /// a fill changes and when the config drops a client; charged by fill, also when the
+    /// token changes hands.
     pub(super) fn refresh_boost(&mut self, now: Micros) {
         let f: f64 = self
             .clients
@@ -328,10 +340,26 @@ impl Core {
             .filter(|c| c.co.hold.is_some())
             .map(|c| c.fill.co().unwrap_or(1.0))
             .sum();
-        let boost = boost_milli(f);
+        let by_fill = self.charge_by_fill;
         for c in self.clients.values_mut() {
-            c.co.boost_milli = if c.co.hold.is_some() { 1000 } else { boost };
+            let own_idle = match c.fill.turns_judged() {
+                Some(fill) if by_fill => 1.0 - fill,
+                _ => 0.0,
+            };
+            c.co.boost_milli = if c.co.hold.is_some() {
+                1000
+            } else {
+                boost_milli(f.max(own_idle))
+            };
         }
+        let holder = self
+            .holder
+            .as_ref()
+            .and_then(|h| self.clients.get(&h.client));
+        let boost = match holder {
+            Some(c) if by_fill => c.co.boost_milli,
+            _ => boost_milli(f),
+        };
         self.co_area.set_rate(now, 1.0 - 1000.0 / f64::from(boost));
         self.co_area
             .prune(now.saturating_sub(self.params.window_us));

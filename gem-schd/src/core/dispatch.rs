@@ -2,7 +2,7 @@
 //! starvation bound, the quota estimate, the overrun allowance, the hold cap under contention,
 //! and the renewal of a hold (`Core::renew`: the same decision, tried on a copy).
 
-use super::window::stride;
+use super::window::{at_rate, stride};
 use super::*;
 
 /// A capped client's grant under full contention: the min quota, less its usual drain when
@@ -159,7 +159,11 @@ impl Core {
         let floor = self.pass_floor(key, now)?;
         let mine = self.clients.get(&key)?;
         let behind = floor.saturating_sub(mine.pass);
-        let us = behind * u128::from(mine.spec.request_milli.max(1)) / 1_000_000;
+        let mut us = behind * u128::from(mine.spec.request_milli.max(1)) / 1_000_000;
+        if self.charge_by_fill {
+            // Virtual time counts GPU time: a turn at a lower rate runs that much longer.
+            us = us * 1000 / u128::from(mine.hold_rate_milli().max(1));
+        }
         Some(
             Micros::try_from(us)
                 .unwrap_or(Micros::MAX)
@@ -556,18 +560,24 @@ impl Core {
         let client = c.spec.id.clone();
         let conns = self.take_waiting(key);
         let quota_end = now + quota;
+        let rate_milli = if self.charge_by_fill {
+            self.clients[&key].hold_rate_milli()
+        } else {
+            1000
+        };
         self.history.push_back(Entry {
             client: key,
             start: now,
             end: quota_end,
             grant: now,
             quota_end,
+            rate_milli,
         });
         let c = self.clients.get_mut(&key).expect("picked");
         let vtime = &mut self.vtime[class::index(c.spec.class)];
         *vtime = (*vtime).max(c.pass);
         c.usage_sum += quota;
-        c.pass += stride(quota, c.spec.request_milli);
+        c.pass += stride(at_rate(quota, rate_milli), c.spec.request_milli);
         self.holder = Some(Hold {
             client: key,
             conns: conns.clone(),
@@ -576,6 +586,9 @@ impl Core {
             left_end: 0,
         });
         self.grants += 1;
+        if self.charge_by_fill {
+            self.refresh_boost(now);
+        }
         Action::Grant {
             client,
             conns,

@@ -105,6 +105,12 @@ impl Fills {
     pub fn turns(&self) -> Option<f64> {
         self.turns.ratio()
     }
+
+    /// The turns' fill once enough turns were reported to charge them by it
+    /// (`Core::set_charge_by_fill`): a few noisy holds must not set a client's charge.
+    pub fn turns_judged(&self) -> Option<f64> {
+        self.turns.ratio_after(Self::JUDGE_MIN_HELD_US)
+    }
 }
 
 /// Decaying sums of reported busy and held time.

@@ -255,6 +255,9 @@ struct Entry {
     end: Micros,
     grant: Micros,
     quota_end: Micros,
+    /// The virtual time a µs of it counts for, in thousandths: the GPU time it was charged
+    /// at when granted (`Core::set_charge_by_fill`; 1000 otherwise).
+    rate_milli: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -313,6 +316,8 @@ pub struct Core {
     reask: Option<Reask>,
     /// See [`Core::set_co_run`].
     co_run: CoRunSettings,
+    /// See [`Core::set_charge_by_fill`].
+    charge_by_fill: bool,
     /// What co-runners took of the GPU over time (`co_area.rs`), to credit holders' turns.
     co_area: co_area::CoArea,
 }
@@ -343,6 +348,7 @@ impl Core {
             reask: None,
             vtime: [0; 2],
             co_run: CoRunSettings::default(),
+            charge_by_fill: false,
             co_area: Default::default(),
         };
         let _ = c.set_config(now, specs);
@@ -509,7 +515,7 @@ impl Core {
                 c.fill.report(earlier_co, earlier_us, 0);
             }
             c.fill.report(in_co, busy_us, held_us);
-            if c.co.hold.is_some() {
+            if c.co.hold.is_some() || self.charge_by_fill {
                 self.refresh_boost(now);
             }
         }

@@ -371,10 +371,10 @@ impl Core {
         };
         let e = &mut self.history[i];
         let end = end.max(e.start);
-        let (old, client) = (e.end - e.start, e.client);
+        let (old, client, rate) = (e.end - e.start, e.client, e.rate_milli);
         e.end = end;
         let new = end - e.start;
-        self.adjust(client, old, new);
+        self.adjust(client, old, new, rate);
         for j in i + 1..self.history.len() {
             let f = &mut self.history[j];
             if f.start >= end {
@@ -383,16 +383,18 @@ impl Core {
             let old = f.end - f.start;
             f.start = end;
             f.end = f.end.max(end);
-            let (new, client) = (f.end - f.start, f.client);
-            self.adjust(client, old, new);
+            let (new, client, rate) = (f.end - f.start, f.client, f.rate_milli);
+            self.adjust(client, old, new, rate);
         }
     }
 
-    pub(super) fn adjust(&mut self, key: Key, old: Micros, new: Micros) {
+    /// An entry of `key` charged at `rate_milli` changed from `old` to `new` µs long.
+    pub(super) fn adjust(&mut self, key: Key, old: Micros, new: Micros, rate_milli: u32) {
         if let Some(c) = self.clients.get_mut(&key) {
             c.usage_sum = c.usage_sum - old + new;
             let req = c.spec.request_milli;
-            c.pass = (c.pass + stride(new, req)).saturating_sub(stride(old, req));
+            c.pass = (c.pass + stride(at_rate(new, rate_milli), req))
+                .saturating_sub(stride(at_rate(old, rate_milli), req));
         }
     }
 
@@ -435,6 +437,9 @@ impl Core {
             .is_some_and(|h| now >= h.quota_end.saturating_add(grace))
         {
             self.holder = None;
+            if self.charge_by_fill {
+                self.refresh_boost(now);
+            }
         }
     }
 
@@ -442,6 +447,9 @@ impl Core {
     pub(super) fn end_hold(&mut self, now: Micros, end_of: impl Fn(&Entry) -> Micros) {
         let Some(h) = self.holder.take() else { return };
         self.asked_again = None;
+        if self.charge_by_fill {
+            self.refresh_boost(now);
+        }
         let Some(e) = self.entry(h.seq).copied() else {
             return;
         };
@@ -495,6 +503,14 @@ impl Core {
             self.set_end(seq, end);
         }
     }
+}
+
+/// `us` of a turn charged at `rate_milli` thousandths of GPU time per µs.
+pub(super) fn at_rate(us: Micros, rate_milli: u32) -> Micros {
+    if rate_milli >= 1000 {
+        return us;
+    }
+    (u128::from(us) * u128::from(rate_milli) / 1000) as Micros
 }
 
 /// `us` of GPU time in virtual time at a request of `request_milli`.
