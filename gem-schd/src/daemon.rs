@@ -493,8 +493,11 @@ impl Actor {
             Request::Options => {
                 let hello = self.conns.get(&conn).is_some_and(|c| c.hello);
                 let r = if hello {
-                    // Busy reports only where they are used: co-running needs each client's fill.
-                    let busy_every = if self.settings.co_run.below > 0.0 {
+                    // Busy reports only where they are used: co-running and charging by fill
+                    // need each client's fill.
+                    let busy_every = if self.settings.co_run.below > 0.0
+                        || self.settings.charge_by_fill
+                    {
                         BUSY_EVERY_FOR_CO_RUN
                     } else {
                         0
