@@ -275,34 +275,96 @@ pub fn prepare(
     })
 }
 
+/// Why a claim does not fit beside what the node's books hold of its GPU.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BookError {
+    #[error(
+        "request {request}: GPU {gpu} ({device}) would be booked past one GPU: label pods hold {labels}, other claims {claims}, this claim {this} thousandths \
+         (a label pod was placed on it while the scheduler allocated this claim); delete the pod so that its claim is allocated again"
+    )]
+    Compute {
+        request: String,
+        gpu: String,
+        device: String,
+        labels: u32,
+        claims: u32,
+        this: u16,
+    },
+    #[error(
+        "request {request}: GPU {gpu} ({device}) would be booked past its memory: label pods hold {labels}, other claims {claims}, this claim {this} of {total} bytes \
+         (a label pod was placed on it while the scheduler allocated this claim); delete the pod so that its claim is allocated again"
+    )]
+    Memory {
+        request: String,
+        gpu: String,
+        device: String,
+        labels: u64,
+        claims: u64,
+        this: u64,
+        total: u64,
+    },
+}
+
+impl ClaimDevice {
+    /// The GPU memory this share books: the booked `memory` (in unified-memory mode the
+    /// resident share; the managed ceiling beyond it is not GPU memory).
+    pub fn booked_memory(&self) -> u64 {
+        self.um_resident.unwrap_or(self.memory_cap)
+    }
+}
+
 /// Whether `claim` fits beside what label pods (`labels`, by GPU UUID) and the
-/// `others` prepared claims hold of its GPUs: one set of books on the node. The stock
-/// scheduler and the extender decide apart, each from what it last saw of the other, so
-/// at the same instant both may book the last room of a GPU; the claim, prepared later
-/// than the label pod was bound, is refused, with a message that says what holds the GPU.
+/// `others` prepared claims hold of its GPUs (`inventory`): one set of books on the
+/// node, in `compute` (at most one GPU) and in memory (at most the GPU's memory as the
+/// slice publishes it, whole MiB). The stock scheduler and the extender decide apart,
+/// each from what it last saw of the other, so at the same instant both may book the
+/// last room of a GPU; the claim, prepared later than the label pod was bound, is
+/// refused, with a message that says what holds the GPU. A GPU missing from the
+/// inventory has no memory to book.
 pub fn check_books<'a>(
     claim: &PreparedClaim,
     others: impl IntoIterator<Item = &'a PreparedClaim>,
     labels: &super::slice::LabelUse,
-) -> Result<(), String> {
+    inventory: &NodeInventory,
+) -> Result<(), BookError> {
     let others: Vec<&PreparedClaim> = others.into_iter().filter(|o| o.uid != claim.uid).collect();
     for d in &claim.devices {
-        let label = labels.get(&d.gpu_uuid).map_or(0, |u| u.0);
-        let claimed: u32 = others
-            .iter()
-            .flat_map(|o| o.devices.iter())
-            .filter(|o| o.gpu_uuid == d.gpu_uuid)
-            .map(|o| u32::from(o.request_milli))
-            .sum();
-        let total = label
+        let (label_milli, label_mem) = labels.get(&d.gpu_uuid).copied().unwrap_or((0, 0));
+        let on_gpu = || {
+            others
+                .iter()
+                .flat_map(|o| o.devices.iter())
+                .filter(|o| o.gpu_uuid == d.gpu_uuid)
+        };
+        let claimed: u32 = on_gpu().map(|o| u32::from(o.request_milli)).sum();
+        let total = label_milli
             .saturating_add(claimed)
             .saturating_add(u32::from(d.request_milli));
         if total > u32::from(COMPUTE_UNITS) {
-            return Err(format!(
-                "request {}: GPU {} ({}) would be booked past one GPU: label pods hold {}, other claims {}, this claim {} thousandths \
-                 (a label pod was placed on it while the scheduler allocated this claim); delete the pod so that its claim is allocated again",
-                d.request, d.gpu_uuid, d.device, label, claimed, d.request_milli
-            ));
+            return Err(BookError::Compute {
+                request: d.request.clone(),
+                gpu: d.gpu_uuid.clone(),
+                device: d.device.clone(),
+                labels: label_milli,
+                claims: claimed,
+                this: d.request_milli,
+            });
+        }
+        let gpu_mem = inventory
+            .gpu(&d.gpu_uuid)
+            .map_or(0, |g| kubeshare_api::dra::device_memory(g.memory));
+        let claimed_mem = on_gpu().fold(0u64, |a, o| a.saturating_add(o.booked_memory()));
+        let this = d.booked_memory();
+        if label_mem.saturating_add(claimed_mem).saturating_add(this) > gpu_mem {
+            return Err(BookError::Memory {
+                request: d.request.clone(),
+                gpu: d.gpu_uuid.clone(),
+                device: d.device.clone(),
+                labels: label_mem,
+                claims: claimed_mem,
+                this,
+                total: gpu_mem,
+            });
         }
     }
     Ok(())
@@ -371,16 +433,19 @@ pub(crate) mod tests {
 
     #[test]
     fn a_claim_is_refused_past_one_gpu_counting_label_pods_and_other_claims() {
+        let inv = inventory();
         let c = claim(json!([result("gpu-1", "500", "2Gi")]), json!([]), &[POD]);
-        let p = prepare(&c, "claim-uid-1", NODE, &inventory()).unwrap();
+        let p = prepare(&c, "claim-uid-1", NODE, &inv).unwrap();
         let mut other = p.clone();
         other.uid = "claim-uid-2".into();
         other.devices[0].request_milli = 300;
         let none = super::super::slice::LabelUse::new();
-        assert_eq!(check_books(&p, [&other], &none), Ok(()));
+        assert_eq!(check_books(&p, [&other], &none, &inv), Ok(()));
         // Label pods hold 0.3 of gpu 1: 0.3 + 0.3 + 0.5 is past one GPU.
         let labels = super::super::slice::LabelUse::from([(U1.to_string(), (300, 0))]);
-        let e = check_books(&p, [&other], &labels).unwrap_err();
+        let e = check_books(&p, [&other], &labels, &inv)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with(&format!(
                 "request gpu: GPU {U1} (gpu-1) would be booked past one GPU: label pods hold 300, other claims 300, this claim 500 thousandths"
@@ -389,9 +454,150 @@ pub(crate) mod tests {
         );
         // The claim itself (prepared again) is not counted twice; another GPU's label
         // pods do not count.
-        assert_eq!(check_books(&p, [&p], &labels), Ok(()));
+        assert_eq!(check_books(&p, [&p], &labels, &inv), Ok(()));
         let elsewhere = super::super::slice::LabelUse::from([(U0.to_string(), (1000, 0))]);
-        assert_eq!(check_books(&p, [&other], &elsewhere), Ok(()));
+        assert_eq!(check_books(&p, [&other], &elsewhere, &inv), Ok(()));
+    }
+
+    #[test]
+    fn a_claim_is_refused_past_the_gpus_memory() {
+        // 16 GiB (and a few bytes) of memory: 16 GiB bookable.
+        let inv = inventory();
+        let c = claim(json!([result("gpu-1", "100", "6Gi")]), json!([]), &[POD]);
+        let p = prepare(&c, "claim-uid-1", NODE, &inv).unwrap();
+        let mut other = p.clone();
+        other.uid = "claim-uid-2".into();
+        other.devices[0].memory_cap = 4 << 30;
+        // 6 + 4 + 6 = 16 GiB: fits exactly.
+        let labels = super::super::slice::LabelUse::from([(U1.to_string(), (100, 6 << 30))]);
+        assert_eq!(check_books(&p, [&other], &labels, &inv), Ok(()));
+        // One byte more held by label pods: refused, with the figures.
+        let labels = super::super::slice::LabelUse::from([(U1.to_string(), (100, (6 << 30) + 1))]);
+        let e = check_books(&p, [&other], &labels, &inv).unwrap_err();
+        assert_eq!(
+            e,
+            BookError::Memory {
+                request: "gpu".into(),
+                gpu: U1.into(),
+                device: "gpu-1".into(),
+                labels: (6 << 30) + 1,
+                claims: 4 << 30,
+                this: 6 << 30,
+                total: 16 << 30,
+            }
+        );
+        assert!(
+            e.to_string().starts_with(&format!(
+                "request gpu: GPU {U1} (gpu-1) would be booked past its memory: label pods hold 6442450945, other claims 4294967296, this claim 6442450944 of 17179869184 bytes"
+            )),
+            "{e}"
+        );
+        // A whole-GPU label pod holds all of it.
+        let whole = super::super::slice::LabelUse::from([(U1.to_string(), (0, u64::MAX))]);
+        assert!(matches!(
+            check_books(&p, [], &whole, &inv),
+            Err(BookError::Memory { .. })
+        ));
+        // Unified memory books the resident share, not the managed ceiling.
+        let mut um = other.clone();
+        um.devices[0].memory_cap = 30 << 30;
+        um.devices[0].um_resident = Some(4 << 30);
+        let labels = super::super::slice::LabelUse::from([(U1.to_string(), (100, 6 << 30))]);
+        assert_eq!(check_books(&p, [&um], &labels, &inv), Ok(()));
+    }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn device(gpu: u32, milli: u16, mem: u64) -> ClaimDevice {
+            let uuid = if gpu == 0 { U0 } else { U1 };
+            ClaimDevice {
+                request: "gpu".into(),
+                pool: NODE.into(),
+                device: format!("gpu-{gpu}"),
+                share_id: None,
+                gpu_uuid: uuid.into(),
+                gpu_index: gpu,
+                request_milli: milli,
+                limit_milli: milli.max(1),
+                memory_cap: mem,
+                um_resident: None,
+            }
+        }
+
+        fn prepared(uid: String, devices: Vec<ClaimDevice>) -> PreparedClaim {
+            PreparedClaim {
+                uid,
+                namespace: "ns".into(),
+                name: "c".into(),
+                pod_uid: POD.into(),
+                pod_name: "p".into(),
+                devices,
+            }
+        }
+
+        fn share() -> impl Strategy<Value = (u32, u16, u64)> {
+            (0u32..2, 0u16..=1000, 0u64..=(12 << 30))
+        }
+
+        proptest! {
+            /// The check accepts exactly when, on each of the claim's GPUs, label pods,
+            /// the other claims and this one together stay within one GPU's compute and
+            /// its bookable memory; a refusal's figures are those sums' parts.
+            #[test]
+            fn refuses_exactly_what_overbooks(
+                this in prop::collection::vec(share(), 1..3),
+                others in prop::collection::vec(share(), 0..5),
+                labels in prop::collection::btree_map(0u32..2, (0u32..=1000, 0u64..=(16 << 30)), 0..3),
+            ) {
+                let inv = inventory();
+                let mut seen = std::collections::BTreeSet::new();
+                let this: Vec<ClaimDevice> = this
+                    .into_iter()
+                    .filter(|(g, _, _)| seen.insert(*g))
+                    .map(|(g, m, b)| device(g, m, b))
+                    .collect();
+                let claim = prepared("me".into(), this);
+                let others: Vec<PreparedClaim> = others
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (g, m, b))| prepared(format!("o{i}"), vec![device(g, m, b)]))
+                    .collect();
+                let labels: super::super::super::slice::LabelUse = labels
+                    .into_iter()
+                    .map(|(g, u)| ((if g == 0 { U0 } else { U1 }).to_string(), u))
+                    .collect();
+                let fits = claim.devices.iter().all(|d| {
+                    let (lm, lb) = labels.get(&d.gpu_uuid).copied().unwrap_or_default();
+                    let on: Vec<&ClaimDevice> = others
+                        .iter()
+                        .flat_map(|o| &o.devices)
+                        .filter(|o| o.gpu_uuid == d.gpu_uuid)
+                        .collect();
+                    let m: u32 = lm + on.iter().map(|o| u32::from(o.request_milli)).sum::<u32>()
+                        + u32::from(d.request_milli);
+                    let b: u64 = lb + on.iter().map(|o| o.memory_cap).sum::<u64>() + d.memory_cap;
+                    m <= 1000 && b <= 16 << 30
+                });
+                let got = check_books(&claim, &others, &labels, &inv);
+                prop_assert_eq!(got.is_ok(), fits, "{:?}", got);
+                match got {
+                    Err(BookError::Compute { labels, claims, this, .. }) => {
+                        prop_assert!(labels + claims + u32::from(this) > 1000);
+                    }
+                    Err(BookError::Memory { labels, claims, this, total, .. }) => {
+                        prop_assert_eq!(total, 16 << 30);
+                        prop_assert!(labels + claims + this > total);
+                    }
+                    Ok(()) => {}
+                }
+                // Fewer other claims never turn a fit into a refusal.
+                if fits {
+                    prop_assert!(check_books(&claim, others.iter().skip(1), &labels, &inv).is_ok());
+                }
+            }
+        }
     }
 
     #[test]

@@ -168,7 +168,8 @@ impl Plugin {
             .await
             .map_err(|e| format!("cannot list the pods of node {}: {e}", self.cfg.node))?;
         let labels = super::publish::label_use_of(&self.cfg.node, &inventory, &pods.items);
-        super::claim::check_books(&prepared, claims.values(), &labels)?;
+        super::claim::check_books(&prepared, claims.values(), &labels, &inventory)
+            .map_err(|e| e.to_string())?;
         self.write_spec(&prepared)?;
         claims.insert(prepared.uid.clone(), prepared.clone());
         if let Err(e) = checkpoint::store(&self.cfg.checkpoint, &claims) {
