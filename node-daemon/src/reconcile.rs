@@ -176,6 +176,9 @@ pub struct ClaimShare {
     /// `namespace/name` of the pod.
     pub pod_key: String,
     pub gpus: Vec<ClaimGpu>,
+    /// Whole GPUs (all of each GPU's time and memory, no limit to enforce): booked as
+    /// a whole-GPU labelled pod is, in no config line and with no token scheduling.
+    pub whole: bool,
 }
 
 /// A claim's share of one GPU.
@@ -311,6 +314,24 @@ pub fn desired_with_claims(
                 pod_uid: claim.pod_uid.clone(),
                 pod_key: claim.pod_key.clone(),
                 message,
+            });
+            continue;
+        }
+        if claim.whole {
+            // As a whole-GPU labelled pod: it holds the GPUs, gem-schd does not know it,
+            // and its containers get no hook, so no socket directory either.
+            for g in &claim.gpus {
+                claimed.insert((claim.pod_uid.as_str(), g.uuid.as_str()));
+                d.whole
+                    .entry(g.uuid.clone())
+                    .or_default()
+                    .push(claim.pod_uid.clone());
+            }
+            d.placements.push(Placement {
+                pod_uid: claim.pod_uid.clone(),
+                pod_key: claim.pod_key.clone(),
+                gpus: claim.gpus.iter().map(|g| g.uuid.clone()).collect(),
+                whole: true,
             });
             continue;
         }
@@ -828,7 +849,27 @@ mod tests {
                     mem,
                 })
                 .collect(),
+            whole: false,
         }
+    }
+
+    #[test]
+    fn a_whole_gpu_claim_holds_its_gpu_without_a_config_line() {
+        let inv = inventory(2);
+        let mut whole = claim("w", 4, &[(1, 1000, 1000, 80 << 30)]);
+        whole.whole = true;
+        let shared = claim("s", 5, &[(0, 300, 600, 2 << 30)]);
+        let d = desired_with_claims(NODE, &inv, &[], &[whole, shared]);
+        assert!(d.problems.is_empty(), "{:?}", d.problems);
+        assert_eq!(d.configs[&gpu_uuid(1)].render(), "0\n");
+        assert_eq!(d.whole[&gpu_uuid(1)], vec![uid(4)]);
+        // No hook, so no socket directory; the shared claim's pod has one.
+        assert_eq!(d.pod_dirs, BTreeSet::from([uid(5)]));
+        let w = d.placements.iter().find(|p| p.pod_uid == uid(4)).unwrap();
+        assert!(w.whole);
+        // The slice and the prepare check count it as all of the GPU.
+        let used = crate::dra::slice::label_use(&d);
+        assert_eq!(used[&gpu_uuid(1)].0, 1000);
     }
 
     #[test]

@@ -144,6 +144,7 @@ mod tests {
                 memory_cap: if um { 4 << 30 } else { 2 << 30 },
                 um_resident: um.then_some(2 << 30),
             }],
+            whole: false,
         }
     }
 

@@ -30,6 +30,10 @@ pub struct PreparedClaim {
     pub pod_uid: String,
     pub pod_name: String,
     pub devices: Vec<ClaimDevice>,
+    /// Every device is a whole GPU ([`is_whole`]): the claim gets the GPUs alone, no
+    /// hook, no gem-schd client, as a whole-GPU labelled pod does.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub whole: bool,
 }
 
 /// One allocation result: a share of one GPU.
@@ -82,6 +86,7 @@ impl PreparedClaim {
                     mem: d.memory_cap,
                 })
                 .collect(),
+            whole: self.whole,
         }
     }
 }
@@ -265,7 +270,13 @@ pub fn prepare(
     if devices.is_empty() {
         return Err(ClaimError::NoDevice);
     }
+    let whole = devices.iter().all(|d| {
+        inventory
+            .gpu(&d.gpu_uuid)
+            .is_some_and(|g| is_whole(d, g.memory))
+    });
     Ok(PreparedClaim {
+        whole,
         uid: want_uid.to_string(),
         namespace: claim.metadata.namespace.clone().unwrap_or_default(),
         name: claim.metadata.name.clone().unwrap_or_default(),
@@ -273,6 +284,19 @@ pub fn prepare(
         pod_name: pod.name.clone(),
         devices,
     })
+}
+
+/// Whether `d`, a share of a GPU of `gpu_memory` bytes, is the whole GPU: all of its
+/// `compute` with nothing to cap above it, all of its memory as published, in device
+/// memory. Such a share has nothing for gem-schd and the hook to enforce: it runs as a
+/// whole-GPU labelled pod does (`gpu_request` of whole GPUs), without either. A claim
+/// that books all of `compute` but caps memory below the GPU's keeps the hook, which
+/// enforces the cap.
+pub fn is_whole(d: &ClaimDevice, gpu_memory: u64) -> bool {
+    d.request_milli == COMPUTE_UNITS
+        && d.limit_milli == COMPUTE_UNITS
+        && d.um_resident.is_none()
+        && d.memory_cap >= kubeshare_api::dra::device_memory(gpu_memory)
 }
 
 /// Why a claim does not fit beside what the node's books hold of its GPU.
@@ -534,6 +558,7 @@ pub(crate) mod tests {
                 pod_uid: POD.into(),
                 pod_name: "p".into(),
                 devices,
+                whole: false,
             }
         }
 
@@ -647,6 +672,27 @@ pub(crate) mod tests {
             ("gpu", 1000, 1000)
         );
         assert_eq!(d.memory_cap, 16 << 30);
+        assert!(p.whole, "all of the GPU: a whole GPU");
+        // All of compute but a memory cap: a share the hook enforces.
+        let c = claim(json!([result("gpu-0", "1000", "4Gi")]), Value::Null, &[POD]);
+        assert!(
+            !prepare(&c, "claim-uid-1", NODE, &inventory())
+                .unwrap()
+                .whole
+        );
+        // A whole GPU and a share in one claim: the hook is the container's, so both
+        // run with it.
+        let c = claim(
+            json!([
+                result("gpu-0", "1000", "16Gi"),
+                result("gpu-1", "500", "4Gi")
+            ]),
+            Value::Null,
+            &[POD],
+        );
+        let p = prepare(&c, "claim-uid-1", NODE, &inventory()).unwrap();
+        assert!(!p.whole);
+        assert!(is_whole(&p.devices[0], inventory().gpus[0].memory));
 
         // Unified memory: gem-schd caps the managed ceiling; the hook gets the resident share.
         let c = claim(

@@ -178,8 +178,10 @@ impl Plugin {
         }
         self.book.insert(prepared.clone());
         // The runtime bind-mounts the socket directory: it must exist before the
-        // container does, whatever the loop is doing.
-        if let Err(e) = layout(&self.cfg).apply(&Action::CreatePodDir(prepared.pod_uid.clone())) {
+        // container does, whatever the loop is doing. A whole GPU has none.
+        if !prepared.whole
+            && let Err(e) = layout(&self.cfg).apply(&Action::CreatePodDir(prepared.pod_uid.clone()))
+        {
             tracing::warn!(claim = %prepared.key(), error = %e, "DRA: cannot create the pod's socket directory; the daemon's loop will");
         }
         self.wait_applied("prepare", &prepared).await;
