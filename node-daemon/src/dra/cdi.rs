@@ -98,7 +98,7 @@ pub fn claim_spec(
     ]);
     common.mounts.push(Mount {
         host_path: layout
-            .pod_dir(&claim.pod_uid)
+            .pod_dir(claim.client())
             .to_string_lossy()
             .into_owned(),
         container_path: layout::POD_SOCKET_DIR.to_string(),

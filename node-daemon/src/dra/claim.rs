@@ -25,15 +25,30 @@ pub struct PreparedClaim {
     pub uid: String,
     pub namespace: String,
     pub name: String,
-    /// The pod the claim is reserved for: gem-schd's client ID, and the directory of
-    /// its sockets (`pods/<pod uid>/`).
+    /// The (first) pod the claim is reserved for.
     pub pod_uid: String,
     pub pod_name: String,
     pub devices: Vec<ClaimDevice>,
+    /// gem-schd's client ID and the name of the claim's socket directory
+    /// (`pods/<client>/`): [`client_of`]. Empty (a checkpoint from before shared claims):
+    /// `pod_uid`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub client: String,
+    /// Every pod the claim was reserved for when prepared, `pod_uid` first. Empty (a
+    /// checkpoint from before shared claims): `pod_uid` alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<ClaimPod>,
     /// Every device is a whole GPU ([`is_whole`]): the claim gets the GPUs alone, no
     /// hook, no gem-schd client, as a whole-GPU labelled pod does.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub whole: bool,
+}
+
+/// A pod a claim is reserved for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimPod {
+    pub uid: String,
+    pub name: String,
 }
 
 /// One allocation result: a share of one GPU.
@@ -68,10 +83,32 @@ impl PreparedClaim {
         format!("{}/{}", self.namespace, self.name)
     }
 
+    /// gem-schd's client ID of the claim (see [`client_of`]).
+    pub fn client(&self) -> &str {
+        if self.client.is_empty() {
+            &self.pod_uid
+        } else {
+            &self.client
+        }
+    }
+
+    /// The UIDs of the pods the claim was reserved for when prepared.
+    pub fn pod_uids(&self) -> Vec<String> {
+        if self.pods.is_empty() {
+            vec![self.pod_uid.clone()]
+        } else {
+            self.pods.iter().map(|p| p.uid.clone()).collect()
+        }
+    }
+
     /// What the daemon's books hold for this claim.
     pub fn share(&self) -> ClaimShare {
         ClaimShare {
             claim_key: self.key(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            client: self.client().to_string(),
+            pods: self.pod_uids(),
             pod_uid: self.pod_uid.clone(),
             pod_key: format!("{}/{}", self.namespace, self.pod_name),
             gpus: self
@@ -100,10 +137,6 @@ pub enum ClaimError {
     NotAllocated,
     #[error("the ResourceClaim is reserved for no pod")]
     NoPod,
-    #[error(
-        "the ResourceClaim is reserved for {0} pods; a {DRIVER_NAME} share belongs to one pod (gem-schd serves a socket only to processes of its pod): give each pod its own claim, e.g. from a ResourceClaimTemplate"
-    )]
-    SharedByPods(usize),
     #[error("the ResourceClaim has no device of driver {DRIVER_NAME}")]
     NoDevice,
     #[error("request {request}: device {pool}/{device} is not a GPU of node {node}")]
@@ -209,11 +242,18 @@ pub fn prepare(
         .flatten()
         .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
         .collect();
-    let pod = match pods.as_slice() {
-        [] => return Err(ClaimError::NoPod),
-        [p] => *p,
-        many => return Err(ClaimError::SharedByPods(many.len())),
+    let Some(pod) = pods.first().copied() else {
+        return Err(ClaimError::NoPod);
     };
+    let owners: Vec<(&str, &str, bool)> = claim
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .map(|o| (o.kind.as_str(), o.uid.as_str(), o.controller == Some(true)))
+        .collect();
+    let pod_uids: Vec<&str> = pods.iter().map(|p| p.uid.as_str()).collect();
+    let client = client_of(want_uid, &pod_uids, &owners);
     let configs = alloc.config.as_deref().unwrap_or_default();
     let by_name: BTreeMap<String, &kubeshare_api::GpuInfo> = inventory
         .gpus
@@ -277,6 +317,14 @@ pub fn prepare(
     });
     Ok(PreparedClaim {
         whole,
+        client,
+        pods: pods
+            .iter()
+            .map(|p| ClaimPod {
+                uid: p.uid.clone(),
+                name: p.name.clone(),
+            })
+            .collect(),
         uid: want_uid.to_string(),
         namespace: claim.metadata.namespace.clone().unwrap_or_default(),
         name: claim.metadata.name.clone().unwrap_or_default(),
@@ -284,6 +332,26 @@ pub fn prepare(
         pod_name: pod.name.clone(),
         devices,
     })
+}
+
+/// gem-schd's client ID of claim `claim_uid`, reserved for pods `pods`, owned by
+/// `owners` (kind, UID, whether the controller): the pod's UID when the claim was made
+/// for that pod alone (from a template: the pod controls it, and no other pod may use
+/// it), else the claim's UID. The kubelet prepares a claim once per node, however many
+/// pods use it, and hands every container the same CDI device, so a claim that pods
+/// may share (by name) needs a client of its own, whose socket directory every such pod
+/// mounts; gem-schd serves there the pods the daemon lists in its peers file.
+pub fn client_of(claim_uid: &str, pods: &[&str], owners: &[(&str, &str, bool)]) -> String {
+    match pods {
+        [pod]
+            if owners
+                .iter()
+                .any(|(kind, uid, controller)| *kind == "Pod" && uid == pod && *controller) =>
+        {
+            (*pod).to_string()
+        }
+        _ => claim_uid.to_string(),
+    }
 }
 
 /// Whether `d`, a share of a GPU of `gpu_memory` bytes, is the whole GPU: all of its
@@ -430,7 +498,9 @@ pub(crate) mod tests {
             .collect();
         serde_json::from_value(json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "c", "namespace": "ns", "uid": "claim-uid-1"},
+            "metadata": {"name": "c", "namespace": "ns", "uid": "claim-uid-1",
+                         "ownerReferences": pods.first().map(|uid| json!([{"apiVersion": "v1", "kind": "Pod",
+                             "name": "p0", "uid": uid, "controller": true}]))},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER_NAME}}]}},
             "status": {
                 "allocation": {"devices": {"results": results, "config": config}},
@@ -559,6 +629,8 @@ pub(crate) mod tests {
                 pod_name: "p".into(),
                 devices,
                 whole: false,
+                client: String::new(),
+                pods: vec![],
             }
         }
 
@@ -623,6 +695,43 @@ pub(crate) mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_claim_pods_share_is_a_client_of_its_own() {
+        const POD2: &str = "9d9e5c3a-1b2c-4d5e-8f90-0123456789ab";
+        // Made from a template for one pod: the pod's client, as before.
+        let c = claim(json!([result("gpu-1", "300", "2Gi")]), json!([]), &[POD]);
+        let p = prepare(&c, "claim-uid-1", NODE, &inventory()).unwrap();
+        assert_eq!((p.client(), p.pod_uids()), (POD, vec![POD.to_string()]));
+        // Reserved for two pods: one client, the claim's, listing both pods.
+        let c = claim(
+            json!([result("gpu-1", "300", "2Gi")]),
+            json!([]),
+            &[POD, POD2],
+        );
+        let p = prepare(&c, "claim-uid-1", NODE, &inventory()).unwrap();
+        assert_eq!(p.client(), "claim-uid-1");
+        assert_eq!(p.pod_uids(), vec![POD.to_string(), POD2.to_string()]);
+        assert_eq!((p.pod_uid.as_str(), p.pod_name.as_str()), (POD, "p0"));
+        let s = p.share();
+        assert_eq!((s.client.as_str(), s.pods.len()), ("claim-uid-1", 2));
+        // A claim by name, reserved for one pod so far: others may join it later.
+        let mut lone = claim(json!([result("gpu-1", "300", "2Gi")]), json!([]), &[POD]);
+        lone.metadata.owner_references = None;
+        let p = prepare(&lone, "claim-uid-1", NODE, &inventory()).unwrap();
+        assert_eq!(p.client(), "claim-uid-1");
+        // The rule itself: only the controlling pod, alone, makes it the pod's client.
+        assert_eq!(client_of("c", &["p"], &[("Pod", "p", true)]), "p");
+        assert_eq!(client_of("c", &["p"], &[("Pod", "p", false)]), "c");
+        assert_eq!(client_of("c", &["p"], &[("Pod", "q", true)]), "c");
+        assert_eq!(client_of("c", &["p"], &[("Job", "p", true)]), "c");
+        assert_eq!(client_of("c", &["p", "q"], &[("Pod", "p", true)]), "c");
+        // A checkpoint from before shared claims: no client, no pods.
+        let mut old = p.clone();
+        old.client.clear();
+        old.pods.clear();
+        assert_eq!((old.client(), old.pod_uids()), (POD, vec![POD.to_string()]));
     }
 
     #[test]
@@ -774,9 +883,6 @@ pub(crate) mod tests {
             ),
             "request gpu: GPU gpu-0 is allocated to the claim twice"
         );
-        assert!(err(r(), Value::Null, &[POD, "other-pod"]).starts_with(
-            "the ResourceClaim is reserved for 2 pods; a gpu.kubeshare.io share belongs to one pod"
-        ));
         assert_eq!(
             err(r(), Value::Null, &[]),
             "the ResourceClaim is reserved for no pod"
