@@ -206,6 +206,8 @@ pub struct ClaimGpu {
     pub limit: Milli,
     /// The memory cap gem-schd enforces, bytes.
     pub mem: u64,
+    /// From the claim's `priority` as from a labelled pod's ([`ClientClass::of_priority`]).
+    pub class: ClientClass,
 }
 
 /// The desired state of node `node` with GPUs `inventory`, given the pods bound to it.
@@ -379,9 +381,7 @@ pub fn desired_with_claims(
                     request: g.request,
                     limit: g.limit,
                     gpu_mem: g.mem,
-                    // The scheduler booked the request against the device's capacity:
-                    // a guarantee (a claim has no priority to say otherwise).
-                    class: ClientClass::Guaranteed,
+                    class: g.class,
                 });
             }
         }
@@ -924,6 +924,7 @@ mod tests {
                     request: Milli::new(request).unwrap(),
                     limit: Milli::new(limit).unwrap(),
                     mem,
+                    class: ClientClass::Guaranteed,
                 })
                 .collect(),
             whole: false,

@@ -537,7 +537,7 @@ fn text(path: &Path) -> String {
 }
 
 /// The DRA kubelet plugin, with the test as the kubelet: registration, a claim at
-/// 0.3/0.6 with 2 GiB prepared into gem-schd's config and a CDI spec, a claim whose
+/// 0.3/0.6 with 2 GiB and priority 50 (guaranteed) prepared into gem-schd's config and a CDI spec, a claim whose
 /// config is bad refused with the field named, idempotent calls, the claim kept
 /// across a restart of the daemon, and unprepare undoing it all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -630,7 +630,12 @@ async fn kubelet_plugin_prepares_claims_into_gem_schd_configs() -> anyhow::Resul
     templates
         .create(
             &pp,
-            &template_with("burst", 300, "2Gi", Some(json!({"limit": "0.6"})))?,
+            &template_with(
+                "burst",
+                300,
+                "2Gi",
+                Some(json!({"limit": "0.6", "priority": 50})),
+            )?,
         )
         .await?;
     templates
@@ -991,8 +996,9 @@ async fn kubelet_plugin_prepares_shared_and_whole_gpu_claims() -> anyhow::Result
     );
     let root = dir.join("root");
     let config = |g: &str| root.join("gpus").join(g).join("resource-config.txt");
-    // One client, the claim's: one token and one memory budget for both pods.
-    let team_line = format!("1\n{} 0.4 0.4 4294967296\n", kt.uid);
+    // One client, the claim's: one token and one memory budget for both pods. No
+    // priority in its config: opportunistic, as a labelled pod without one.
+    let team_line = format!("1\n{} 0.4 0.4 4294967296 opportunistic\n", kt.uid);
     assert_eq!(text(&config(&team_gpu)), team_line, "{}", logs());
     assert!(root.join("pods").join(&kt.uid).is_dir());
     let peers = root.join("peers").join(&kt.uid);

@@ -143,6 +143,7 @@ mod tests {
                 limit_milli: 600,
                 memory_cap: if um { 4 << 30 } else { 2 << 30 },
                 um_resident: um.then_some(2 << 30),
+                priority: um.then_some(0),
             }],
             whole: false,
             client: if um { "claim-u2".into() } else { String::new() },

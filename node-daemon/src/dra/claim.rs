@@ -11,7 +11,7 @@ use k8s_openapi::api::resource::v1::{
     DeviceAllocationConfiguration, DeviceRequestAllocationResult, ResourceClaim,
 };
 use kubeshare_api::dra::{COMPUTE, COMPUTE_UNITS, ConfigError, Consumed, DRIVER_NAME, MEMORY};
-use kubeshare_api::{GpuDemand, Milli, NodeInventory, parse_bytes};
+use kubeshare_api::{ClientClass, GpuDemand, Milli, NodeInventory, parse_bytes};
 use serde::{Deserialize, Serialize};
 
 use super::slice::{MEMORY_STEP, device_name};
@@ -75,6 +75,10 @@ pub struct ClaimDevice {
     /// prefetch budget. `None`: device memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub um_resident: Option<u64>,
+    /// The config's `priority` (0 when it has none). `None`: prepared before claims had
+    /// a priority, when every claim was guaranteed; it stays so until unprepared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u8>,
 }
 
 impl PreparedClaim {
@@ -121,6 +125,9 @@ impl PreparedClaim {
                     request: Milli::new(d.request_milli).unwrap_or(Milli::ZERO),
                     limit: Milli::new(d.limit_milli).unwrap_or(Milli::ONE),
                     mem: d.memory_cap,
+                    class: d
+                        .priority
+                        .map_or(ClientClass::Guaranteed, ClientClass::of_priority),
                 })
                 .collect(),
             whole: self.whole,
@@ -305,6 +312,7 @@ pub fn prepare(
             limit_milli: limit.get(),
             memory_cap: demand.um.map_or(resident, |u| u.ceiling(resident)),
             um_resident: demand.um.map(|_| resident),
+            priority: Some(demand.priority),
         });
     }
     if devices.is_empty() {
@@ -617,6 +625,7 @@ pub(crate) mod tests {
                 limit_milli: milli.max(1),
                 memory_cap: mem,
                 um_resident: None,
+                priority: None,
             }
         }
 
@@ -735,6 +744,36 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_configs_priority_decides_the_class_as_the_label_does() {
+        for (priority, class) in [
+            (json!(0), ClientClass::Opportunistic),
+            (json!("1"), ClientClass::Guaranteed),
+            (json!(100), ClientClass::Guaranteed),
+        ] {
+            let c = claim(
+                json!([result("gpu-1", "300", "2Gi")]),
+                opaque(json!({"priority": priority})),
+                &[POD],
+            );
+            let p = prepare(&c, "claim-uid-1", NODE, &inventory()).unwrap();
+            assert_eq!(p.share().gpus[0].class, class, "{priority}");
+        }
+        // A claim checkpointed before claims had a priority stays guaranteed.
+        let c = claim(json!([result("gpu-1", "300", "2Gi")]), json!([]), &[POD]);
+        let mut p = prepare(&c, "claim-uid-1", NODE, &inventory()).unwrap();
+        p.devices[0].priority = None;
+        assert_eq!(p.share().gpus[0].class, ClientClass::Guaranteed);
+        assert_eq!(
+            err(
+                json!([result("gpu-1", "300", "2Gi")]),
+                opaque(json!({"priority": "high"})),
+                &[POD]
+            ),
+            "request gpu: opaque config of gpu.kubeshare.io: priority=high: must be a whole number from 0 to 100, as a string such as \"50\" or a number such as 50 (0 = opportunistic, the default; 1-100 = guaranteed; as the sharedgpu/priority label)"
+        );
+    }
+
+    #[test]
     fn a_share_with_a_limit() {
         let c = claim(
             json!([result("gpu-1", "300", "2Gi")]),
@@ -758,10 +797,13 @@ pub(crate) mod tests {
                 limit_milli: 600,
                 memory_cap: 2 << 30,
                 um_resident: None,
+                priority: Some(0),
             }]
         );
         let s = p.share();
         assert_eq!(s.pod_key, "ns/p0");
+        // No priority: opportunistic, as a labelled pod without sharedgpu/priority.
+        assert_eq!(s.gpus[0].class, ClientClass::Opportunistic);
         assert_eq!(s.gpus[0].request.get(), 300);
         assert_eq!(s.gpus[0].limit.get(), 600);
         assert_eq!(s.gpus[0].mem, 2 << 30);
@@ -854,7 +896,7 @@ pub(crate) mod tests {
         );
         assert_eq!(
             err(r(), opaque(json!({"limt": "0.5"})), &[POD]),
-            "request gpu: opaque config of gpu.kubeshare.io: limt=0.5: unknown field (a typo?); known fields are apiVersion, kind, request, limit, memory, memoryMode, managedMemory"
+            "request gpu: opaque config of gpu.kubeshare.io: limt=0.5: unknown field (a typo?); known fields are apiVersion, kind, request, limit, memory, memoryMode, managedMemory, priority"
         );
         assert_eq!(
             err(r(), opaque(json!({"memory": "1Gi"})), &[POD]),
