@@ -15,7 +15,10 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
-use crate::labels::{GPU_LIMIT, GPU_MEM, GPU_REQUEST, GpuDemand, GpuShare};
+use crate::labels::{
+    GPU_LIMIT, GPU_MEM, GPU_REQUEST, GpuDemand, GpuShare, MAX_PRIORITY, PRIORITY as PRIORITY_LABEL,
+    parse_priority,
+};
 use crate::milli::{Milli, MilliParseError};
 use crate::quantity::{QuantityError, parse_bytes};
 use crate::um::{GPU_MEM_MANAGED, GPU_MEM_MODE, MAX_MANAGED_FACTOR, UmSpec};
@@ -89,8 +92,9 @@ pub mod field {
     pub const MEMORY: &str = "memory";
     pub const MEMORY_MODE: &str = "memoryMode";
     pub const MANAGED_MEMORY: &str = "managedMemory";
+    pub const PRIORITY: &str = "priority";
     /// Every field, in the order they are checked.
-    pub const ALL: [&str; 7] = [
+    pub const ALL: [&str; 8] = [
         API_VERSION,
         KIND,
         REQUEST,
@@ -98,6 +102,7 @@ pub mod field {
         MEMORY,
         MEMORY_MODE,
         MANAGED_MEMORY,
+        PRIORITY,
     ];
 }
 
@@ -115,6 +120,9 @@ pub struct ShareConfig {
     pub memory: Option<u64>,
     /// Unified-memory mode (docs/um.md); `None`: device memory.
     pub um: Option<UmSpec>,
+    /// gem-schd's class, as `sharedgpu/priority`: 0 (the default) opportunistic, 1–100
+    /// guaranteed ([`crate::ClientClass::of_priority`]).
+    pub priority: Option<u8>,
 }
 
 /// What the scheduler allocated to a claim on one GPU (`consumedCapacity`).
@@ -159,6 +167,8 @@ pub enum ConfigRule {
     MemoryNotBooked {
         memory: u64,
     },
+    /// Not a whole number from 0 to 100.
+    Priority,
     Unknown,
 }
 
@@ -220,6 +230,10 @@ impl fmt::Display for ConfigRule {
                 f,
                 "must equal the claim's capacity request {}={memory} (the bytes the scheduler booked); leave {MEMORY} out to take it from there",
                 crate::dra::MEMORY
+            ),
+            ConfigRule::Priority => write!(
+                f,
+                "must be a whole number from 0 to {MAX_PRIORITY}, as a string such as \"50\" or a number such as 50 (0 = opportunistic, the default; 1-{MAX_PRIORITY} = guaranteed; as the sharedgpu/priority label)"
             ),
             ConfigRule::Unknown => write!(
                 f,
@@ -384,11 +398,27 @@ impl ShareConfig {
                 })
             }
         };
+        let priority = match o.get(PRIORITY) {
+            None => None,
+            Some(v) => {
+                let text = match v {
+                    Value::String(s) => Some(s.clone()),
+                    Value::Number(n) => Some(n.to_string()),
+                    _ => None,
+                };
+                Some(
+                    text.as_deref()
+                        .and_then(parse_priority)
+                        .ok_or_else(|| invalid(PRIORITY, v, ConfigRule::Priority))?,
+                )
+            }
+        };
         Ok(ShareConfig {
             request,
             limit,
             memory,
             um,
+            priority,
         })
     }
 
@@ -414,6 +444,9 @@ impl ShareConfig {
                 o.insert(MANAGED_MEMORY.into(), m.to_string().into());
             }
         }
+        if let Some(p) = self.priority {
+            o.insert(PRIORITY.into(), p.to_string().into());
+        }
         Value::Object(o)
     }
 
@@ -436,6 +469,10 @@ impl ShareConfig {
             if let Some(m) = u.managed {
                 l.insert(GPU_MEM_MANAGED.to_string(), m.to_string());
             }
+        }
+        // The label's default, 0, is left out, as GpuDemand::to_labels does.
+        if let Some(p) = self.priority.filter(|p| *p != 0) {
+            l.insert(PRIORITY_LABEL.to_string(), p.to_string());
         }
         l
     }
@@ -498,7 +535,7 @@ impl ShareConfig {
             },
             mem: Some(consumed.memory),
             model: None,
-            priority: 0,
+            priority: self.priority.unwrap_or(0),
             group: None,
             affinity: None,
             anti_affinity: None,
@@ -576,9 +613,14 @@ mod tests {
                 request: Some(m(300)),
                 limit: Some(m(600)),
                 memory: Some(4 << 30),
-                um: None
+                um: None,
+                priority: None,
             }
         );
+        let c = ShareConfig::from_value(&cfg(json!({"priority": "50"}))).unwrap();
+        assert_eq!(c.priority, Some(50));
+        let c = ShareConfig::from_value(&cfg(json!({"priority": 0}))).unwrap();
+        assert_eq!(c.priority, Some(0));
         let c = ShareConfig::from_value(&cfg(json!({"limit": 1, "memory": 1073741824,
             "memoryMode": "unified", "managedMemory": "8Gi"})))
         .unwrap();
@@ -675,6 +717,26 @@ mod tests {
                 "must be at most 8 × memory",
             ),
             (json!({"gpu_limit": "0.5"}), "gpu_limit", "unknown field"),
+            (
+                json!({"priority": "101"}),
+                "priority",
+                "priority=101: must be a whole number from 0 to 100",
+            ),
+            (
+                json!({"priority": -1}),
+                "priority",
+                "priority=-1: must be a whole number from 0 to 100",
+            ),
+            (
+                json!({"priority": 1.5}),
+                "priority",
+                "priority=1.5: must be a whole number",
+            ),
+            (
+                json!({"priority": true}),
+                "priority",
+                "priority=true: must be",
+            ),
         ];
         for (extra, field, msg) in cases {
             let e = err(extra.clone());
@@ -722,8 +784,14 @@ mod tests {
             limit: Some(m(600)),
             memory: Some(4 << 30),
             um: None,
+            priority: Some(7),
         };
         assert_eq!(c.resolve(consumed).unwrap().limit_per_gpu(), m(600));
+        assert_eq!(c.resolve(consumed).unwrap().priority, 7);
+        assert_eq!(
+            ShareConfig::default().resolve(consumed).unwrap().priority,
+            0
+        );
         // Disagreements are refused, naming the field.
         let bad = ShareConfig {
             request: Some(m(200)),

@@ -329,6 +329,14 @@ fn is_label_value(v: &str) -> bool {
 }
 
 /// A plain decimal integer: digits only (no sign, no spaces).
+/// A priority as `sharedgpu/priority` (and a claim's config, `priority`) writes it: a
+/// whole number from 0 to [`MAX_PRIORITY`].
+pub(crate) fn parse_priority(s: &str) -> Option<u8> {
+    parse_whole(s)
+        .filter(|v| *v <= u64::from(MAX_PRIORITY))
+        .map(|v| v as u8)
+}
+
 fn parse_whole(s: &str) -> Option<u64> {
     if s.is_empty() || s.len() > 12 || !s.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -493,10 +501,9 @@ impl GpuDemand {
 
         let priority = match get(PRIORITY) {
             None => 0,
-            Some(p) => match parse_whole(p) {
-                Some(v) if v <= u64::from(MAX_PRIORITY) => v as u8,
-                _ => return Err(invalid(PRIORITY, p, Rule::PriorityRange)),
-            },
+            Some(p) => {
+                parse_priority(p).ok_or_else(|| invalid(PRIORITY, p, Rule::PriorityRange))?
+            }
         };
 
         let group = parse_group(labels)?;

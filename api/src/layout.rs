@@ -100,6 +100,15 @@ impl Layout {
     pub fn pod_dir(&self, uid: &str) -> PathBuf {
         self.pods_dir().join(uid)
     }
+    /// gem-schd's `--peers-dir`: for a client several pods share (a ResourceClaim
+    /// reserved for several pods), file `<client>` lists the pods it serves. Not
+    /// mounted into any pod.
+    pub fn peers_dir(&self) -> PathBuf {
+        self.root.join("peers")
+    }
+    pub fn peers(&self, client: &str) -> PathBuf {
+        self.peers_dir().join(client)
+    }
     /// The `--socket-template` gem-schd gets: `{client}` is the pod UID, `{gpu}` the UUID.
     pub fn socket_template(&self) -> String {
         socket_template_in(&self.pods_dir())

@@ -40,6 +40,7 @@ fn key() -> impl Strategy<Value = String> {
             "memory",
             "memoryMode",
             "managedMemory",
+            "priority",
         ])
         .prop_map(String::from),
         "[a-zA-Z]{1,8}",
@@ -89,8 +90,9 @@ fn valid_config() -> impl Strategy<Value = ShareConfig> {
         prop::option::of(1u64..1 << 40),
         prop::option::of(prop::option::of(1u64..=8)),
         any::<(bool, bool)>(),
+        prop::option::of(0u8..=100),
     )
-        .prop_map(|(a, b, memory, um, (has_req, has_lim))| {
+        .prop_map(|(a, b, memory, um, (has_req, has_lim), priority)| {
             let (lo, hi) = (a.min(b), a.max(b).max(1));
             let um = um.map(|factor| UmSpec {
                 managed: factor.map(|f| memory.map_or(f << 30, |m| m * f)),
@@ -100,6 +102,7 @@ fn valid_config() -> impl Strategy<Value = ShareConfig> {
                 limit: has_lim.then(|| Milli::new(hi).unwrap()),
                 memory,
                 um,
+                priority,
             }
         })
 }
@@ -139,6 +142,10 @@ proptest! {
         mem in prop::option::of(bytes_text()),
         mode in prop::option::of(prop::sample::select(vec!["device", "unified", "managed"])),
         managed in prop::option::of(bytes_text()),
+        priority in prop::option::of(prop_oneof![
+            (0u32..130).prop_map(|p| p.to_string()),
+            prop::sample::select(vec!["-1", "1.5", "", "abc", "007", "1e2"]).prop_map(String::from),
+        ]),
     ) {
         let v = config_value(&[
             ("request", Some(req.clone())),
@@ -146,6 +153,7 @@ proptest! {
             ("memory", mem.clone()),
             ("memoryMode", mode.map(String::from)),
             ("managedMemory", managed.clone()),
+            ("priority", priority.clone()),
         ]);
         let mut labels = std::collections::BTreeMap::new();
         let mut put = |k: &str, v: Option<String>| {
@@ -158,6 +166,7 @@ proptest! {
         put("gpu_mem", mem);
         put("gpu_mem_mode", mode.map(String::from));
         put("gpu_mem_managed", managed);
+        put("priority", priority);
         let from_config = ShareConfig::from_value(&v);
         let from_labels = GpuDemand::from_labels(&labels);
         // Whole GPUs are a claim's device count, not a share of one device: a request above
@@ -189,6 +198,7 @@ proptest! {
                 let r = c.resolve(booked).map_err(|e| TestCaseError::fail(e.to_string()))?;
                 prop_assert_eq!(&r.share, &d.share);
                 prop_assert_eq!(r.um, d.um);
+                prop_assert_eq!(r.priority, d.priority);
                 prop_assert_eq!(r.mem_on(80 << 30), d.mem.unwrap_or(1 << 30));
             }
         }

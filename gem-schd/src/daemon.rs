@@ -84,6 +84,19 @@ pub struct Settings {
     /// Refuse connections from processes that do not run in the socket's pod (client IDs
     /// are pod UIDs).
     pub verify_pod_peers: bool,
+    /// With `verify_pod_peers`: the directory of the clients that several pods share
+    /// (a ResourceClaim reserved for several pods); file `<dir>/<client>` lists the pod
+    /// UIDs whose processes that client's socket also serves, one a line.
+    pub peers_dir: Option<PathBuf>,
+}
+
+/// Whether a process of pod `peer_pod` may use the socket of `client`: its own pod, or
+/// a pod that `listed` (the client's peers file, one pod UID a line) names.
+pub fn peer_allowed(client: &str, peer_pod: Option<&str>, listed: Option<&str>) -> bool {
+    let Some(pod) = peer_pod else {
+        return false;
+    };
+    pod == client || listed.is_some_and(|l| l.lines().any(|line| line.trim() == pod))
 }
 
 enum Cmd {
@@ -559,10 +572,11 @@ impl Actor {
             match bind(&path, self.settings.dir_mode, self.settings.socket_mode) {
                 Ok(listener) => {
                     info!(client = %id, path = %path.display(), "socket created");
+                    let peers = self.settings.peers_dir.as_ref().map(|d| d.join(&id));
                     let task = tokio::spawn(accept_loop(
                         listener,
                         id.clone(),
-                        self.settings.verify_pod_peers,
+                        self.settings.verify_pod_peers.then_some(peers),
                         self.tx.clone(),
                         self.next_conn.clone(),
                     ));
@@ -608,18 +622,28 @@ fn remove_socket(path: &Path) {
     }
 }
 
+/// `verify`: `None` serves every process; `Some(peers)` only those of the client's pod
+/// and of the pods its peers file (when there is one) lists, read at each connection.
 async fn accept_loop(
     listener: UnixListener,
     client: String,
-    verify_pod_peers: bool,
+    verify: Option<Option<PathBuf>>,
     tx: mpsc::Sender<Cmd>,
     next: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) {
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                let peer = Peer::of(&stream, verify_pod_peers);
-                if verify_pod_peers && peer.pod.as_deref() != Some(client.as_str()) {
+                let peer = Peer::of(&stream, verify.is_some());
+                let refused = verify.as_ref().is_some_and(|peers| {
+                    // The node daemon writes the file; absent is no other pod.
+                    let listed = peers
+                        .as_ref()
+                        .filter(|_| peer.pod.as_deref().is_some_and(|p| p != client))
+                        .and_then(|f| std::fs::read_to_string(f).ok());
+                    !peer_allowed(&client, peer.pod.as_deref(), listed.as_deref())
+                });
+                if refused {
                     tokio::spawn(refuse(stream, client.clone(), peer, tx.clone()));
                     continue;
                 }
@@ -831,5 +855,20 @@ struct WatchGuard {
 impl Drop for WatchGuard {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::peer_allowed;
+
+    #[test]
+    fn a_peer_is_its_sockets_pod_or_one_the_peers_file_lists() {
+        assert!(peer_allowed("a", Some("a"), None));
+        assert!(!peer_allowed("a", Some("b"), None));
+        assert!(peer_allowed("a", Some("b"), Some("a\n b \n")));
+        assert!(!peer_allowed("a", Some("b"), Some("bb\nc\n")));
+        // A process in no pod is never served, whatever the file says.
+        assert!(!peer_allowed("a", None, Some("\n")));
     }
 }

@@ -126,6 +126,12 @@ struct Args {
     /// for bare metal (gem-share), where client IDs are names.
     #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     verify_pod_peers: bool,
+    /// With --verify-pod-peers: the directory of the clients several pods share (a
+    /// ResourceClaim reserved for several pods). File DIR/CLIENT lists the pod UIDs, one
+    /// a line, whose processes the client's socket also serves. Read at each
+    /// connection; the node daemon writes it.
+    #[arg(long)]
+    peers_dir: Option<PathBuf>,
 }
 
 fn octal(s: &str) -> Result<u32, String> {
@@ -180,6 +186,7 @@ fn main() -> Result<()> {
         },
         charge_by_fill: args.charge_by_fill,
         verify_pod_peers: args.verify_pod_peers,
+        peers_dir: args.peers_dir,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -1,7 +1,8 @@
 //! gem-schd's peer check (`--verify-pod-peers`) with real processes in real cgroups: a
 //! `gem-client-sim` moved into the cgroup of the socket's pod is served; one in another pod's
 //! cgroup, and the test itself (in no pod), get Error{7}; the usage report counts the
-//! refusals and lists the served process's PID.
+//! refusals and lists the served process's PID; a pod that the socket's peers file lists
+//! (a client several pods share) is served as that client.
 //!
 //! The cgroups are made under a hierarchy of this machine's cgroup file system, laid out as
 //! the kubelet lays them out (cgroupfs and systemd naming), below a directory of this test's
@@ -72,6 +73,7 @@ fn only_processes_of_the_sockets_pod_are_served() {
     )
     .unwrap();
     let usage = dir.path().join("usage.txt");
+    let peers = dir.path().join("peers");
     let sock = |pod: &str| dir.path().join(pod).join(format!("{GPU}.sock"));
     let _schd = Reaped(
         Command::new(SCHD)
@@ -82,6 +84,8 @@ fn only_processes_of_the_sockets_pod_are_served() {
             .arg("--usage-file")
             .arg(&usage)
             .arg("--verify-pod-peers")
+            .arg("--peers-dir")
+            .arg(&peers)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -143,4 +147,27 @@ fn only_processes_of_the_sockets_pod_are_served() {
     assert_eq!(by_peer(None).pid, std::process::id());
     assert_eq!(report.client(POD_A).unwrap().pids, vec![a_pid]);
     assert!(report.client(POD_B).unwrap().pids.is_empty());
+
+    // A client that pods share (a ResourceClaim reserved for both): once its peers file
+    // lists pod B, pod B's process is served at pod A's socket, as one client with A.
+    std::fs::create_dir_all(&peers).unwrap();
+    std::fs::write(peers.join(POD_A), format!("{POD_A}\n{POD_B}\n")).unwrap();
+    let mut b = Reaped(client_in(&b_cg, &sock(POD_A)));
+    let mut line = String::new();
+    BufReader::new(b.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("allocated used="), "{line:?}");
+    let b_pid = b.0.id();
+    wait_for(
+        || {
+            let r = UsageReport::parse(&std::fs::read_to_string(&usage).ok()?).ok()?;
+            let mut pids = r.client(POD_A)?.pids.clone();
+            pids.sort();
+            let mut want = vec![a_pid, b_pid];
+            want.sort();
+            (pids == want).then_some(())
+        },
+        "pod B's process listed under pod A's client",
+    );
 }

@@ -510,7 +510,9 @@ impl Daemon {
                                 created.insert(uid.clone());
                                 tracing::info!(?action, "applied");
                             }
-                            Action::RemovePodDir(_) => tracing::info!(?action, "applied"),
+                            Action::RemovePodDir(_)
+                            | Action::WritePeers { .. }
+                            | Action::RemovePeers(_) => tracing::info!(?action, "applied"),
                         },
                         Err(e) => {
                             errors += 1;

@@ -59,7 +59,28 @@ impl HostDir for Layout {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
-        Ok(Actual { configs, pod_dirs })
+        let mut peers = BTreeMap::new();
+        match fs::read_dir(self.peers_dir()) {
+            Ok(rd) => {
+                for entry in rd {
+                    let entry = entry?;
+                    if let Some(name) = entry.file_name().to_str()
+                        && entry.file_type()?.is_file()
+                    {
+                        // Unreadable: rewritten, as a config is.
+                        let text = fs::read_to_string(entry.path()).unwrap_or_default();
+                        peers.insert(name.to_string(), text);
+                    }
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        Ok(Actual {
+            configs,
+            pod_dirs,
+            peers,
+        })
     }
 
     fn apply(&self, action: &Action) -> io::Result<()> {
@@ -70,6 +91,14 @@ impl HostDir for Layout {
                 write_atomic(&self.config(gpu), text.as_bytes())
             }
             Action::RemovePodDir(uid) => match fs::remove_dir_all(self.pod_dir(uid)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            },
+            Action::WritePeers { client, text } => {
+                fs::create_dir_all(self.peers_dir())?;
+                write_atomic(&self.peers(client), text.as_bytes())
+            }
+            Action::RemovePeers(client) => match fs::remove_file(self.peers(client)) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
                 _ => Ok(()),
             },
@@ -165,7 +194,19 @@ mod tests {
         l.apply(&Action::RemovePodDir(uid.clone())).unwrap();
         assert!(!l.pod_dir(&uid).exists());
         // Removing twice is fine.
-        l.apply(&Action::RemovePodDir(uid)).unwrap();
+        l.apply(&Action::RemovePodDir(uid.clone())).unwrap();
+        // gem-schd's peers files, outside pods/.
+        l.apply(&Action::WritePeers {
+            client: uid.clone(),
+            text: "a\nb\n".into(),
+        })
+        .unwrap();
+        let a = l.read_actual([&gpu]).unwrap();
+        assert_eq!(a.peers, BTreeMap::from([(uid.clone(), "a\nb\n".into())]));
+        assert_eq!(fs::read_to_string(l.peers(&uid)).unwrap(), "a\nb\n");
+        l.apply(&Action::RemovePeers(uid.clone())).unwrap();
+        l.apply(&Action::RemovePeers(uid.clone())).unwrap();
+        assert!(l.read_actual([&gpu]).unwrap().peers.is_empty());
         assert_eq!(
             Layout::new("/var/lib/kubeshare").longest_socket_path(),
             106,

@@ -25,8 +25,25 @@ impl PodView {
             scheduler_name: pod.spec.as_ref().and_then(|s| s.scheduler_name.clone()),
             labels: meta.labels.clone().unwrap_or_default(),
             annotations: meta.annotations.clone().unwrap_or_default(),
+            claims: claim_names(pod),
         })
     }
+}
+
+/// The names of the ResourceClaims `pod` uses: those it names, and those made for it
+/// from templates (as its status records them).
+fn claim_names(pod: &Pod) -> std::collections::BTreeSet<String> {
+    let named = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.resource_claims.iter().flatten())
+        .filter_map(|c| c.resource_claim_name.clone());
+    let made = pod
+        .status
+        .iter()
+        .flat_map(|s| s.resource_claim_statuses.iter().flatten())
+        .filter_map(|c| c.resource_claim_name.clone());
+    named.chain(made).collect()
 }
 
 /// Whether a watcher event may change the visible set of pods: the pieces of a relist

@@ -28,6 +28,8 @@ pub struct PodView {
     pub scheduler_name: Option<String>,
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
+    /// The names of the ResourceClaims (in its namespace) the pod uses.
+    pub claims: BTreeSet<String>,
 }
 
 impl PodView {
@@ -67,8 +69,12 @@ pub struct Desired {
     pub configs: BTreeMap<String, ResourceConfig>,
     /// Whole-GPU pods per GPU (they appear in no config, but hold the GPU).
     pub whole: BTreeMap<String, Vec<String>>,
-    /// Pod UIDs whose directory `pods/<uid>/` must exist.
+    /// Pod UIDs (and the client IDs of claims that pods share) whose directory
+    /// `pods/<uid>/` must exist.
     pub pod_dirs: BTreeSet<String>,
+    /// The clients that several pods share (claims not tied to one pod), with the pod
+    /// UIDs whose processes their sockets serve: gem-schd's peers files.
+    pub peers: BTreeMap<String, BTreeSet<String>>,
     pub placements: Vec<Placement>,
     pub problems: Vec<Problem>,
     /// GPUs whose guaranteed shares add up to more than one GPU (the extender should
@@ -165,17 +171,31 @@ fn class_of(pod: &PodView) -> ClientClass {
 }
 
 /// A ResourceClaim of driver `gpu.kubeshare.io` prepared on this node: one more
-/// client of each GPU it holds a share of. Its client ID is the pod the claim is
-/// reserved for (gem-schd checks that a process on a socket runs in the socket's pod),
-/// so its sockets live in that pod's directory, as a labelled pod's do.
+/// client of each GPU it holds a share of. A claim made for one pod (from its template)
+/// has that pod's UID as its client ID, so its sockets live in the pod's directory, as a
+/// labelled pod's do. A claim that pods may share has its own UID as client ID: one
+/// client, one directory, one token and memory budget for all its pods, and a peers
+/// file that tells gem-schd which pods' processes to serve there (it checks that a
+/// process on a socket runs in the socket's pod): the pods it was reserved for when
+/// prepared and the pods on this node that use it now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimShare {
     /// `namespace/name` of the claim, for messages.
     pub claim_key: String,
+    /// The claim's namespace and name, to find the pods that use it.
+    pub namespace: String,
+    pub name: String,
+    /// gem-schd's client ID and the name of the claim's socket directory.
+    pub client: String,
+    /// The pods the claim was reserved for when prepared (UIDs).
+    pub pods: Vec<String>,
+    /// The first of them, and its `namespace/name`, for messages and events.
     pub pod_uid: String,
-    /// `namespace/name` of the pod.
     pub pod_key: String,
     pub gpus: Vec<ClaimGpu>,
+    /// Whole GPUs (all of each GPU's time and memory, no limit to enforce): booked as
+    /// a whole-GPU labelled pod is, in no config line and with no token scheduling.
+    pub whole: bool,
 }
 
 /// A claim's share of one GPU.
@@ -186,6 +206,8 @@ pub struct ClaimGpu {
     pub limit: Milli,
     /// The memory cap gem-schd enforces, bytes.
     pub mem: u64,
+    /// From the claim's `priority` as from a labelled pod's ([`ClientClass::of_priority`]).
+    pub class: ClientClass,
 }
 
 /// The desired state of node `node` with GPUs `inventory`, given the pods bound to it.
@@ -201,13 +223,13 @@ fn claim_problem(
     labelled: &BTreeSet<String>,
     claim: &ClaimShare,
 ) -> Option<String> {
-    if !is_valid_id(&claim.pod_uid) {
+    if !is_valid_id(&claim.client) {
         return Some(format!(
-            "ResourceClaim {}: pod UID {:?} cannot be a client ID",
-            claim.claim_key, claim.pod_uid
+            "ResourceClaim {}: {:?} cannot be a client ID",
+            claim.claim_key, claim.client
         ));
     }
-    if labelled.contains(&claim.pod_uid) {
+    if labelled.contains(&claim.client) || claim.pods.iter().any(|p| labelled.contains(p)) {
         return Some(format!(
             "has sharedgpu labels and ResourceClaim {} of {}: one pod gets its share one way; the claim is not configured",
             claim.claim_key,
@@ -224,6 +246,25 @@ fn claim_problem(
                 claim.claim_key, g.uuid
             )
         })
+}
+
+/// The pods whose processes the sockets of shared claim `claim` serve: those it was
+/// reserved for when prepared, and those on `node` that use it now (a pod that joins a
+/// prepared claim is not prepared again: the kubelet calls the plugin once per claim).
+fn claim_pods(node: &str, pods: &[PodView], claim: &ClaimShare) -> BTreeSet<String> {
+    let using = pods.iter().filter(|p| {
+        p.node_name.as_deref() == Some(node)
+            && !p.is_finished()
+            && p.namespace == claim.namespace
+            && p.claims.contains(&claim.name)
+    });
+    claim
+        .pods
+        .iter()
+        .cloned()
+        .chain(using.map(|p| p.uid.clone()))
+        .filter(|u| is_valid_id(u))
+        .collect()
 }
 
 /// [`desired`] with the claims the DRA kubelet plugin prepared as more entries of the
@@ -298,7 +339,7 @@ pub fn desired_with_claims(
             claim
                 .gpus
                 .iter()
-                .find(|g| claimed.contains(&(claim.pod_uid.as_str(), g.uuid.as_str())))
+                .find(|g| claimed.contains(&(claim.client.as_str(), g.uuid.as_str())))
                 .map(|g| {
                     format!(
                         "ResourceClaim {}: the pod already has a share of GPU {} through another claim; not configured",
@@ -314,21 +355,41 @@ pub fn desired_with_claims(
             });
             continue;
         }
+        if claim.whole {
+            // As a whole-GPU labelled pod: it holds the GPUs, gem-schd does not know it,
+            // and its containers get no hook, so no socket directory either.
+            for g in &claim.gpus {
+                claimed.insert((claim.client.as_str(), g.uuid.as_str()));
+                d.whole
+                    .entry(g.uuid.clone())
+                    .or_default()
+                    .push(claim.client.clone());
+            }
+            d.placements.push(Placement {
+                pod_uid: claim.pod_uid.clone(),
+                pod_key: claim.pod_key.clone(),
+                gpus: claim.gpus.iter().map(|g| g.uuid.clone()).collect(),
+                whole: true,
+            });
+            continue;
+        }
         for g in &claim.gpus {
-            claimed.insert((claim.pod_uid.as_str(), g.uuid.as_str()));
+            claimed.insert((claim.client.as_str(), g.uuid.as_str()));
             if let Some(c) = d.configs.get_mut(&g.uuid) {
                 c.entries.push(ResourceEntry {
-                    id: claim.pod_uid.clone(),
+                    id: claim.client.clone(),
                     request: g.request,
                     limit: g.limit,
                     gpu_mem: g.mem,
-                    // The scheduler booked the request against the device's capacity:
-                    // a guarantee (a claim has no priority to say otherwise).
-                    class: ClientClass::Guaranteed,
+                    class: g.class,
                 });
             }
         }
-        d.pod_dirs.insert(claim.pod_uid.clone());
+        d.pod_dirs.insert(claim.client.clone());
+        if claim.client != claim.pod_uid {
+            d.peers
+                .insert(claim.client.clone(), claim_pods(node, pods, claim));
+        }
         d.placements.push(Placement {
             pod_uid: claim.pod_uid.clone(),
             pod_key: claim.pod_key.clone(),
@@ -365,6 +426,8 @@ pub struct Actual {
     pub configs: BTreeMap<String, Option<String>>,
     /// Names of the entries of `pods/` that look like pod UIDs.
     pub pod_dirs: BTreeSet<String>,
+    /// The peers files in `peers/`, by client ID, with their text.
+    pub peers: BTreeMap<String, String>,
 }
 
 /// One change to make on disk.
@@ -376,8 +439,21 @@ pub enum Action {
         gpu: String,
         text: String,
     },
+    /// Write gem-schd's peers file of a shared client (before the config names it, so
+    /// its socket serves the pods from the start).
+    WritePeers {
+        client: String,
+        text: String,
+    },
     /// Remove `pods/<uid>/` and its sockets, after the configs stopped naming the pod.
     RemovePodDir(String),
+    /// Remove the peers file of a client gone from the configs.
+    RemovePeers(String),
+}
+
+/// The text of a peers file: the pod UIDs, one a line.
+pub fn peers_text(pods: &BTreeSet<String>) -> String {
+    pods.iter().map(|p| format!("{p}\n")).collect()
 }
 
 /// Whether a `pods/` entry is one of ours to manage: a pod UID (lowercase 8-4-4-4-12 hex).
@@ -400,6 +476,15 @@ pub fn diff(desired: &Desired, actual: &Actual) -> Vec<Action> {
     for uid in desired.pod_dirs.difference(&actual.pod_dirs) {
         actions.push(Action::CreatePodDir(uid.clone()));
     }
+    for (client, pods) in &desired.peers {
+        let text = peers_text(pods);
+        if actual.peers.get(client) != Some(&text) {
+            actions.push(Action::WritePeers {
+                client: client.clone(),
+                text,
+            });
+        }
+    }
     for (gpu, config) in &desired.configs {
         let text = config.render();
         let current = actual.configs.get(gpu).and_then(|t| t.as_deref());
@@ -413,6 +498,11 @@ pub fn diff(desired: &Desired, actual: &Actual) -> Vec<Action> {
     for uid in actual.pod_dirs.difference(&desired.pod_dirs) {
         if looks_like_pod_uid(uid) {
             actions.push(Action::RemovePodDir(uid.clone()));
+        }
+    }
+    for client in actual.peers.keys() {
+        if !desired.peers.contains_key(client) && looks_like_pod_uid(client) {
+            actions.push(Action::RemovePeers(client.clone()));
         }
     }
     actions
@@ -488,6 +578,7 @@ mod tests {
             scheduler_name: Some("kubeshare-scheduler".into()),
             labels,
             annotations,
+            claims: BTreeSet::new(),
         }
     }
 
@@ -603,6 +694,7 @@ mod tests {
         let before = Actual {
             configs: BTreeMap::from([(gpu_uuid(0), Some(d.configs[&gpu_uuid(0)].render()))]),
             pod_dirs: d.pod_dirs.clone(),
+            peers: BTreeMap::new(),
         };
         let after = desired(NODE, &inv, &[]);
         assert_eq!(
@@ -629,6 +721,7 @@ mod tests {
                 .map(|(g, c)| (g.clone(), Some(c.render())))
                 .collect(),
             pod_dirs: d.pod_dirs.clone(),
+            peers: BTreeMap::new(),
         };
         assert!(diff(&d, &actual).is_empty());
         // Missing files and dirs are created, dirs before configs.
@@ -646,6 +739,7 @@ mod tests {
                 uid(7),
                 "ABCDEF00-1111-2222-3333-444444444444".into(),
             ]),
+            peers: BTreeMap::new(),
         };
         assert_eq!(
             diff(&Desired::default(), &actual),
@@ -817,6 +911,10 @@ mod tests {
     fn claim(key: &str, pod: u32, gpus: &[(u32, u16, u16, u64)]) -> ClaimShare {
         ClaimShare {
             claim_key: format!("nd-test/{key}"),
+            namespace: "nd-test".into(),
+            name: key.into(),
+            client: uid(pod),
+            pods: vec![uid(pod)],
             pod_uid: uid(pod),
             pod_key: format!("nd-test/p{pod}"),
             gpus: gpus
@@ -826,9 +924,102 @@ mod tests {
                     request: Milli::new(request).unwrap(),
                     limit: Milli::new(limit).unwrap(),
                     mem,
+                    class: ClientClass::Guaranteed,
                 })
                 .collect(),
+            whole: false,
         }
+    }
+
+    #[test]
+    fn a_whole_gpu_claim_holds_its_gpu_without_a_config_line() {
+        let inv = inventory(2);
+        let mut whole = claim("w", 4, &[(1, 1000, 1000, 80 << 30)]);
+        whole.whole = true;
+        let shared = claim("s", 5, &[(0, 300, 600, 2 << 30)]);
+        let d = desired_with_claims(NODE, &inv, &[], &[whole, shared]);
+        assert!(d.problems.is_empty(), "{:?}", d.problems);
+        assert_eq!(d.configs[&gpu_uuid(1)].render(), "0\n");
+        assert_eq!(d.whole[&gpu_uuid(1)], vec![uid(4)]);
+        // No hook, so no socket directory; the shared claim's pod has one.
+        assert_eq!(d.pod_dirs, BTreeSet::from([uid(5)]));
+        let w = d.placements.iter().find(|p| p.pod_uid == uid(4)).unwrap();
+        assert!(w.whole);
+        // The slice and the prepare check count it as all of the GPU.
+        let used = crate::dra::slice::label_use(&d);
+        assert_eq!(used[&gpu_uuid(1)].0, 1000);
+    }
+
+    #[test]
+    fn a_claim_pods_share_is_one_client_whose_peers_are_its_pods() {
+        let inv = inventory(1);
+        // Claim "team" (client: its own UID, 9) was reserved for pods 1 and 2 when
+        // prepared; pod 3 joined it later, pod 4 uses another claim, pod 5 has finished.
+        let mut team = claim("team", 1, &[(0, 400, 800, 4 << 30)]);
+        team.client = uid(9);
+        team.pods = vec![uid(1), uid(2)];
+        let using = |i: u32, claim: &str| PodView {
+            claims: BTreeSet::from([claim.to_string()]),
+            ..pod(i, &[], &[], 0)
+        };
+        let mut done = using(5, "team");
+        done.phase = Some("Succeeded".into());
+        let mut elsewhere = using(6, "team");
+        elsewhere.namespace = "other".into();
+        let pods = vec![using(3, "team"), using(4, "solo"), done, elsewhere];
+        let d = desired_with_claims(NODE, &inv, &pods, std::slice::from_ref(&team));
+        assert!(d.problems.is_empty(), "{:?}", d.problems);
+        // One line, one socket directory: one token and one memory budget.
+        assert_eq!(
+            d.configs[&gpu_uuid(0)].render(),
+            format!("1\n{} 0.4 0.8 4294967296\n", uid(9))
+        );
+        assert_eq!(d.pod_dirs, BTreeSet::from([uid(9)]));
+        assert_eq!(
+            d.peers,
+            BTreeMap::from([(uid(9), BTreeSet::from([uid(1), uid(2), uid(3)]))])
+        );
+        // On disk: the peers file before the config, and it goes with the claim.
+        let acts = diff(&d, &Actual::default());
+        let text = format!("{}\n{}\n{}\n", uid(1), uid(2), uid(3));
+        let peers_at = acts
+            .iter()
+            .position(|a| {
+                *a == Action::WritePeers {
+                    client: uid(9),
+                    text: text.clone(),
+                }
+            })
+            .expect("peers written");
+        let config_at = acts
+            .iter()
+            .position(|a| matches!(a, Action::WriteConfig { .. }))
+            .unwrap();
+        assert!(peers_at < config_at, "{acts:?}");
+        let actual = Actual {
+            configs: d
+                .configs
+                .iter()
+                .map(|(g, c)| (g.clone(), Some(c.render())))
+                .collect(),
+            pod_dirs: d.pod_dirs.clone(),
+            peers: BTreeMap::from([(uid(9), text)]),
+        };
+        assert!(diff(&d, &actual).is_empty());
+        let gone = diff(&desired(NODE, &inv, &pods), &actual);
+        assert!(gone.contains(&Action::RemovePeers(uid(9))), "{gone:?}");
+        assert!(gone.contains(&Action::RemovePodDir(uid(9))), "{gone:?}");
+        // A claim of one pod's own has no peers file: its socket is the pod's.
+        let solo = claim("solo", 4, &[(0, 100, 100, 1 << 30)]);
+        let d = desired_with_claims(NODE, &inv, &pods, &[solo]);
+        assert!(d.peers.is_empty());
+        // A pod of the shared claim that also has labels: the claim is not configured.
+        let team_labelled = ClaimShare {
+            pods: vec![uid(1), uid(7)],
+            ..team
+        };
+        let d = desired_with_claims(NODE, &inv, &[shared(7, "0.1", "0.1", 0)], &[team_labelled]);
+        assert_eq!(d.problems.len(), 1, "{:?}", d.problems);
     }
 
     #[test]
@@ -869,6 +1060,7 @@ mod tests {
                 .map(|(g, c)| (g.clone(), Some(c.render())))
                 .collect(),
             pod_dirs: d.pod_dirs.clone(),
+            peers: BTreeMap::new(),
         };
         let acts = diff(&without, &actual);
         assert!(acts.contains(&Action::RemovePodDir(uid(3))), "{acts:?}");
@@ -881,7 +1073,7 @@ mod tests {
         let inv = inventory(1);
         let pods = vec![shared(1, "0.2", "0.4", 0)];
         let mut bad_uid = claim("c9", 9, &[(0, 100, 100, 1)]);
-        bad_uid.pod_uid = "a b".into();
+        bad_uid.client = "a b".into();
         let claims = vec![
             // The labelled pod also claims: the labels win.
             claim("c1", 1, &[(0, 100, 100, 1)]),
@@ -899,7 +1091,7 @@ mod tests {
             "has sharedgpu labels and ResourceClaim nd-test/c1 of gpu.kubeshare.io: one pod gets its share one way; the claim is not configured",
             "ResourceClaim nd-test/c2: GPU GPU-00000007-aaaa-bbbb-cccc-dddddddddddd is not a GPU of node nd-node-a",
             "ResourceClaim nd-test/c3b: the pod already has a share of GPU GPU-00000000-aaaa-bbbb-cccc-dddddddddddd through another claim; not configured",
-            "ResourceClaim nd-test/c9: pod UID \"a b\" cannot be a client ID",
+            "ResourceClaim nd-test/c9: \"a b\" cannot be a client ID",
         ] {
             assert!(
                 msgs.iter().any(|m| m == want),

@@ -61,6 +61,8 @@ impl GemSchdCommand {
             "--usage-file".to_string(),
             layout.usage(gpu).display().to_string(),
             format!("--verify-pod-peers={}", self.verify_pod_peers),
+            "--peers-dir".to_string(),
+            layout.peers_dir().display().to_string(),
         ];
         a.extend(self.extra_args.iter().cloned());
         a

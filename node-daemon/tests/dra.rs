@@ -537,7 +537,7 @@ fn text(path: &Path) -> String {
 }
 
 /// The DRA kubelet plugin, with the test as the kubelet: registration, a claim at
-/// 0.3/0.6 with 2 GiB prepared into gem-schd's config and a CDI spec, a claim whose
+/// 0.3/0.6 with 2 GiB and priority 50 (guaranteed) prepared into gem-schd's config and a CDI spec, a claim whose
 /// config is bad refused with the field named, idempotent calls, the claim kept
 /// across a restart of the daemon, and unprepare undoing it all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -630,7 +630,12 @@ async fn kubelet_plugin_prepares_claims_into_gem_schd_configs() -> anyhow::Resul
     templates
         .create(
             &pp,
-            &template_with("burst", 300, "2Gi", Some(json!({"limit": "0.6"})))?,
+            &template_with(
+                "burst",
+                300,
+                "2Gi",
+                Some(json!({"limit": "0.6", "priority": 50})),
+            )?,
         )
         .await?;
     templates
@@ -778,6 +783,307 @@ async fn kubelet_plugin_prepares_claims_into_gem_schd_configs() -> anyhow::Resul
         assert_eq!(text(&config), "0\n", "{}", logs());
         assert!(!spec_file.exists());
         assert!(!root.join("pods").join(&pod_a).exists());
+    }
+    drop(daemon);
+    ns.delete().await?;
+    Ok(())
+}
+
+/// A pod of the default scheduler using the ResourceClaim `claim` by name, kept to `node`.
+fn pod_of_claim(name: &str, node: &str, claim: &str) -> anyhow::Result<Pod> {
+    let mut p = pod(name, node, "unused")?;
+    if let Some(spec) = p.spec.as_mut() {
+        spec.resource_claims = Some(serde_json::from_value(
+            json!([{"name": "gpu", "resourceClaimName": claim}]),
+        )?);
+    }
+    Ok(p)
+}
+
+/// The pods a claim is reserved for, by UID.
+fn reserved_for(c: &ResourceClaim) -> Vec<String> {
+    let mut v: Vec<String> = c
+        .status
+        .iter()
+        .flat_map(|s| s.reserved_for.iter().flatten())
+        .map(|r| r.uid.clone())
+        .collect();
+    v.sort();
+    v
+}
+
+/// A CDI spec's container-wide env and mount targets.
+fn spec_env_and_mounts(spec: &serde_json::Value) -> (Vec<String>, Vec<String>) {
+    let strs = |v: &serde_json::Value, key: Option<&str>| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|x| match key {
+                Some(k) => x[k].as_str().map(String::from),
+                None => x.as_str().map(String::from),
+            })
+            .collect()
+    };
+    let c = &spec["containerEdits"];
+    (
+        strs(&c["env"], None),
+        strs(&c["mounts"], Some("containerPath")),
+    )
+}
+
+/// A claim that pods share and a whole-GPU claim, with the test as the kubelet: the
+/// shared claim is prepared once, as one gem-schd client of its own (its UID), whose
+/// peers file lists the pods it was reserved for and a pod that joins it later; the
+/// whole-GPU claim gets its GPU without the hook and no config line, yet holds the GPU.
+/// Both survive a restart; unpreparing the shared claim removes its line, its socket
+/// directory and its peers file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_plugin_prepares_shared_and_whole_gpu_claims() -> anyhow::Result<()> {
+    let cluster = Cluster::shared()?;
+    let admin = cluster.client(Identity::Admin).await?;
+    match minor(&admin).await? {
+        Some(m) if m >= 36 => {}
+        other => {
+            eprintln!(
+                "skipped: consumable capacity needs Kubernetes 1.36+ (apiserver minor {other:?})"
+            );
+            return Ok(());
+        }
+    }
+    install_dra(&admin).await?;
+    let ns = TestNamespace::create(cluster, "dra-shared").await?;
+    let nsname = ns.name().to_string();
+    let node = ns.unique_name("gpu");
+    let _node_guard = NodeGuard(
+        cluster.kubeconfig(Identity::Admin)?.to_path_buf(),
+        node.clone(),
+    );
+    create_kwok_node(&admin, &KwokNode::new(&node)).await?;
+    let gpu = |i: u32| {
+        format!(
+            "GPU-{:08x}-222{i}-4000-8000-000000000000",
+            std::process::id()
+        )
+    };
+    let inv = NodeInventory {
+        gpus: (0..2)
+            .map(|i| GpuInfo {
+                uuid: gpu(i),
+                index: i,
+                model: "NVIDIA-H100-80GB-HBM3".into(),
+                memory: 16 << 30,
+                numa_node: None,
+                nvlink_peers: vec![],
+                held_by: None,
+            })
+            .collect(),
+    };
+    let tmp = tempfile::Builder::new().prefix("ds").tempdir_in("/tmp")?;
+    let dir = tmp.path();
+    let inv_file = dir.join("inv.json");
+    std::fs::write(&inv_file, inv.to_json())?;
+    std::fs::create_dir_all(dir.join("dev"))?;
+    std::fs::write(dir.join("dev/nvidiactl"), "")?;
+    std::fs::create_dir_all(dir.join("lib"))?;
+    std::fs::write(dir.join("lib/libcuda.so.1"), "elf")?;
+    let log = dir.join("daemon.log");
+    let kubelet_root = dir.join("kubelet");
+    let cdi_dir = dir.join("cdi");
+    let args: Vec<String> = [
+        ("--kubelet-root-dir", &kubelet_root),
+        ("--cdi-spec-dir", &cdi_dir),
+        ("--cdi-dev-dir", &dir.join("dev")),
+        ("--cdi-lib-dir", &dir.join("lib")),
+        ("--device-plugin-dir", &dir.join("device-plugins")),
+    ]
+    .iter()
+    .flat_map(|(k, v)| [k.to_string(), v.display().to_string()])
+    .collect();
+    let logs = || text(&log);
+    let daemon = start_daemon(cluster, &node, dir, &inv_file, &log, &args)?;
+    let sockets = dra_rpc::PluginSockets::under(&kubelet_root, DRIVER_NAME);
+    let connect = || async {
+        wait_until("the plugin's service", WAIT, || async {
+            Ok(kubeshare_kubelet_rpc::connect(&sockets.service).await.ok())
+        })
+        .await
+        .map(dra_rpc::DraPluginClient::new)
+    };
+    let mut plugin = connect().await.with_context(logs)?;
+
+    // A claim by name, 0.4 and 4 GiB, used by pods t1 and t2; then a whole GPU.
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &nsname);
+    let claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), &nsname);
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(admin.clone(), &nsname);
+    let pp = PostParams::default();
+    let team: ResourceClaim = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "team"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": DRIVER_NAME,
+            "capacity": {"requests": {"compute": "400", "memory": "4Gi"}},
+        }}]}},
+    }))?;
+    claims.create(&pp, &team).await?;
+    pods.create(&pp, &pod_of_claim("t1", &node, "team")?)
+        .await?;
+    pods.create(&pp, &pod_of_claim("t2", &node, "team")?)
+        .await?;
+    let uid_of = |name: &'static str| {
+        let pods = pods.clone();
+        async move {
+            anyhow::Ok(
+                wait_for(&pods, name, WAIT, |p| scheduled_on(p).is_some())
+                    .await?
+                    .metadata
+                    .uid
+                    .unwrap_or_default(),
+            )
+        }
+    };
+    let (t1, t2) = (uid_of("t1").await?, uid_of("t2").await?);
+    let mut both = vec![t1.clone(), t2.clone()];
+    both.sort();
+    let team = wait_for(&claims, "team", WAIT, |c| reserved_for(c) == both).await?;
+    let mut whole_tpl = template("whole", 0, "0")?;
+    whole_tpl
+        .spec
+        .spec
+        .devices
+        .as_mut()
+        .unwrap()
+        .requests
+        .as_mut()
+        .unwrap()[0]
+        .exactly
+        .as_mut()
+        .unwrap()
+        .capacity = None;
+    templates.create(&pp, &whole_tpl).await?;
+    pods.create(&pp, &pod("w", &node, "whole")?).await?;
+    let whole = reserved_claim_of(&pods, &claims, "w").await?;
+    let w = pods.get("w").await?.metadata.uid.unwrap_or_default();
+    let (kt, kw) = (kubelet_claim(&team), kubelet_claim(&whole));
+    let device_of = |c: &ResourceClaim| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .and_then(|d| d.results.as_ref())
+            .and_then(|r| r.first())
+            .map(|r| r.device.clone())
+            .unwrap_or_default()
+    };
+    let (team_dev, whole_dev) = (device_of(&team), device_of(&whole));
+    assert_ne!(team_dev, whole_dev, "the whole GPU is the other one");
+    let index = |d: &str| kubeshare_api::dra::device_index(d).unwrap_or(9);
+    let (team_gpu, whole_gpu) = (gpu(index(&team_dev)), gpu(index(&whole_dev)));
+
+    // Prepared once, as the kubelet does for a claim however many pods use it.
+    let prepare = dra_rpc::NodePrepareResourcesRequest {
+        claims: vec![kt.clone(), kw.clone()],
+    };
+    let resp = plugin
+        .node_prepare_resources(prepare.clone())
+        .await?
+        .into_inner();
+    for k in [&kt, &kw] {
+        assert_eq!(resp.claims[&k.uid].error, "", "{}", logs());
+    }
+    assert_eq!(
+        resp.claims[&kt.uid].devices[0].cdi_device_ids,
+        vec![format!("kubeshare.io/claim={}-{team_dev}", kt.uid)]
+    );
+    let root = dir.join("root");
+    let config = |g: &str| root.join("gpus").join(g).join("resource-config.txt");
+    // One client, the claim's: one token and one memory budget for both pods. No
+    // priority in its config: opportunistic, as a labelled pod without one.
+    let team_line = format!("1\n{} 0.4 0.4 4294967296 opportunistic\n", kt.uid);
+    assert_eq!(text(&config(&team_gpu)), team_line, "{}", logs());
+    assert!(root.join("pods").join(&kt.uid).is_dir());
+    let peers = root.join("peers").join(&kt.uid);
+    let listed = |want: &[&String]| {
+        let mut want: Vec<String> = want.iter().map(|s| format!("{s}\n")).collect();
+        want.sort();
+        want.concat()
+    };
+    assert_eq!(text(&peers), listed(&[&t1, &t2]), "{}", logs());
+    let team_spec: serde_json::Value = serde_json::from_str(&text(
+        &cdi_dir.join(format!("kubeshare.io-claim_{}.json", kt.uid)),
+    ))?;
+    let (env, mounts) = spec_env_and_mounts(&team_spec);
+    assert!(env.contains(&"LD_PRELOAD=/kubeshare/lib/libgemhook.so.1".to_string()));
+    assert!(mounts.contains(&"/kubeshare/run".to_string()));
+    assert!(
+        team_spec["containerEdits"]["mounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|m| m["hostPath"] == root.join("pods").join(&kt.uid).display().to_string()),
+        "{team_spec}"
+    );
+    // The whole GPU: no line, no hook, no socket directory; the GPU's device node.
+    assert_eq!(text(&config(&whole_gpu)), "0\n");
+    let whole_spec: serde_json::Value = serde_json::from_str(&text(
+        &cdi_dir.join(format!("kubeshare.io-claim_{}.json", kw.uid)),
+    ))?;
+    let (env, mounts) = spec_env_and_mounts(&whole_spec);
+    assert!(env.is_empty(), "{env:?}");
+    assert!(
+        !mounts.contains(&"/kubeshare/run".to_string()),
+        "{mounts:?}"
+    );
+    assert_eq!(
+        whole_spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"],
+        format!("/dev/nvidia{}", index(&whole_dev))
+    );
+    assert!(!root.join("pods").join(&w).exists());
+
+    // A pod that joins the prepared claim is not prepared again (the kubelet calls
+    // the plugin once per claim); the daemon's pod watch adds it to the peers file.
+    pods.create(&pp, &pod_of_claim("t3", &node, "team")?)
+        .await?;
+    let t3 = uid_of("t3").await?;
+    wait_until("pod t3 in the peers file", WAIT, || async {
+        Ok((text(&peers) == listed(&[&t1, &t2, &t3])).then_some(()))
+    })
+    .await
+    .with_context(logs)?;
+
+    // A restart keeps both claims and the peers.
+    drop(daemon);
+    std::fs::write(config(&team_gpu), "0\n")?;
+    let daemon = start_daemon(cluster, &node, dir, &inv_file, &log, &args)?;
+    wait_until("the claim's line back", WAIT, || async {
+        Ok((text(&config(&team_gpu)) == team_line).then_some(()))
+    })
+    .await
+    .with_context(logs)?;
+    let mut plugin = connect().await?;
+    let again = plugin.node_prepare_resources(prepare).await?.into_inner();
+    assert_eq!(again.claims, resp.claims);
+    assert_eq!(text(&peers), listed(&[&t1, &t2, &t3]));
+    assert_eq!(text(&config(&whole_gpu)), "0\n");
+
+    // The kubelet unprepares a claim once the last of its pods on the node is gone.
+    let resp = plugin
+        .node_unprepare_resources(dra_rpc::NodeUnprepareResourcesRequest {
+            claims: vec![kt.clone(), kw.clone()],
+        })
+        .await?
+        .into_inner();
+    for (uid, r) in &resp.claims {
+        assert_eq!(r.error, "", "{uid}");
+    }
+    assert_eq!(text(&config(&team_gpu)), "0\n", "{}", logs());
+    assert!(!peers.exists());
+    assert!(!root.join("pods").join(&kt.uid).exists());
+    for k in [&kt, &kw] {
+        assert!(
+            !cdi_dir
+                .join(format!("kubeshare.io-claim_{}.json", k.uid))
+                .exists()
+        );
     }
     drop(daemon);
     ns.delete().await?;

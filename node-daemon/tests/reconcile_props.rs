@@ -95,6 +95,7 @@ fn view(p: &PodSpec) -> PodView {
             gpu_mem_resident: None,
         }
         .to_annotations(),
+        claims: BTreeSet::new(),
     }
 }
 
@@ -125,6 +126,12 @@ fn apply(actual: &mut Actual, actions: &[Action]) {
             }
             Action::WriteConfig { gpu, text } => {
                 actual.configs.insert(gpu.clone(), Some(text.clone()));
+            }
+            Action::WritePeers { client, text } => {
+                actual.peers.insert(client.clone(), text.clone());
+            }
+            Action::RemovePeers(client) => {
+                actual.peers.remove(client);
             }
         }
     }
@@ -176,6 +183,7 @@ proptest! {
         let mut actual = Actual {
             configs: BTreeMap::from([(gpu_uuid(0), Some("1\nx 0.1 0.2 3\n".into()))]),
             pod_dirs: stale.iter().map(|u| format!("{u:08x}-1111-2222-3333-444444444444")).collect(),
+            peers: BTreeMap::new(),
         };
         let actions = diff(&d, &actual);
         apply(&mut actual, &actions);

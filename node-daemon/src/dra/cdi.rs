@@ -81,13 +81,24 @@ pub fn claim_spec(
         });
     }
     let mut common: ContainerEdits = node.container_edits;
+    if claim.whole {
+        // As the node's spec gives a whole-GPU labelled pod: the GPUs alone, no hook.
+        let spec = Spec {
+            cdi_version: node.cdi_version,
+            kind: KIND.to_string(),
+            devices,
+            container_edits: common,
+        };
+        spec.validate()?;
+        return Ok(spec);
+    }
     common.env.extend([
         format!("{ENV_SOCKET_DIR}={}", layout::POD_SOCKET_DIR),
         format!("{ENV_LD_PRELOAD}={}", layout::POD_HOOK_LIB),
     ]);
     common.mounts.push(Mount {
         host_path: layout
-            .pod_dir(&claim.pod_uid)
+            .pod_dir(claim.client())
             .to_string_lossy()
             .into_owned(),
         container_path: layout::POD_SOCKET_DIR.to_string(),
@@ -103,8 +114,16 @@ pub fn claim_spec(
     Ok(spec)
 }
 
-/// A claim's shares for a log line: `0.3/0.6 of GPU-… (bytes)`.
+/// A claim's shares for a log line: `0.3/0.6 of GPU-… (bytes)`, or `whole GPU-…`.
 pub fn describe(claim: &PreparedClaim) -> String {
+    if claim.whole {
+        return claim
+            .devices
+            .iter()
+            .map(|d| format!("whole {}", d.gpu_uuid))
+            .collect::<Vec<_>>()
+            .join(", ");
+    }
     claim
         .devices
         .iter()
@@ -224,6 +243,38 @@ mod tests {
             v["devices"][1]["containerEdits"]["deviceNodes"][0]["path"],
             "/dev/nvidia1"
         );
+    }
+
+    #[test]
+    fn a_whole_gpu_claim_gets_the_gpu_without_the_hook() {
+        // No capacity requests: all of the GPU.
+        let c = claim(
+            json!([{"request": "gpu", "driver": "gpu.kubeshare.io", "pool": NODE, "device": "gpu-1"}]),
+            json!(null),
+            &[POD],
+        );
+        let p = prepare(&c, "claim-uid-1", NODE, &inventory()).unwrap();
+        assert!(p.whole);
+        let spec = claim_spec(&p, &host(), &Layout::new("/var/lib/kubeshare")).unwrap();
+        assert_eq!(spec.devices.len(), 1);
+        let nodes: Vec<&str> = spec.devices[0]
+            .container_edits
+            .device_nodes
+            .iter()
+            .map(|n| n.path.as_str())
+            .collect();
+        assert_eq!(nodes, ["/dev/nvidia1"]);
+        assert!(spec.devices[0].container_edits.env.is_empty());
+        let c = &spec.container_edits;
+        assert!(
+            c.env.is_empty(),
+            "no LD_PRELOAD, no socket dir: {:?}",
+            c.env
+        );
+        let mounts: Vec<&str> = c.mounts.iter().map(|m| m.container_path.as_str()).collect();
+        assert_eq!(mounts, ["/usr/lib64/libcuda.so.1", "/kubeshare/lib"]);
+        assert_eq!(c.device_nodes[0].path, "/dev/nvidiactl");
+        assert_eq!(describe(&p), format!("whole {U1}"));
     }
 
     #[test]

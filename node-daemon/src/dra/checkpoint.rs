@@ -122,7 +122,7 @@ pub fn store(path: &Path, claims: &BTreeMap<String, PreparedClaim>) -> Result<()
 
 #[cfg(test)]
 mod tests {
-    use super::super::claim::{ClaimDevice, PreparedClaim};
+    use super::super::claim::{ClaimDevice, ClaimPod, PreparedClaim};
     use super::*;
 
     fn claim(uid: &str, um: bool) -> PreparedClaim {
@@ -143,7 +143,24 @@ mod tests {
                 limit_milli: 600,
                 memory_cap: if um { 4 << 30 } else { 2 << 30 },
                 um_resident: um.then_some(2 << 30),
+                priority: um.then_some(0),
             }],
+            whole: false,
+            client: if um { "claim-u2".into() } else { String::new() },
+            pods: if um {
+                vec![
+                    ClaimPod {
+                        uid: "8d9e5c3a-1b2c-4d5e-8f90-0123456789ab".into(),
+                        name: "p".into(),
+                    },
+                    ClaimPod {
+                        uid: "9d9e5c3a-1b2c-4d5e-8f90-0123456789ab".into(),
+                        name: "q".into(),
+                    },
+                ]
+            } else {
+                vec![]
+            },
         }
     }
 

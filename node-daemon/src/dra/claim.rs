@@ -11,7 +11,7 @@ use k8s_openapi::api::resource::v1::{
     DeviceAllocationConfiguration, DeviceRequestAllocationResult, ResourceClaim,
 };
 use kubeshare_api::dra::{COMPUTE, COMPUTE_UNITS, ConfigError, Consumed, DRIVER_NAME, MEMORY};
-use kubeshare_api::{GpuDemand, Milli, NodeInventory, parse_bytes};
+use kubeshare_api::{ClientClass, GpuDemand, Milli, NodeInventory, parse_bytes};
 use serde::{Deserialize, Serialize};
 
 use super::slice::{MEMORY_STEP, device_name};
@@ -25,11 +25,30 @@ pub struct PreparedClaim {
     pub uid: String,
     pub namespace: String,
     pub name: String,
-    /// The pod the claim is reserved for: gem-schd's client ID, and the directory of
-    /// its sockets (`pods/<pod uid>/`).
+    /// The (first) pod the claim is reserved for.
     pub pod_uid: String,
     pub pod_name: String,
     pub devices: Vec<ClaimDevice>,
+    /// gem-schd's client ID and the name of the claim's socket directory
+    /// (`pods/<client>/`): [`client_of`]. Empty (a checkpoint from before shared claims):
+    /// `pod_uid`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub client: String,
+    /// Every pod the claim was reserved for when prepared, `pod_uid` first. Empty (a
+    /// checkpoint from before shared claims): `pod_uid` alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<ClaimPod>,
+    /// Every device is a whole GPU ([`is_whole`]): the claim gets the GPUs alone, no
+    /// hook, no gem-schd client, as a whole-GPU labelled pod does.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub whole: bool,
+}
+
+/// A pod a claim is reserved for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimPod {
+    pub uid: String,
+    pub name: String,
 }
 
 /// One allocation result: a share of one GPU.
@@ -56,6 +75,10 @@ pub struct ClaimDevice {
     /// prefetch budget. `None`: device memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub um_resident: Option<u64>,
+    /// The config's `priority` (0 when it has none). `None`: prepared before claims had
+    /// a priority, when every claim was guaranteed; it stays so until unprepared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u8>,
 }
 
 impl PreparedClaim {
@@ -64,10 +87,32 @@ impl PreparedClaim {
         format!("{}/{}", self.namespace, self.name)
     }
 
+    /// gem-schd's client ID of the claim (see [`client_of`]).
+    pub fn client(&self) -> &str {
+        if self.client.is_empty() {
+            &self.pod_uid
+        } else {
+            &self.client
+        }
+    }
+
+    /// The UIDs of the pods the claim was reserved for when prepared.
+    pub fn pod_uids(&self) -> Vec<String> {
+        if self.pods.is_empty() {
+            vec![self.pod_uid.clone()]
+        } else {
+            self.pods.iter().map(|p| p.uid.clone()).collect()
+        }
+    }
+
     /// What the daemon's books hold for this claim.
     pub fn share(&self) -> ClaimShare {
         ClaimShare {
             claim_key: self.key(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            client: self.client().to_string(),
+            pods: self.pod_uids(),
             pod_uid: self.pod_uid.clone(),
             pod_key: format!("{}/{}", self.namespace, self.pod_name),
             gpus: self
@@ -80,8 +125,12 @@ impl PreparedClaim {
                     request: Milli::new(d.request_milli).unwrap_or(Milli::ZERO),
                     limit: Milli::new(d.limit_milli).unwrap_or(Milli::ONE),
                     mem: d.memory_cap,
+                    class: d
+                        .priority
+                        .map_or(ClientClass::Guaranteed, ClientClass::of_priority),
                 })
                 .collect(),
+            whole: self.whole,
         }
     }
 }
@@ -95,10 +144,6 @@ pub enum ClaimError {
     NotAllocated,
     #[error("the ResourceClaim is reserved for no pod")]
     NoPod,
-    #[error(
-        "the ResourceClaim is reserved for {0} pods; a {DRIVER_NAME} share belongs to one pod (gem-schd serves a socket only to processes of its pod): give each pod its own claim, e.g. from a ResourceClaimTemplate"
-    )]
-    SharedByPods(usize),
     #[error("the ResourceClaim has no device of driver {DRIVER_NAME}")]
     NoDevice,
     #[error("request {request}: device {pool}/{device} is not a GPU of node {node}")]
@@ -204,11 +249,18 @@ pub fn prepare(
         .flatten()
         .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
         .collect();
-    let pod = match pods.as_slice() {
-        [] => return Err(ClaimError::NoPod),
-        [p] => *p,
-        many => return Err(ClaimError::SharedByPods(many.len())),
+    let Some(pod) = pods.first().copied() else {
+        return Err(ClaimError::NoPod);
     };
+    let owners: Vec<(&str, &str, bool)> = claim
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .map(|o| (o.kind.as_str(), o.uid.as_str(), o.controller == Some(true)))
+        .collect();
+    let pod_uids: Vec<&str> = pods.iter().map(|p| p.uid.as_str()).collect();
+    let client = client_of(want_uid, &pod_uids, &owners);
     let configs = alloc.config.as_deref().unwrap_or_default();
     let by_name: BTreeMap<String, &kubeshare_api::GpuInfo> = inventory
         .gpus
@@ -260,12 +312,27 @@ pub fn prepare(
             limit_milli: limit.get(),
             memory_cap: demand.um.map_or(resident, |u| u.ceiling(resident)),
             um_resident: demand.um.map(|_| resident),
+            priority: Some(demand.priority),
         });
     }
     if devices.is_empty() {
         return Err(ClaimError::NoDevice);
     }
+    let whole = devices.iter().all(|d| {
+        inventory
+            .gpu(&d.gpu_uuid)
+            .is_some_and(|g| is_whole(d, g.memory))
+    });
     Ok(PreparedClaim {
+        whole,
+        client,
+        pods: pods
+            .iter()
+            .map(|p| ClaimPod {
+                uid: p.uid.clone(),
+                name: p.name.clone(),
+            })
+            .collect(),
         uid: want_uid.to_string(),
         namespace: claim.metadata.namespace.clone().unwrap_or_default(),
         name: claim.metadata.name.clone().unwrap_or_default(),
@@ -275,34 +342,129 @@ pub fn prepare(
     })
 }
 
+/// gem-schd's client ID of claim `claim_uid`, reserved for pods `pods`, owned by
+/// `owners` (kind, UID, whether the controller): the pod's UID when the claim was made
+/// for that pod alone (from a template: the pod controls it, and no other pod may use
+/// it), else the claim's UID. The kubelet prepares a claim once per node, however many
+/// pods use it, and hands every container the same CDI device, so a claim that pods
+/// may share (by name) needs a client of its own, whose socket directory every such pod
+/// mounts; gem-schd serves there the pods the daemon lists in its peers file.
+pub fn client_of(claim_uid: &str, pods: &[&str], owners: &[(&str, &str, bool)]) -> String {
+    match pods {
+        [pod]
+            if owners
+                .iter()
+                .any(|(kind, uid, controller)| *kind == "Pod" && uid == pod && *controller) =>
+        {
+            (*pod).to_string()
+        }
+        _ => claim_uid.to_string(),
+    }
+}
+
+/// Whether `d`, a share of a GPU of `gpu_memory` bytes, is the whole GPU: all of its
+/// `compute` with nothing to cap above it, all of its memory as published, in device
+/// memory. Such a share has nothing for gem-schd and the hook to enforce: it runs as a
+/// whole-GPU labelled pod does (`gpu_request` of whole GPUs), without either. A claim
+/// that books all of `compute` but caps memory below the GPU's keeps the hook, which
+/// enforces the cap.
+pub fn is_whole(d: &ClaimDevice, gpu_memory: u64) -> bool {
+    d.request_milli == COMPUTE_UNITS
+        && d.limit_milli == COMPUTE_UNITS
+        && d.um_resident.is_none()
+        && d.memory_cap >= kubeshare_api::dra::device_memory(gpu_memory)
+}
+
+/// Why a claim does not fit beside what the node's books hold of its GPU.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BookError {
+    #[error(
+        "request {request}: GPU {gpu} ({device}) would be booked past one GPU: label pods hold {labels}, other claims {claims}, this claim {this} thousandths \
+         (a label pod was placed on it while the scheduler allocated this claim); delete the pod so that its claim is allocated again"
+    )]
+    Compute {
+        request: String,
+        gpu: String,
+        device: String,
+        labels: u32,
+        claims: u32,
+        this: u16,
+    },
+    #[error(
+        "request {request}: GPU {gpu} ({device}) would be booked past its memory: label pods hold {labels}, other claims {claims}, this claim {this} of {total} bytes \
+         (a label pod was placed on it while the scheduler allocated this claim); delete the pod so that its claim is allocated again"
+    )]
+    Memory {
+        request: String,
+        gpu: String,
+        device: String,
+        labels: u64,
+        claims: u64,
+        this: u64,
+        total: u64,
+    },
+}
+
+impl ClaimDevice {
+    /// The GPU memory this share books: the booked `memory` (in unified-memory mode the
+    /// resident share; the managed ceiling beyond it is not GPU memory).
+    pub fn booked_memory(&self) -> u64 {
+        self.um_resident.unwrap_or(self.memory_cap)
+    }
+}
+
 /// Whether `claim` fits beside what label pods (`labels`, by GPU UUID) and the
-/// `others` prepared claims hold of its GPUs: one set of books on the node. The stock
-/// scheduler and the extender decide apart, each from what it last saw of the other, so
-/// at the same instant both may book the last room of a GPU; the claim, prepared later
-/// than the label pod was bound, is refused, with a message that says what holds the GPU.
+/// `others` prepared claims hold of its GPUs (`inventory`): one set of books on the
+/// node, in `compute` (at most one GPU) and in memory (at most the GPU's memory as the
+/// slice publishes it, whole MiB). The stock scheduler and the extender decide apart,
+/// each from what it last saw of the other, so at the same instant both may book the
+/// last room of a GPU; the claim, prepared later than the label pod was bound, is
+/// refused, with a message that says what holds the GPU. A GPU missing from the
+/// inventory has no memory to book.
 pub fn check_books<'a>(
     claim: &PreparedClaim,
     others: impl IntoIterator<Item = &'a PreparedClaim>,
     labels: &super::slice::LabelUse,
-) -> Result<(), String> {
+    inventory: &NodeInventory,
+) -> Result<(), BookError> {
     let others: Vec<&PreparedClaim> = others.into_iter().filter(|o| o.uid != claim.uid).collect();
     for d in &claim.devices {
-        let label = labels.get(&d.gpu_uuid).map_or(0, |u| u.0);
-        let claimed: u32 = others
-            .iter()
-            .flat_map(|o| o.devices.iter())
-            .filter(|o| o.gpu_uuid == d.gpu_uuid)
-            .map(|o| u32::from(o.request_milli))
-            .sum();
-        let total = label
+        let (label_milli, label_mem) = labels.get(&d.gpu_uuid).copied().unwrap_or((0, 0));
+        let on_gpu = || {
+            others
+                .iter()
+                .flat_map(|o| o.devices.iter())
+                .filter(|o| o.gpu_uuid == d.gpu_uuid)
+        };
+        let claimed: u32 = on_gpu().map(|o| u32::from(o.request_milli)).sum();
+        let total = label_milli
             .saturating_add(claimed)
             .saturating_add(u32::from(d.request_milli));
         if total > u32::from(COMPUTE_UNITS) {
-            return Err(format!(
-                "request {}: GPU {} ({}) would be booked past one GPU: label pods hold {}, other claims {}, this claim {} thousandths \
-                 (a label pod was placed on it while the scheduler allocated this claim); delete the pod so that its claim is allocated again",
-                d.request, d.gpu_uuid, d.device, label, claimed, d.request_milli
-            ));
+            return Err(BookError::Compute {
+                request: d.request.clone(),
+                gpu: d.gpu_uuid.clone(),
+                device: d.device.clone(),
+                labels: label_milli,
+                claims: claimed,
+                this: d.request_milli,
+            });
+        }
+        let gpu_mem = inventory
+            .gpu(&d.gpu_uuid)
+            .map_or(0, |g| kubeshare_api::dra::device_memory(g.memory));
+        let claimed_mem = on_gpu().fold(0u64, |a, o| a.saturating_add(o.booked_memory()));
+        let this = d.booked_memory();
+        if label_mem.saturating_add(claimed_mem).saturating_add(this) > gpu_mem {
+            return Err(BookError::Memory {
+                request: d.request.clone(),
+                gpu: d.gpu_uuid.clone(),
+                device: d.device.clone(),
+                labels: label_mem,
+                claims: claimed_mem,
+                this,
+                total: gpu_mem,
+            });
         }
     }
     Ok(())
@@ -344,7 +506,9 @@ pub(crate) mod tests {
             .collect();
         serde_json::from_value(json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "c", "namespace": "ns", "uid": "claim-uid-1"},
+            "metadata": {"name": "c", "namespace": "ns", "uid": "claim-uid-1",
+                         "ownerReferences": pods.first().map(|uid| json!([{"apiVersion": "v1", "kind": "Pod",
+                             "name": "p0", "uid": uid, "controller": true}]))},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER_NAME}}]}},
             "status": {
                 "allocation": {"devices": {"results": results, "config": config}},
@@ -371,16 +535,19 @@ pub(crate) mod tests {
 
     #[test]
     fn a_claim_is_refused_past_one_gpu_counting_label_pods_and_other_claims() {
+        let inv = inventory();
         let c = claim(json!([result("gpu-1", "500", "2Gi")]), json!([]), &[POD]);
-        let p = prepare(&c, "claim-uid-1", NODE, &inventory()).unwrap();
+        let p = prepare(&c, "claim-uid-1", NODE, &inv).unwrap();
         let mut other = p.clone();
         other.uid = "claim-uid-2".into();
         other.devices[0].request_milli = 300;
         let none = super::super::slice::LabelUse::new();
-        assert_eq!(check_books(&p, [&other], &none), Ok(()));
+        assert_eq!(check_books(&p, [&other], &none, &inv), Ok(()));
         // Label pods hold 0.3 of gpu 1: 0.3 + 0.3 + 0.5 is past one GPU.
         let labels = super::super::slice::LabelUse::from([(U1.to_string(), (300, 0))]);
-        let e = check_books(&p, [&other], &labels).unwrap_err();
+        let e = check_books(&p, [&other], &labels, &inv)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with(&format!(
                 "request gpu: GPU {U1} (gpu-1) would be booked past one GPU: label pods hold 300, other claims 300, this claim 500 thousandths"
@@ -389,9 +556,221 @@ pub(crate) mod tests {
         );
         // The claim itself (prepared again) is not counted twice; another GPU's label
         // pods do not count.
-        assert_eq!(check_books(&p, [&p], &labels), Ok(()));
+        assert_eq!(check_books(&p, [&p], &labels, &inv), Ok(()));
         let elsewhere = super::super::slice::LabelUse::from([(U0.to_string(), (1000, 0))]);
-        assert_eq!(check_books(&p, [&other], &elsewhere), Ok(()));
+        assert_eq!(check_books(&p, [&other], &elsewhere, &inv), Ok(()));
+    }
+
+    #[test]
+    fn a_claim_is_refused_past_the_gpus_memory() {
+        // 16 GiB (and a few bytes) of memory: 16 GiB bookable.
+        let inv = inventory();
+        let c = claim(json!([result("gpu-1", "100", "6Gi")]), json!([]), &[POD]);
+        let p = prepare(&c, "claim-uid-1", NODE, &inv).unwrap();
+        let mut other = p.clone();
+        other.uid = "claim-uid-2".into();
+        other.devices[0].memory_cap = 4 << 30;
+        // 6 + 4 + 6 = 16 GiB: fits exactly.
+        let labels = super::super::slice::LabelUse::from([(U1.to_string(), (100, 6 << 30))]);
+        assert_eq!(check_books(&p, [&other], &labels, &inv), Ok(()));
+        // One byte more held by label pods: refused, with the figures.
+        let labels = super::super::slice::LabelUse::from([(U1.to_string(), (100, (6 << 30) + 1))]);
+        let e = check_books(&p, [&other], &labels, &inv).unwrap_err();
+        assert_eq!(
+            e,
+            BookError::Memory {
+                request: "gpu".into(),
+                gpu: U1.into(),
+                device: "gpu-1".into(),
+                labels: (6 << 30) + 1,
+                claims: 4 << 30,
+                this: 6 << 30,
+                total: 16 << 30,
+            }
+        );
+        assert!(
+            e.to_string().starts_with(&format!(
+                "request gpu: GPU {U1} (gpu-1) would be booked past its memory: label pods hold 6442450945, other claims 4294967296, this claim 6442450944 of 17179869184 bytes"
+            )),
+            "{e}"
+        );
+        // A whole-GPU label pod holds all of it.
+        let whole = super::super::slice::LabelUse::from([(U1.to_string(), (0, u64::MAX))]);
+        assert!(matches!(
+            check_books(&p, [], &whole, &inv),
+            Err(BookError::Memory { .. })
+        ));
+        // Unified memory books the resident share, not the managed ceiling.
+        let mut um = other.clone();
+        um.devices[0].memory_cap = 30 << 30;
+        um.devices[0].um_resident = Some(4 << 30);
+        let labels = super::super::slice::LabelUse::from([(U1.to_string(), (100, 6 << 30))]);
+        assert_eq!(check_books(&p, [&um], &labels, &inv), Ok(()));
+    }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn device(gpu: u32, milli: u16, mem: u64) -> ClaimDevice {
+            let uuid = if gpu == 0 { U0 } else { U1 };
+            ClaimDevice {
+                request: "gpu".into(),
+                pool: NODE.into(),
+                device: format!("gpu-{gpu}"),
+                share_id: None,
+                gpu_uuid: uuid.into(),
+                gpu_index: gpu,
+                request_milli: milli,
+                limit_milli: milli.max(1),
+                memory_cap: mem,
+                um_resident: None,
+                priority: None,
+            }
+        }
+
+        fn prepared(uid: String, devices: Vec<ClaimDevice>) -> PreparedClaim {
+            PreparedClaim {
+                uid,
+                namespace: "ns".into(),
+                name: "c".into(),
+                pod_uid: POD.into(),
+                pod_name: "p".into(),
+                devices,
+                whole: false,
+                client: String::new(),
+                pods: vec![],
+            }
+        }
+
+        fn share() -> impl Strategy<Value = (u32, u16, u64)> {
+            (0u32..2, 0u16..=1000, 0u64..=(12 << 30))
+        }
+
+        proptest! {
+            /// The check accepts exactly when, on each of the claim's GPUs, label pods,
+            /// the other claims and this one together stay within one GPU's compute and
+            /// its bookable memory; a refusal's figures are those sums' parts.
+            #[test]
+            fn refuses_exactly_what_overbooks(
+                this in prop::collection::vec(share(), 1..3),
+                others in prop::collection::vec(share(), 0..5),
+                labels in prop::collection::btree_map(0u32..2, (0u32..=1000, 0u64..=(16 << 30)), 0..3),
+            ) {
+                let inv = inventory();
+                let mut seen = std::collections::BTreeSet::new();
+                let this: Vec<ClaimDevice> = this
+                    .into_iter()
+                    .filter(|(g, _, _)| seen.insert(*g))
+                    .map(|(g, m, b)| device(g, m, b))
+                    .collect();
+                let claim = prepared("me".into(), this);
+                let others: Vec<PreparedClaim> = others
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (g, m, b))| prepared(format!("o{i}"), vec![device(g, m, b)]))
+                    .collect();
+                let labels: super::super::super::slice::LabelUse = labels
+                    .into_iter()
+                    .map(|(g, u)| ((if g == 0 { U0 } else { U1 }).to_string(), u))
+                    .collect();
+                let fits = claim.devices.iter().all(|d| {
+                    let (lm, lb) = labels.get(&d.gpu_uuid).copied().unwrap_or_default();
+                    let on: Vec<&ClaimDevice> = others
+                        .iter()
+                        .flat_map(|o| &o.devices)
+                        .filter(|o| o.gpu_uuid == d.gpu_uuid)
+                        .collect();
+                    let m: u32 = lm + on.iter().map(|o| u32::from(o.request_milli)).sum::<u32>()
+                        + u32::from(d.request_milli);
+                    let b: u64 = lb + on.iter().map(|o| o.memory_cap).sum::<u64>() + d.memory_cap;
+                    m <= 1000 && b <= 16 << 30
+                });
+                let got = check_books(&claim, &others, &labels, &inv);
+                prop_assert_eq!(got.is_ok(), fits, "{:?}", got);
+                match got {
+                    Err(BookError::Compute { labels, claims, this, .. }) => {
+                        prop_assert!(labels + claims + u32::from(this) > 1000);
+                    }
+                    Err(BookError::Memory { labels, claims, this, total, .. }) => {
+                        prop_assert_eq!(total, 16 << 30);
+                        prop_assert!(labels + claims + this > total);
+                    }
+                    Ok(()) => {}
+                }
+                // Fewer other claims never turn a fit into a refusal.
+                if fits {
+                    prop_assert!(check_books(&claim, others.iter().skip(1), &labels, &inv).is_ok());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_claim_pods_share_is_a_client_of_its_own() {
+        const POD2: &str = "9d9e5c3a-1b2c-4d5e-8f90-0123456789ab";
+        // Made from a template for one pod: the pod's client, as before.
+        let c = claim(json!([result("gpu-1", "300", "2Gi")]), json!([]), &[POD]);
+        let p = prepare(&c, "claim-uid-1", NODE, &inventory()).unwrap();
+        assert_eq!((p.client(), p.pod_uids()), (POD, vec![POD.to_string()]));
+        // Reserved for two pods: one client, the claim's, listing both pods.
+        let c = claim(
+            json!([result("gpu-1", "300", "2Gi")]),
+            json!([]),
+            &[POD, POD2],
+        );
+        let p = prepare(&c, "claim-uid-1", NODE, &inventory()).unwrap();
+        assert_eq!(p.client(), "claim-uid-1");
+        assert_eq!(p.pod_uids(), vec![POD.to_string(), POD2.to_string()]);
+        assert_eq!((p.pod_uid.as_str(), p.pod_name.as_str()), (POD, "p0"));
+        let s = p.share();
+        assert_eq!((s.client.as_str(), s.pods.len()), ("claim-uid-1", 2));
+        // A claim by name, reserved for one pod so far: others may join it later.
+        let mut lone = claim(json!([result("gpu-1", "300", "2Gi")]), json!([]), &[POD]);
+        lone.metadata.owner_references = None;
+        let p = prepare(&lone, "claim-uid-1", NODE, &inventory()).unwrap();
+        assert_eq!(p.client(), "claim-uid-1");
+        // The rule itself: only the controlling pod, alone, makes it the pod's client.
+        assert_eq!(client_of("c", &["p"], &[("Pod", "p", true)]), "p");
+        assert_eq!(client_of("c", &["p"], &[("Pod", "p", false)]), "c");
+        assert_eq!(client_of("c", &["p"], &[("Pod", "q", true)]), "c");
+        assert_eq!(client_of("c", &["p"], &[("Job", "p", true)]), "c");
+        assert_eq!(client_of("c", &["p", "q"], &[("Pod", "p", true)]), "c");
+        // A checkpoint from before shared claims: no client, no pods.
+        let mut old = p.clone();
+        old.client.clear();
+        old.pods.clear();
+        assert_eq!((old.client(), old.pod_uids()), (POD, vec![POD.to_string()]));
+    }
+
+    #[test]
+    fn the_configs_priority_decides_the_class_as_the_label_does() {
+        for (priority, class) in [
+            (json!(0), ClientClass::Opportunistic),
+            (json!("1"), ClientClass::Guaranteed),
+            (json!(100), ClientClass::Guaranteed),
+        ] {
+            let c = claim(
+                json!([result("gpu-1", "300", "2Gi")]),
+                opaque(json!({"priority": priority})),
+                &[POD],
+            );
+            let p = prepare(&c, "claim-uid-1", NODE, &inventory()).unwrap();
+            assert_eq!(p.share().gpus[0].class, class, "{priority}");
+        }
+        // A claim checkpointed before claims had a priority stays guaranteed.
+        let c = claim(json!([result("gpu-1", "300", "2Gi")]), json!([]), &[POD]);
+        let mut p = prepare(&c, "claim-uid-1", NODE, &inventory()).unwrap();
+        p.devices[0].priority = None;
+        assert_eq!(p.share().gpus[0].class, ClientClass::Guaranteed);
+        assert_eq!(
+            err(
+                json!([result("gpu-1", "300", "2Gi")]),
+                opaque(json!({"priority": "high"})),
+                &[POD]
+            ),
+            "request gpu: opaque config of gpu.kubeshare.io: priority=high: must be a whole number from 0 to 100, as a string such as \"50\" or a number such as 50 (0 = opportunistic, the default; 1-100 = guaranteed; as the sharedgpu/priority label)"
+        );
     }
 
     #[test]
@@ -418,10 +797,13 @@ pub(crate) mod tests {
                 limit_milli: 600,
                 memory_cap: 2 << 30,
                 um_resident: None,
+                priority: Some(0),
             }]
         );
         let s = p.share();
         assert_eq!(s.pod_key, "ns/p0");
+        // No priority: opportunistic, as a labelled pod without sharedgpu/priority.
+        assert_eq!(s.gpus[0].class, ClientClass::Opportunistic);
         assert_eq!(s.gpus[0].request.get(), 300);
         assert_eq!(s.gpus[0].limit.get(), 600);
         assert_eq!(s.gpus[0].mem, 2 << 30);
@@ -441,6 +823,27 @@ pub(crate) mod tests {
             ("gpu", 1000, 1000)
         );
         assert_eq!(d.memory_cap, 16 << 30);
+        assert!(p.whole, "all of the GPU: a whole GPU");
+        // All of compute but a memory cap: a share the hook enforces.
+        let c = claim(json!([result("gpu-0", "1000", "4Gi")]), Value::Null, &[POD]);
+        assert!(
+            !prepare(&c, "claim-uid-1", NODE, &inventory())
+                .unwrap()
+                .whole
+        );
+        // A whole GPU and a share in one claim: the hook is the container's, so both
+        // run with it.
+        let c = claim(
+            json!([
+                result("gpu-0", "1000", "16Gi"),
+                result("gpu-1", "500", "4Gi")
+            ]),
+            Value::Null,
+            &[POD],
+        );
+        let p = prepare(&c, "claim-uid-1", NODE, &inventory()).unwrap();
+        assert!(!p.whole);
+        assert!(is_whole(&p.devices[0], inventory().gpus[0].memory));
 
         // Unified memory: gem-schd caps the managed ceiling; the hook gets the resident share.
         let c = claim(
@@ -493,7 +896,7 @@ pub(crate) mod tests {
         );
         assert_eq!(
             err(r(), opaque(json!({"limt": "0.5"})), &[POD]),
-            "request gpu: opaque config of gpu.kubeshare.io: limt=0.5: unknown field (a typo?); known fields are apiVersion, kind, request, limit, memory, memoryMode, managedMemory"
+            "request gpu: opaque config of gpu.kubeshare.io: limt=0.5: unknown field (a typo?); known fields are apiVersion, kind, request, limit, memory, memoryMode, managedMemory, priority"
         );
         assert_eq!(
             err(r(), opaque(json!({"memory": "1Gi"})), &[POD]),
@@ -522,9 +925,6 @@ pub(crate) mod tests {
             ),
             "request gpu: GPU gpu-0 is allocated to the claim twice"
         );
-        assert!(err(r(), Value::Null, &[POD, "other-pod"]).starts_with(
-            "the ResourceClaim is reserved for 2 pods; a gpu.kubeshare.io share belongs to one pod"
-        ));
         assert_eq!(
             err(r(), Value::Null, &[]),
             "the ResourceClaim is reserved for no pod"

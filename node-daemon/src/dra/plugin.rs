@@ -150,7 +150,11 @@ impl Plugin {
             .map_err(|e| e.to_string())?;
         // Refused here so the kubelet shows why; the loop would only report it.
         let mut claims = self.book.snapshot();
-        for other in claims.values().filter(|o| o.pod_uid == prepared.pod_uid) {
+        let mine = prepared.pod_uids();
+        for other in claims
+            .values()
+            .filter(|o| o.pod_uids().iter().any(|p| mine.contains(p)))
+        {
             if let Some(d) = other
                 .devices
                 .iter()
@@ -168,7 +172,8 @@ impl Plugin {
             .await
             .map_err(|e| format!("cannot list the pods of node {}: {e}", self.cfg.node))?;
         let labels = super::publish::label_use_of(&self.cfg.node, &inventory, &pods.items);
-        super::claim::check_books(&prepared, claims.values(), &labels)?;
+        super::claim::check_books(&prepared, claims.values(), &labels, &inventory)
+            .map_err(|e| e.to_string())?;
         self.write_spec(&prepared)?;
         claims.insert(prepared.uid.clone(), prepared.clone());
         if let Err(e) = checkpoint::store(&self.cfg.checkpoint, &claims) {
@@ -177,12 +182,15 @@ impl Plugin {
         }
         self.book.insert(prepared.clone());
         // The runtime bind-mounts the socket directory: it must exist before the
-        // container does, whatever the loop is doing.
-        if let Err(e) = layout(&self.cfg).apply(&Action::CreatePodDir(prepared.pod_uid.clone())) {
+        // container does, whatever the loop is doing. A whole GPU has none.
+        if !prepared.whole
+            && let Err(e) =
+                layout(&self.cfg).apply(&Action::CreatePodDir(prepared.client().to_string()))
+        {
             tracing::warn!(claim = %prepared.key(), error = %e, "DRA: cannot create the pod's socket directory; the daemon's loop will");
         }
         self.wait_applied("prepare", &prepared).await;
-        tracing::info!(claim = %prepared.key(), uid = %prepared.uid, pod = %prepared.pod_uid, share = %cdi::describe(&prepared), "DRA: claim prepared");
+        tracing::info!(claim = %prepared.key(), uid = %prepared.uid, pods = ?prepared.pod_uids(), client = %prepared.client(), share = %cdi::describe(&prepared), "DRA: claim prepared");
         Ok(devices(&prepared))
     }
 
