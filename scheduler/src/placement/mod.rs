@@ -176,6 +176,11 @@ pub struct GpuUsage {
     pub um_resident: u64,
     pub mem_total: u64,
     pub holders: u32,
+    /// What DRA ResourceClaims hold of it (`claimed.rs`): share in thousandths,
+    /// memory in bytes (at most the GPU's), and how many claims.
+    pub claimed_milli: u32,
+    pub claimed_mem: u64,
+    pub claims: u32,
 }
 
 #[derive(Debug, Clone, PartialEq)]
