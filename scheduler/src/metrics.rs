@@ -111,7 +111,7 @@ impl Default for Metrics {
         let preemptions = Family::<Outcome, Counter>::default();
         registry.register(
             "preemptions",
-            "Preemptions for guaranteed pods, by outcome (evicted, blocked, failed)",
+            "Preemptions for guaranteed pods, by outcome (evicted, blocked, failed, resumed after a restart)",
             preemptions.clone(),
         );
         Metrics {
