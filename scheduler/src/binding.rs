@@ -107,7 +107,11 @@ async fn run_bind(s: &Shared, a: &ExtenderBindingArgs) -> Result<String, BindFai
         s.lock().note_pod(&info);
     }
     let now = s.now_ms();
-    let step = s.lock().bind(&a.pod_uid, &a.node, now);
+    let step = {
+        let mut c = s.lock();
+        s.resume(&mut c);
+        c.bind(&a.pod_uid, &a.node, now)
+    };
     s.gate.notify_waiters();
     let decision = match step? {
         BindStep::Go(d) => *d,

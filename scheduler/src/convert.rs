@@ -7,13 +7,13 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::Resource;
 use kubeshare_api::inventory::{INVENTORY_ANNOTATION, InventoryError};
 use kubeshare_api::{Allocation, GpuDemand, NodeInventory, is_kubeshare_pod};
 use serde::{Deserialize, Deserializer};
 
-use crate::placement::PodInfo;
+use crate::placement::{PREEMPTION_ANNOTATION, PodInfo, PreemptRecord};
 
 /// The parts of a v1.Pod the extender reads; unknown fields are skipped, so a
 /// filter request, a watch event or a GET does not pay for decoding whole
@@ -64,6 +64,8 @@ struct WireMeta {
     labels: Option<BTreeMap<String, String>>,
     #[serde(default)]
     annotations: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    deletion_timestamp: Option<Time>,
 }
 
 fn wire_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
@@ -75,6 +77,7 @@ fn wire_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
         resource_version: m.resource_version,
         labels: m.labels,
         annotations: m.annotations,
+        deletion_timestamp: m.deletion_timestamp,
         ..ObjectMeta::default()
     })
     .unwrap_or_default())
@@ -152,6 +155,10 @@ impl WirePod {
                 .and_then(|v| v.parse().ok()),
             kubeshare: is_kubeshare_pod(spec.and_then(|s| s.scheduler_name.as_deref()), labels),
             pod_priority: spec.and_then(|s| s.priority).unwrap_or(0),
+            terminating: meta.deletion_timestamp.is_some(),
+            preemption: annotations
+                .get(PREEMPTION_ANNOTATION)
+                .and_then(|v| PreemptRecord::from_annotation(v)),
         }
     }
 }
@@ -197,6 +204,36 @@ mod tests {
         assert_eq!(i.allocation.unwrap().unwrap().gpu_mem, 100);
         assert_eq!(i.resource_version, Some(42));
         assert!(i.kubeshare);
+        assert!(!i.terminating);
+        assert_eq!(i.preemption, None);
+    }
+
+    #[test]
+    fn wire_pod_reads_deletion_and_the_preemption_record() {
+        let rec = PreemptRecord {
+            node: "n1".into(),
+            gpus: vec![0],
+            victims: vec!["v1".into(), "v2".into()],
+            at: 1_700_000_000_000,
+        };
+        let j = serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1",
+                "deletionTimestamp": "2026-01-01T00:00:00Z",
+                "annotations": {PREEMPTION_ANNOTATION: rec.to_annotation()}},
+        });
+        let i = serde_json::from_value::<WirePod>(j).unwrap().info();
+        assert!(i.terminating);
+        assert_eq!(i.preemption, Some(rec));
+        // A record that does not parse is no record.
+        let j = serde_json::json!({"metadata": {"uid": "u2",
+            "annotations": {PREEMPTION_ANNOTATION: "{\"node\": 3}"}}});
+        assert_eq!(
+            serde_json::from_value::<WirePod>(j)
+                .unwrap()
+                .info()
+                .preemption,
+            None
+        );
     }
 
     #[test]

@@ -111,7 +111,7 @@ impl Default for Metrics {
         let preemptions = Family::<Outcome, Counter>::default();
         registry.register(
             "preemptions",
-            "Preemptions for guaranteed pods, by outcome (evicted, blocked, failed)",
+            "Preemptions for guaranteed pods, by outcome (evicted, blocked, failed, resumed after a restart)",
             preemptions.clone(),
         );
         Metrics {
@@ -226,17 +226,18 @@ type GpuGauge = (
     fn(&GpuUsage) -> u64,
 );
 
-/// About how many bytes the five series of one GPU take (for the buffer's size).
-const GPU_SERIES_BYTES: usize = 5 * 160;
+/// About how many bytes the series of one GPU take (for the buffer's size).
+const GPU_SERIES_BYTES: usize = GPU_GAUGES.len() * 160;
 
 /// The per-GPU gauges (name, help, unit, value), written as prometheus-client writes
 /// them. By hand because they are most of the text: through `Family` (a label set
 /// cloned and hashed per series) a scrape took ~120 ms of the extender's CPU at
-/// 8,000 GPUs (docs/extender.md, "One thread").
-const GPU_GAUGES: [GpuGauge; 5] = [
+/// 8,000 GPUs (docs/extender.md, "One thread"). Label pods' bookings and what DRA
+/// ResourceClaims hold are separate gauges: a GPU's whole load is their sum.
+const GPU_GAUGES: [GpuGauge; 8] = [
     (
         "kubeshare_gpu_allocated_share",
-        "Guaranteed share of the GPU booked, in thousandths",
+        "Guaranteed share of the GPU booked by label pods, in thousandths",
         None,
         |g| u64::from(g.used_milli),
     ),
@@ -264,11 +265,29 @@ const GPU_GAUGES: [GpuGauge; 5] = [
         None,
         |g| u64::from(g.holders),
     ),
+    (
+        "kubeshare_gpu_claimed_share",
+        "Share of the GPU held by DRA ResourceClaims of driver gpu.kubeshare.io, in thousandths",
+        None,
+        |g| u64::from(g.claimed_milli),
+    ),
+    (
+        "kubeshare_gpu_memory_claimed",
+        "GPU memory held by DRA ResourceClaims of driver gpu.kubeshare.io",
+        Some("bytes"),
+        |g| g.claimed_mem,
+    ),
+    (
+        "kubeshare_gpu_claims",
+        "DRA ResourceClaims holding a share of the GPU",
+        None,
+        |g| u64::from(g.claims),
+    ),
 ];
 
 fn encode_gpu_gauges(out: &mut String, gpus: &[GpuUsage]) {
     use std::fmt::Write;
-    // The label sets, escaped once for the five families.
+    // The label sets, escaped once for all the families.
     let labels: Vec<String> = gpus
         .iter()
         .map(|g| {
@@ -351,6 +370,9 @@ mod tests {
             um_resident: 11,
             mem_total: 9,
             holders: 1,
+            claimed_milli: 300,
+            claimed_mem: 4 << 30,
+            claims: 2,
         };
         m.count("kubeshare_extender_record_problems_total", "tampered");
         let t = m.render(&[g], (1, 2, 3), true);
@@ -368,6 +390,13 @@ mod tests {
         assert!(t.contains("kubeshare_extender_bookings{kind=\"reserved\"} 3"));
         assert!(t.contains("kubeshare_gpu_memory_allocated_bytes{node=\"n\\\"1\",gpu=\"2\",uuid=\"GPU-x\",model=\"M\"} 7"));
         assert!(t.contains("kubeshare_gpu_memory_unified_resident_bytes{node=\"n\\\"1\",gpu=\"2\",uuid=\"GPU-x\",model=\"M\"} 11"));
+        assert!(t.contains(
+            "kubeshare_gpu_claimed_share{node=\"n\\\"1\",gpu=\"2\",uuid=\"GPU-x\",model=\"M\"} 300"
+        ));
+        assert!(t.contains("kubeshare_gpu_memory_claimed_bytes{node=\"n\\\"1\",gpu=\"2\",uuid=\"GPU-x\",model=\"M\"} 4294967296"));
+        assert!(t.contains(
+            "kubeshare_gpu_claims{node=\"n\\\"1\",gpu=\"2\",uuid=\"GPU-x\",model=\"M\"} 2"
+        ));
         assert!(t.contains("kubeshare_extender_synced 1"));
         assert_eq!(t.matches("# EOF").count(), 1, "{t}");
     }
@@ -412,6 +441,9 @@ mod tests {
             um_resident: 0,
             mem_total,
             holders: 2,
+            claimed_milli: 1000 - used_milli,
+            claimed_mem: 1 << 30,
+            claims: 1,
         };
         let gpus = [
             gpu("n-1", 0, "NVIDIA-H100-80GB-HBM3", 1000, 85_899_345_920),
@@ -453,7 +485,7 @@ mod tests {
             blocks(&theirs),
             "ours:\n{ours}\ntheirs:\n{theirs}"
         );
-        assert_eq!(blocks(&ours).len(), 5);
+        assert_eq!(blocks(&ours).len(), GPU_GAUGES.len());
         assert!(ours.contains(r#"node="n\"2\\x\ny""#), "{ours}");
     }
 }

@@ -11,17 +11,23 @@
 //!
 //! Events: on the preemptor, one that names its victims; on each victim, one
 //! that names the preemptor (and each names the other as its related object).
+//!
+//! Before any eviction, each preemptor gets its preemption record
+//! ([`PREEMPTION_ANNOTATION`]): a restarted extender reads it back and carries the
+//! preemption on ([`crate::placement::Cluster::resume_preemptions`]) rather than
+//! evicting for the pod again. A preemption given up clears it.
 
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, EvictParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, EvictParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use crate::api::call;
 use crate::error::EvictFailed;
-use crate::placement::{PodRef, PreemptOrder};
+use crate::placement::{PREEMPTION_ANNOTATION, PodRef, PreemptOrder, PreemptRecord};
 use crate::state::Shared;
 
 /// Starts carrying out the preemptions the filter decided since the last call.
@@ -51,6 +57,11 @@ async fn carry_out(s: &Shared, o: PreemptOrder) {
         None => preemptors.join(", "),
         Some(g) => format!("group {g} ({})", preemptors.join(", ")),
     };
+    if !o.resumed {
+        for (p, r) in PreemptRecord::of_order(&o, s.wall_ms()) {
+            record(s, &client, &p, Some(r.to_annotation()), deadline).await;
+        }
+    }
     for dry_run in [true, false] {
         for v in &o.victims {
             if let Err(e) = evict(s, &client, v, dry_run, deadline).await {
@@ -58,6 +69,9 @@ async fn carry_out(s: &Shared, o: PreemptOrder) {
                 s.metrics
                     .count("kubeshare_extender_preemptions_total", e.kind());
                 s.lock().preemption_refused(&o, s.now_ms());
+                for p in &o.pods {
+                    record(s, &client, &p.pod, None, deadline).await;
+                }
                 for p in &o.pods {
                     s.pod_event_about(
                         (&p.pod.namespace, &p.pod.name, &p.pod.uid),
@@ -87,7 +101,9 @@ async fn carry_out(s: &Shared, o: PreemptOrder) {
                 );
             }
         }
-        if dry_run {
+        if dry_run && o.resumed {
+            info!(pods = %preemptors, %places, %victims, "evicting again after a restart");
+        } else if dry_run {
             info!(pods = %preemptors, %places, %victims, "preempting");
             for p in &o.pods {
                 s.pod_event_about(
@@ -106,6 +122,26 @@ async fn carry_out(s: &Shared, o: PreemptOrder) {
     }
     s.metrics
         .count("kubeshare_extender_preemptions_total", "evicted");
+}
+
+/// Writes (`Some`) or clears (`None`) the preemption record on preemptor `p`.
+/// A failure is logged, not fatal: the preemption goes on, only a restart in
+/// the middle of it would not carry it on.
+async fn record(s: &Shared, client: &Client, p: &PodRef, value: Option<String>, deadline: Instant) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &p.namespace);
+    let patch = serde_json::json!({"metadata": {
+        "uid": p.uid,
+        "annotations": {PREEMPTION_ANNOTATION: value},
+    }});
+    let merge = Patch::Merge(&patch);
+    let pp = PatchParams::default();
+    if let Err(e) = call(s, deadline, "recording a preemption", || {
+        pods.patch(&p.name, &pp, &merge)
+    })
+    .await
+    {
+        warn!(pod = %p, error = %e, "could not write the preemption record");
+    }
 }
 
 fn join(v: &[u32]) -> String {

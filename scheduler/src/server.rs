@@ -101,6 +101,7 @@ impl Shared {
         let now = self.now_ms();
         let out = {
             let mut c = self.lock();
+            self.resume(&mut c);
             let mut out = c.filter(&pod, &names, now);
             // Preemption needs the API (evictions): not for an offline extender.
             if matches!(out.kind, FilterKind::NoFit | FilterKind::GroupWaiting)

@@ -149,6 +149,36 @@ impl Shared {
         self.start.elapsed().as_millis() as u64
     }
 
+    /// The wall clock, milliseconds since the Unix epoch: for what outlives the
+    /// process (the preemption records), where [`Shared::now_ms`] starts over.
+    pub fn wall_ms(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    }
+
+    /// At the first decision (filter or bind) once the watches have listed:
+    /// carries on the preemptions another extender recorded on pods (evictions it
+    /// had not posted are queued for `preemption.rs`). At the first decision, not
+    /// at the sync: a standby extender of a pair takes up what the active one left
+    /// when kube-scheduler first calls it, after a failover. Cheap after the first.
+    pub(crate) fn resume(&self, c: &mut Cluster) {
+        if !self.synced() {
+            return;
+        }
+        let r = c.resume_preemptions(self.now_ms(), self.wall_ms());
+        for _ in 0..r.count {
+            self.metrics
+                .count("kubeshare_extender_preemptions_total", "resumed");
+        }
+        if !r.orders.is_empty() {
+            self.preempt_orders
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(r.orders);
+        }
+    }
+
     /// Whether the watches have listed (since their last restart) and every
     /// background task runs; no answer is given before.
     pub fn synced(&self) -> bool {

@@ -296,6 +296,8 @@ async fn timer(s: Arc<Shared>) {
         let Some(client) = s.client.clone() else {
             continue;
         };
+        // Evictions queued outside a filter call (a restart's, taken up at a bind).
+        crate::preemption::carry_out_orders(&s);
         for (uid, ns, name) in due {
             let (s, client) = (s.clone(), client.clone());
             tokio::spawn(async move { check_assumed(&s, client, &uid, &ns, &name).await });

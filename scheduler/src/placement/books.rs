@@ -248,6 +248,8 @@ impl Cluster {
                 nominated,
                 priority: p.pod_priority,
                 blocked,
+                terminating: p.terminating,
+                preemption: p.preemption.clone(),
             },
         );
     }
@@ -541,6 +543,7 @@ impl Cluster {
             })
             .filter(|s| !s.is_empty());
         Req {
+            uid,
             ns,
             demand,
             group,

@@ -35,6 +35,17 @@ impl Cluster {
                 self.version += 1;
                 node.stamp = self.version;
                 self.scores = None;
+                // A claim deallocated or deleted frees room as a label pod's deletion
+                // does: pods refused for room there are woken (kube-scheduler does not
+                // retry a label pod on a claim's events).
+                if node
+                    .gpus
+                    .iter()
+                    .zip(&before)
+                    .any(|(g, b)| frees(b, &g.claimed))
+                {
+                    self.refused.freed(&name, self.version);
+                }
             }
             self.nodes.insert(name, node);
         }
@@ -92,4 +103,10 @@ impl Cluster {
         v.sort();
         v
     }
+}
+
+/// Whether going from what claims held of a GPU (`before`) to what they hold now
+/// (`after`) gives back share or memory: a pod refused for room there may fit now.
+fn frees(before: &ClaimHold, after: &ClaimHold) -> bool {
+    after.milli < before.milli || after.mem < before.mem
 }

@@ -159,6 +159,14 @@ pub enum GpuWhy {
         share: Milli,
         claims: String,
     },
+    /// The GPU would not fit counting the room promised to preemptors whose victims
+    /// are still leaving.
+    #[error("{why}, counting {share} promised to preempting pod(s) {pods}")]
+    Promised {
+        why: Box<GpuWhy>,
+        share: Milli,
+        pods: String,
+    },
 }
 
 /// Why a coscheduling group cannot start yet (its members wait).

@@ -194,24 +194,54 @@ impl<'a> OnNode<'a> {
             },
         };
         let c = &g.claimed;
+        let (pm, pmem) = self.promised(i);
         Usage {
-            share: u.share.saturating_add(c.milli),
-            dev_mem: u.dev_mem.saturating_add(c.mem),
+            share: u.share.saturating_add(c.milli).saturating_add(pm),
+            dev_mem: u.dev_mem.saturating_add(c.mem).saturating_add(pmem),
             um_mem: u.um_mem,
             holders: u.holders.saturating_add(c.count),
         }
     }
 
-    /// `why` a GPU does not fit, naming the claims on it when claims hold part of it.
+    /// Room promised on GPU i to preemptors other than this pod: (share, memory).
+    fn promised(&self, i: usize) -> (u32, u64) {
+        self.gpu(i)
+            .promised
+            .iter()
+            .filter(|p| p.uid != self.req.uid)
+            .fold((0u32, 0u64), |(m, b), p| {
+                (m.saturating_add(p.milli), b.saturating_add(p.mem))
+            })
+    }
+
+    /// `why` a GPU does not fit, naming the claims on it when claims hold part of it
+    /// and the preemptors room on it is promised to.
     fn with_claims(&self, i: usize, why: GpuWhy) -> GpuWhy {
-        let c = &self.gpu(i).claimed;
-        if c.count == 0 {
+        let g = self.gpu(i);
+        let c = &g.claimed;
+        let why = if c.count == 0 {
+            why
+        } else {
+            GpuWhy::Claimed {
+                why: Box::new(why),
+                share: milli(c.milli.min(1000)),
+                claims: c.names.clone(),
+            }
+        };
+        let (pm, _) = self.promised(i);
+        let pods: Vec<&str> = g
+            .promised
+            .iter()
+            .filter(|p| p.uid != self.req.uid)
+            .map(|p| p.pod.as_str())
+            .collect();
+        if pods.is_empty() {
             return why;
         }
-        GpuWhy::Claimed {
+        GpuWhy::Promised {
             why: Box::new(why),
-            share: milli(c.milli.min(1000)),
-            claims: c.names.clone(),
+            share: milli(pm.min(1000)),
+            pods: pods.join(", "),
         }
     }
 

@@ -30,7 +30,9 @@ pub use error::{
     BindRefused, BooksInconsistent, FitError, Gib, GpuMisfit, GpuWhy, GroupWait, NodeProblem,
     Preempting, RecordError,
 };
-pub use preempt::{PodRef, PreemptOrder, Preemptor, VictimCost};
+pub use preempt::{
+    PREEMPTION_ANNOTATION, PodRef, PreemptOrder, PreemptRecord, Preemptor, Resumed, VictimCost,
+};
 
 /// What the watch (or a filter request) tells us about one pod.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,6 +56,12 @@ pub struct PodInfo {
     /// `spec.priority` (its PriorityClass's value; 0 when unset): a pod never
     /// preempts one with a higher value.
     pub pod_priority: i32,
+    /// `metadata.deletionTimestamp` is set: it is leaving (it still holds its
+    /// share until it is gone).
+    pub terminating: bool,
+    /// The preemption record the extender wrote on the pod before evicting for
+    /// it ([`PREEMPTION_ANNOTATION`]); `None` when absent or malformed.
+    pub preemption: Option<PreemptRecord>,
 }
 
 /// A coscheduling group: namespace and name.
@@ -176,6 +184,11 @@ pub struct GpuUsage {
     pub um_resident: u64,
     pub mem_total: u64,
     pub holders: u32,
+    /// What DRA ResourceClaims hold of it (`claimed.rs`): share in thousandths,
+    /// memory in bytes (at most the GPU's), and how many claims.
+    pub claimed_milli: u32,
+    pub claimed_mem: u64,
+    pub claims: u32,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -268,6 +281,10 @@ struct PodEntry {
     /// Nodes where evicting for this pod was refused (a PodDisruptionBudget),
     /// with the time until which its preemption leaves them out.
     blocked: BTreeMap<String, u64>,
+    /// Being deleted: already leaving (a restarted extender does not evict it again).
+    terminating: bool,
+    /// Its preemption record, read back by a restarted extender.
+    preemption: Option<PreemptRecord>,
 }
 
 /// A pending pod tied to one node (its group's reserved place, its affinity
@@ -291,11 +308,27 @@ struct ClaimHold {
     count: u32,
 }
 
+/// Room promised on a GPU to a preemptor whose victims are still leaving: what it
+/// will take there beyond what its victims free (`preempt.rs`). Other pods see it
+/// as used, so that the room the victims free is the preemptor's whole.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Promise {
+    /// The preemptor's uid (its own evaluation does not count it).
+    uid: String,
+    /// `namespace/name`, for the reason a pod is refused.
+    pod: String,
+    milli: u32,
+    /// Device memory.
+    mem: u64,
+}
+
 #[derive(Debug, Clone)]
 struct Gpu {
     info: GpuInfo,
     /// What ResourceClaims hold, on top of the label pods' bookings below.
     claimed: ClaimHold,
+    /// Room promised to preemptors waiting for their victims.
+    promised: Vec<Promise>,
     used: u32,
     /// Caps of device-mode pods.
     mem_used: u64,
@@ -370,6 +403,9 @@ pub struct Cluster {
     now_hint: u64,
     /// What ResourceClaims hold, by (node, device) (`claimed.rs`).
     claimed: crate::claims::Claimed,
+    /// The preemptions of a previous extender have been taken up
+    /// ([`Cluster::resume_preemptions`]): once, before the first decision.
+    resumed: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -401,6 +437,7 @@ struct Choice {
 
 /// A pod being placed.
 struct Req<'a> {
+    uid: &'a str,
     ns: &'a str,
     demand: &'a GpuDemand,
     group: Option<GroupKey>,

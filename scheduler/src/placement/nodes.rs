@@ -41,6 +41,7 @@ impl Cluster {
                     .map(|info| Gpu {
                         info,
                         claimed: Default::default(),
+                        promised: Vec::new(),
                         used: 0,
                         mem_used: 0,
                         um_used: 0,
@@ -67,6 +68,7 @@ impl Cluster {
                     by_uuid,
                 };
                 self.attach_claims(name, &mut node);
+                self.attach_promises(name, &mut node);
                 self.nodes.insert(name.to_string(), node);
                 let uids: Vec<String> = self
                     .by_node

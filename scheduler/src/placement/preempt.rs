@@ -24,6 +24,12 @@
 //! last one is gone, the room is reserved for the preemptor in the same step (a
 //! `Reserved` booking, as a group member's place is) and the pod is nominated to
 //! the node and woken: no other pod can take the room in between.
+//!
+//! Across a restart: before it evicts, the extender writes a [`PreemptRecord`] on
+//! each preemptor ([`PREEMPTION_ANNOTATION`]). A new extender takes those records
+//! up once, before its first decision ([`Cluster::resume_preemptions`]): victims
+//! still there are waited for again (and evicted, unless already leaving), and when
+//! none is left the room is reserved for the preemptor at once.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -32,8 +38,8 @@ use kubeshare_api::{GpuDemand, GpuShare, GroupSpec};
 
 use super::books::book_gpu;
 use super::{
-    Booking, Cluster, FilterKind, FilterOutcome, GroupKey, Kind, Node, PodInfo, Preempting, Req,
-    group_key,
+    Booking, Cluster, FilterKind, FilterOutcome, GroupKey, Kind, Node, PodInfo, Preempting,
+    Promise, Req, group_key,
 };
 
 /// The most what-if fit checks one search makes (a node of 8 GPUs holding 80
@@ -42,11 +48,70 @@ pub const SEARCH_BUDGET: usize = 20_000;
 
 /// How long the books wait for a preemption's victims to leave (their graceful
 /// termination) before they give the preemption up.
-const PREEMPTION_TIMEOUT_MS: u64 = 120_000;
+pub(super) const PREEMPTION_TIMEOUT_MS: u64 = 120_000;
 
 /// How long a node where an eviction was refused (a PodDisruptionBudget) is
 /// left out of the pod's next searches.
 const BLOCKED_MS: u64 = 30_000;
+
+/// The annotation on a preemptor that records its preemption (JSON of a
+/// [`PreemptRecord`]), written by the extender before the evictions, so that a
+/// restarted extender carries the preemption on instead of starting another.
+pub const PREEMPTION_ANNOTATION: &str = "sharedgpu/preemption";
+
+/// What a preemptor was promised: the place its victims make room for.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PreemptRecord {
+    pub node: String,
+    /// GPU indexes, as planned.
+    pub gpus: Vec<u32>,
+    /// The victims' uids.
+    pub victims: Vec<String>,
+    /// When it was decided: wall-clock milliseconds since the Unix epoch (a
+    /// record older than the preemption timeout is ignored).
+    pub at: u64,
+}
+
+impl PreemptRecord {
+    /// The records of an order's preemptors, decided at `at` (Unix ms).
+    pub fn of_order(o: &PreemptOrder, at: u64) -> Vec<(PodRef, PreemptRecord)> {
+        o.pods
+            .iter()
+            .map(|p| {
+                (
+                    p.pod.clone(),
+                    PreemptRecord {
+                        node: p.node.clone(),
+                        gpus: p.gpus.clone(),
+                        victims: o.victims.iter().map(|v| v.uid.clone()).collect(),
+                        at,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// The annotation's value.
+    pub fn to_annotation(&self) -> String {
+        // A struct of strings and integers: serialising cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Reads the annotation's value; `None` when it does not parse.
+    pub fn from_annotation(v: &str) -> Option<PreemptRecord> {
+        serde_json::from_str(v).ok()
+    }
+}
+
+/// What [`Cluster::resume_preemptions`] took up.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Resumed {
+    /// Preemptions carried on (waiting again, or reserved at once).
+    pub count: usize,
+    /// Evictions to post again: victims the records name that are still there
+    /// and not leaving (the previous extender stopped before evicting them).
+    pub orders: Vec<PreemptOrder>,
+}
 
 /// A pod, for events and the Eviction API.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -118,6 +183,9 @@ pub struct PreemptOrder {
     /// The preemptors' `sharedgpu/priority`.
     pub priority: u8,
     pub victims: Vec<PodRef>,
+    /// Taken up from a record after a restart: the record and the `Preempting`
+    /// event are already there; only the evictions are posted again.
+    pub resumed: bool,
 }
 
 /// A preemption under way.
@@ -129,6 +197,9 @@ pub(super) struct Preemption {
     /// Victims gone, whose bookings are kept until the last one leaves.
     left: BTreeSet<String>,
     deadline: u64,
+    /// Room promised on its node's GPUs while the victims leave: (GPU uuid,
+    /// share, device memory) beyond what the victims free there.
+    holds: Vec<(String, u32, u64)>,
 }
 
 /// Pods evicted together: one pod, or every booked member of a group.
@@ -484,23 +555,148 @@ impl Cluster {
             group,
             priority,
             victims: victims.iter().map(|v| pod_ref(self, v)).collect(),
+            resumed: false,
         };
-        for (u, node, _) in preemptors {
+        for (u, node, gpus) in preemptors {
             for v in victims {
                 self.evicting.entry(v.clone()).or_default().push(u.clone());
             }
+            let waiting: BTreeSet<String> = victims.iter().cloned().collect();
+            let holds = self.promise(u, node, gpus, &waiting);
             self.preempting.insert(
                 u.clone(),
                 Preemption {
                     node: node.clone(),
-                    waiting: victims.iter().cloned().collect(),
+                    waiting,
                     left: BTreeSet::new(),
                     deadline: now_ms.saturating_add(PREEMPTION_TIMEOUT_MS),
+                    holds,
                 },
             );
+            self.refresh_promises(node);
             self.nominate_to(u, node);
         }
         order
+    }
+
+    /// Takes up the preemptions that another extender recorded on pods
+    /// ([`PreemptRecord`]); the first call does, later ones do nothing. The
+    /// caller makes it once the watches have listed, before its first decision.
+    /// `now_ms` is the books' clock, `wall_ms` the wall clock (Unix ms) the
+    /// records' times are in. For each pending guaranteed pod with a record
+    /// younger than the preemption timeout and nothing booked:
+    ///
+    /// - the victims it names that are still booked (and still victims a
+    ///   preemptor may evict: opportunistic, of no higher `spec.priority`) are
+    ///   waited for again, as if this extender had evicted them, and the rest of
+    ///   its place is promised to it; those not already leaving are evicted
+    ///   again (`orders`);
+    /// - when none is left, the room is reserved for it at once, nominated and
+    ///   woken, as when its last victim leaves.
+    ///
+    /// So the room the victims free goes to the preemptor, not to the next pod
+    /// that asks, and no other victim is evicted for it.
+    pub fn resume_preemptions(&mut self, now_ms: u64, wall_ms: u64) -> Resumed {
+        let mut out = Resumed::default();
+        if std::mem::replace(&mut self.resumed, true) {
+            return out;
+        }
+        self.now_hint = self.now_hint.max(now_ms);
+        let mut records: Vec<(String, PreemptRecord)> = self
+            .pods
+            .iter()
+            .filter_map(|(u, e)| e.preemption.clone().map(|r| (u.clone(), r)))
+            .collect();
+        records.sort_by(|a, b| a.0.cmp(&b.0));
+        for (p, r) in records {
+            let Some(e) = self.pods.get(&p) else {
+                continue;
+            };
+            let Ok(Some(d)) = &e.demand else {
+                continue;
+            };
+            let age = wall_ms.saturating_sub(r.at);
+            if d.priority == 0
+                || e.node_name.is_some()
+                || e.terminating
+                || age >= PREEMPTION_TIMEOUT_MS
+                || self.bookings.contains_key(&p)
+                || self.preempting.contains_key(&p)
+                || !self.nodes.contains_key(&r.node)
+            {
+                continue;
+            }
+            let (prio, priority) = (e.priority, d.priority);
+            let waiting: BTreeSet<String> = r
+                .victims
+                .iter()
+                .filter(|v| self.still_a_victim(v, prio))
+                .cloned()
+                .collect();
+            out.count += 1;
+            if waiting.is_empty() {
+                self.reserve_preempted(&p, &r.node);
+                continue;
+            }
+            let evict: Vec<PodRef> = waiting
+                .iter()
+                .filter(|v| self.pods.get(*v).is_some_and(|e| !e.terminating))
+                .map(|v| PodRef {
+                    namespace: self.pods[v].namespace.clone(),
+                    name: self.pods[v].name.clone(),
+                    uid: v.clone(),
+                })
+                .collect();
+            for v in &waiting {
+                self.evicting.entry(v.clone()).or_default().push(p.clone());
+            }
+            let holds = self.promise(&p, &r.node, &r.gpus, &waiting);
+            self.preempting.insert(
+                p.clone(),
+                Preemption {
+                    node: r.node.clone(),
+                    waiting,
+                    left: BTreeSet::new(),
+                    deadline: now_ms.saturating_add(PREEMPTION_TIMEOUT_MS - age),
+                    holds,
+                },
+            );
+            self.refresh_promises(&r.node);
+            self.nominate_to(&p, &r.node);
+            if !evict.is_empty() {
+                let e = &self.pods[&p];
+                out.orders.push(PreemptOrder {
+                    pods: vec![Preemptor {
+                        pod: PodRef {
+                            namespace: e.namespace.clone(),
+                            name: e.name.clone(),
+                            uid: p.clone(),
+                        },
+                        node: r.node.clone(),
+                        gpus: r.gpus.clone(),
+                    }],
+                    group: e.group.clone(),
+                    priority,
+                    victims: evict,
+                    resumed: true,
+                });
+            }
+        }
+        out
+    }
+
+    /// Whether `uid`, named by a record, may still be waited for (and evicted)
+    /// for a preemptor of `spec.priority` `prio`: an observed opportunistic
+    /// booking (on any node: a group of victims goes whole), of no higher
+    /// `spec.priority`. Anything else a record names (gone, guaranteed, of a
+    /// higher PriorityClass) is not touched.
+    fn still_a_victim(&self, uid: &str, prio: i32) -> bool {
+        let (Some(b), Some(e)) = (self.bookings.get(uid), self.pods.get(uid)) else {
+            return false;
+        };
+        b.kind == Kind::Observed
+            && e.priority <= prio
+            && matches!(&e.demand, Ok(Some(d)) if d.priority == 0)
     }
 
     /// A guaranteed group that cannot start preempts for all its members at
@@ -667,6 +863,12 @@ impl Cluster {
                 self.release_victim(v, p, true);
             }
         }
+        let mut nodes: Vec<&str> = pres.iter().map(|(_, pre)| pre.node.as_str()).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        for n in nodes {
+            self.refresh_promises(n);
+        }
         for (p, pre) in pres {
             self.reserve_preempted(&p, &pre.node);
         }
@@ -685,6 +887,106 @@ impl Cluster {
                 self.remove_booking(v);
             }
         }
+    }
+
+    /// The room preemptor `uid` will take on `node`'s GPUs of index `gpus`
+    /// beyond what `victims` free there: (uuid, share, device memory) per GPU.
+    /// Promised to it while the victims leave, so that no other pod takes the
+    /// part of its place the victims do not hold (a free GPU beside them, the
+    /// room left on theirs).
+    fn promise(
+        &self,
+        uid: &str,
+        node: &str,
+        gpus: &[u32],
+        victims: &BTreeSet<String>,
+    ) -> Vec<(String, u32, u64)> {
+        let (Some(n), Some(Ok(Some(d)))) =
+            (self.nodes.get(node), self.pods.get(uid).map(|e| &e.demand))
+        else {
+            return Vec::new();
+        };
+        let whole = matches!(d.share, GpuShare::Whole { .. });
+        let share = u32::from(d.request_per_gpu().get());
+        let mut out = Vec::new();
+        for g in n.gpus.iter().filter(|g| gpus.contains(&g.info.index)) {
+            let mem = if whole {
+                g.info.memory
+            } else if d.managed_on(g.info.memory).is_none() {
+                d.mem_on(g.info.memory)
+            } else {
+                0
+            };
+            let (vm, vmem) = victims
+                .iter()
+                .filter_map(|v| self.bookings.get(v))
+                .filter(|b| b.on(node, &g.info.uuid))
+                .fold((0u32, 0u64), |(m, b0), b| {
+                    let dev = if b.managed.is_none() { b.mem } else { 0 };
+                    (m.saturating_add(b.milli), b0.saturating_add(dev))
+                });
+            let hold = (share.saturating_sub(vm), mem.saturating_sub(vmem));
+            if hold != (0, 0) {
+                out.push((g.info.uuid.clone(), hold.0, hold.1));
+            }
+        }
+        out
+    }
+
+    /// Sets each GPU of `node` (named `name`) to the room promised there to the
+    /// preemptions under way.
+    pub(super) fn attach_promises(&self, name: &str, node: &mut Node) {
+        for g in &mut node.gpus {
+            g.promised.clear();
+        }
+        let mut pres: Vec<(&String, &Preemption)> = self
+            .preempting
+            .iter()
+            .filter(|(_, p)| p.node == name && !p.holds.is_empty())
+            .collect();
+        pres.sort_by_key(|(u, _)| *u);
+        for (uid, pre) in pres {
+            let pod = self
+                .pods
+                .get(uid)
+                .map(|e| format!("{}/{}", e.namespace, e.name))
+                .unwrap_or_default();
+            for (uuid, milli, mem) in &pre.holds {
+                if let Some(&i) = node.by_uuid.get(uuid) {
+                    node.gpus[i].promised.push(Promise {
+                        uid: uid.clone(),
+                        pod: pod.clone(),
+                        milli: *milli,
+                        mem: *mem,
+                    });
+                }
+            }
+        }
+    }
+
+    /// The promises on `name`'s GPUs changed: set them, and give the node a new
+    /// stamp so that no verdict judged without them is reused; pods refused
+    /// there are woken when room is given back.
+    fn refresh_promises(&mut self, name: &str) {
+        let Some(mut node) = self.nodes.remove(name) else {
+            return;
+        };
+        let before: Vec<Vec<Promise>> = node.gpus.iter().map(|g| g.promised.clone()).collect();
+        self.attach_promises(name, &mut node);
+        if node.gpus.iter().zip(&before).any(|(g, b)| g.promised != *b) {
+            self.version += 1;
+            node.stamp = self.version;
+            self.scores = None;
+            if node
+                .gpus
+                .iter()
+                .zip(&before)
+                .any(|(g, b)| g.promised.len() < b.len())
+            {
+                self.refused.freed(name, self.version);
+            }
+        }
+        self.nodes.insert(name.to_string(), node);
     }
 
     fn reserve_preempted(&mut self, p: &str, node: &str) {
@@ -734,6 +1036,7 @@ impl Cluster {
         for v in &pre.left {
             self.release_victim(v, p, true);
         }
+        self.refresh_promises(&pre.node);
     }
 
     /// Preemptions whose victims did not leave in time are given up; their

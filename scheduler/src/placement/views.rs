@@ -6,7 +6,8 @@ use std::collections::{HashMap, HashSet};
 use super::{BooksInconsistent, Cluster, GpuUsage, Kind, Node};
 
 impl Cluster {
-    /// Every GPU with its allocation, in node and index order.
+    /// Every GPU with what label pods and ResourceClaims hold of it, in node and
+    /// index order.
     pub fn usage(&self) -> Vec<GpuUsage> {
         let mut nodes: Vec<(&String, &Node)> = self.nodes.iter().collect();
         nodes.sort_unstable_by_key(|(n, _)| *n);
@@ -23,6 +24,9 @@ impl Cluster {
                     um_resident: g.um_used,
                     mem_total: g.info.memory,
                     holders: g.holders,
+                    claimed_milli: g.claimed.milli,
+                    claimed_mem: g.claimed.mem,
+                    claims: g.claimed.count,
                 })
             })
             .collect()

@@ -159,12 +159,68 @@ async fn a_claim_on_a_gpu_keeps_label_pods_off_its_share() -> Result<()> {
         "{msg}"
     );
     eprintln!("second pending: {msg}");
+    // The metrics count the claim beside the label pods, per GPU.
+    let series = |name: &str, v: u64| {
+        format!(
+            "{name}{{node=\"{claimed}\",gpu=\"0\",uuid=\"{}\",model=\"A\"}} {v}",
+            uuid(&claimed, 0)
+        )
+    };
+    let port = rig.cluster.extender_port();
+    let (_, m) = get(port, "/metrics").await?;
+    for want in [
+        series("kubeshare_gpu_claimed_share", 700),
+        series("kubeshare_gpu_memory_claimed_bytes", 4 * GIB),
+        series("kubeshare_gpu_claims", 1),
+        series("kubeshare_gpu_allocated_share", 300),
+        series("kubeshare_gpu_pods", 1),
+    ] {
+        assert!(m.contains(&want), "no {want} in:\n{m}");
+    }
 
+    // The claim's pod goes, and with it the claim (the resourceclaim controller deletes
+    // a claim made from a template with its pod): the room it held is free. The
+    // extender wakes the pod it refused for that room; kube-scheduler would not retry
+    // it on the claim's events alone (the pod has no claims), so without the wake it
+    // waits for its backoff or the 5-minute flush.
     let dp = DeleteParams {
         grace_period_seconds: Some(0),
         ..Default::default()
     };
     rig.pods().delete("claimer", &dp).await?;
+    wait_until("the claimer's claim deleted", WAIT, || {
+        let claims = claims.clone();
+        let name = claim_name.clone();
+        async move {
+            match claims.get_opt(&name).await {
+                Ok(None) => Ok(Some(())),
+                Ok(Some(_)) => Err("still there".to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    })
+    .await?;
+    let freed = std::time::Instant::now();
+    let p = wait_for(&rig.pods(), "second", Duration::from_secs(5), |p: &Pod| {
+        p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
+    })
+    .await
+    .context("second not bound within 5 s of the claim's deletion")?;
+    eprintln!(
+        "second bound {:?} after the claim was deleted",
+        freed.elapsed()
+    );
+    assert_eq!(p.spec.and_then(|s| s.node_name).as_deref(), Some(&*claimed));
+    let second = rig.bound("second").await?;
+    assert_eq!(second.gpu_uuids, vec![uuid(&claimed, 0)]);
+    let (_, m) = get(port, "/metrics").await?;
+    for want in [
+        series("kubeshare_gpu_claimed_share", 0),
+        series("kubeshare_gpu_claims", 0),
+        series("kubeshare_gpu_allocated_share", 900),
+    ] {
+        assert!(m.contains(&want), "no {want} in:\n{m}");
+    }
     slices
         .delete(
             &format!("{claimed}-{DRIVER_NAME}"),

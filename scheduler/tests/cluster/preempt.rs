@@ -1,7 +1,8 @@
 //! Preemption on the real control plane: guaranteed pods (`sharedgpu/priority` > 0) that
 //! find the GPUs full of opportunistic pods have some evicted (Eviction API) and bind in
 //! their room; the victims' controllers re-create them and they wait with a reason; a
-//! PodDisruptionBudget that forbids the eviction is respected.
+//! PodDisruptionBudget that forbids the eviction is respected; a preemption carries on
+//! across an extender restart.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -10,6 +11,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::watcher;
+use kubeshare_scheduler::placement::{PREEMPTION_ANNOTATION, PreemptRecord};
 use tokio::time::Instant;
 
 use crate::rig::*;
@@ -323,5 +325,179 @@ async fn a_guaranteed_group_preempts_for_all_its_members_at_once() -> Result<()>
     assert_eq!(rig.check_no_overcommit(40 * GIB).await?, 4);
     assert!(!watch.is_finished(), "{:?}", watch.await);
     watch.abort();
+    rig.cleanup().await
+}
+
+/// A finalizer the test puts on pods so that an evicted one stays (terminating, still
+/// on its GPU) until the test lets it go: a long graceful termination, made exact.
+const HOLD: &str = "kubeshare.io/test-hold";
+
+/// Lets pod `name` go: removes its finalizers.
+async fn release(rig: &Rig, name: &str) -> Result<()> {
+    let p = json!({"metadata": {"finalizers": null}});
+    rig.pods()
+        .patch(name, &PatchParams::default(), &Patch::Merge(&p))
+        .await?;
+    Ok(())
+}
+
+/// How many events of `reason` the namespace holds about pod `name` (a repeated event
+/// counts as often as it was sent).
+async fn count_events(rig: &Rig, name: &str, reason: &str) -> Result<i32> {
+    let events: Api<Event> = Api::namespaced(rig.admin.clone(), rig.ns.name());
+    let lp = ListParams::default().fields(&format!("involvedObject.name={name}"));
+    Ok(events
+        .list(&lp)
+        .await?
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .map(|e| e.count.unwrap_or(1).max(1))
+        .sum())
+}
+
+/// The value of a `/metrics` series of the extender (0 when absent).
+async fn metric(rig: &Rig, series: &str) -> Result<f64> {
+    let (_, m) = get(rig.cluster.extender_port(), "/metrics").await?;
+    Ok(m.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0))
+}
+
+/// The extender is killed (SIGKILL) after it evicted a guaranteed pod's victim and
+/// before the pod could bind: the victim is still leaving (held by a finalizer, as by
+/// a long graceful termination). The next extender carries the preemption on from the
+/// pod's record: the guaranteed pod, retried, waits for its victim instead of
+/// preempting again; an opportunistic pod that asks meanwhile does not get the room;
+/// once the victim is gone the guaranteed pod binds there. One eviction in all, and
+/// no GPU above 1.0 at any version of the pods.
+#[tokio::test]
+async fn a_preemption_carries_on_across_an_extender_restart() -> Result<()> {
+    let _g = serial().await;
+    let mut rig = Rig::new("preempt-restart").await?;
+    let node = rig.node("n", 1, "A", 40).await?;
+    let (watch, most) = watch_overcommit(&rig);
+    for f in ["f1", "f2"] {
+        let mut j = rig.pod_json(f, &OPPORTUNISTIC);
+        j["metadata"]["finalizers"] = json!([HOLD]);
+        let pod: Pod = serde_json::from_value(j)?;
+        rig.pods().create(&PostParams::default(), &pod).await?;
+        assert_eq!(rig.bound(f).await?.node, node);
+    }
+    rig.create("g", &GUARANTEED).await?;
+    // The eviction is posted: one filler pod is terminating, and held there.
+    let (victim, victim_uid) = wait_until("a filler pod evicted", WAIT, || async {
+        let l = rig
+            .pods()
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(l.items
+            .into_iter()
+            .find(|p| p.metadata.deletion_timestamp.is_some())
+            .map(|p| {
+                (
+                    p.metadata.name.unwrap_or_default(),
+                    p.metadata.uid.unwrap_or_default(),
+                )
+            }))
+    })
+    .await?;
+    // Its events are out (they are sent apart from the evictions), then the kill.
+    event(&rig, "g", "Preempting").await?;
+    event(&rig, &victim, "Preempted").await?;
+    rig.kill_extender();
+    let other = if victim == "f1" { "f2" } else { "f1" };
+    assert!(rig.unbound_names().await?.contains(&"g".to_string()));
+    // The record the new extender will read: g's node and its one victim.
+    let g = rig.pods().get("g").await?;
+    let rec = g
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(PREEMPTION_ANNOTATION))
+        .and_then(|v| PreemptRecord::from_annotation(v))
+        .context("g carries no preemption record")?;
+    assert_eq!(
+        (rec.node.as_str(), rec.victims.as_slice()),
+        (node.as_str(), &[victim_uid][..])
+    );
+
+    // While no extender runs, an opportunistic pod comes for the same room.
+    rig.create("rival", &OPPORTUNISTIC).await?;
+    rig.start_extender("preempt-restart").await?;
+    // g, retried now (an update moves it out of kube-scheduler's unschedulable queue),
+    // is told to wait for its victim; it preempts nobody else. Its filter is the new
+    // extender's first decision: the records are taken up then.
+    let poke = json!({"metadata": {"annotations": {"kubeshare.io/test-poke": "1"}}});
+    rig.pods()
+        .patch("g", &PatchParams::default(), &Patch::Merge(&poke))
+        .await?;
+    wait_until("the preemption taken up", WAIT, || async {
+        let v = metric(
+            &rig,
+            "kubeshare_extender_preemptions_total{outcome=\"resumed\"}",
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        Ok((v == 1.0).then_some(()))
+    })
+    .await?;
+    wait_until("g filtered by the new extender", WAIT, || async {
+        let v = metric(
+            &rig,
+            "kubeshare_extender_decisions_total{verb=\"filter\",outcome=\"preempting\"}",
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        Ok((v >= 1.0).then_some(()))
+    })
+    .await?;
+    rig.failed_with(
+        "g",
+        &format!(
+            "waiting for 1 of the 1 opportunistic pod(s) evicted for this pod to leave {node}"
+        ),
+    )
+    .await?;
+    rig.failed_with("rival", "free < 0.5 requested").await?;
+
+    // The victim goes: g binds in its room; the rival does not get it.
+    let t = Instant::now();
+    release(&rig, &victim).await?;
+    let p = wait_for(&rig.pods(), "g", BIND_BOUND, |p: &Pod| {
+        p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
+    })
+    .await
+    .context("g not bound after its victim left")?;
+    eprintln!("g bound {:?} after its victim left", t.elapsed());
+    assert_eq!(p.spec.and_then(|s| s.node_name).as_deref(), Some(&*node));
+    rig.failed_with("rival", "free < 0.5 requested").await?;
+    assert_eq!(rig.unbound_names().await?, ["rival"]);
+    // One eviction, one Preempting event: the restart started no second preemption.
+    let o = rig.pods().get(other).await?;
+    assert!(
+        o.metadata.deletion_timestamp.is_none(),
+        "{other} was evicted too"
+    );
+    assert_eq!(count_events(&rig, "g", "Preempting").await?, 1);
+    assert_eq!(count_events(&rig, &victim, "Preempted").await?, 1);
+    assert_eq!(count_events(&rig, other, "Preempted").await?, 0);
+    assert_eq!(count_events(&rig, "rival", "Preempted").await?, 0);
+    // The books agree: the GPU is full, not over.
+    let share = metric(
+        &rig,
+        &format!(
+            "kubeshare_gpu_allocated_share{{node=\"{node}\",gpu=\"0\",uuid=\"{}\",model=\"A\"}}",
+            uuid(&node, 0)
+        ),
+    )
+    .await?;
+    assert_eq!(share, 1000.0);
+    assert_eq!(rig.check_no_overcommit(40 * GIB).await?, 2);
+    assert!(!watch.is_finished(), "{:?}", watch.await);
+    watch.abort();
+    assert_eq!(most.load(Ordering::SeqCst), 1000);
+    release(&rig, other).await?;
     rig.cleanup().await
 }

@@ -63,6 +63,20 @@ fn a_claim_sends_a_label_pod_elsewhere_or_leaves_it_pending_with_the_claims_name
             "team/c1, team/c2".to_string()
         )]
     );
+    // The metrics' view: the claims beside the label pods (none yet), per GPU.
+    let u = c.usage();
+    assert_eq!(
+        u.iter()
+            .map(|g| (
+                g.node.as_str(),
+                g.used_milli,
+                g.claimed_milli,
+                g.claimed_mem,
+                g.claims
+            ))
+            .collect::<Vec<_>>(),
+        [("n1", 0, 500, 8 * GIB, 2), ("n2", 0, 0, 0, 0)]
+    );
     // 0.7 fits only beside no claim: n2.
     let a = schedule(&mut c, &mut frac("a", "0.7"), 0).unwrap();
     assert_eq!(gpu_of(&a), ("n2".to_string(), vec![uuid(2, 0)]));
@@ -77,12 +91,61 @@ fn a_claim_sends_a_label_pod_elsewhere_or_leaves_it_pending_with_the_claims_name
     let mut half = frac("h", "0.5");
     let h = schedule(&mut c, &mut half, 0).unwrap();
     assert_eq!(h.node, "n1");
+    let n1 = &c.usage()[0];
+    assert_eq!(
+        (n1.used_milli, n1.claimed_milli, n1.holders, n1.claims),
+        (500, 500, 1, 2)
+    );
     // The claims go (deallocated): b fits where they were... once h is gone too.
     c.delete_pod("h");
     c.set_claims(claimed([], &slices));
     assert_eq!(c.claim_holds(), vec![]);
     let b = schedule(&mut c, &mut frac("b", "0.7"), 0).unwrap();
     assert_eq!(b.node, "n1");
+}
+
+#[test]
+fn a_pod_refused_for_room_a_claim_holds_is_woken_when_the_claim_goes() {
+    let (i1, i2) = (inv(1, 1, "A", 40, &[]), inv(2, 1, "A", 40, &[]));
+    let mut c = cluster(&[("n1", i1.clone()), ("n2", i2.clone())]);
+    let slices = [slice("n1", &i1), slice("n2", &i2)];
+    let c1 = claim("c1", "n1", 0, 700, 4 * GIB);
+    let c2 = claim("c2", "n2", 0, 700, 4 * GIB);
+    c.set_claims(claimed([&c1, &c2], &slices));
+    // Refused for room on n1 only (the names kube-scheduler sent).
+    let pending = frac("pending", "0.6");
+    let n1 = ["n1".to_string()];
+    assert!(c.filter(&pending, &n1, 0).passed.is_empty());
+    // A claim that grows, or a claim elsewhere that goes, frees nothing here.
+    let bigger = claim("c1", "n1", 0, 800, 4 * GIB);
+    c.set_claims(claimed([&bigger, &c2], &slices));
+    c.set_claims(claimed([&bigger], &slices));
+    assert!(c.take_wake().is_empty(), "no room freed on n1");
+    // The claim on n1 is deallocated: the pod is woken, once, and now fits.
+    c.set_claims(claimed([], &slices));
+    assert_eq!(
+        c.take_wake(),
+        [("ns".to_string(), "pod-pending".to_string())]
+    );
+    assert!(c.take_wake().is_empty(), "woken once per refusal");
+    assert_eq!(c.filter(&pending, &n1, 0).passed, n1);
+    // Memory given back alone wakes too: refused for memory, then the claim's
+    // memory shrinks.
+    let mut c = cluster(&[("n1", i1.clone())]);
+    c.set_claims(claimed([&claim("m", "n1", 0, 100, 30 * GIB)], &slices));
+    let p = pod(
+        "p",
+        &[
+            ("gpu_request", "0.1"),
+            ("gpu_limit", "0.1"),
+            ("gpu_mem", "20Gi"),
+        ],
+    );
+    assert!(c.filter(&p, &n1, 0).passed.is_empty());
+    c.set_claims(claimed([&claim("m", "n1", 0, 100, 10 * GIB)], &slices));
+    assert_eq!(c.take_wake().len(), 1);
+    assert_eq!(c.filter(&p, &n1, 0).passed, n1);
+    c.check_invariants().unwrap();
 }
 
 #[test]

@@ -61,6 +61,8 @@ fn pod(uid: &str, kv: &[(&str, &str)]) -> PodInfo {
         resource_version: None,
         kubeshare: true,
         pod_priority: 0,
+        terminating: false,
+        preemption: None,
     }
 }
 

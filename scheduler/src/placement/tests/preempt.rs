@@ -303,10 +303,24 @@ const REQ: [&str; 4] = ["0.25", "0.5", "0.75", "1.0"];
 /// Two nodes of two GPUs (models A and B) with the background pods placed where they fit:
 /// (request, opportunistic, spec.priority, anti-affinity tag) each.
 fn with_background(bg: &[(u8, bool, i32, bool)]) -> Cluster {
-    let mut c = cluster(&[
-        ("n1", inv(1, 2, "A", 40, &[])),
-        ("n2", inv(2, 2, "B", 40, &[])),
-    ]);
+    with_background_pods(bg).0
+}
+
+const BG_NODES: [(&str, u32, &str); 2] = [("n1", 1, "A"), ("n2", 2, "B")];
+
+fn bg_cluster() -> Cluster {
+    let nodes: Vec<(&str, NodeInventory)> = BG_NODES
+        .iter()
+        .map(|&(n, i, m)| (n, inv(i, 2, m, 40, &[])))
+        .collect();
+    cluster(&nodes)
+}
+
+/// [`with_background`], and the background pods as the API shows them (the placed
+/// ones bound, with their records).
+fn with_background_pods(bg: &[(u8, bool, i32, bool)]) -> (Cluster, Vec<PodInfo>) {
+    let mut c = bg_cluster();
+    let mut pods = Vec::new();
     for (i, &(r, o, sp, a)) in bg.iter().enumerate() {
         let mut kv = vec![("gpu_request", REQ[r as usize]), ("gpu_limit", "1")];
         if !o {
@@ -318,8 +332,9 @@ fn with_background(bg: &[(u8, bool, i32, bool)]) -> Cluster {
         let mut p = pod(&format!("b{i:02}"), &kv);
         p.pod_priority = sp;
         let _ = schedule(&mut c, &mut p, 0);
+        pods.push(p);
     }
-    c
+    (c, pods)
 }
 
 /// The preemptor: (kind, spec.priority, model B, anti-affinity tag).
@@ -533,4 +548,280 @@ proptest! {
         prop_assert_eq!(c.booking_counts().2, 0, "every member released at the gate");
         prop_assert!(c.usage().iter().all(|g| g.used_milli <= 1000));
     }
+}
+
+// ---------------------------------------------------------------- restarts
+
+/// A fresh extender's books after a restart: the nodes, then `pods` as the watch
+/// lists them.
+fn restarted(pods: &[PodInfo]) -> Cluster {
+    let mut c = cluster(&[("n1", inv(1, 1, "A", 40, &[]))]);
+    for p in pods {
+        c.apply_pod(p);
+    }
+    c.check_invariants().unwrap();
+    c
+}
+
+/// Two opportunistic halves fill n1's one GPU; a guaranteed half preempts `a`.
+/// Returns the pods as the API shows them (`g` carrying its record, decided at
+/// wall time 1,000) and the order.
+fn preempted_half() -> (Vec<PodInfo>, PodInfo, PreemptOrder) {
+    let mut c = cluster(&[("n1", inv(1, 1, "A", 40, &[]))]);
+    let (mut a, mut b) = (opp("a", "0.5", 0), opp("b", "0.5", 0));
+    schedule(&mut c, &mut a, 0).unwrap();
+    schedule(&mut c, &mut b, 0).unwrap();
+    let mut g = guar("g", "0.5", 0);
+    let names = c.node_names();
+    let mut out = c.filter(&g, &names, 0);
+    let order = c.preempt(&g, &names, 0, &mut out).expect("preempts");
+    assert_eq!(uids(&order), ["a"]);
+    let recs = PreemptRecord::of_order(&order, 1_000);
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].0.uid, "g");
+    // Through the annotation, as the API keeps it.
+    g.preemption = PreemptRecord::from_annotation(&recs[0].1.to_annotation());
+    assert_eq!(g.preemption.as_ref(), Some(&recs[0].1));
+    (vec![a, b], g, order)
+}
+
+#[test]
+fn a_restarted_extender_waits_for_a_leaving_victim_and_keeps_its_room() {
+    let (mut pods, g, _) = preempted_half();
+    // Evicted before the restart: `a` is terminating (it still holds its half).
+    pods[0].terminating = true;
+    pods.push(g.clone());
+    let mut c = restarted(&pods);
+    let names = c.node_names();
+    // Nothing is decided before the records are taken up.
+    let r = c.resume_preemptions(5, 1_500);
+    assert_eq!(r.count, 1);
+    assert!(r.orders.is_empty(), "a leaving victim is not evicted again");
+    assert_eq!(c.resume_preemptions(6, 1_600), Resumed::default(), "once");
+    assert_eq!(
+        c.preemptions()["g"],
+        ("n1".to_string(), vec!["a".to_string()])
+    );
+    // The preemptor waits; it evicts nobody else; nobody takes the room.
+    let mut f = c.filter(&g, &names, 10);
+    assert!(f.failed["n1"].contains("waiting for 1 of the 1"), "{f:?}");
+    assert!(c.preempt(&g, &names, 10, &mut f).is_none());
+    let mut rival = opp("rival", "0.5", 0);
+    assert!(schedule(&mut c, &mut rival, 10).is_err());
+    c.delete_pod("a");
+    c.check_invariants().unwrap();
+    assert!(schedule(&mut c, &mut rival, 11).is_err(), "the room is g's");
+    let noms = c.take_nominations();
+    assert!(
+        noms.iter().any(|n| n.name == "pod-g" && n.node == "n1"),
+        "{noms:?}"
+    );
+    let mut g = g;
+    let a = schedule(&mut c, &mut g, 12).expect("the preemptor binds");
+    assert_eq!(a.node, "n1");
+    assert_eq!(c.usage()[0].used_milli, 1000);
+    assert!(c.preemptions().is_empty());
+}
+
+#[test]
+fn a_restart_before_the_evictions_posts_them_again_and_only_them() {
+    let (mut pods, g, order) = preempted_half();
+    pods.push(g.clone());
+    let mut c = restarted(&pods);
+    let r = c.resume_preemptions(0, 2_000);
+    assert_eq!(r.count, 1);
+    assert_eq!(r.orders.len(), 1);
+    let o = &r.orders[0];
+    assert!(o.resumed);
+    assert_eq!(o.victims, order.victims, "the same victim, no other");
+    assert_eq!(o.pods, order.pods);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn a_restart_after_the_victims_left_reserves_their_room_at_once() {
+    let (pods, g, _) = preempted_half();
+    // `a` is gone; the restarted extender has not seen it leave.
+    let mut c = restarted(&[pods[1].clone(), g.clone()]);
+    assert_eq!(c.usage()[0].used_milli, 500);
+    let r = c.resume_preemptions(0, 2_000);
+    assert_eq!((r.count, r.orders.len()), (1, 0));
+    assert_eq!(c.booking_counts(), (1, 0, 1), "g's room is reserved");
+    let mut rival = opp("rival", "0.5", 0);
+    assert!(schedule(&mut c, &mut rival, 1).is_err());
+    let mut g = g;
+    assert_eq!(schedule(&mut c, &mut g, 1).unwrap().node, "n1");
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn records_that_are_old_forged_or_done_are_ignored() {
+    let (pods, g, _) = preempted_half();
+    // Older than the preemption timeout: the pod searches as any pod.
+    let mut c = restarted(&[pods[0].clone(), pods[1].clone(), g.clone()]);
+    let r = c.resume_preemptions(0, 1_000 + crate::placement::preempt::PREEMPTION_TIMEOUT_MS);
+    assert_eq!(r, Resumed::default());
+    assert!(c.preemptions().is_empty());
+    // A record naming a guaranteed pod or one of a higher PriorityClass: neither
+    // is waited for nor evicted.
+    let mut c = cluster(&[("n1", inv(1, 1, "A", 40, &[]))]);
+    let mut x = guar("x", "0.5", 0);
+    schedule(&mut c, &mut x, 0).unwrap();
+    let mut y = opp("y", "0.5", 9);
+    schedule(&mut c, &mut y, 0).unwrap();
+    let mut forged = guar("f", "0.5", 0);
+    forged.preemption = Some(PreemptRecord {
+        node: "n1".into(),
+        gpus: vec![0],
+        victims: vec!["x".into(), "y".into()],
+        at: 1_000,
+    });
+    c.apply_pod(&forged);
+    let r = c.resume_preemptions(0, 1_000);
+    assert!(r.orders.is_empty(), "{r:?}");
+    assert!(c.preemptions().is_empty());
+    assert_eq!(
+        c.booking_counts(),
+        (2, 0, 0),
+        "no room to reserve, nothing held"
+    );
+    // A bound preemptor, or an opportunistic pod with a record: nothing.
+    let (mut pods, mut g, _) = preempted_half();
+    g.node_name = Some("n1".into());
+    pods.push(g);
+    let mut o = opp("o", "0.5", 0);
+    o.preemption = pods[2].preemption.clone();
+    pods.push(o);
+    let mut c = restarted(&pods);
+    assert_eq!(c.resume_preemptions(0, 1_000), Resumed::default());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, max_global_rejects: 1_000_000, ..ProptestConfig::default() })]
+
+    /// The extender restarts at any point of a preemption: some victims gone, some
+    /// leaving, the rest not evicted yet. The new one, from the pods alone (their
+    /// records and the preemptor's), evicts again only the victims the plan named
+    /// that are neither gone nor leaving, starts no other preemption for the pod,
+    /// gives its room to no other pod, and the pod binds where it was planned; no
+    /// GPU is above 1.0 at any step.
+    #[test]
+    fn a_restart_mid_preemption_keeps_the_plan(
+        bg in background(),
+        (kind, prio, model, anti) in preemptor(),
+        gone in 0usize..8,
+        leaving in any::<u8>(),
+        rival_req in 0usize..4,
+    ) {
+        let (mut c, bg_pods) = with_background_pods(&bg);
+        let mut p = preemptor_pod(kind, prio, model, anti);
+        let names = c.node_names();
+        let mut out = c.filter(&p, &names, 0);
+        prop_assume!(out.passed.is_empty());
+        let Some(order) = c.preempt(&p, &names, 0, &mut out) else { return Ok(()) };
+        let node = order.pods[0].node.clone();
+        let victims: Vec<String> = uids(&order).into_iter().map(String::from).collect();
+        p.preemption = Some(PreemptRecord::of_order(&order, 1_000).remove(0).1);
+        // What the API shows at the restart.
+        let gone = gone.min(victims.len());
+        let mut listed: Vec<PodInfo> = Vec::new();
+        for b in &bg_pods {
+            let Some(i) = victims.iter().position(|v| *v == b.uid) else {
+                listed.push(b.clone());
+                continue;
+            };
+            if i < gone {
+                continue;
+            }
+            let mut b = b.clone();
+            b.terminating = leaving & (1 << (i % 8)) != 0;
+            listed.push(b);
+        }
+        listed.push(p.clone());
+        let mut c = bg_cluster();
+        for l in &listed {
+            c.apply_pod(l);
+        }
+        c.check_invariants().unwrap();
+        let r = c.resume_preemptions(0, 1_500);
+        prop_assert_eq!(r.count, 1);
+        let mut again: Vec<&str> = r.orders.iter().flat_map(|o| o.victims.iter().map(|v| v.uid.as_str())).collect();
+        again.sort();
+        let want: Vec<&str> = listed
+            .iter()
+            .filter(|l| victims.contains(&l.uid) && !l.terminating)
+            .map(|l| l.uid.as_str())
+            .collect();
+        prop_assert_eq!(again, want);
+        // The victims leave; a rival asks for room at every step.
+        let mut rivals = 0;
+        let mut rival = |c: &mut Cluster, step: u64| {
+            rivals += 1;
+            let mut r = pod(&format!("r{rivals}"), &[("gpu_request", REQ[rival_req]), ("gpu_limit", "1")]);
+            let _ = schedule(c, &mut r, step);
+            c.check_invariants().unwrap();
+        };
+        rival(&mut c, 1);
+        let still: Vec<String> = listed.iter().filter(|l| victims.contains(&l.uid)).map(|l| l.uid.clone()).collect();
+        for v in &still {
+            let names = c.node_names();
+            let mut f = c.filter(&p, &names, 2);
+            prop_assert_eq!(f.kind, FilterKind::Preempting);
+            prop_assert!(c.preempt(&p, &names, 2, &mut f).is_none(), "a second preemption");
+            c.delete_pod(v);
+            c.check_invariants().unwrap();
+            rival(&mut c, 3);
+        }
+        let a = schedule(&mut c, &mut p, 4).expect("the preemptor binds where it preempted");
+        prop_assert_eq!(&a.node, &node);
+        c.check_invariants().unwrap();
+        prop_assert!(c.usage().iter().all(|g| g.used_milli <= 1000));
+    }
+}
+
+#[test]
+fn the_room_a_waiting_preemptor_needs_beyond_its_victims_is_promised_to_it() {
+    // n1: gpu 0 holds two opportunistic quarters, gpu 1 is free. A guaranteed pod of
+    // two whole GPUs evicts both quarters and needs gpu 1 too.
+    let mut c = cluster(&[("n1", inv(1, 2, "A", 40, &[]))]);
+    for u in ["a", "b"] {
+        let mut p = opp(u, "0.25", 0);
+        schedule(&mut c, &mut p, 0).unwrap();
+        assert_eq!(p.allocation.unwrap().unwrap().gpu_uuids, [uuid(1, 0)]);
+    }
+    let g = pod(
+        "g",
+        &[("gpu_request", "2"), ("gpu_limit", "2"), ("priority", "50")],
+    );
+    let names = c.node_names();
+    let mut out = c.filter(&g, &names, 0);
+    let order = c.preempt(&g, &names, 0, &mut out).expect("preempts");
+    assert_eq!(uids(&order), ["a", "b"]);
+    // While they leave, gpu 1 (free) and the half left on gpu 0 are the preemptor's.
+    let f = schedule(&mut c, &mut opp("r1", "0.25", 0), 1).unwrap_err();
+    assert_eq!(
+        f.failed["n1"],
+        "n1/gpu 0: 0.0 free < 0.25 requested, counting 0.5 promised to preempting pod(s) ns/pod-g"
+    );
+    c.delete_pod("a");
+    assert!(schedule(&mut c, &mut opp("r2", "0.25", 0), 2).is_err());
+    c.delete_pod("b");
+    c.check_invariants().unwrap();
+    // The last victim gone: the room is reserved for it, then bound.
+    assert!(schedule(&mut c, &mut opp("r3", "0.25", 0), 3).is_err());
+    let mut g = g;
+    let a = schedule(&mut c, &mut g, 3).expect("the preemptor binds");
+    assert_eq!(a.gpu_uuids.len(), 2);
+    // An abandoned preemption gives its promise back.
+    let mut c = cluster(&[("n1", inv(1, 2, "A", 40, &[]))]);
+    schedule(&mut c, &mut opp("a", "0.25", 0), 0).unwrap();
+    let g = pod(
+        "g",
+        &[("gpu_request", "2"), ("gpu_limit", "2"), ("priority", "50")],
+    );
+    let mut out = c.filter(&g, &names, 0);
+    c.preempt(&g, &names, 0, &mut out).expect("preempts");
+    assert!(schedule(&mut c, &mut opp("r", "0.5", 0), 1).is_err());
+    c.delete_pod("g");
+    assert!(schedule(&mut c, &mut opp("r", "0.5", 0), 2).is_ok());
 }
