@@ -3,11 +3,13 @@
 //! has the node daemon's kubelet plugin prepare the claim, containerd applies the claim's
 //! CDI spec, and inside the container the hook (on the fake libcuda) reaches that GPU's
 //! gem-schd and gets the claim's share and memory cap. Deleting the pod unprepares it.
+//! Two pods with a claim each split one GPU as labelled pods do (the same measure of GPU
+//! time); a third claim waits, Pending, until one of them goes.
 //!
 //! The rig runs on CDI unless `KUBESHARE_NODE_CDI=0` (containerd with CDI, its spec dir
 //! RUN_DIR/node/cdi, the chart's `cdi.enabled` with stand-in device nodes made by
-//! hack/deploy.sh); without it the test says so and checks nothing. The chart runs the
-//! node daemon without `--dra`: the test turns it on in the DaemonSet (the flags and
+//! hack/deploy.sh); without it the tests say so and check nothing. The chart runs the
+//! node daemon without `--dra`: each test turns it on in the DaemonSet (the flags and
 //! mounts `dra.enabled` adds) and puts the DaemonSet back afterwards. The claims' specs
 //! go to the daemon's `--cdi-spec-dir`, beside its node spec.
 

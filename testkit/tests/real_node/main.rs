@@ -10,7 +10,7 @@
 //! Here: a pod's GPU, hook and sockets, shares and memory caps inside containers; the node
 //! daemon's restarts and the device plugin's GPUs in `daemon.rs`; groups, plain pods and the
 //! deployment itself in `deploy.rs`; GPU use without the hook in `guard.rs`; GPUs handed
-//! over through CDI in `cdi.rs` and a share claimed through DRA in `dra.rs` (the rig's
+//! over through CDI in `cdi.rs` and shares claimed through DRA in `dra.rs` (the rig's
 //! default; not with KUBESHARE_NODE_CDI=0); another pod's gem-schd socket in `peers.rs`.
 
 use std::collections::BTreeMap;
