@@ -24,7 +24,8 @@
 # up --fake-gpu: the fake libcuda and a fake inventory (as hack/deploy.sh sets up the CI
 #   node) instead of NVML; the scenarios then run cuda-workload.
 # up --cdi (the default where the packed chart has CDI values): KubeShare's device plugin
-#   hands each pod its GPU through CDI; --no-cdi: no device plugin, the scenarios' pods run
+#   hands each pod its GPU through CDI, and DRA is on (pods may claim shares with
+#   ResourceClaims); --no-cdi: no device plugin and no DRA, the scenarios' pods run
 #   privileged (every host device).
 # Env: KSGPU_STATE (default /var/tmp/ksgpu), KSGPU_NODE_IP (default: the address of the
 #      default route, else the first global IPv4 address, else an alias on lo),
@@ -317,10 +318,16 @@ cmd_pack() {
     # GPUs through CDI: the node daemon's kubeshare.io/gpu device plugin hands each pod its
     # GPU as a CDI device (spec in /var/run/cdi, containerd's spec dir here), the webhook
     # asks for it; on the fake GPU with stand-in device nodes, as the CI node does.
-    render cdi --set nodeDaemon.driverLibDir=/usr/local/nvidia/lib64 --set cdi.enabled=true
+    # With DRA too where the chart has it (docs/dra.md): the node daemon runs with --dra
+    # (a kubelet plugin in the kubelet's /var/lib/kubelet, the claims' CDI specs in the same
+    # spec dir) and the DeviceClass is installed, so pods may also claim shares
+    # (scenario `claims`); label pods are placed as before. The feature gates above are on.
+    local dra=()
+    ! grep -q '^dra:' "$REPO/charts/kubeshare/values.yaml" || dra=(--set dra.enabled=true)
+    render cdi --set nodeDaemon.driverLibDir=/usr/local/nvidia/lib64 --set cdi.enabled=true "${dra[@]}"
     render fake-cdi --set nodeDaemon.fakeInventoryConfigMap=kubeshare-fake-inventory \
       --set nodeDaemon.fakeGpuDir=/var/lib/kubeshare-test \
-      --set cdi.enabled=true --set cdi.devDir=/var/lib/kubeshare-test/cdi-dev
+      --set cdi.enabled=true --set cdi.devDir=/var/lib/kubeshare-test/cdi-dev "${dra[@]}"
   fi
   # The certificates (hack/cluster.sh's, plus the kubelet's client identity): openssl
   # is not needed there.

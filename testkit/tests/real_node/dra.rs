@@ -3,11 +3,13 @@
 //! has the node daemon's kubelet plugin prepare the claim, containerd applies the claim's
 //! CDI spec, and inside the container the hook (on the fake libcuda) reaches that GPU's
 //! gem-schd and gets the claim's share and memory cap. Deleting the pod unprepares it.
+//! Two pods with a claim each split one GPU as labelled pods do (the same measure of GPU
+//! time); a third claim waits, Pending, until one of them goes.
 //!
 //! The rig runs on CDI unless `KUBESHARE_NODE_CDI=0` (containerd with CDI, its spec dir
 //! RUN_DIR/node/cdi, the chart's `cdi.enabled` with stand-in device nodes made by
-//! hack/deploy.sh); without it the test says so and checks nothing. The chart runs the
-//! node daemon without `--dra`: the test turns it on in the DaemonSet (the flags and
+//! hack/deploy.sh); without it the tests say so and check nothing. The chart runs the
+//! node daemon without `--dra`: each test turns it on in the DaemonSet (the flags and
 //! mounts `dra.enabled` adds) and puts the DaemonSet back afterwards. The claims' specs
 //! go to the daemon's `--cdi-spec-dir`, beside its node spec.
 
@@ -202,6 +204,85 @@ fn with_dra(mut template: Value) -> Result<Value> {
     Ok(template)
 }
 
+/// The node's first GPU (lowest index), which the tests' claims pin by their CEL selector.
+async fn first_gpu(r: &Rig) -> Result<kubeshare_api::GpuInfo> {
+    let inv = daemon::node_inventory(&r.client, &r.node.name).await?;
+    inv.gpus
+        .into_iter()
+        .min_by_key(|g| g.index)
+        .context("no GPUs")
+}
+
+/// Turns DRA on as `dra.enabled` would: the DeviceClass and RBAC, `--dra` in the node
+/// daemon's DaemonSet, until the daemon published the node's slice. The guard puts the
+/// DaemonSet back and removes the objects.
+async fn enable_dra(r: &Rig) -> Result<Restore> {
+    install_dra(&r.client)
+        .await
+        .context("installing the DRA objects")?;
+    let ds: Api<DaemonSet> = Api::namespaced(r.client.clone(), KUBESHARE_NS);
+    let before = serde_json::to_value(&ds.get(DAEMONSET).await?)?;
+    let restore = Restore {
+        kubeconfig: Cluster::shared()?
+            .kubeconfig(Identity::Admin)?
+            .to_path_buf(),
+        node: r.node.name.clone(),
+        template: before["spec"]["template"].clone(),
+    };
+    set_template(&ds, with_dra(before["spec"]["template"].clone())?)
+        .await
+        .context("turning --dra on in the node daemon's DaemonSet")?;
+    // The new daemon publishes the node's slice.
+    let slices: Api<ResourceSlice> = Api::all(r.client.clone());
+    let slice = format!("{}-{DRIVER_NAME}", r.node.name);
+    wait_for(&slices, &slice, WAIT, |_| true)
+        .await
+        .context("the node daemon with --dra publishing its slice")?;
+    Ok(restore)
+}
+
+/// A template of a claim on `gpu` booking `compute` thousandths and `memory`, with no
+/// config: a fixed share (limit = request).
+fn share_template(
+    name: &str,
+    gpu: &str,
+    compute: &str,
+    memory: &str,
+) -> Result<ResourceClaimTemplate> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DRIVER_NAME,
+                "selectors": [{"cel": {"expression":
+                    format!("device.attributes[\"{DRIVER_NAME}\"].uuid == \"{gpu}\"")}}],
+                "capacity": {"requests": {"compute": compute, "memory": memory}},
+            }}],
+        }}},
+    }))?)
+}
+
+/// The pod's `PodScheduled=False` reason and message, once the scheduler gave one.
+fn unschedulable(p: &Pod) -> Option<(String, String)> {
+    p.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        .map(|c| {
+            (
+                c.reason.clone().unwrap_or_default(),
+                c.message.clone().unwrap_or_default(),
+            )
+        })
+}
+
+fn node_of(p: &Pod) -> Option<&str> {
+    p.spec.as_ref()?.node_name.as_deref()
+}
+
 /// A pod of the default scheduler whose container uses the claim from `template`, on
 /// the fake GPU `gpu` (the claim's CEL selector picks the same one).
 fn claiming_pod(name: &str, template: &str, gpu: &str, script: &str) -> Result<Pod> {
@@ -239,32 +320,10 @@ async fn a_claimed_share_reaches_gem_schd_and_the_hook() -> Result<()> {
         eprintln!("the node runs without CDI (KUBESHARE_NODE_CDI=0): nothing checked");
         return Ok(());
     }
-    let inv = daemon::node_inventory(&r.client, &r.node.name).await?;
-    let gpu = inv.gpus.iter().min_by_key(|g| g.index).context("no GPUs")?;
+    let gpu = first_gpu(&r).await?;
     // The spec dir hack/with-cluster.sh deploys the chart with.
     let cdi = r.node.dir.join("cdi");
-
-    install_dra(&r.client)
-        .await
-        .context("installing the DRA objects")?;
-    let ds: Api<DaemonSet> = Api::namespaced(r.client.clone(), KUBESHARE_NS);
-    let before = serde_json::to_value(&ds.get(DAEMONSET).await?)?;
-    let _restore = Restore {
-        kubeconfig: Cluster::shared()?
-            .kubeconfig(Identity::Admin)?
-            .to_path_buf(),
-        node: r.node.name.clone(),
-        template: before["spec"]["template"].clone(),
-    };
-    set_template(&ds, with_dra(before["spec"]["template"].clone())?)
-        .await
-        .context("turning --dra on in the node daemon's DaemonSet")?;
-    // The new daemon publishes the node's slice.
-    let slices: Api<ResourceSlice> = Api::all(r.client.clone());
-    let slice = format!("{}-{DRIVER_NAME}", r.node.name);
-    wait_for(&slices, &slice, WAIT, |_| true)
-        .await
-        .context("the node daemon with --dra publishing its slice")?;
+    let restore = enable_dra(&r).await?;
 
     // 0.3 of the GPU, bursting to 0.6, with 2 GiB.
     let templates: Api<ResourceClaimTemplate> = Api::namespaced(r.client.clone(), r.ns.name());
@@ -338,7 +397,87 @@ async fn a_claimed_share_reaches_gem_schd_and_the_hook() -> Result<()> {
         .filter(|n| n.starts_with("kubeshare.io-claim_"))
         .collect();
     assert!(specs.is_empty(), "{specs:?}");
-    drop(_restore);
+    drop(restore);
+    r.ns.delete().await?;
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs the real node: make node-test"]
+async fn two_claims_split_one_gpu_and_a_third_waits_for_room() -> Result<()> {
+    let r = rig("rn-dra-share").await?;
+    if r.node.env("CTRD_BIN").is_none() {
+        eprintln!("the node runs without CDI (KUBESHARE_NODE_CDI=0): nothing checked");
+        return Ok(());
+    }
+    let gpu = first_gpu(&r).await?;
+    let restore = enable_dra(&r).await?;
+
+    // Two pods, each with its own claim on the one GPU: 0.3 and 0.7 of it, fixed shares.
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(r.client.clone(), r.ns.name());
+    for (name, compute) in [("c30", "300"), ("c70", "700"), ("c30b", "300")] {
+        templates
+            .create(
+                &PostParams::default(),
+                &share_template(name, &gpu.uuid, compute, "2Gi")?,
+            )
+            .await?;
+    }
+    let go = format!("go-{}", unique());
+    let script = share_script(&go);
+    for (name, template) in [("p30", "c30"), ("p70", "c70")] {
+        create(&r.pods, &claiming_pod(name, template, &gpu.uuid, &script)?).await?;
+    }
+    let p30 = running(&r.pods, "p30").await?;
+    let p70 = running(&r.pods, "p70").await?;
+    // Both claims are prepared: the GPU's config holds a fixed-share line for each pod.
+    let config = r.node.resource_config(&gpu.uuid).unwrap_or_default();
+    for (pod, share) in [(&p30, "0.3"), (&p70, "0.7")] {
+        let line = format!("{} {share} {share} 2147483648", uid(pod)?);
+        assert!(config.lines().any(|l| l == line), "{line} not in {config}");
+    }
+    release_barrier(&r.node, &go)?;
+    gpu_time_split(&r.pods, &[("p30", 0.3), ("p70", 0.7)]).await?;
+
+    // A third claim of 0.3 does not fit beside them (1000 of 1000 booked): its pod stays
+    // Pending with the scheduler's reason.
+    create(
+        &r.pods,
+        &claiming_pod("late", "c30b", &gpu.uuid, "echo UP; sleep 3600")?,
+    )
+    .await?;
+    let late = wait_for(&r.pods, "late", WAIT, |p| unschedulable(p).is_some()).await?;
+    let (reason, message) = unschedulable(&late).unwrap_or_default();
+    eprintln!("real node: the third claim's pod pending: {reason}: {message}");
+    assert_eq!(reason, "Unschedulable", "{message}");
+    assert!(
+        message.contains("cannot allocate all claims"),
+        "the reason names the claims: {message}"
+    );
+    assert_eq!(node_of(&late), None);
+
+    // Deleting the 0.3 pod frees its share: the pending pod is placed, its claim prepared.
+    let p30_uid = uid(&p30)?;
+    r.pods
+        .delete(
+            "p30",
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                ..Default::default()
+            },
+        )
+        .await?;
+    let late = running(&r.pods, "late").await?;
+    assert_eq!(node_of(&late), Some(r.node.name.as_str()));
+    let line = format!("{} 0.3 0.3 2147483648", uid(&late)?);
+    wait_until("the late pod's line in the GPU's config", WAIT, || async {
+        let c = r.node.resource_config(&gpu.uuid).unwrap_or_default();
+        Ok::<_, String>((c.lines().any(|l| l == line) && !c.contains(&p30_uid)).then_some(()))
+    })
+    .await?;
+
+    delete_pods_and_wait(&r.pods, "", WAIT).await?;
+    drop(restore);
     r.ns.delete().await?;
     Ok(())
 }

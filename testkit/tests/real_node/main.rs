@@ -10,7 +10,7 @@
 //! Here: a pod's GPU, hook and sockets, shares and memory caps inside containers; the node
 //! daemon's restarts and the device plugin's GPUs in `daemon.rs`; groups, plain pods and the
 //! deployment itself in `deploy.rs`; GPU use without the hook in `guard.rs`; GPUs handed
-//! over through CDI in `cdi.rs` and a share claimed through DRA in `dra.rs` (the rig's
+//! over through CDI in `cdi.rs` and shares claimed through DRA in `dra.rs` (the rig's
 //! default; not with KUBESHARE_NODE_CDI=0); another pod's gem-schd socket in `peers.rs`.
 
 use std::collections::BTreeMap;
@@ -279,15 +279,58 @@ fn busy_fraction(v: &Value, skip_ms: u64) -> Result<f64> {
     Ok((last.1 - first.1) as f64 / ((last.0 - first.0) * 1000) as f64)
 }
 
+/// The shell of a share pod: waits for the barrier file `go` in the shared fake-GPU
+/// directory, then keeps its GPU busy for 16 s with 2 ms kernels, sampling its GPU time.
+fn share_script(go: &str) -> String {
+    format!(
+        "while [ ! -e /fake-gpu/{go} ]; do sleep 0.05; done; \
+         cuda-workload launch --kernel-us 2000 --seconds 16 --sample-ms 250; echo DONE; sleep 3600"
+    )
+}
+
+/// Starts the pods of [`share_script`] together: the barrier file appears in their
+/// shared hostPath.
+fn release_barrier(node: &RealNode, go: &str) -> Result<()> {
+    let dir = node.dir.join("test/fake-gpu");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join(go), b"")?;
+    Ok(())
+}
+
+/// Waits for the [`share_script`] runs of `want` (pod, share) to end and checks how they
+/// split the GPU (as in hook/tests/fake_gpu.rs): each run's GPU time over its wall time
+/// after a 3 s start-up, the GPU mostly busy, and each pod's part of the time used within
+/// ± 0.03 of its share. Returns the parts.
+async fn gpu_time_split(pods: &Api<Pod>, want: &[(&str, f64)]) -> Result<BTreeMap<String, f64>> {
+    let mut frac = BTreeMap::new();
+    for (name, _) in want {
+        let log = wait_for_log(pods, name, "main", "DONE", Duration::from_secs(90)).await?;
+        let out = json_lines(&log);
+        let run = out.first().context("no cuda-workload output")?;
+        frac.insert(name.to_string(), busy_fraction(run, 3000)?);
+    }
+    let used: f64 = frac.values().sum();
+    let got: BTreeMap<String, f64> = frac.iter().map(|(k, f)| (k.clone(), f / used)).collect();
+    eprintln!("real node: GPU time of wall {frac:?}, used {used:.3}, shares {got:?}");
+    // Both ran at once over the same 16 s.
+    ensure!(used <= 1.02, "more GPU time than wall time: {used:.3}");
+    ensure!(used >= 0.85, "GPU mostly idle: {used:.3}");
+    for (name, want) in want {
+        let share = got[*name];
+        ensure!(
+            (share - want).abs() <= 0.03,
+            "{name}: share {share:.3}, want {want} ± 0.03 (all: {got:?})"
+        );
+    }
+    Ok(got)
+}
+
 #[tokio::test]
 #[ignore = "needs the real node: make node-test"]
 async fn two_pods_share_one_gpu_at_their_limits() -> Result<()> {
     let r = rig("rn-share").await?;
     let go = format!("go-{}", unique());
-    let script = format!(
-        "while [ ! -e /fake-gpu/{go} ]; do sleep 0.05; done; \
-         cuda-workload launch --kernel-us 2000 --seconds 16 --sample-ms 250; echo DONE; sleep 3600"
-    );
+    let script = share_script(&go);
     for (name, share) in [("p30", "0.3"), ("p70", "0.7")] {
         let labels = [
             ("sharedgpu/gpu_request", share),
@@ -299,10 +342,8 @@ async fn two_pods_share_one_gpu_at_their_limits() -> Result<()> {
     let p30 = running(&r.pods, "p30").await?;
     let p70 = running(&r.pods, "p70").await?;
     ensure!(gpu_of(&p30)? == gpu_of(&p70)?, "not on one GPU");
-    // Both start together: the barrier file appears in their shared hostPath.
-    let dir = r.node.dir.join("test/fake-gpu");
-    std::fs::create_dir_all(&dir)?;
-    std::fs::write(dir.join(&go), b"")?;
+    // Both start together.
+    release_barrier(&r.node, &go)?;
     // What the node daemon exports as each pod's delivered share (gem-schd's token
     // time over its 10 s window), read through the apiserver once that window lies
     // inside the run.
@@ -337,27 +378,8 @@ async fn two_pods_share_one_gpu_at_their_limits() -> Result<()> {
             "{name}: {share:.3} of {total:.3} delivered, want a {want} split ± 0.03"
         );
     }
-    // Shares of the GPU time the two got (as in hook/tests/fake_gpu.rs), while
-    // the GPU stayed busy: both ran at once over the same 16 s.
-    let mut frac = BTreeMap::new();
-    for name in ["p30", "p70"] {
-        let log = wait_for_log(&r.pods, name, "main", "DONE", Duration::from_secs(90)).await?;
-        let out = json_lines(&log);
-        let run = out.first().context("no cuda-workload output")?;
-        frac.insert(name, busy_fraction(run, 3000)?);
-    }
-    let used: f64 = frac.values().sum();
-    let got: BTreeMap<&str, f64> = frac.iter().map(|(k, f)| (*k, f / used)).collect();
-    eprintln!("real node: GPU time of wall {frac:?}, used {used:.3}, shares {got:?}");
-    assert!(used <= 1.02, "more GPU time than wall time: {used:.3}");
-    assert!(used >= 0.85, "GPU mostly idle: {used:.3}");
-    for (name, want) in [("p30", 0.3), ("p70", 0.7)] {
-        let share = got[name];
-        assert!(
-            (share - want).abs() <= 0.03,
-            "{name}: share {share:.3}, want {want} ± 0.03 (all: {got:?})"
-        );
-    }
+    // Shares of the GPU time the two got, while the GPU stayed busy.
+    gpu_time_split(&r.pods, &[("p30", 0.3), ("p70", 0.7)]).await?;
     delete_pods_and_wait(&r.pods, "", WAIT).await?;
     r.ns.delete().await?;
     Ok(())

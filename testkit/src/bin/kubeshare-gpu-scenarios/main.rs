@@ -6,6 +6,7 @@
 //!   kubeshare-gpu-scenarios --kubeconfig F scenarios [--workload torch|fake] [--only a,b]
 //!
 //! The scenarios (docs/gpu-node.md): `shares` (0.3 / 0.7 on one GPU, each pod's GPU time),
+//! `claims` (the same split with a ResourceClaim per pod, through KubeShare's DRA driver),
 //! `memory` (a `gpu_mem` cap as seen by CUDA and nvidia-smi, and a clean OOM past it),
 //! `no-gpu` (a pod without sharedgpu labels sees no GPU), `group` (a group Job of three
 //! starts together and all compute), `free` (deleting a pod frees its share at once),

@@ -210,6 +210,28 @@ pub fn pod_json(env: &PodEnv, name: &str, labels: BTreeMap<String, String>, work
     })
 }
 
+/// A pod whose container gets its share of the GPU `gpu` (a UUID) through the
+/// ResourceClaim made from `template` (DRA, docs/dra.md): no sharedgpu labels, so the
+/// webhook leaves it alone and the stock scheduler places it; the claim's CDI spec gives
+/// the device nodes, the hook and its socket. It tolerates the GPU node's taint itself.
+pub fn claim_pod_json(env: &PodEnv, name: &str, template: &str, gpu: &str, work: &Work) -> Value {
+    let mut p = pod_json(env, name, BTreeMap::new(), work);
+    let spec = &mut p["spec"];
+    spec["tolerations"] = json!([{"key": "kubeshare.io/gpu", "operator": "Exists"}]);
+    spec["resourceClaims"] = json!([{"name": "gpu", "resourceClaimTemplateName": template}]);
+    let c = &mut spec["containers"][0];
+    c["resources"] = json!({"claims": [{"name": "gpu"}]});
+    if env.workload == Workload::Fake
+        && let Some(vars) = c["env"].as_array_mut()
+    {
+        // No allocation record to read the GPU from: the claim's selector names it.
+        for v in vars.iter_mut().filter(|v| v["name"] == "FAKE_CUDA_DEVICES") {
+            *v = json!({"name": "FAKE_CUDA_DEVICES", "value": gpu});
+        }
+    }
+    p
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -296,5 +318,35 @@ mod tests {
             mem.ends_with(&format!("--bytes {} --count 3", (4u64 << 30) / 8 * 3)),
             "{mem}"
         );
+    }
+
+    #[test]
+    fn claim_pods_name_their_claim_and_carry_no_labels() {
+        let p = claim_pod_json(
+            &env(Workload::Fake, DeviceAccess::Cdi),
+            "c30",
+            "c30",
+            "GPU-1",
+            &share(),
+        );
+        assert!(p["metadata"]["labels"].as_object().unwrap().is_empty());
+        assert_eq!(
+            p["spec"]["resourceClaims"][0],
+            json!({"name": "gpu", "resourceClaimTemplateName": "c30"})
+        );
+        let c = &p["spec"]["containers"][0];
+        assert_eq!(c["resources"]["claims"][0]["name"], "gpu");
+        assert!(c["securityContext"].is_null());
+        let fake_devices: Vec<&Value> = c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|v| v["name"] == "FAKE_CUDA_DEVICES")
+            .collect();
+        assert_eq!(
+            fake_devices,
+            [&json!({"name": "FAKE_CUDA_DEVICES", "value": "GPU-1"})]
+        );
+        assert_eq!(p["spec"]["tolerations"][0]["key"], "kubeshare.io/gpu");
     }
 }

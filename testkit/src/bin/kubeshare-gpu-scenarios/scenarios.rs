@@ -10,6 +10,9 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 use clap::ValueEnum;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use kubeshare_testkit::{
@@ -22,10 +25,16 @@ use crate::report::{self, Split, field, json_lines};
 
 const KUBESHARE_NS: &str = "kubeshare-system";
 const NODE_DAEMON_SELECTOR: &str = "app.kubernetes.io/name=kubeshare-node-daemon";
+/// KubeShare's DRA driver, and the DeviceClass the chart's `dra.enabled` installs.
+const DRA_DRIVER: &str = "gpu.kubeshare.io";
+/// The memory each claim of the `claims` scenario books (a claim must book some: left
+/// out, it books all the GPU's memory and no second claim fits).
+const CLAIM_MEMORY: &str = "8Gi";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
 pub enum Scenario {
     Shares,
+    Claims,
     Memory,
     NoGpu,
     Group,
@@ -121,6 +130,14 @@ pub async fn run(client: &Client, args: &ScenarioArgs) -> Result<usize> {
     let mut selected = args.only.clone();
     if selected.is_empty() {
         selected = Scenario::value_variants().to_vec();
+        // `claims` needs the chart's DRA (hack/gpu-node.sh up with CDI); asked for by name,
+        // it fails without it.
+        if !dra_installed(client).await {
+            eprintln!(
+                "gpu-scenarios: no DeviceClass {DRA_DRIVER} (the chart without dra.enabled): `claims` left out"
+            );
+            selected.retain(|s| *s != Scenario::Claims);
+        }
     }
     let mut results = BTreeMap::new();
     let last = selected.len().saturating_sub(1);
@@ -132,6 +149,7 @@ pub async fn run(client: &Client, args: &ScenarioArgs) -> Result<usize> {
         let t0 = Instant::now();
         let outcome = match s {
             Scenario::Shares => shares(&ctx).await,
+            Scenario::Claims => claims(&ctx).await,
             Scenario::Memory => memory(&ctx).await,
             Scenario::NoGpu => no_gpu(&ctx).await,
             Scenario::Group => group(&ctx).await,
@@ -315,6 +333,22 @@ async fn clean(ctx: &Ctx<'_>) -> Result<()> {
             .ok();
     }
     delete_pods_and_wait(&ctx.pods, "", ctx.timeout).await?;
+    // The pods' ResourceClaims go with them (the resourceclaim controller): until then the
+    // extender counts them in its books, and the next scenario would not find the GPU free.
+    let claims: Api<ResourceClaim> = Api::namespaced(ctx.client.clone(), &ctx.ns);
+    let deadline = Instant::now() + ctx.timeout;
+    while claims
+        .list(&ListParams::default())
+        .await
+        .is_ok_and(|l| !l.items.is_empty())
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "the namespace's ResourceClaims are still there after {:?}",
+            ctx.timeout
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     Ok(())
 }
 
@@ -341,6 +375,16 @@ async fn pod_dump(ctx: &Ctx<'_>) -> Value {
     Value::Array(out)
 }
 
+/// How the pods of a share run get their shares of one GPU.
+enum Placement<'a> {
+    /// sharedgpu labels (request = limit) with one affinity tag: the extender places them
+    /// together, and each pod's allocation record names the GPU.
+    Labels,
+    /// One ResourceClaim each (from a template of the pod's name) booking its share of
+    /// `compute` on the GPU of this UUID, which the claims' CEL selector names.
+    Claims { gpu: &'a str },
+}
+
 /// Runs pods of the given shares on one GPU at once, from a barrier, for `seconds`;
 /// `during` runs (once) after the barrier. Returns the split and what the node daemon
 /// reported as delivered.
@@ -348,6 +392,7 @@ async fn share_run<F, Fut>(
     ctx: &Ctx<'_>,
     want: &[(&str, f64)],
     seconds: f64,
+    placement: &Placement<'_>,
     during: Option<F>,
 ) -> Result<(Split, Value, Value)>
 where
@@ -357,20 +402,39 @@ where
     let go = format!("go-{}-{}", want[0].0, unix_secs());
     let tag = format!("share-{}", want[0].0);
     for (name, share) in want {
-        let labels = share_labels(&share.to_string(), &[("sharedgpu/sched_affinity", &tag)]);
         let work = Work::Share {
             seconds,
             barrier: Some(go.clone()),
         };
-        create(ctx, &pods::pod(&ctx.env, name, labels, &work)?).await?;
+        let pod = match placement {
+            Placement::Labels => {
+                let labels =
+                    share_labels(&share.to_string(), &[("sharedgpu/sched_affinity", &tag)]);
+                pods::pod(&ctx.env, name, labels, &work)?
+            }
+            Placement::Claims { gpu } => {
+                let compute = format!("{}", (share * 1000.0).round() as u64);
+                let templates: Api<ResourceClaimTemplate> =
+                    Api::namespaced(ctx.client.clone(), &ctx.ns);
+                templates
+                    .create(
+                        &PostParams::default(),
+                        &claim_template(name, gpu, &compute, CLAIM_MEMORY)?,
+                    )
+                    .await?;
+                serde_json::from_value(pods::claim_pod_json(&ctx.env, name, name, gpu, &work))?
+            }
+        };
+        create(ctx, &pod).await?;
     }
     let mut gpus = BTreeMap::new();
     for (name, _) in want {
         let p = started(ctx, name).await?;
-        gpus.insert(
-            name.to_string(),
-            gpu_of(&p).context("no sharedgpu/gpu_uuid")?,
-        );
+        let gpu = match placement {
+            Placement::Labels => gpu_of(&p).context("no sharedgpu/gpu_uuid")?,
+            Placement::Claims { gpu } => gpu.to_string(),
+        };
+        gpus.insert(name.to_string(), gpu);
     }
     let first = gpus.values().next().cloned().unwrap_or_default();
     ensure!(
@@ -443,12 +507,157 @@ where
 type NoHook = fn() -> std::future::Ready<Result<Value>>;
 
 async fn shares(ctx: &Ctx<'_>) -> Result<(bool, Value)> {
-    let (split, extra, runs) =
-        share_run::<NoHook, _>(ctx, &[("p30", 0.3), ("p70", 0.7)], ctx.args.seconds, None).await?;
+    let (split, extra, runs) = share_run::<NoHook, _>(
+        ctx,
+        &[("p30", 0.3), ("p70", 0.7)],
+        ctx.args.seconds,
+        &Placement::Labels,
+        None,
+    )
+    .await?;
     let ok = split.within(ctx.args.tolerance);
     Ok((
         ok,
         json!({"split": split, "runs": runs, "tolerance": ctx.args.tolerance, "more": extra}),
+    ))
+}
+
+/// Whether the chart's DRA is installed: its DeviceClass exists.
+async fn dra_installed(client: &Client) -> bool {
+    Api::<DeviceClass>::all(client.clone())
+        .get_opt(DRA_DRIVER)
+        .await
+        .is_ok_and(|d| d.is_some())
+}
+
+/// A ResourceClaimTemplate booking `compute` thousandths and `memory` of the GPU `gpu`
+/// (a UUID), with no config: a fixed share, limit = request (docs/dra.md).
+fn claim_template(
+    name: &str,
+    gpu: &str,
+    compute: &str,
+    memory: &str,
+) -> Result<ResourceClaimTemplate> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DRA_DRIVER,
+                "selectors": [{"cel": {"expression":
+                    format!("device.attributes[\"{DRA_DRIVER}\"].uuid == \"{gpu}\"")}}],
+                "capacity": {"requests": {"compute": compute, "memory": memory}},
+            }}],
+        }}},
+    }))?)
+}
+
+/// The node's first GPU (lowest index) once the node daemon published it in its
+/// ResourceSlice: its UUID and its device name in the slice.
+async fn published_gpu(ctx: &Ctx<'_>) -> Result<(String, String)> {
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let mut first = None;
+    for n in nodes.list(&ListParams::default()).await? {
+        if let Some(inv) = n.annotations().get("sharedgpu/inventory") {
+            let inv = kubeshare_api::NodeInventory::parse(inv)?;
+            first = inv.gpus.into_iter().min_by_key(|g| g.index);
+            break;
+        }
+    }
+    let gpu = first.context("no node has a GPU in its sharedgpu/inventory")?;
+    let device = kubeshare_api::dra::device_name(gpu.index);
+    let slices: Api<ResourceSlice> = Api::all(ctx.client.clone());
+    let deadline = Instant::now() + ctx.timeout;
+    loop {
+        let published = slices
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .any(|s| {
+                s.spec.driver == DRA_DRIVER
+                    && s.spec
+                        .devices
+                        .as_ref()
+                        .is_some_and(|ds| ds.iter().any(|d| d.name == device))
+            });
+        if published {
+            return Ok((gpu.uuid, device));
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "no ResourceSlice of {DRA_DRIVER} publishes {device} after {:?}",
+            ctx.timeout
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// What the pod's claim was allocated: device and booked capacity per result.
+async fn claim_allocation(ctx: &Ctx<'_>, pod: &str) -> Result<Value> {
+    let p = ctx.pods.get(pod).await?;
+    let claim = p
+        .status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.as_ref())
+        .and_then(|cs| cs.first())
+        .and_then(|c| c.resource_claim_name.clone())
+        .with_context(|| format!("pod {pod} has no ResourceClaim in its status"))?;
+    let claims: Api<ResourceClaim> = Api::namespaced(ctx.client.clone(), &ctx.ns);
+    let c = claims.get(&claim).await?;
+    let results = c
+        .status
+        .and_then(|s| s.allocation)
+        .and_then(|a| a.devices)
+        .and_then(|d| d.results)
+        .unwrap_or_default();
+    Ok(json!(
+        results
+            .iter()
+            .map(
+                |r| json!({"claim": claim, "device": r.device, "pool": r.pool,
+                "consumed": r.consumed_capacity})
+            )
+            .collect::<Vec<_>>()
+    ))
+}
+
+/// `shares` through DRA: each pod's share is its own ResourceClaim (compute 300 and 700,
+/// [`CLAIM_MEMORY`] each) on the node's first GPU, placed by the stock scheduler and
+/// prepared by the node daemon's kubelet plugin; measured as `shares` is.
+async fn claims(ctx: &Ctx<'_>) -> Result<(bool, Value)> {
+    ensure!(
+        dra_installed(&ctx.client).await,
+        "no DeviceClass {DRA_DRIVER}: KubeShare is deployed without dra.enabled \
+         (hack/gpu-node.sh up renders it only with CDI)"
+    );
+    ensure!(
+        ctx.env.access == DeviceAccess::Cdi,
+        "claims reach the GPU through their CDI specs: run with --device-access cdi"
+    );
+    let (gpu, device) = published_gpu(ctx).await?;
+    let want = [("c30", 0.3), ("c70", 0.7)];
+    let (split, extra, runs) = share_run::<NoHook, _>(
+        ctx,
+        &want,
+        ctx.args.seconds,
+        &Placement::Claims { gpu: &gpu },
+        None,
+    )
+    .await?;
+    let mut allocations = BTreeMap::new();
+    for (name, _) in want {
+        allocations.insert(name, claim_allocation(ctx, name).await?);
+    }
+    let on_device = allocations.values().all(|a| {
+        a.as_array()
+            .is_some_and(|rs| rs.len() == 1 && rs[0]["device"] == device)
+    });
+    let ok = split.within(ctx.args.tolerance) && on_device;
+    Ok((
+        ok,
+        json!({"split": split, "runs": runs, "tolerance": ctx.args.tolerance,
+            "claims": allocations, "device": device, "more": extra}),
     ))
 }
 
@@ -755,8 +964,14 @@ async fn daemon_restart(ctx: &Ctx<'_>) -> Result<(bool, Value)> {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     };
-    let (split, extra, runs) =
-        share_run(ctx, &[("d30", 0.3), ("d70", 0.7)], seconds, Some(restart)).await?;
+    let (split, extra, runs) = share_run(
+        ctx,
+        &[("d30", 0.3), ("d70", 0.7)],
+        seconds,
+        &Placement::Labels,
+        Some(restart),
+    )
+    .await?;
     let ok = split.within(ctx.args.tolerance);
     Ok((
         ok,
