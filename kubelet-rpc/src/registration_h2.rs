@@ -302,6 +302,19 @@ mod tests {
         d
     }
 
+    /// Writes one frame to the server.
+    async fn send<W: AsyncWrite + Unpin>(
+        w: &mut W,
+        kind: u8,
+        flags: u8,
+        stream: u32,
+        payload: &[u8],
+    ) {
+        w.write_all(&encode_frame(kind, flags, stream, payload))
+            .await
+            .expect("the server reads");
+    }
+
     /// Reads frames until `stream` ends; its DATA payload and trailer block.
     async fn answer<R: AsyncRead + Unpin>(r: &mut R, stream: u32) -> (Vec<u8>, Vec<u8>) {
         let mut data = Vec::new();
@@ -325,10 +338,7 @@ mod tests {
         let task = tokio::spawn(connection(server, reg.clone()));
         let socket = "/var/lib/kubelet/plugins_registry/gpu.kubeshare.io-reg.sock";
         client.write_all(PREFACE).await.unwrap();
-        client
-            .write_all(&encode_frame(SETTINGS, 0, 0, &[0, 4, 0, 0, 0xff, 0xff]))
-            .await
-            .unwrap();
+        send(&mut client, SETTINGS, 0, 0, &[0, 4, 0, 0, 0xff, 0xff]).await;
         let first = read_frame(&mut client).await.unwrap();
         assert_eq!((first.kind, first.flags), (SETTINGS, 0), "settings first");
 
@@ -336,31 +346,19 @@ mod tests {
         // padded.
         let h = request_headers("/pluginregistration.Registration/GetInfo", socket);
         let (a, b) = h.split_at(10);
-        client
-            .write_all(&encode_frame(HEADERS, 0, 1, a))
-            .await
-            .unwrap();
-        client
-            .write_all(&encode_frame(CONTINUATION, END_HEADERS, 1, b))
-            .await
-            .unwrap();
+        send(&mut client, HEADERS, 0, 1, a).await;
+        send(&mut client, CONTINUATION, END_HEADERS, 1, b).await;
         let mut padded = vec![3];
         padded.extend(grpc(&[]));
         padded.extend([0, 0, 0]);
-        client
-            .write_all(&encode_frame(DATA, END_STREAM | PADDED, 1, &padded))
-            .await
-            .unwrap();
+        send(&mut client, DATA, END_STREAM | PADDED, 1, &padded).await;
         let (data, trailers) = answer(&mut client, 1).await;
         let info = PluginInfo::decode(&data[5..]).expect("PluginInfo");
         assert_eq!(info, reg.info());
         assert!(trailers.windows(11).any(|w| w == b"grpc-status"));
 
         // A PING is answered in kind.
-        client
-            .write_all(&encode_frame(PING, 0, 0, &[7; 8]))
-            .await
-            .unwrap();
+        send(&mut client, PING, 0, 0, &[7; 8]).await;
         // NotifyRegistrationStatus, on the same connection.
         let status = RegistrationStatus {
             plugin_registered: true,
@@ -370,19 +368,9 @@ mod tests {
             "/pluginregistration.Registration/NotifyRegistrationStatus",
             socket,
         );
-        client
-            .write_all(&encode_frame(HEADERS, END_HEADERS, 3, &h))
-            .await
-            .unwrap();
-        client
-            .write_all(&encode_frame(
-                DATA,
-                END_STREAM,
-                3,
-                &grpc(&status.encode_to_vec()),
-            ))
-            .await
-            .unwrap();
+        send(&mut client, HEADERS, END_HEADERS, 3, &h).await;
+        let body = grpc(&status.encode_to_vec());
+        send(&mut client, DATA, END_STREAM, 3, &body).await;
         let (data, _) = answer(&mut client, 3).await;
         assert_eq!(data, grpc(&[]));
         assert_eq!(reg.status(), Some(status));
@@ -392,29 +380,16 @@ mod tests {
             plugin_registered: false,
             error: "no handler 100%".into(),
         };
-        client
-            .write_all(&encode_frame(HEADERS, END_HEADERS, 5, &h))
-            .await
-            .unwrap();
-        client
-            .write_all(&encode_frame(
-                DATA,
-                END_STREAM,
-                5,
-                &grpc(&refused.encode_to_vec()),
-            ))
-            .await
-            .unwrap();
+        send(&mut client, HEADERS, END_HEADERS, 5, &h).await;
+        let body = grpc(&refused.encode_to_vec());
+        send(&mut client, DATA, END_STREAM, 5, &body).await;
         let (data, trailers) = answer(&mut client, 5).await;
         assert!(data.is_empty());
         let t = String::from_utf8_lossy(&trailers);
         assert!(t.contains("grpc-status") && t.contains("13"), "{t}");
         assert!(t.contains("no handler 100%25"), "{t}");
 
-        client
-            .write_all(&encode_frame(GOAWAY, 0, 0, &[0; 8]))
-            .await
-            .unwrap();
+        send(&mut client, GOAWAY, 0, 0, &[0; 8]).await;
         task.await.unwrap().expect("a clean end");
     }
 

@@ -123,6 +123,35 @@ async fn minor(client: &kube::Client) -> anyhow::Result<Option<u32>> {
     Ok(digits.parse().ok())
 }
 
+/// What each test starts from: the admin client, DRA installed, a namespace named after
+/// `prefix`, and a kwok node's name in it, the node created and deleted however the test ends
+/// (the guard). None (the test is skipped, and says so) before Kubernetes 1.36: consumable
+/// capacity.
+async fn dra_node(
+    cluster: &Cluster,
+    prefix: &str,
+) -> anyhow::Result<Option<(kube::Client, TestNamespace, String, NodeGuard)>> {
+    let admin = cluster.client(Identity::Admin).await?;
+    match minor(&admin).await? {
+        Some(m) if m >= 36 => {}
+        other => {
+            eprintln!(
+                "skipped: consumable capacity needs Kubernetes 1.36+ (apiserver minor {other:?})"
+            );
+            return Ok(None);
+        }
+    }
+    install_dra(&admin).await?;
+    let ns = TestNamespace::create(cluster, prefix).await?;
+    let node = ns.unique_name("gpu");
+    let guard = NodeGuard(
+        cluster.kubeconfig(Identity::Admin)?.to_path_buf(),
+        node.clone(),
+    );
+    create_kwok_node(&admin, &KwokNode::new(&node)).await?;
+    Ok(Some((admin, ns, node, guard)))
+}
+
 /// What the chart's templates/dra.yaml installs with dra.enabled (the DeviceClass, and
 /// the node daemon's right to write ResourceSlices, bound to the rig's daemon user as
 /// rbac.localRigUsers does), applied server-side so that reruns are no-ops.
@@ -296,25 +325,10 @@ fn check_examples(cluster: &Cluster, ns: &str) -> anyhow::Result<usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stock_scheduler_shares_a_gpu_by_consumable_capacity() -> anyhow::Result<()> {
     let cluster = Cluster::shared()?;
-    let admin = cluster.client(Identity::Admin).await?;
-    match minor(&admin).await? {
-        Some(m) if m >= 36 => {}
-        other => {
-            eprintln!(
-                "skipped: consumable capacity needs Kubernetes 1.36+ (apiserver minor {other:?})"
-            );
-            return Ok(());
-        }
-    }
-    install_dra(&admin).await?;
-    let ns = TestNamespace::create(cluster, "dra").await?;
+    let Some((admin, ns, node, _node_guard)) = dra_node(cluster, "dra").await? else {
+        return Ok(());
+    };
     let nsname = ns.name().to_string();
-    let node = ns.unique_name("gpu");
-    let _node_guard = NodeGuard(
-        cluster.kubeconfig(Identity::Admin)?.to_path_buf(),
-        node.clone(),
-    );
-    create_kwok_node(&admin, &KwokNode::new(&node)).await?;
 
     // The daemon, as the chart runs it with dra.enabled: its own identity, --dra.
     let inv = NodeInventory {
@@ -543,25 +557,10 @@ fn text(path: &Path) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelet_plugin_prepares_claims_into_gem_schd_configs() -> anyhow::Result<()> {
     let cluster = Cluster::shared()?;
-    let admin = cluster.client(Identity::Admin).await?;
-    match minor(&admin).await? {
-        Some(m) if m >= 36 => {}
-        other => {
-            eprintln!(
-                "skipped: consumable capacity needs Kubernetes 1.36+ (apiserver minor {other:?})"
-            );
-            return Ok(());
-        }
-    }
-    install_dra(&admin).await?;
-    let ns = TestNamespace::create(cluster, "dra-plugin").await?;
+    let Some((admin, ns, node, _node_guard)) = dra_node(cluster, "dra-plugin").await? else {
+        return Ok(());
+    };
     let nsname = ns.name().to_string();
-    let node = ns.unique_name("gpu");
-    let _node_guard = NodeGuard(
-        cluster.kubeconfig(Identity::Admin)?.to_path_buf(),
-        node.clone(),
-    );
-    create_kwok_node(&admin, &KwokNode::new(&node)).await?;
     let gpu = format!("GPU-{:08x}-1111-4000-8000-000000000000", std::process::id());
     let inv = NodeInventory {
         gpus: vec![GpuInfo {

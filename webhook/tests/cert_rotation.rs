@@ -12,16 +12,16 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
-use kubeshare_testkit::{Cluster, Identity, TestNamespace, wait_until};
+use kube::api::PostParams;
+use kubeshare_testkit::{Cluster, Identity, wait_until};
 use kubeshare_webhook::certs::{self, CertRequest};
 use kubeshare_webhook::server::{self, ServeConfig};
 use serde_json::json;
 
 mod cluster_rig;
-use cluster_rig::{Cleanup, webhook_by_url};
+use cluster_rig::{Cleanup, labelled_namespace, webhook_by_url, webhook_called};
 
 const WAIT: Duration = Duration::from_secs(60);
 const TEST_LABEL: &str = "kubeshare-cert-rotation-test";
@@ -73,15 +73,7 @@ async fn the_certificate_rotates_during_a_burst_with_no_failed_admission() -> Re
     server::install_crypto_provider();
     let cluster = Cluster::shared()?;
     let admin = cluster.client(Identity::Admin).await?;
-    let ns = TestNamespace::create(cluster, "certrot").await?;
-    let token = ns.name().to_string();
-    Api::<Namespace>::all(admin.clone())
-        .patch(
-            ns.name(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {TEST_LABEL: token}}})),
-        )
-        .await?;
+    let (ns, token) = labelled_namespace(cluster, &admin, "certrot", TEST_LABEL).await?;
 
     let tls = tempfile::tempdir()?;
     let request = CertRequest {
@@ -116,22 +108,7 @@ async fn the_certificate_rotates_during_a_burst_with_no_failed_admission() -> Re
         ..Default::default()
     };
     let probe = pod("probe")?;
-    wait_until("the apiserver to call the webhook", WAIT, || {
-        let (pods, probe, dry) = (pods.clone(), probe.clone(), dry.clone());
-        async move {
-            match pods.create(&dry, &probe).await {
-                Ok(p)
-                    if p.spec.as_ref().and_then(|s| s.scheduler_name.as_deref())
-                        == Some("kubeshare-scheduler") =>
-                {
-                    Ok(Some(()))
-                }
-                Ok(_) => Ok(None),
-                Err(e) => Err(e.to_string()),
-            }
-        }
-    })
-    .await?;
+    webhook_called(&pods, &probe).await?;
     let first_leaf = leaf_der(&files.cert())?;
 
     // The rotator: a new serving certificate from the same CA every 150 ms until the

@@ -18,7 +18,9 @@ use kubeshare_webhook::server;
 use serde_json::{Value, json};
 
 mod cluster_rig;
-use cluster_rig::{Cleanup, LocalWebhook, local_webhook, webhook_by_url};
+use cluster_rig::{
+    Cleanup, LocalWebhook, labelled_namespace, local_webhook, webhook_by_url, webhook_called,
+};
 
 const TEST_LABEL: &str = "kubeshare-webhook-test";
 const HOOK: &str = "/kubeshare/lib/libgemhook.so.1";
@@ -113,9 +115,7 @@ async fn the_real_apiserver_calls_the_webhook() -> Result<()> {
         running,
     } = local_webhook(Default::default()).await?;
 
-    let ns = TestNamespace::create(cluster, "webhook").await?;
-    let token = ns.name().to_string();
-    label_namespace(&client, ns.name(), json!({TEST_LABEL: token})).await?;
+    let (ns, token) = labelled_namespace(cluster, &client, "webhook", TEST_LABEL).await?;
     let opted_out = TestNamespace::create(cluster, "webhook-optout").await?;
     label_namespace(
         &client,
@@ -151,26 +151,11 @@ async fn the_real_apiserver_calls_the_webhook() -> Result<()> {
         frac.clone(),
         json!({"containers": [{"name": "c", "image": "x"}]}),
     )?;
+    webhook_called(&pods, &probe).await?;
     let dry = PostParams {
         dry_run: true,
         ..Default::default()
     };
-    wait_until("the apiserver to call the webhook", WAIT, || {
-        let (pods, probe, dry) = (pods.clone(), probe.clone(), dry.clone());
-        async move {
-            match pods.create(&dry, &probe).await {
-                Ok(p)
-                    if p.spec.as_ref().and_then(|s| s.scheduler_name.as_deref())
-                        == Some("kubeshare-scheduler") =>
-                {
-                    Ok(Some(()))
-                }
-                Ok(_) => Ok(None),
-                Err(e) => Err(e.to_string()),
-            }
-        }
-    })
-    .await?;
 
     // 1. A fractional pod (generateName, init container, two containers, an existing
     //    LD_PRELOAD) is created with everything injected.

@@ -9,16 +9,18 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
-use kubeshare_testkit::{Cluster, Identity, TestNamespace, wait_until};
+use kube::api::PostParams;
+use kubeshare_testkit::{Cluster, Identity};
 use kubeshare_webhook::admit::AdmitOptions;
 use kubeshare_webhook::server;
 use serde_json::{Value, json};
 
 mod cluster_rig;
-use cluster_rig::{Cleanup, LocalWebhook, local_webhook, webhook_by_url};
+use cluster_rig::{
+    Cleanup, LocalWebhook, labelled_namespace, local_webhook, webhook_by_url, webhook_called,
+};
 
 const TEST_LABEL: &str = "kubeshare-webhook-gpu-resource-test";
 const R: &str = "kubeshare.io/gpu";
@@ -48,15 +50,7 @@ async fn the_apiserver_stores_the_gpu_resource_the_webhook_asks_for() -> Result<
     })
     .await?;
 
-    let ns = TestNamespace::create(cluster, "webhook-gpu-res").await?;
-    let token = ns.name().to_string();
-    Api::<Namespace>::all(client.clone())
-        .patch(
-            ns.name(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {TEST_LABEL: token}}})),
-        )
-        .await?;
+    let (ns, token) = labelled_namespace(cluster, &client, "webhook-gpu-res", TEST_LABEL).await?;
     let name = format!("kubeshare-webhook-gpu-resource-{token}");
     let mutating = webhook_by_url(
         &name,
@@ -83,31 +77,8 @@ async fn the_apiserver_stores_the_gpu_resource_the_webhook_asks_for() -> Result<
                "containers": [{"name": "main", "image": "x", "resources": {"limits": {"cpu": "1"}}},
                               {"name": "side", "image": "x"}]}),
     )?;
-    // The apiserver picks up a new configuration within a moment: create once it patches.
-    let dry = PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    wait_until(
-        "the apiserver to call the webhook",
-        Duration::from_secs(60),
-        || {
-            let (pods, p, dry) = (pods.clone(), gpu_pod.clone(), dry.clone());
-            async move {
-                match pods.create(&dry, &p).await {
-                    Ok(p)
-                        if p.spec.as_ref().and_then(|s| s.scheduler_name.as_deref())
-                            == Some("kubeshare-scheduler") =>
-                    {
-                        Ok(Some(()))
-                    }
-                    Ok(_) => Ok(None),
-                    Err(e) => Err(e.to_string()),
-                }
-            }
-        },
-    )
-    .await?;
+    // Created once the apiserver calls the webhook for it.
+    webhook_called(&pods, &gpu_pod).await?;
 
     let stored = serde_json::to_value(pods.create(&PostParams::default(), &gpu_pod).await?)?;
     for (list, i) in [("initContainers", 0), ("containers", 0), ("containers", 1)] {

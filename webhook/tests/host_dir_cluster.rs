@@ -20,12 +20,14 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
-use kubeshare_testkit::{Cluster, Identity, TestNamespace, wait_until};
+use kubeshare_testkit::{Cluster, Identity, wait_until};
 use kubeshare_webhook::server;
 use serde_json::{Value, json};
 
 mod cluster_rig;
-use cluster_rig::{Cleanup, LocalWebhook, local_webhook, manifest, webhook_by_url};
+use cluster_rig::{
+    Cleanup, LocalWebhook, labelled_namespace, local_webhook, manifest, webhook_by_url,
+};
 
 const WAIT: Duration = Duration::from_secs(60);
 const TEST_LABEL: &str = "kubeshare-hostdir-test";
@@ -96,20 +98,12 @@ async fn a_namespace_editor_cannot_mount_kubeshares_host_directory() -> Result<(
     server::install_crypto_provider();
     let cluster = Cluster::shared()?;
     let admin = cluster.client(Identity::Admin).await?;
-    let ns = TestNamespace::create(cluster, "hostdir").await?;
-    let token = ns.name().to_string();
+    let (ns, token) = labelled_namespace(cluster, &admin, "hostdir", TEST_LABEL).await?;
     let pp = PostParams::default();
     let dry = PostParams {
         dry_run: true,
         ..Default::default()
     };
-    Api::<Namespace>::all(admin.clone())
-        .patch(
-            ns.name(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {TEST_LABEL: token}}})),
-        )
-        .await?;
     // The tenant: the built-in `edit` role in this namespace.
     let rb: RoleBinding = serde_json::from_value(json!({
         "metadata": {"name": "tenant-edit"},

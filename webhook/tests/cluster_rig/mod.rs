@@ -1,11 +1,14 @@
 //! What the webhook's cluster tests share: removing the cluster-scoped objects a test made,
-//! the rendered manifests, and the chart's webhook configuration pointed at a test's own
-//! server.
+//! the rendered manifests, the chart's webhook configuration pointed at a test's own server,
+//! a test's labelled namespace, and the wait for the apiserver to call the webhook.
 // Each test crate uses a part of it.
 #![allow(dead_code)]
 
 use anyhow::{Context, Result, bail};
-use kubeshare_testkit::Cluster;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use kubeshare_testkit::{Cluster, TestNamespace, wait_until};
 use serde_json::{Value, json};
 
 /// Deletes the cluster-scoped objects a test made (kind, name), also on panic.
@@ -99,4 +102,55 @@ pub async fn local_webhook(admit: kubeshare_webhook::admit::AdmitOptions) -> Res
         files,
         running,
     })
+}
+
+/// A namespace of the test's own, labelled `label: <its name>`, and that name: the token the
+/// test's webhook configuration or policy binding selects, so that no other test's pods reach
+/// them.
+pub async fn labelled_namespace(
+    cluster: &Cluster,
+    admin: &kube::Client,
+    prefix: &str,
+    label: &str,
+) -> Result<(TestNamespace, String)> {
+    let ns = TestNamespace::create(cluster, prefix).await?;
+    let token = ns.name().to_string();
+    Api::<Namespace>::all(admin.clone())
+        .patch(
+            &token,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {label: token}}})),
+        )
+        .await?;
+    Ok((ns, token))
+}
+
+/// Waits until the apiserver calls the webhook for a pod created in `pods` (it picks up a new
+/// configuration within a moment): a dry run of `probe` comes back with KubeShare's scheduler.
+pub async fn webhook_called(pods: &Api<Pod>, probe: &Pod) -> Result<()> {
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    wait_until(
+        "the apiserver to call the webhook",
+        std::time::Duration::from_secs(60),
+        || {
+            let (pods, probe, dry) = (pods.clone(), probe.clone(), dry.clone());
+            async move {
+                match pods.create(&dry, &probe).await {
+                    Ok(p)
+                        if p.spec.as_ref().and_then(|s| s.scheduler_name.as_deref())
+                            == Some("kubeshare-scheduler") =>
+                    {
+                        Ok(Some(()))
+                    }
+                    Ok(_) => Ok(None),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        },
+    )
+    .await?;
+    Ok(())
 }

@@ -25,6 +25,26 @@ fn trio(p: Params, g_at: (u16, u16)) -> Core {
     c
 }
 
+/// The trio with `g` at (0.5, 0.5), paced over 100 ms (`p` otherwise), `g` having taken turns
+/// alone from `t(0)` until it spent its pacing allowance (its last request waits): the core,
+/// and when `g` was held back.
+fn g_held_back(p: Params) -> (Core, Micros) {
+    let mut c = trio(
+        Params {
+            pace_us: 100 * MS,
+            ..p
+        },
+        (500, 500),
+    );
+    let mut now = t(0);
+    let mut g = c.token_request(now, 1, 0, 0);
+    while let Some(("g", _, q)) = grant(&g) {
+        now += q;
+        g = c.token_request(now, 1, 0, q);
+    }
+    (c, now)
+}
+
 #[test]
 fn a_waiting_guaranteed_client_goes_before_opportunistic_ones_however_far_behind() {
     let mut c = trio(params(), (500, 1000));
@@ -118,17 +138,10 @@ fn a_guaranteed_client_held_back_by_its_limit_leaves_its_time_to_opportunistic_o
     // g at (0.5, 0.5) is paced over 100 ms: once it has spent its allowance, o gets the turns,
     // each ending when g may go again.
     let p = Params {
-        pace_us: 100 * MS,
         base_quota_us: 80 * MS,
         ..params()
     };
-    let mut c = trio(p, (500, 500));
-    let mut now = t(0);
-    let mut g = c.token_request(now, 1, 0, 0);
-    while let Some(("g", _, q)) = grant(&g) {
-        now += q;
-        g = c.token_request(now, 1, 0, q);
-    }
+    let (mut c, mut now) = g_held_back(p);
     // g waits for its allowance: o, asking now, is granted, for no longer than g's wait
     // (not its 80 ms quota estimate).
     assert!(!c.may_take_turn(now, "g"));
@@ -148,17 +161,7 @@ fn an_opportunistic_holder_is_not_renewed_while_a_held_back_guaranteed_client_wa
     // g (0.5, 0.5) has spent its pacing allowance and waits; o's 10 ms turn ends well before g
     // may go again. o still gives the token back at its hand-over (no renewal while g waits),
     // and its next request is granted again, up to g's return.
-    let p = Params {
-        pace_us: 100 * MS,
-        ..params()
-    };
-    let mut c = trio(p, (500, 500));
-    let mut now = t(0);
-    let mut g = c.token_request(now, 1, 0, 0);
-    while let Some(("g", _, q)) = grant(&g) {
-        now += q;
-        g = c.token_request(now, 1, 0, q);
-    }
+    let (mut c, mut now) = g_held_back(params());
     let back = c.next_wakeup(now).unwrap();
     let o = c.token_request(now, 2, 0, 0);
     let (_, _, q) = grant(&o).unwrap();
