@@ -508,13 +508,12 @@ impl Actor {
                 let r = if hello {
                     // Busy reports only where they are used: co-running and charging by fill
                     // need each client's fill.
-                    let busy_every = if self.settings.co_run.below > 0.0
-                        || self.settings.charge_by_fill
-                    {
-                        BUSY_EVERY_FOR_CO_RUN
-                    } else {
-                        0
-                    };
+                    let busy_every =
+                        if self.settings.co_run.below > 0.0 || self.settings.charge_by_fill {
+                            BUSY_EVERY_FOR_CO_RUN
+                        } else {
+                            0
+                        };
                     Reply::OptionsOk { busy_every }
                 } else {
                     Reply::error(code::PROTOCOL_MISUSE, "Hello must be the first frame")

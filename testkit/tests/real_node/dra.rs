@@ -338,7 +338,7 @@ async fn a_claimed_share_reaches_gem_schd_and_the_hook() -> Result<()> {
                 "capacity": {"requests": {"compute": "300", "memory": "2Gi"}},
             }}],
             "config": [{"requests": ["gpu"], "opaque": {"driver": DRIVER_NAME, "parameters":
-                {"apiVersion": "gpu.kubeshare.io/v1alpha1", "kind": "GpuShareConfig", "limit": "0.6"}}}],
+                {"apiVersion": "gpu.kubeshare.io/v1alpha1", "kind": "GpuShareConfig", "limit": "0.6", "priority": "50"}}}],
         }}},
     }))?;
     templates.create(&PostParams::default(), &t).await?;
@@ -380,6 +380,7 @@ async fn a_claimed_share_reaches_gem_schd_and_the_hook() -> Result<()> {
         "{log}"
     );
     assert!(out.iter().any(|v| v["kernels"] == json!(20)), "{log}");
+    // Priority 50: guaranteed, the class column left out as for a label pod.
     let line = format!("{pod_uid} 0.3 0.6 2147483648");
     let config = r.node.resource_config(&gpu.uuid).unwrap_or_default();
     assert!(config.lines().any(|l| l == line), "{config}");
@@ -430,10 +431,11 @@ async fn two_claims_split_one_gpu_and_a_third_waits_for_room() -> Result<()> {
     }
     let p30 = running(&r.pods, "p30").await?;
     let p70 = running(&r.pods, "p70").await?;
-    // Both claims are prepared: the GPU's config holds a fixed-share line for each pod.
+    // Both claims are prepared: the GPU's config holds a fixed-share line for each pod
+    // (opportunistic: their configs give no priority, as a pod without the label).
     let config = r.node.resource_config(&gpu.uuid).unwrap_or_default();
     for (pod, share) in [(&p30, "0.3"), (&p70, "0.7")] {
-        let line = format!("{} {share} {share} 2147483648", uid(pod)?);
+        let line = format!("{} {share} {share} 2147483648 opportunistic", uid(pod)?);
         assert!(config.lines().any(|l| l == line), "{line} not in {config}");
     }
     release_barrier(&r.node, &go)?;
@@ -469,7 +471,7 @@ async fn two_claims_split_one_gpu_and_a_third_waits_for_room() -> Result<()> {
         .await?;
     let late = running(&r.pods, "late").await?;
     assert_eq!(node_of(&late), Some(r.node.name.as_str()));
-    let line = format!("{} 0.3 0.3 2147483648", uid(&late)?);
+    let line = format!("{} 0.3 0.3 2147483648 opportunistic", uid(&late)?);
     wait_until("the late pod's line in the GPU's config", WAIT, || async {
         let c = r.node.resource_config(&gpu.uuid).unwrap_or_default();
         Ok::<_, String>((c.lines().any(|l| l == line) && !c.contains(&p30_uid)).then_some(()))
