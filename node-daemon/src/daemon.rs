@@ -24,6 +24,7 @@ use kubeshare_api::NodeInventory;
 
 use crate::disk::{HostDir as _, Layout, install_hook_lib};
 use crate::dra::book::{Applied, Book, Changes};
+use crate::dra::claim::PreparedClaim;
 use crate::metrics::{Counters, Snapshot};
 use crate::reconcile::{self, Action, ClaimShare, Desired, Placement, PodView};
 use crate::source::InventorySource;
@@ -155,6 +156,9 @@ pub async fn run_with_claims(
     shared.update(|s| {
         s.node = cfg.node.clone();
         s.inventory = inventory.clone();
+        // The checkpoint's claims, shown from the start (the loop's first pass waits
+        // for the pods).
+        s.claims = book.as_ref().map(Book::snapshot);
     });
 
     let (http_stop_tx, http_stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -259,8 +263,9 @@ pub async fn run_with_claims(
             }
         }
         if dirty && synced {
-            let claims = book.as_ref().map(Book::shares).unwrap_or_default();
-            daemon.reconcile(&inventory, &crate::pods::visible(&store), &claims);
+            // One look at the book: the configs and the metrics say the same claims.
+            let prepared = book.as_ref().map(Book::snapshot);
+            daemon.reconcile(&inventory, &crate::pods::visible(&store), prepared);
             for ack in applied.drain(..) {
                 let _ = ack.send(());
             }
@@ -489,8 +494,18 @@ impl Daemon {
         tracing::warn!(node = %self.cfg.node, "could not set the GPU-node taint; the next resync tries again");
     }
 
-    fn reconcile(&mut self, inventory: &NodeInventory, pods: &[PodView], claims: &[ClaimShare]) {
-        let desired = reconcile::desired_with_claims(&self.cfg.node, inventory, pods, claims);
+    /// `prepared`: the kubelet plugin's claims (by UID), `None` without the plugin.
+    fn reconcile(
+        &mut self,
+        inventory: &NodeInventory,
+        pods: &[PodView],
+        prepared: Option<BTreeMap<String, PreparedClaim>>,
+    ) {
+        let claims: Vec<ClaimShare> = prepared
+            .iter()
+            .flat_map(|p| p.values().map(PreparedClaim::share))
+            .collect();
+        let desired = reconcile::desired_with_claims(&self.cfg.node, inventory, pods, &claims);
         let layout = &self.cfg.layout;
         let mut writes = 0u64;
         let mut errors = 0u64;
@@ -540,6 +555,7 @@ impl Daemon {
             s.counters.config_writes += writes;
             s.counters.errors += errors;
             s.desired = desired;
+            s.claims = prepared;
         });
     }
 

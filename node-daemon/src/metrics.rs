@@ -1,6 +1,7 @@
 //! `/metrics` (OpenMetrics text through `prometheus-client`), rendered from the last
-//! reconcile and the supervisor's process table: per GPU, per pod and per node
-//! figures, and the guard's findings (a pure function of them, so it is unit-tested as text).
+//! reconcile and the supervisor's process table: per GPU (what label pods and prepared
+//! DRA claims hold), per pod and per node figures, and the guard's findings (a pure
+//! function of them, so it is unit-tested as text).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
@@ -14,6 +15,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use kubeshare_api::{NodeInventory, UsageReport};
 
+use crate::dra::claim::{PreparedClaim, claimed_per_gpu};
 use crate::reconcile::Desired;
 use crate::supervisor::ProcStat;
 
@@ -40,6 +42,10 @@ pub struct Snapshot {
     pub counters: Counters,
     /// The last check of the GPUs' processes.
     pub guard: GuardView,
+    /// The claims the DRA kubelet plugin had prepared (by claim UID) at the last
+    /// reconcile, or at start from its checkpoint. `None`: no plugin (no `--dra`), so
+    /// no claim figures.
+    pub claims: Option<BTreeMap<String, PreparedClaim>>,
 }
 
 /// What `/metrics` shows of the untracked-process check.
@@ -85,6 +91,7 @@ pub fn render(
     let mut root = Registry::default();
     let reg = root.sub_registry_with_prefix("kubeshare_node");
     register_gpus(reg, s, procs, supervised);
+    register_claims(reg, s);
     register_node(reg, s);
     register_guard(reg, s);
     let pod_reg = root.sub_registry_with_prefix("kubeshare_pod");
@@ -158,12 +165,12 @@ fn register_gpus(
     }
     reg.register(
         "gpu_pods",
-        "Pods placed on the GPU (time-shared ones in its resource-config, plus whole-GPU ones)",
+        "Pods and DRA claims placed on the GPU (time-shared ones in its resource-config, plus whole-GPU ones)",
         pods,
     );
     reg.register(
         "gpu_requested_share",
-        "Sum of the guaranteed shares (gpu_request) of the GPU's pods, in GPUs",
+        "Sum of the guaranteed shares (gpu_request) of the GPU's pods and claims, in GPUs",
         requested,
     );
     reg.register(
@@ -191,6 +198,41 @@ fn register_gpus(
             restarts,
         );
     }
+}
+
+/// Per GPU: what the prepared DRA claims hold of it, named as the extender's
+/// `kubeshare_gpu_claims` and kin, which say it from the allocations (shares here in GPUs).
+fn register_claims(reg: &mut Registry, s: &Snapshot) {
+    let Some(claims) = &s.claims else {
+        return;
+    };
+    let per_gpu = claimed_per_gpu(claims.values());
+    let count = Family::<GpuLabels, Gauge>::default();
+    let share = Family::<GpuLabels, FGauge>::default();
+    let memory = Family::<GpuLabels, Gauge>::default();
+    for g in &s.inventory.gpus {
+        let l = gpu_labels(s, g);
+        let c = per_gpu.get(&g.uuid).copied().unwrap_or_default();
+        count.get_or_create(&l).set(i64::from(c.claims));
+        share.get_or_create(&l).set(f64::from(c.milli) / 1000.0);
+        memory.get_or_create(&l).set(to_i64(c.memory));
+    }
+    reg.register(
+        "gpu_claims",
+        "DRA ResourceClaims of gpu.kubeshare.io prepared on this node with a share of the GPU",
+        count,
+    );
+    reg.register(
+        "gpu_claimed_share",
+        "Sum of the guaranteed shares (booked compute) of the GPU's prepared claims, in GPUs (1.0 for a whole GPU)",
+        share,
+    );
+    reg.register_with_unit(
+        "gpu_memory_claimed",
+        "Sum of the GPU memory the GPU's prepared claims book (in unified-memory mode the resident share)",
+        Unit::Bytes,
+        memory,
+    );
 }
 
 fn node_gauge(s: &Snapshot, v: u64) -> Family<NodeLabels, Gauge> {
@@ -388,8 +430,39 @@ fn to_i64(v: u64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dra::claim::{ClaimDevice, PreparedClaim};
     use crate::reconcile::Placement;
     use kubeshare_api::{ClientClass, GpuInfo, Milli, ResourceConfig, ResourceEntry};
+
+    /// A prepared claim with a share (`gpu`, thousandths, booked bytes) of each GPU.
+    fn claim(uid: &str, shares: &[(String, u16, u64)]) -> PreparedClaim {
+        PreparedClaim {
+            uid: uid.into(),
+            namespace: "ns".into(),
+            name: uid.into(),
+            pod_uid: format!("pod-{uid}"),
+            pod_name: uid.into(),
+            devices: shares
+                .iter()
+                .map(|(gpu, milli, mem)| ClaimDevice {
+                    request: "gpu".into(),
+                    pool: "nd-n".into(),
+                    device: "gpu-0".into(),
+                    share_id: None,
+                    gpu_uuid: gpu.clone(),
+                    gpu_index: 0,
+                    request_milli: *milli,
+                    limit_milli: *milli,
+                    memory_cap: *mem,
+                    um_resident: None,
+                    priority: Some(0),
+                })
+                .collect(),
+            client: String::new(),
+            pods: vec![],
+            whole: false,
+        }
+    }
 
     #[test]
     fn per_gpu_figures() {
@@ -464,6 +537,13 @@ mod tests {
                     },
                 ],
             },
+            claims: Some(BTreeMap::from([
+                ("c1".to_string(), claim("c1", &[(gpu(0), 200, 500)])),
+                (
+                    "c2".to_string(),
+                    claim("c2", &[(gpu(0), 100, 250), (gpu(1), 1000, 1000)]),
+                ),
+            ])),
         };
         let procs = BTreeMap::from([(
             gpu(0),
@@ -538,6 +618,12 @@ mod tests {
             "kubeshare_node_reconciles_total{node=\"nd-n\"} 7".to_string(),
             "kubeshare_node_synced{node=\"nd-n\"} 1".to_string(),
             "kubeshare_node_refused_socket_peers_total{node=\"nd-n\"} 2".to_string(),
+            format!("kubeshare_node_gpu_claims{l0} 2"),
+            format!("kubeshare_node_gpu_claims{l1} 1"),
+            format!("kubeshare_node_gpu_claimed_share{l0} 0.3"),
+            format!("kubeshare_node_gpu_claimed_share{l1} 1.0"),
+            format!("kubeshare_node_gpu_memory_claimed_bytes{l0} 750"),
+            format!("kubeshare_node_gpu_memory_claimed_bytes{l1} 1000"),
             format!("kubeshare_node_untracked_gpu_processes{l0} 2"),
             format!("kubeshare_node_untracked_gpu_processes{l1} 0"),
             format!(
@@ -557,6 +643,20 @@ mod tests {
         let mut off = s.clone();
         off.guard.checking = false;
         assert!(!render(&off, &procs, true, &usage).contains("untracked"));
+        // No kubelet plugin: no claim figures; a plugin with no claims: zeros.
+        off.claims = None;
+        let plain = render(&off, &procs, true, &usage);
+        assert!(
+            !plain.contains("_gpu_claim") && !plain.contains("_claimed"),
+            "{plain}"
+        );
+        off.claims = Some(BTreeMap::new());
+        let none = render(&off, &procs, true, &usage);
+        assert!(
+            none.lines()
+                .any(|l| l == format!("kubeshare_node_gpu_claims{l1} 0")),
+            "{none}"
+        );
         // No report, no delivered share (never a made-up 0); no fill before one is known.
         let bare = render(&s, &procs, true, &BTreeMap::new());
         assert!(!bare.contains("delivered_share{"), "{bare}");

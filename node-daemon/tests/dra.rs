@@ -33,8 +33,12 @@ use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(60);
 
-/// The node daemon process; SIGTERM, then SIGKILL, when dropped.
-struct Daemon(Child);
+/// The node daemon process and the port of its `/metrics`; SIGTERM, then SIGKILL,
+/// when dropped.
+struct Daemon {
+    child: Child,
+    port: u16,
+}
 
 /// Starts the node daemon for kwok node `node` as the chart runs it with dra.enabled:
 /// its own identity, `--dra`, the inventory file `inv_file`, its root in `dir/root`,
@@ -51,6 +55,7 @@ fn start_daemon(
         .create(true)
         .append(true)
         .open(log)?;
+    let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_kubeshare-node-daemon"))
         .args(["--node-name", node, "--dra", "--taint-node=false"])
         .args(["--resync-secs", "1", "--pod-resources-interval-secs", "0"])
@@ -61,28 +66,28 @@ fn start_daemon(
         .arg("--kubeconfig")
         .arg(cluster.kubeconfig(Identity::NodeDaemon)?)
         .arg("--listen")
-        .arg(format!("127.0.0.1:{}", free_port()))
+        .arg(format!("127.0.0.1:{port}"))
         .args(extra)
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out)
         .spawn()?;
-    Ok(Daemon(child))
+    Ok(Daemon { child, port })
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
         // SAFETY: kill(2) on the pid of a child this test spawned and has not reaped.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         for _ in 0..100 {
-            if let Ok(Some(_)) = self.0.try_wait() {
+            if let Ok(Some(_)) = self.child.try_wait() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -545,6 +550,56 @@ async fn reserved_claim_of(
     .await?)
 }
 
+/// The daemon's `/metrics` text, or `None` while it does not answer.
+async fn scrape(port: u16) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.ok()?;
+    let (head, body) = buf.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}
+
+/// What `/metrics` says the prepared claims hold of GPU `gpu`: the number of claims,
+/// their share, their memory; `None` while any of the three is missing.
+fn claimed(text: &str, gpu: &str) -> Option<(f64, f64, f64)> {
+    let value = |name: &str| {
+        text.lines().find_map(|l| {
+            let rest = l.strip_prefix(name)?.strip_prefix('{')?;
+            rest.contains(&format!("gpu=\"{gpu}\""))
+                .then(|| rest.rsplit_once(' ')?.1.parse().ok())?
+        })
+    };
+    Some((
+        value("kubeshare_node_gpu_claims")?,
+        value("kubeshare_node_gpu_claimed_share")?,
+        value("kubeshare_node_gpu_memory_claimed_bytes")?,
+    ))
+}
+
+/// Waits until the daemon on `port` shows `want` for `gpu` ([`claimed`]).
+async fn wait_claimed(port: u16, gpu: &str, want: (f64, f64, f64)) -> anyhow::Result<()> {
+    wait_until(
+        &format!("{want:?} claimed of {gpu} in /metrics"),
+        WAIT,
+        || async {
+            let now = scrape(port).await.map(|t| claimed(&t, gpu));
+            if now == Some(Some(want)) {
+                Ok(Some(()))
+            } else {
+                Err(format!("claims, share, memory: {now:?}"))
+            }
+        },
+    )
+    .await?;
+    Ok(())
+}
+
 /// A path's text, or "" when it cannot be read.
 fn text(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
@@ -618,6 +673,10 @@ async fn kubelet_plugin_prepares_claims_into_gem_schd_configs() -> anyhow::Resul
         error: String::new(),
     })
     .await?;
+    // The plugin is on: /metrics counts its claims, none yet.
+    wait_claimed(daemon.port, &gpu, (0.0, 0.0, 0.0))
+        .await
+        .with_context(logs)?;
 
     // 2. Two pods, each with a claim: 0.3 with a limit of 0.6 and 2 GiB, and one whose
     // limit is below its booking. The scheduler allocates both (it does not read the
@@ -727,6 +786,11 @@ async fn kubelet_plugin_prepares_claims_into_gem_schd_configs() -> anyhow::Resul
             .join(format!("kubeshare.io-claim_{}.json", kb.uid))
             .exists()
     );
+    // /metrics counts claim a, not the refused b.
+    let claimed_a = (1.0, 0.3, (2u64 << 30) as f64);
+    wait_claimed(daemon.port, &gpu, claimed_a)
+        .await
+        .with_context(logs)?;
 
     // 4. Asked again (the kubelet retries after its own restart): the same answer.
     let again = plugin.node_prepare_resources(prepare).await?.into_inner();
@@ -762,6 +826,10 @@ async fn kubelet_plugin_prepares_claims_into_gem_schd_configs() -> anyhow::Resul
         .await?
         .into_inner();
     assert_eq!(again.claims[&ka.uid], resp.claims[&ka.uid]);
+    // The restarted daemon's /metrics has the claim from its checkpoint.
+    wait_claimed(daemon.port, &gpu, claimed_a)
+        .await
+        .with_context(logs)?;
 
     // 6. Unprepare undoes it, and again, and for a claim never prepared, succeeds.
     let unknown = dra_rpc::Claim {
@@ -783,6 +851,9 @@ async fn kubelet_plugin_prepares_claims_into_gem_schd_configs() -> anyhow::Resul
         assert!(!spec_file.exists());
         assert!(!root.join("pods").join(&pod_a).exists());
     }
+    wait_claimed(daemon.port, &gpu, (0.0, 0.0, 0.0))
+        .await
+        .with_context(logs)?;
     drop(daemon);
     ns.delete().await?;
     Ok(())
@@ -1037,6 +1108,15 @@ async fn kubelet_plugin_prepares_shared_and_whole_gpu_claims() -> anyhow::Result
         format!("/dev/nvidia{}", index(&whole_dev))
     );
     assert!(!root.join("pods").join(&w).exists());
+    // /metrics: the claim of two pods counts once; the whole GPU is all of it.
+    let team_claimed = (1.0, 0.4, (4u64 << 30) as f64);
+    let whole_claimed = (1.0, 1.0, (16u64 << 30) as f64);
+    wait_claimed(daemon.port, &team_gpu, team_claimed)
+        .await
+        .with_context(logs)?;
+    wait_claimed(daemon.port, &whole_gpu, whole_claimed)
+        .await
+        .with_context(logs)?;
 
     // A pod that joins the prepared claim is not prepared again (the kubelet calls
     // the plugin once per claim); the daemon's pod watch adds it to the peers file.
@@ -1063,6 +1143,8 @@ async fn kubelet_plugin_prepares_shared_and_whole_gpu_claims() -> anyhow::Result
     assert_eq!(again.claims, resp.claims);
     assert_eq!(text(&peers), listed(&[&t1, &t2, &t3]));
     assert_eq!(text(&config(&whole_gpu)), "0\n");
+    wait_claimed(daemon.port, &team_gpu, team_claimed).await?;
+    wait_claimed(daemon.port, &whole_gpu, whole_claimed).await?;
 
     // The kubelet unprepares a claim once the last of its pods on the node is gone.
     let resp = plugin
@@ -1077,6 +1159,9 @@ async fn kubelet_plugin_prepares_shared_and_whole_gpu_claims() -> anyhow::Result
     assert_eq!(text(&config(&team_gpu)), "0\n", "{}", logs());
     assert!(!peers.exists());
     assert!(!root.join("pods").join(&kt.uid).exists());
+    for g in [&team_gpu, &whole_gpu] {
+        wait_claimed(daemon.port, g, (0.0, 0.0, 0.0)).await?;
+    }
     for k in [&kt, &kw] {
         assert!(
             !cdi_dir

@@ -11,7 +11,6 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::claim::PreparedClaim;
-use crate::reconcile::ClaimShare;
 
 /// The loop's answer to a change: sent once the configs say the claims as they are.
 pub type Applied = oneshot::Sender<()>;
@@ -67,11 +66,6 @@ impl Book {
 
     pub fn remove(&self, uid: &str) -> Option<PreparedClaim> {
         self.lock().remove(uid)
-    }
-
-    /// What the configs must hold for the claims.
-    pub fn shares(&self) -> Vec<ClaimShare> {
-        self.lock().values().map(PreparedClaim::share).collect()
     }
 
     /// Asks the daemon's loop to apply the claims as they are and waits for it, at most

@@ -470,6 +470,34 @@ pub fn check_books<'a>(
     Ok(())
 }
 
+/// What the prepared claims hold of one GPU, as `/metrics` shows it beside the label
+/// pods.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClaimedGpu {
+    /// Claims with a share of the GPU.
+    pub claims: u32,
+    /// Their guaranteed shares (the booked `compute`), thousandths: 1000 for a whole GPU.
+    pub milli: u32,
+    /// The GPU memory they book ([`ClaimDevice::booked_memory`]), bytes.
+    pub memory: u64,
+}
+
+/// Per GPU UUID, what `claims` hold of it, summed as [`check_books`] sums them. GPUs no
+/// claim uses are absent.
+pub fn claimed_per_gpu<'a>(
+    claims: impl IntoIterator<Item = &'a PreparedClaim>,
+) -> BTreeMap<String, ClaimedGpu> {
+    let mut out: BTreeMap<String, ClaimedGpu> = BTreeMap::new();
+    for d in claims.into_iter().flat_map(|c| c.devices.iter()) {
+        let g = out.entry(d.gpu_uuid.clone()).or_default();
+        // A claim has at most one device per GPU (prepare refuses a GPU twice).
+        g.claims += 1;
+        g.milli = g.milli.saturating_add(u32::from(d.request_milli));
+        g.memory = g.memory.saturating_add(d.booked_memory());
+    }
+    out
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -559,6 +587,56 @@ pub(crate) mod tests {
         assert_eq!(check_books(&p, [&p], &labels, &inv), Ok(()));
         let elsewhere = super::super::slice::LabelUse::from([(U0.to_string(), (1000, 0))]);
         assert_eq!(check_books(&p, [&other], &elsewhere, &inv), Ok(()));
+    }
+
+    #[test]
+    fn claimed_per_gpu_sums_the_claims_of_each_gpu() {
+        let inv = inventory();
+        let prep = |uid: &str, results: Value, config: Value| {
+            let mut c = claim(results, config, &[POD]);
+            c.metadata.uid = Some(uid.into());
+            prepare(&c, uid, NODE, &inv).unwrap()
+        };
+        // A whole GPU 0 (no capacity requests: 1000 and all of its memory as
+        // published), a share of GPU 1, and a unified-memory share of GPU 1, which books
+        // its resident 1 GiB, not its 3 GiB ceiling.
+        let mut r = result("gpu-0", "1", "1");
+        r.as_object_mut().unwrap().remove("consumedCapacity");
+        let whole = prep("w", json!([r]), Value::Null);
+        assert!(whole.whole);
+        let share = prep("s", json!([result("gpu-1", "300", "2Gi")]), Value::Null);
+        let um = prep(
+            "u",
+            json!([result("gpu-1", "250", "1Gi")]),
+            opaque(json!({"memoryMode": "unified", "managedMemory": "3Gi"})),
+        );
+        assert_eq!(um.devices[0].memory_cap, 3 << 30);
+        let gpu = |claims, milli, memory| ClaimedGpu {
+            claims,
+            milli,
+            memory,
+        };
+        assert_eq!(
+            claimed_per_gpu([&whole, &share, &um]),
+            BTreeMap::from([
+                (U0.to_string(), gpu(1, 1000, 16 << 30)),
+                (U1.to_string(), gpu(2, 550, 3 << 30)),
+            ])
+        );
+        // A claim of two GPUs counts on each; an unprepared claim counts nowhere.
+        let pair = prep(
+            "p",
+            json!([result("gpu-0", "100", "1Gi"), result("gpu-1", "200", "4Gi")]),
+            Value::Null,
+        );
+        assert_eq!(
+            claimed_per_gpu([&pair, &um]),
+            BTreeMap::from([
+                (U0.to_string(), gpu(1, 100, 1 << 30)),
+                (U1.to_string(), gpu(2, 450, 5 << 30)),
+            ])
+        );
+        assert!(claimed_per_gpu([]).is_empty());
     }
 
     #[test]
