@@ -233,6 +233,9 @@ struct ClientState {
     mem_used: u64,
     /// How much of its turns and of its co-holds its kernels filled (the hook's Busy reports).
     fill: fill::Fills,
+    /// Charged by fill: how far its turns' token time was matched with Busy reports (the next
+    /// report's turns are its turns from here on).
+    busy_mark: Micros,
     /// Co-running: its co-hold and charges, its boost (`corun.rs`).
     co: corun::CoState,
 }
@@ -510,7 +513,21 @@ impl Core {
             Some(cs) => cs.reported_co.replace(in_co).unwrap_or(in_co),
             None => in_co,
         };
+        // Charged by fill, a turn's fill is its kernels' time over the token time gem-schd
+        // charges, not over the hold the hook saw: a turn also holds the grant's trip, the
+        // process's wake-up and its first launch, and at each hand-over the drain (a
+        // guaranteed matmul tenant on an H200 read 0.97 by the hook's holds and used 0.83 of
+        // its charged time).
+        let held_us = match self.clients.get(&key) {
+            Some(c) if self.charge_by_fill && !in_co => {
+                self.turn_time_between(key, c.busy_mark, now)
+            }
+            _ => held_us,
+        };
         if let Some(c) = self.clients.get_mut(&key) {
+            if self.charge_by_fill && !in_co {
+                c.busy_mark = now;
+            }
             if earlier_us > 0 {
                 c.fill.report(earlier_co, earlier_us, 0);
             }

@@ -77,6 +77,7 @@ impl Core {
                             conns: 0,
                             mem_used: 0,
                             fill: Default::default(),
+                            busy_mark: now,
                             co: Default::default(),
                         },
                     );

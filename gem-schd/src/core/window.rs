@@ -398,6 +398,27 @@ impl Core {
         }
     }
 
+    /// The token time of `key`'s turns between `from` and `to`, its last turn up to `to`:
+    /// a report before the frame that ends a turn comes after its drain, which the frame
+    /// charges to it.
+    pub(super) fn turn_time_between(&self, key: Key, from: Micros, to: Micros) -> Micros {
+        let last = self.clients.get(&key).and_then(|c| c.last_entry);
+        let mut seq = self.first_seq + self.history.len() as u64;
+        let mut sum = 0;
+        for e in self.history.iter().rev() {
+            seq -= 1;
+            if e.client != key {
+                continue;
+            }
+            let end = if Some(seq) == last { to } else { e.end.min(to) };
+            if end <= from {
+                break;
+            }
+            sum += end.saturating_sub(e.start.max(from));
+        }
+        sum
+    }
+
     /// The clients that held the token in the last 100 ms (they still compete for it: a
     /// batch-1 inference tenant between two requests has given it back for its CPU time).
     pub(super) fn recent_holders(&self, now: Micros) -> Vec<Key> {
