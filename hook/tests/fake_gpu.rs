@@ -694,28 +694,30 @@ fn gem_schd_learns_how_busy_a_tenant_keeps_the_gpu_from_its_timed_launches() {
     );
 }
 
-/// e launches 48 kernels of 5 ms at 3 ms of CPU each (its queue-ahead bound off, so the queue
-/// grows to ~90 ms) in its first hold, 150 ms long (gem-schd's base quota; its grace, 500 ms,
-/// outlasts the drain), and then waits for them; f asks for the token meanwhile (its one launch
-/// blocks). `e_env` goes into e's environment. Returns (when f's first launch passed, when e's
-/// queued work had run), both Unix µs.
+/// e launches 40 kernels of 10 ms at 3 ms of CPU each (its queue-ahead bound off, so the queue
+/// grows to ~280 ms) in its first hold, ~200 ms long (gem-schd's base quota is 300 ms; its
+/// grace, 500 ms, outlasts the drain), and then waits for them; f asks for the token meanwhile
+/// (its one launch blocks). e's launching ends ~120 ms into its hold, so the hook's idle thread
+/// starts waiting for e's queue (the first step of an idle release) well before the quota ends.
+/// `e_env` goes into e's environment. Returns (when f's first launch passed, when e's queued
+/// work had run), both Unix µs.
 fn newcomer_beside_a_long_drain(e_env: &[(&str, &str)]) -> (u64, u64) {
     let env = Env::new();
     env.write_config(&[("e", 0.5, 1.0, GIB), ("f", 0.5, 1.0, GIB)]);
     let _schd = env.start_schd_with(
         &["e", "f"],
-        &["--base-quota-ms", "150", "--grace-ms", "500"],
+        &["--base-quota-ms", "300", "--grace-ms", "500"],
     );
     let e_args = [
         "launch",
         "--kernel-us",
-        "5000",
+        "10000",
         "--launch-cpu-us",
         "3000",
         "--batch",
-        "48",
+        "40",
         "--count",
-        "48",
+        "40",
     ];
     let mut e = env
         .workload("e", "proc", &e_args)
@@ -743,14 +745,17 @@ fn newcomer_beside_a_long_drain(e_env: &[(&str, &str)]) -> (u64, u64) {
 }
 
 #[test]
-#[ignore = "intermittent: in about 1 run of 4 the token moves at the drain's report, not at the notice (f's launch ~1 ms after e's work, not ~98 ms before); run with --ignored"]
 fn the_next_holder_launches_while_the_last_ones_queued_work_drains() {
-    // e's hold ends while its process waits for its own queued work (~90 ms more): the hook's
+    // e's hold ends while its process waits for its own queued work (~200 ms more): the hook's
     // idle thread tells gem-schd it drains (a Renew answered Yield, or, with renewals off, a
     // Drain), and gem-schd grants f at once; f's launch passes then and queues behind e's
     // work, instead of after e's drain and report (the GPU idled for those and f's wake-up at
     // every hand-over; handed over after the report, f's launch passed 0.6–1.6 ms after e's
-    // work had run here).
+    // work had run here). The idle thread waits for e's queue from ~10 ms after e's last launch,
+    // long before the quota ends: while that wait ran on the idle thread itself, under the
+    // token lock, nothing ended the hold at its quota, and f's launch passed ~1 ms after e's
+    // work had run (in ~1 run of 4 with e's last launch ~9 ms before its quota end, in every
+    // run here).
     let _s = serial();
     for e_env in [&[][..], &[("KUBESHARE_HOOK_RENEW", "0")][..]] {
         let (f_first, e_drained) = newcomer_beside_a_long_drain(e_env);
