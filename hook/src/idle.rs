@@ -1,9 +1,10 @@
 //! The hook's background thread: gives the token back (Release) when the process has launched
-//! nothing for `KUBESHARE_HOOK_IDLE_MS`, once its queued work is done, so an idle tenant does
-//! not hold the GPU; ends a hold whose quota ran out while the process was not launching
-//! (blocked in its own synchronisation, or busy on the CPU), so that the next holder does not
-//! wait for this process's next launch; and notices within 5 ms when gem-schd hangs up during
-//! a hold, and stops launches. The launch gate is `device.rs`.
+//! nothing for `KUBESHARE_HOOK_IDLE_MS`, once its queued work is done (waited for on a
+//! short-lived thread, `watch_queue`), so an idle tenant does not hold the GPU; ends a hold
+//! whose quota ran out while the process was not launching (blocked in its own
+//! synchronisation, or busy on the CPU), so that the next holder does not wait for this
+//! process's next launch; and notices within 5 ms when gem-schd hangs up during a hold, and
+//! stops launches. The launch gate is `device.rs`.
 
 use crate::clock::{coarse_ns, precise_ns};
 use crate::config::settings;
@@ -159,13 +160,20 @@ fn release_if_expired(dev: usize) {
 }
 
 /// Idle means: no launch for `idle_ns` *after the queued work finished*. A program blocked in
-/// its own synchronisation while the GPU runs its burst is busy, not idle, so the thread first
-/// drains the queue (the token stays valid meanwhile, launches keep passing) and only releases
-/// once the GPU has been idle for this process for `idle_ns` with no launch since.
+/// its own synchronisation while the GPU runs its burst is busy, not idle, so the queue is
+/// first waited for (the token stays valid meanwhile, launches keep passing; `watch_queue`),
+/// and the token released only once the GPU has been idle for this process for `idle_ns` with
+/// no launch since.
 fn release_if_idle(dev: usize, idle_ns: u64) {
     let g = gpu(dev);
     let last = g.last_launch.load(Ordering::Relaxed);
     if !g.holding.load(Ordering::Acquire) || coarse_ns().saturating_sub(last) < idle_ns {
+        return;
+    }
+    let drained = g.drained_at.load(Ordering::Relaxed);
+    if drained <= last {
+        // Not yet seen drained since the last launch: wait for the queued work, note when.
+        watch_queue(dev, last);
         return;
     }
     let mut t = match g.token.try_lock() {
@@ -174,16 +182,6 @@ fn release_if_idle(dev: usize, idle_ns: u64) {
         Err(std::sync::TryLockError::WouldBlock) => return, // a launching thread is at the gate
     };
     if !g.holding.load(Ordering::Acquire) {
-        return;
-    }
-    let drained = g.drained_at.load(Ordering::Relaxed);
-    if drained <= last {
-        // Not yet seen drained since the last launch: wait for the queued work, note when.
-        drain(dev);
-        if g.last_launch.load(Ordering::Relaxed) == last {
-            g.drained_at
-                .store(coarse_ns().max(last + 1), Ordering::Relaxed);
-        }
         return;
     }
     if coarse_ns().saturating_sub(drained) < idle_ns {
@@ -216,4 +214,35 @@ fn release_if_idle(dev: usize, idle_ns: u64) {
     }
     debug!("device {dev}: idle, released the token after {used_us} µs");
     crate::um::on_hold_end(dev);
+}
+
+/// Waits for the work the process queued on `dev`, on a thread of its own, and notes when it
+/// was done (`Gpu::drained_at`) if nothing was launched since `last`. Not on the idle thread,
+/// nor under the token lock: that wait lasts as long as the process's queue (a training step's
+/// queue past its hold runs for tens of ms), and a hold whose quota ends meanwhile must still
+/// be ended at its quota (`release_if_expired`, a launch at the gate), its notice letting
+/// gem-schd hand the token on while the queue drains. Waited here, the hold ran on until the
+/// queue was done, and the next client was granted only then. One such wait at a time; if no
+/// thread can be started, the idle thread waits itself.
+fn watch_queue(dev: usize, last: u64) {
+    let g = gpu(dev);
+    if g.queue_watch.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let wait = move || {
+        guard((), || {
+            drain(dev);
+            if g.last_launch.load(Ordering::Relaxed) == last {
+                g.drained_at
+                    .store(coarse_ns().max(last + 1), Ordering::Relaxed);
+            }
+        });
+        g.queue_watch.store(false, Ordering::Release);
+    };
+    let spawned = std::thread::Builder::new()
+        .name("gemhook-queue".into())
+        .spawn(wait);
+    if spawned.is_err() {
+        wait();
+    }
 }

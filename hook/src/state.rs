@@ -73,6 +73,9 @@ pub struct Gpu {
     /// Coarse time at which the idle thread saw this process's queued work finished (with no
     /// launch since it looked): the GPU has been idle for this process since then.
     pub drained_at: AtomicU64,
+    /// Set while a thread of its own waits for this process's queued work before an idle
+    /// release (`idle::watch_queue`): one such wait at a time.
+    pub queue_watch: AtomicBool,
     pub holding: AtomicBool,
     /// How many times in a row the hold was renewed (0 after a grant); written under the
     /// token lock, read by the queue-ahead probes, which let the sole allowance stay queued
@@ -163,6 +166,7 @@ impl Gpu {
             probe_every: AtomicU64::new(0),
             last_launch: AtomicU64::new(0),
             drained_at: AtomicU64::new(0),
+            queue_watch: AtomicBool::new(false),
             holding: AtomicBool::new(false),
             renewals_in_row: AtomicU32::new(0),
             outstanding: AtomicU64::new(0),
