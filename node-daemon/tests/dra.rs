@@ -76,6 +76,66 @@ fn start_daemon(
     Ok(Daemon { child, port })
 }
 
+/// A kubelet plugin's stand-in host in a temporary directory: the inventory file, `/dev` and
+/// the driver library directory, the kubelet's root and the CDI spec directory, and the
+/// daemon's arguments for them.
+struct PluginRig {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+    inv_file: PathBuf,
+    log: PathBuf,
+    kubelet_root: PathBuf,
+    cdi_dir: PathBuf,
+    args: Vec<String>,
+}
+
+impl PluginRig {
+    fn new(prefix: &str, inv: &NodeInventory) -> anyhow::Result<Self> {
+        let tmp = tempfile::Builder::new().prefix(prefix).tempdir_in("/tmp")?;
+        let dir = tmp.path().to_path_buf();
+        let inv_file = dir.join("inv.json");
+        std::fs::write(&inv_file, inv.to_json())?;
+        // Stand-ins for the host's /dev and driver library directory.
+        std::fs::create_dir_all(dir.join("dev"))?;
+        std::fs::write(dir.join("dev/nvidiactl"), "")?;
+        std::fs::create_dir_all(dir.join("lib"))?;
+        std::fs::write(dir.join("lib/libcuda.so.1"), "elf")?;
+        let (kubelet_root, cdi_dir) = (dir.join("kubelet"), dir.join("cdi"));
+        let args = [
+            ("--kubelet-root-dir", &kubelet_root),
+            ("--cdi-spec-dir", &cdi_dir),
+            ("--cdi-dev-dir", &dir.join("dev")),
+            ("--cdi-lib-dir", &dir.join("lib")),
+            // --cdi-spec-dir also runs the device plugin for kubeshare.io/gpu: kept here.
+            ("--device-plugin-dir", &dir.join("device-plugins")),
+        ]
+        .iter()
+        .flat_map(|(k, v)| [k.to_string(), v.display().to_string()])
+        .collect();
+        Ok(PluginRig {
+            log: dir.join("daemon.log"),
+            _tmp: tmp,
+            dir,
+            inv_file,
+            kubelet_root,
+            cdi_dir,
+            args,
+        })
+    }
+
+    /// Starts (or starts again) the daemon on this host.
+    fn start(&self, cluster: &Cluster, node: &str) -> anyhow::Result<Daemon> {
+        start_daemon(
+            cluster,
+            node,
+            &self.dir,
+            &self.inv_file,
+            &self.log,
+            &self.args,
+        )
+    }
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         // SAFETY: kill(2) on the pid of a child this test spawned and has not reaped.
@@ -628,34 +688,19 @@ async fn kubelet_plugin_prepares_claims_into_gem_schd_configs() -> anyhow::Resul
             held_by: None,
         }],
     };
-    let tmp = tempfile::Builder::new().prefix("dp").tempdir_in("/tmp")?;
-    let dir = tmp.path();
-    let inv_file = dir.join("inv.json");
-    std::fs::write(&inv_file, inv.to_json())?;
-    // Stand-ins for the host's /dev and driver library directory.
-    std::fs::create_dir_all(dir.join("dev"))?;
-    std::fs::write(dir.join("dev/nvidiactl"), "")?;
-    std::fs::create_dir_all(dir.join("lib"))?;
-    std::fs::write(dir.join("lib/libcuda.so.1"), "elf")?;
-    let log = dir.join("daemon.log");
-    let kubelet_root = dir.join("kubelet");
-    let cdi_dir = dir.join("cdi");
-    let args: Vec<String> = [
-        ("--kubelet-root-dir", &kubelet_root),
-        ("--cdi-spec-dir", &cdi_dir),
-        ("--cdi-dev-dir", &dir.join("dev")),
-        ("--cdi-lib-dir", &dir.join("lib")),
-        // --cdi-spec-dir also runs the device plugin for kubeshare.io/gpu: kept here.
-        ("--device-plugin-dir", &dir.join("device-plugins")),
-    ]
-    .iter()
-    .flat_map(|(k, v)| [k.to_string(), v.display().to_string()])
-    .collect();
-    let logs = || text(&log);
-    let daemon = start_daemon(cluster, &node, dir, &inv_file, &log, &args)?;
+    let rig = PluginRig::new("dp", &inv)?;
+    let PluginRig {
+        dir,
+        log,
+        kubelet_root,
+        cdi_dir,
+        ..
+    } = &rig;
+    let logs = || text(log);
+    let daemon = rig.start(cluster, &node)?;
 
     // 1. Registration, as the kubelet's plugin watcher does it.
-    let sockets = dra_rpc::PluginSockets::under(&kubelet_root, DRIVER_NAME);
+    let sockets = dra_rpc::PluginSockets::under(kubelet_root, DRIVER_NAME);
     let info = wait_until("the plugin's GetInfo", WAIT, || async {
         Ok(dra_rpc::get_info(&sockets.registration).await.ok())
     })
@@ -805,7 +850,7 @@ async fn kubelet_plugin_prepares_claims_into_gem_schd_configs() -> anyhow::Resul
         "a stopped daemon leaves no registration behind"
     );
     std::fs::write(&config, "0\n")?;
-    let daemon = start_daemon(cluster, &node, dir, &inv_file, &log, &args)?;
+    let daemon = rig.start(cluster, &node)?;
     wait_until(
         "the restarted daemon to write the claim back",
         WAIT,
@@ -948,30 +993,17 @@ async fn kubelet_plugin_prepares_shared_and_whole_gpu_claims() -> anyhow::Result
             })
             .collect(),
     };
-    let tmp = tempfile::Builder::new().prefix("ds").tempdir_in("/tmp")?;
-    let dir = tmp.path();
-    let inv_file = dir.join("inv.json");
-    std::fs::write(&inv_file, inv.to_json())?;
-    std::fs::create_dir_all(dir.join("dev"))?;
-    std::fs::write(dir.join("dev/nvidiactl"), "")?;
-    std::fs::create_dir_all(dir.join("lib"))?;
-    std::fs::write(dir.join("lib/libcuda.so.1"), "elf")?;
-    let log = dir.join("daemon.log");
-    let kubelet_root = dir.join("kubelet");
-    let cdi_dir = dir.join("cdi");
-    let args: Vec<String> = [
-        ("--kubelet-root-dir", &kubelet_root),
-        ("--cdi-spec-dir", &cdi_dir),
-        ("--cdi-dev-dir", &dir.join("dev")),
-        ("--cdi-lib-dir", &dir.join("lib")),
-        ("--device-plugin-dir", &dir.join("device-plugins")),
-    ]
-    .iter()
-    .flat_map(|(k, v)| [k.to_string(), v.display().to_string()])
-    .collect();
-    let logs = || text(&log);
-    let daemon = start_daemon(cluster, &node, dir, &inv_file, &log, &args)?;
-    let sockets = dra_rpc::PluginSockets::under(&kubelet_root, DRIVER_NAME);
+    let rig = PluginRig::new("ds", &inv)?;
+    let PluginRig {
+        dir,
+        log,
+        kubelet_root,
+        cdi_dir,
+        ..
+    } = &rig;
+    let logs = || text(log);
+    let daemon = rig.start(cluster, &node)?;
+    let sockets = dra_rpc::PluginSockets::under(kubelet_root, DRIVER_NAME);
     let connect = || async {
         wait_until("the plugin's service", WAIT, || async {
             Ok(kubeshare_kubelet_rpc::connect(&sockets.service).await.ok())
@@ -1132,7 +1164,7 @@ async fn kubelet_plugin_prepares_shared_and_whole_gpu_claims() -> anyhow::Result
     // A restart keeps both claims and the peers.
     drop(daemon);
     std::fs::write(config(&team_gpu), "0\n")?;
-    let daemon = start_daemon(cluster, &node, dir, &inv_file, &log, &args)?;
+    let daemon = rig.start(cluster, &node)?;
     wait_until("the claim's line back", WAIT, || async {
         Ok((text(&config(&team_gpu)) == team_line).then_some(()))
     })

@@ -18,6 +18,7 @@
 
 pub mod cgroups;
 mod cluster;
+pub mod dra;
 mod error;
 mod namespace;
 mod node;

@@ -81,29 +81,22 @@ pub fn claim_spec(
         });
     }
     let mut common: ContainerEdits = node.container_edits;
-    if claim.whole {
-        // As the node's spec gives a whole-GPU labelled pod: the GPUs alone, no hook.
-        let spec = Spec {
-            cdi_version: node.cdi_version,
-            kind: KIND.to_string(),
-            devices,
-            container_edits: common,
-        };
-        spec.validate()?;
-        return Ok(spec);
+    // A whole-GPU claim gets what the node's spec gives a whole-GPU labelled pod: the GPUs
+    // alone, no hook.
+    if !claim.whole {
+        common.env.extend([
+            format!("{ENV_SOCKET_DIR}={}", layout::POD_SOCKET_DIR),
+            format!("{ENV_LD_PRELOAD}={}", layout::POD_HOOK_LIB),
+        ]);
+        common.mounts.push(Mount {
+            host_path: layout
+                .pod_dir(claim.client())
+                .to_string_lossy()
+                .into_owned(),
+            container_path: layout::POD_SOCKET_DIR.to_string(),
+            options: vec!["rw".into(), "nosuid".into(), "nodev".into(), "bind".into()],
+        });
     }
-    common.env.extend([
-        format!("{ENV_SOCKET_DIR}={}", layout::POD_SOCKET_DIR),
-        format!("{ENV_LD_PRELOAD}={}", layout::POD_HOOK_LIB),
-    ]);
-    common.mounts.push(Mount {
-        host_path: layout
-            .pod_dir(claim.client())
-            .to_string_lossy()
-            .into_owned(),
-        container_path: layout::POD_SOCKET_DIR.to_string(),
-        options: vec!["rw".into(), "nosuid".into(), "nodev".into(), "bind".into()],
-    });
     let spec = Spec {
         cdi_version: node.cdi_version,
         kind: KIND.to_string(),

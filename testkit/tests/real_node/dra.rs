@@ -241,28 +241,6 @@ async fn enable_dra(r: &Rig) -> Result<Restore> {
     Ok(restore)
 }
 
-/// A template of a claim on `gpu` booking `compute` thousandths and `memory`, with no
-/// config: a fixed share (limit = request).
-fn share_template(
-    name: &str,
-    gpu: &str,
-    compute: &str,
-    memory: &str,
-) -> Result<ResourceClaimTemplate> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name},
-        "spec": {"spec": {"devices": {
-            "requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": DRIVER_NAME,
-                "selectors": [{"cel": {"expression":
-                    format!("device.attributes[\"{DRIVER_NAME}\"].uuid == \"{gpu}\"")}}],
-                "capacity": {"requests": {"compute": compute, "memory": memory}},
-            }}],
-        }}},
-    }))?)
-}
-
 /// The pod's `PodScheduled=False` reason and message, once the scheduler gave one.
 fn unschedulable(p: &Pod) -> Option<(String, String)> {
     p.status
@@ -420,7 +398,7 @@ async fn two_claims_split_one_gpu_and_a_third_waits_for_room() -> Result<()> {
         templates
             .create(
                 &PostParams::default(),
-                &share_template(name, &gpu.uuid, compute, "2Gi")?,
+                &kubeshare_testkit::dra::share_claim_template(name, &gpu.uuid, compute, "2Gi")?,
             )
             .await?;
     }

@@ -419,7 +419,12 @@ where
                 templates
                     .create(
                         &PostParams::default(),
-                        &claim_template(name, gpu, &compute, CLAIM_MEMORY)?,
+                        &kubeshare_testkit::dra::share_claim_template(
+                            name,
+                            gpu,
+                            &compute,
+                            CLAIM_MEMORY,
+                        )?,
                     )
                     .await?;
                 serde_json::from_value(pods::claim_pod_json(&ctx.env, name, name, gpu, &work))?
@@ -528,28 +533,6 @@ async fn dra_installed(client: &Client) -> bool {
         .get_opt(DRA_DRIVER)
         .await
         .is_ok_and(|d| d.is_some())
-}
-
-/// A ResourceClaimTemplate booking `compute` thousandths and `memory` of the GPU `gpu`
-/// (a UUID), with no config: a fixed share, limit = request (docs/dra.md).
-fn claim_template(
-    name: &str,
-    gpu: &str,
-    compute: &str,
-    memory: &str,
-) -> Result<ResourceClaimTemplate> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name},
-        "spec": {"spec": {"devices": {
-            "requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": DRA_DRIVER,
-                "selectors": [{"cel": {"expression":
-                    format!("device.attributes[\"{DRA_DRIVER}\"].uuid == \"{gpu}\"")}}],
-                "capacity": {"requests": {"compute": compute, "memory": memory}},
-            }}],
-        }}},
-    }))?)
 }
 
 /// The node's first GPU (lowest index) once the node daemon published it in its
