@@ -5,7 +5,7 @@
 
 use kubeshare_api::dra::device_index;
 
-use super::{ClaimHold, Cluster, Node};
+use super::{ClaimHold, Cluster, Gpu, Node};
 use crate::claims::Claimed;
 
 impl Cluster {
@@ -26,29 +26,38 @@ impl Cluster {
         touched.dedup();
         self.claimed = claimed;
         for name in touched {
-            let Some(mut node) = self.nodes.remove(&name) else {
-                continue;
-            };
-            let before: Vec<ClaimHold> = node.gpus.iter().map(|g| g.claimed.clone()).collect();
-            self.attach_claims(&name, &mut node);
-            if node.gpus.iter().zip(&before).any(|(g, b)| g.claimed != *b) {
-                self.version += 1;
-                node.stamp = self.version;
-                self.scores = None;
-                // A claim deallocated or deleted frees room as a label pod's deletion
-                // does: pods refused for room there are woken (kube-scheduler does not
-                // retry a label pod on a claim's events).
-                if node
-                    .gpus
-                    .iter()
-                    .zip(&before)
-                    .any(|(g, b)| frees(b, &g.claimed))
-                {
-                    self.refused.freed(&name, self.version);
-                }
-            }
-            self.nodes.insert(name, node);
+            // A claim deallocated or deleted frees room as a label pod's deletion does:
+            // pods refused for room there are woken (kube-scheduler does not retry a label
+            // pod on a claim's events).
+            self.refresh_gpus(&name, |g| g.claimed.clone(), Self::attach_claims, frees);
         }
+    }
+
+    /// Recomputes one part of each GPU of node `name`: `part` reads it, `attach` sets it.
+    /// A change gives the node a new stamp, so that no verdict judged without it is reused,
+    /// and one that `frees` room on a GPU (before, after) wakes the pods refused there.
+    pub(super) fn refresh_gpus<T: PartialEq>(
+        &mut self,
+        name: &str,
+        part: impl Fn(&Gpu) -> T,
+        attach: impl Fn(&Self, &str, &mut Node),
+        frees: impl Fn(&T, &T) -> bool,
+    ) {
+        let Some(mut node) = self.nodes.remove(name) else {
+            return;
+        };
+        let before: Vec<T> = node.gpus.iter().map(&part).collect();
+        attach(self, name, &mut node);
+        let after: Vec<T> = node.gpus.iter().map(&part).collect();
+        if after != before {
+            self.version += 1;
+            node.stamp = self.version;
+            self.scores = None;
+            if before.iter().zip(&after).any(|(b, a)| frees(b, a)) {
+                self.refused.freed(name, self.version);
+            }
+        }
+        self.nodes.insert(name.to_string(), node);
     }
 
     /// Sets each GPU of `node` (named `name`) to what the claims hold of it: a device

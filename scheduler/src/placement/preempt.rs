@@ -968,25 +968,12 @@ impl Cluster {
     /// stamp so that no verdict judged without them is reused; pods refused
     /// there are woken when room is given back.
     fn refresh_promises(&mut self, name: &str) {
-        let Some(mut node) = self.nodes.remove(name) else {
-            return;
-        };
-        let before: Vec<Vec<Promise>> = node.gpus.iter().map(|g| g.promised.clone()).collect();
-        self.attach_promises(name, &mut node);
-        if node.gpus.iter().zip(&before).any(|(g, b)| g.promised != *b) {
-            self.version += 1;
-            node.stamp = self.version;
-            self.scores = None;
-            if node
-                .gpus
-                .iter()
-                .zip(&before)
-                .any(|(g, b)| g.promised.len() < b.len())
-            {
-                self.refused.freed(name, self.version);
-            }
-        }
-        self.nodes.insert(name.to_string(), node);
+        self.refresh_gpus(
+            name,
+            |g| g.promised.clone(),
+            Self::attach_promises,
+            |before, after| after.len() < before.len(),
+        );
     }
 
     fn reserve_preempted(&mut self, p: &str, node: &str) {
