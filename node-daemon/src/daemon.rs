@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use futures::{FutureExt as _, StreamExt as _};
+use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
@@ -206,23 +206,13 @@ pub async fn run_with_claims(
                 None => changes = None,
             },
             ev = stream.next() => {
-                let mut next = ev;
-                // Take every event already waiting, then reconcile once.
-                loop {
-                    match next {
-                        Some(Ok(e)) => {
-                            writer.apply_watcher_event(&e);
-                            synced |= crate::pods::completes_list(&e);
-                            dirty |= crate::pods::changes_visible(&e);
-                        }
-                        Some(Err(e)) => tracing::warn!(error = %e, "pod watch error; retrying"),
-                        None => anyhow::bail!("the pod watch ended"),
-                    }
-                    match stream.next().now_or_never() {
-                        Some(n) => next = n,
-                        None => break,
-                    }
+                // Every event already waiting, then one reconcile.
+                let burst = crate::pods::apply_burst(ev, &mut stream, &mut writer, "pods");
+                if burst.ended {
+                    anyhow::bail!("the pod watch ended");
                 }
+                synced |= burst.listed;
+                dirty |= burst.changed;
             }
             _ = tick_if_any(&mut held_tick) => {
                 let Some(watch) = cfg.device_plugins.as_ref() else { continue };

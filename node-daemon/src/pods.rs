@@ -6,9 +6,11 @@
 //! relist was only half done; the test below holds the store to that. Until the first
 //! list completes the daemon changes nothing on disk.
 
+use futures::{FutureExt as _, Stream, StreamExt as _};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::Store;
-use kube::runtime::watcher::Event;
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::watcher::{self, Event};
 
 use crate::reconcile::PodView;
 
@@ -55,6 +57,51 @@ pub fn changes_visible(event: &Event<Pod>) -> bool {
 /// Whether the event completes a list: from the first one on the store is in sync.
 pub fn completes_list(event: &Event<Pod>) -> bool {
     matches!(event, Event::InitDone)
+}
+
+/// What a burst of pod watch events did to the store ([`apply_burst`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Burst {
+    /// A list completed: the store is in sync from now on.
+    pub listed: bool,
+    /// The visible set of pods may have changed.
+    pub changed: bool,
+    /// The watch ended.
+    pub ended: bool,
+}
+
+/// Applies `first` and every event already waiting on `stream` to the store's `writer`, so
+/// that a burst of events is acted on once. Watch errors are logged (the watcher retries
+/// with backoff); `watch` names the watch in the log.
+pub fn apply_burst<S>(
+    first: Option<watcher::Result<Event<Pod>>>,
+    stream: &mut S,
+    writer: &mut Writer<Pod>,
+    watch: &str,
+) -> Burst
+where
+    S: Stream<Item = watcher::Result<Event<Pod>>> + Unpin,
+{
+    let mut burst = Burst::default();
+    let mut next = first;
+    loop {
+        match next {
+            Some(Ok(e)) => {
+                writer.apply_watcher_event(&e);
+                burst.listed |= completes_list(&e);
+                burst.changed |= changes_visible(&e);
+            }
+            Some(Err(e)) => tracing::warn!(watch, error = %e, "pod watch error; retrying"),
+            None => {
+                burst.ended = true;
+                return burst;
+            }
+        }
+        match stream.next().now_or_never() {
+            Some(n) => next = n,
+            None => return burst,
+        }
+    }
 }
 
 /// The pods in the store, by UID.
@@ -139,5 +186,34 @@ mod tests {
         no_uid.metadata.uid = None;
         c.apply(Event::Apply(no_uid));
         assert_eq!(c.uids(), ["c"]);
+    }
+
+    #[test]
+    fn a_burst_is_applied_until_the_watch_waits_or_ends() {
+        let ok = Ok::<_, watcher::Error>;
+        let mut writer = Writer::default();
+        let reader = writer.as_reader();
+        // The events already waiting are taken; then the watch waits.
+        let mut waiting =
+            futures::stream::iter([ok(Event::InitApply(pod("b"))), ok(Event::InitDone)])
+                .chain(futures::stream::pending());
+        let burst = apply_burst(Some(ok(Event::Init)), &mut waiting, &mut writer, "test");
+        let expected = Burst {
+            listed: true,
+            changed: true,
+            ended: false,
+        };
+        assert_eq!(burst, expected);
+        let uids: Vec<String> = visible(&reader).into_iter().map(|p| p.uid).collect();
+        assert_eq!(uids, ["b"]);
+        // A relist's pieces change nothing visible; a watch that ends says so.
+        let mut ending = futures::stream::iter([ok(Event::InitApply(pod("c")))]);
+        let burst = apply_burst(Some(ok(Event::Init)), &mut ending, &mut writer, "test");
+        let expected = Burst {
+            listed: false,
+            changed: false,
+            ended: true,
+        };
+        assert_eq!(burst, expected);
     }
 }

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use futures::{FutureExt as _, StreamExt as _};
+use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::Api;
@@ -151,25 +151,13 @@ pub async fn run(client: kube::Client, node: String, source: InventorySource, ev
         tokio::select! {
             _ = tick.tick() => due = true,
             ev = stream.next() => {
-                let mut next = ev;
-                // Take every event already waiting, then publish once.
-                loop {
-                    match next {
-                        Some(Ok(e)) => {
-                            writer.apply_watcher_event(&e);
-                            synced |= crate::pods::completes_list(&e);
-                        }
-                        Some(Err(e)) => tracing::warn!(error = %e, "DRA: pod watch error; retrying"),
-                        None => {
-                            tracing::error!("DRA: the pod watch ended; the slice no longer follows label pods");
-                            return;
-                        }
-                    }
-                    match stream.next().now_or_never() {
-                        Some(n) => next = n,
-                        None => break,
-                    }
+                // Every event already waiting, then one publish.
+                let burst = crate::pods::apply_burst(ev, &mut stream, &mut writer, "DRA");
+                if burst.ended {
+                    tracing::error!("DRA: the pod watch ended; the slice no longer follows label pods");
+                    return;
                 }
+                synced |= burst.listed;
             }
         }
         if !synced {
