@@ -517,12 +517,7 @@ async fn stock_scheduler_shares_a_gpu_by_consumable_capacity() -> anyhow::Result
         wait_for(&pods, p, WAIT, |p| scheduled_on(p) == Some(node.as_str())).await?;
     }
     let claim_a = claim_of(&pods, &claims, "a").await?;
-    let alloc = claim_a
-        .status
-        .and_then(|s| s.allocation)
-        .and_then(|a| a.devices)
-        .and_then(|d| d.results)
-        .unwrap_or_default();
+    let alloc = kubeshare_testkit::dra::allocated_devices(claim_a);
     assert_eq!(alloc.len(), 1, "{alloc:?}");
     assert_eq!(alloc[0].driver, DRIVER_NAME);
     assert_eq!(alloc[0].pool, node);

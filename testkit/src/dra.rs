@@ -1,6 +1,8 @@
 //! DRA objects the real-node tests and the GPU node's scenarios both make.
 
-use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use k8s_openapi::api::resource::v1::{
+    DeviceRequestAllocationResult, ResourceClaim, ResourceClaimTemplate,
+};
 use kubeshare_api::dra::DRIVER_NAME;
 use serde_json::json;
 
@@ -24,4 +26,14 @@ pub fn share_claim_template(
             }}],
         }}},
     }))
+}
+
+/// The devices a claim was allocated (none while it is not allocated).
+pub fn allocated_devices(claim: ResourceClaim) -> Vec<DeviceRequestAllocationResult> {
+    claim
+        .status
+        .and_then(|s| s.allocation)
+        .and_then(|a| a.devices)
+        .and_then(|d| d.results)
+        .unwrap_or_default()
 }

@@ -119,12 +119,7 @@ async fn a_claim_on_a_gpu_keeps_label_pods_off_its_share() -> Result<()> {
             .is_some()
     })
     .await?;
-    let results = c
-        .status
-        .and_then(|s| s.allocation)
-        .and_then(|a| a.devices)
-        .and_then(|d| d.results)
-        .unwrap_or_default();
+    let results = kubeshare_testkit::dra::allocated_devices(c);
     assert_eq!(results.len(), 1, "{results:?}");
     assert_eq!(
         (results[0].pool.as_str(), results[0].device.as_str()),

@@ -588,12 +588,7 @@ async fn claim_allocation(ctx: &Ctx<'_>, pod: &str) -> Result<Value> {
         .with_context(|| format!("pod {pod} has no ResourceClaim in its status"))?;
     let claims: Api<ResourceClaim> = Api::namespaced(ctx.client.clone(), &ctx.ns);
     let c = claims.get(&claim).await?;
-    let results = c
-        .status
-        .and_then(|s| s.allocation)
-        .and_then(|a| a.devices)
-        .and_then(|d| d.results)
-        .unwrap_or_default();
+    let results = kubeshare_testkit::dra::allocated_devices(c);
     Ok(json!(
         results
             .iter()
