@@ -710,19 +710,24 @@ mod tests {
         );
     }
 
-    #[test]
-    fn diff_is_empty_when_disk_matches() {
-        let inv = inventory(2);
-        let d = desired(NODE, &inv, &[shared(1, "0.2", "0.4", 1)]);
-        let actual = Actual {
+    /// The disk as `d` wants it, with these peers files.
+    fn on_disk(d: &Desired, peers: BTreeMap<String, String>) -> Actual {
+        Actual {
             configs: d
                 .configs
                 .iter()
                 .map(|(g, c)| (g.clone(), Some(c.render())))
                 .collect(),
             pod_dirs: d.pod_dirs.clone(),
-            peers: BTreeMap::new(),
-        };
+            peers,
+        }
+    }
+
+    #[test]
+    fn diff_is_empty_when_disk_matches() {
+        let inv = inventory(2);
+        let d = desired(NODE, &inv, &[shared(1, "0.2", "0.4", 1)]);
+        let actual = on_disk(&d, BTreeMap::new());
         assert!(diff(&d, &actual).is_empty());
         // Missing files and dirs are created, dirs before configs.
         let acts = diff(&d, &Actual::default());
@@ -996,15 +1001,7 @@ mod tests {
             .position(|a| matches!(a, Action::WriteConfig { .. }))
             .unwrap();
         assert!(peers_at < config_at, "{acts:?}");
-        let actual = Actual {
-            configs: d
-                .configs
-                .iter()
-                .map(|(g, c)| (g.clone(), Some(c.render())))
-                .collect(),
-            pod_dirs: d.pod_dirs.clone(),
-            peers: BTreeMap::from([(uid(9), text)]),
-        };
+        let actual = on_disk(&d, BTreeMap::from([(uid(9), text)]));
         assert!(diff(&d, &actual).is_empty());
         let gone = diff(&desired(NODE, &inv, &pods), &actual);
         assert!(gone.contains(&Action::RemovePeers(uid(9))), "{gone:?}");
@@ -1053,15 +1050,7 @@ mod tests {
         assert_eq!(desired_with_claims(NODE, &inv, &pods, &rev), d);
         // Without the claims: the labelled pod alone, and the claims' dirs go.
         let without = desired(NODE, &inv, &pods);
-        let actual = Actual {
-            configs: d
-                .configs
-                .iter()
-                .map(|(g, c)| (g.clone(), Some(c.render())))
-                .collect(),
-            pod_dirs: d.pod_dirs.clone(),
-            peers: BTreeMap::new(),
-        };
+        let actual = on_disk(&d, BTreeMap::new());
         let acts = diff(&without, &actual);
         assert!(acts.contains(&Action::RemovePodDir(uid(3))), "{acts:?}");
         assert!(acts.contains(&Action::RemovePodDir(uid(5))), "{acts:?}");
