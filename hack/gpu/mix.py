@@ -4,7 +4,10 @@
     python3 hack/gpu/mix.py ARTIFACT_DIR OUT [scenario ...]
 
 ARTIFACT_DIR holds libgemhook.so.1 and gem-schd. MIX_SCHD_ARGS adds gem-schd arguments to every
-scenario (e.g. `--charge-by-fill`). Each scenario starts gem-schd with a resource
+scenario (e.g. `--charge-by-fill`). MIX_MPS=1 runs every scenario (but `mps`) with its tenants
+as clients of an MPS server started for it, the hook and gem-schd's tokens still gating their
+launches: the kernels of the holder's drain and of the next holder's first launches, and of a
+co-runner beside the holder, then run side by side instead of in the driver's time slices. Each scenario starts gem-schd with a resource
 config, starts mix_tenant.py tenants together (with the hook, each its own client) and reads
 each tenant's GPU time from CUPTI's kernel records (mix_tenant.py), never from gem-schd. Beside
 it, gem-schd's own charge (its debug log, over its 10 s window at its last grant) and the
@@ -17,8 +20,8 @@ Scenarios:
   capped_elastic  three pairs, a capped tenant (0.5/0.5) beside an elastic one (0.5/1.0)
   four            conv, matmul, elem, encoder at 0.1/0.2/0.3/0.4, request = limit
   capped_elastic_corun  the same pairs with gem-schd co-running light clients (--co-run-below
-                  0.6, as the chart runs it)
-  four_corun      the same with gem-schd co-running light clients (--co-run-below 0.6)
+                  MIX_CORUN, default 0.6 as the chart runs it)
+  four_corun      the same with gem-schd co-running light clients (--co-run-below MIX_CORUN)
   priority        a guaranteed tenant (0.5/0.5) beside two opportunistic ones (sharedgpu/priority
                   0: 0.3/1.0 and 0.2/1.0), all busy; then the same config with the guaranteed
                   tenant idle. Workloads from MIX_PRIORITY (default matmul,conv,attn: the
@@ -29,8 +32,10 @@ Scenarios:
                   compared with
 """
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -38,7 +43,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bench import log  # noqa: E402
-from share_bench import GIB, ShareBench, charged, pct, sliding_max, union, windows  # noqa: E402
+from share_bench import GIB, ShareBench, charged, fills, pct, sliding_max, union, windows  # noqa: E402
 
 SECONDS = 14
 # Measured from here on: the tenants' first second holds gem-schd's quiet start and warm-up.
@@ -89,6 +94,35 @@ def busy_figures(r, t0, t1):
             "max_1s": round(sliding_max(busy, t0, t1), 4)}
 
 
+def handovers(res, labels, t0, t1):
+    """Where the GPU idled between the tenants' kernels over [t0, t1), from the GPU's clock:
+    each gap in the union of their kernel intervals is a hand-over gap when the kernels on its
+    two sides are different tenants', else the tenant's own (its CPU launching, its syncs).
+    Also the time two tenants' kernel records overlap (contexts time-sliced, or MPS clients
+    side by side), which the per-tenant figures count twice."""
+    spans = sorted((a, b, lbl) for lbl in labels for a, b in res[lbl]["busy"] if b > t0 and a < t1)
+    switch_gaps, own_idle, overlap = [], 0.0, 0.0
+    end, owner = None, None
+    for a, b, lbl in spans:
+        a, b = max(a, t0), min(b, t1)
+        if end is not None and a > end:
+            if lbl != owner:
+                switch_gaps.append(a - end)
+            else:
+                own_idle += a - end
+        elif end is not None and lbl != owner:
+            overlap += min(b, end) - a
+        if end is None or b > end:
+            end, owner = b, lbl
+    wall = t1 - t0
+    switch_gaps.sort()
+    return {"switches_per_s": round(len(switch_gaps) / wall, 1),
+            "idle_at_switches": round(sum(switch_gaps) / wall, 4),
+            "switch_gap_p50_ms": round(1e3 * pct(switch_gaps, 0.5), 3) if switch_gaps else None,
+            "switch_gap_p90_ms": round(1e3 * pct(switch_gaps, 0.9), 3) if switch_gaps else None,
+            "idle_own": round(own_idle / wall, 4), "overlap": round(overlap / wall, 4)}
+
+
 def latency(r):
     lat = r.get("lat_ms") or []
     if len(lat) < 10:
@@ -132,6 +166,9 @@ def shared_run(b, clients, raw, key, extra=(), idle=()):
         row[lbl] = f
     every = union(*[res[c[0]]["busy"] for c in running])
     row["gpu_busy"] = round(windows(every, SKIP, t1, t1 - SKIP)[0], 4)
+    row["gaps"] = handovers(res, [c[0] for c in running], SKIP, t1)
+    # How each client was served: its turns and co-holds, the fills gem-schd judged it by.
+    row["grants"] = fills(logf, since)
     return row
 
 
@@ -165,8 +202,13 @@ def capped_elastic(b, raw, extra=()):
     return out
 
 
+def co_run_args():
+    """gem-schd's co-running argument: MIX_CORUN's threshold, the chart's 0.6 by default."""
+    return ["--co-run-below", os.environ.get("MIX_CORUN", "0.6")]
+
+
 def capped_elastic_corun(b, raw):
-    return capped_elastic(b, raw, ["--co-run-below", "0.6"])
+    return capped_elastic(b, raw, co_run_args())
 
 
 def four(b, raw, extra=()):
@@ -175,7 +217,7 @@ def four(b, raw, extra=()):
 
 
 def four_corun(b, raw):
-    return four(b, raw, ["--co-run-below", "0.6"])
+    return four(b, raw, co_run_args())
 
 
 def priority(b, raw):
@@ -186,38 +228,41 @@ def priority(b, raw):
             "guaranteed_idle": shared_run(b, clients, raw, "priority_idle", idle=(f"g_{g}",))}
 
 
-def mps(b, raw):
-    """gpt and decode as MPS clients: each at 50 % of the SMs, then unrestricted."""
+@contextlib.contextmanager
+def mps_server(b):
+    """An MPS control daemon for the block, its pipe and log directories under the bench's
+    root; every tenant spawned meanwhile is its client (`b.extra_env`)."""
     pipe = os.path.join(b.root, "mps-pipe")
     logs = os.path.join(b.root, "mps-log")
     os.makedirs(pipe, exist_ok=True)
     os.makedirs(logs, exist_ok=True)
-    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=pipe, CUDA_MPS_LOG_DIRECTORY=logs)
-    ctl = next((c for c in ("nvidia-cuda-mps-control", "/usr/local/nvidia/bin/nvidia-cuda-mps-control")
-                if subprocess.run(["sh", "-c", f"command -v {c}"], capture_output=True).returncode == 0),
-               None)
-    if ctl is None:
-        return {"error": "nvidia-cuda-mps-control not found"}
+    extra = {"CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_LOG_DIRECTORY": logs}
+    ctl = shutil.which("nvidia-cuda-mps-control") or "/usr/local/nvidia/bin/nvidia-cuda-mps-control"
+    if not os.access(ctl, os.X_OK):
+        raise RuntimeError("nvidia-cuda-mps-control not found")
+    env = dict(os.environ, **extra)
     subprocess.run([ctl, "-d"], env=env, check=True)
-    out = {}
+    b.extra_env = extra
     try:
+        yield extra
+    finally:
+        b.extra_env = None
+        subprocess.run([ctl], input="quit\n", env=env, text=True)
+
+
+def mps(b, raw):
+    """gpt and decode as MPS clients, no hook: each at 50 % of the SMs, then unrestricted."""
+    out = {}
+    with mps_server(b) as extra:
         for key, pct_sm in (("sm50", "50"), ("unrestricted", None)):
-            extra = {"CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_LOG_DIRECTORY": logs}
-            if pct_sm:
-                extra["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = pct_sm
+            b.extra_env = dict(extra, **({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": pct_sm} if pct_sm else {}))
             specs = [(lbl, ["--work", lbl], None) for lbl in ("gpt", "decode")]
-            b.extra_env = extra
-            try:
-                res = b.run(specs, SECONDS, timeout=SECONDS + 180)
-            finally:
-                b.extra_env = None
+            res = b.run(specs, SECONDS, timeout=SECONDS + 180)
             raw[f"mps_{key}"] = res
             t1 = SECONDS - 0.5
             out[key] = {lbl: {"steps_per_s": round(res[lbl]["steps"] / SECONDS, 2),
                               "gpu": windows(res[lbl]["busy"], SKIP, t1, t1 - SKIP)[0],
                               **latency(res[lbl])} for lbl in res}
-    finally:
-        subprocess.run([ctl], input="quit\n", env=env, text=True)
     return out
 
 
@@ -230,10 +275,14 @@ def main():
     os.makedirs(out, exist_ok=True)
     b = MixBench(os.path.join(art, "libgemhook.so.1"), os.path.join(art, "gem-schd"), out)
     table, raw = {"_gpu": b.uuid}, {}
+    under_mps = os.environ.get("MIX_MPS") == "1"
+    if under_mps:
+        table["_mps"] = "every tenant an MPS client, gem-schd's tokens gating its launches"
     for name in which:
         t0 = time.time()
         try:
-            table[name] = globals()[name](b, raw)
+            with (mps_server(b) if under_mps and name != "mps" else contextlib.nullcontext()):
+                table[name] = globals()[name](b, raw)
         except Exception as e:  # one failed scenario must not lose the others
             table[name] = {"error": repr(e)}
         log(name, f"{time.time() - t0:.0f} s", json.dumps(table[name]))

@@ -244,12 +244,13 @@ def charged(logfile, since, client):
     return None if last is None else round(last / 10e6, 4)
 
 
-def fills(logfile):
+def fills(logfile, since=0):
     """Per client, the fills gem-schd logged (its debug `busy` lines, one per Busy report from
-    the hook), and how many of its grants were co-holds: {client: {"last", "median", "reports",
-    "limit_in_force_median", "grants", "co_grants"}}."""
+    the hook) after byte `since` of its log, and how many of its grants were co-holds:
+    {client: {"last", "median", "reports", "limit_in_force_median", "grants", "co_grants"}}."""
     seen, limits, grants = {}, {}, {}
     with open(logfile) as f:
+        f.seek(since)
         for line in f:
             line = ANSI.sub("", line)
             g = re.search(r"grant client=(\S+) .* co=(true|false)", line)
