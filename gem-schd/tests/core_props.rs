@@ -1,10 +1,12 @@
 //! Property tests of the core under random event sequences: every TokenRequest is
 //! answered exactly once, one holder at a time (co-holds beside it when co-running is on,
-//! only for clients whose fill is light; a holder that said it drains beside the next one,
-//! until its report), memory never granted past a limit,
-//! and (liveness) every waiting request is eventually granted. Classes: no opportunistic client
-//! is granted a turn, nor renewed, while a guaranteed client waits that may take one, and a GPU
-//! of opportunistic clients only is scheduled exactly as one of guaranteed clients only.
+//! only for clients whose fill is light, and none while a capped client holds a turn; a holder
+//! that said it drains beside the next one, until its report), memory never granted past a
+//! limit, and (liveness) every waiting request is eventually granted. A capped client is
+//! charged its co-holds' wall length, and its usage stays within its limit but for one grant
+//! and what its reports say it ran past its grants. Classes: no opportunistic client is granted
+//! a turn, nor renewed, while a guaranteed client waits that may take one, and a GPU of
+//! opportunistic clients only is scheduled exactly as one of guaranteed clients only.
 
 use std::collections::{HashMap, HashSet};
 
@@ -14,6 +16,8 @@ use gem_schd::core::{
 use proptest::prelude::*;
 
 const IDS: [&str; 3] = ["a", "b", "c"];
+/// The co-holds' quota in these runs.
+const CO_QUOTA_US: Micros = 5_000;
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -36,6 +40,9 @@ enum Op {
     Advance(Micros),
     /// A Busy report: busy and held µs.
     Busy(usize, Micros, Micros),
+    /// A Busy report of 600 ms held at this fill (in thousandths): enough for the fill to
+    /// judge a start of co-running on.
+    Fill(usize, u16),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -57,6 +64,7 @@ fn op() -> impl Strategy<Value = Op> {
         .prop_map(Op::Config),
         4 => (0..200_000u64).prop_map(Op::Advance),
         3 => (0..6usize, 0..60_000u64, 0..60_000u64).prop_map(|(c, b, h)| Op::Busy(c, b, h)),
+        1 => (0..6usize, 0..1000u16).prop_map(|(c, f)| Op::Fill(c, f)),
     ]
 }
 
@@ -112,12 +120,50 @@ struct World {
     draining: HashSet<ConnId>,
     /// The connection last granted a turn.
     last_turn: Option<ConnId>,
+    /// Each configured client's spec.
+    configured: HashMap<String, ClientSpec>,
+    /// Each client's co-holds as granted and ended (see `CoSeen`).
+    co_seen: HashMap<String, CoSeen>,
+    /// The largest time past its quota a client reported (overuse, or a Release's use past its
+    /// grant): the GPU ran its work that long, and it is charged for it.
+    overran: HashMap<String, Micros>,
+    /// The quota of the connection's last grant.
+    quotas: HashMap<ConnId, Micros>,
+    /// Each client's fill as judged for co-running before the event being checked.
+    judged: HashMap<String, Option<f64>>,
+    /// A client whose share changed while it held a turn or a co-hold: what either may be
+    /// charged, and until when it may count in the window (its new account keeps them, granted
+    /// at the old limit).
+    kept: HashMap<String, Vec<(Micros, Micros)>>,
+}
+
+/// A client's co-holds as the observer sees them: opened by a co-hold's Grant, joined by more,
+/// left by each connection's next frame (a TokenRequest, a Release, a Renew granted again, a
+/// hang-up).
+#[derive(Debug, Default)]
+struct CoSeen {
+    /// The open co-hold: its connections, the start of its current stretch, its last grant
+    /// and the wall length of its earlier stretches (a process that joined after the others'
+    /// last grant had run out, with its grace, started a new one).
+    open: Option<(HashSet<ConnId>, Micros, Micros, Micros)>,
+    /// The ended ones: (the end of their time, wall length as charged, whether the client was
+    /// capped then).
+    ended: Vec<(Micros, Micros, bool)>,
+}
+
+/// The charge of a co-hold's stretch from `start` whose last grant was at `last`, ended at
+/// `now`: its wall length, up to the last grant's quota and the grace.
+fn co_wall(start: Micros, last: Micros, now: Micros, quota_and_grace: Micros) -> Micros {
+    now.min(last + quota_and_grace).saturating_sub(start)
 }
 
 impl World {
     fn check(&mut self, acts: Vec<Action>) -> Result<(), TestCaseError> {
         self.trace.extend(acts.iter().cloned());
         let mut granted_clients = HashSet::new();
+        // A co-hold granted in this event after its last new turn, if any: the holder now held
+        // the token when it was granted (a hold never ends after a grant in the same event).
+        let mut co_after_turn: Option<String> = None;
         for a in acts {
             match a {
                 Action::Grant {
@@ -132,18 +178,26 @@ impl World {
                         prop_assert_eq!(IDS[slot.1], client.as_str());
                         if self.core.in_co_hold(c) {
                             // A co-hold runs beside the holder, granted to a light client
-                            // only (its fill may rise before the co-hold ends).
+                            // only (its fill may rise before the co-hold ends), its fill as
+                            // judged before the grant (after turns it was sent to, on those
+                            // turns alone; a co-hold's grant starts its co-holds' fill over).
                             prop_assert!(self.below > 0.0, "{client} co-runs with co-running off");
-                            let fill = self.core.fill(&client);
+                            let fill = self.judged.get(&client).copied().flatten();
                             prop_assert!(
                                 fill.is_some_and(|f| f < self.below),
                                 "{client} granted a co-hold at a fill of {fill:?}"
                             );
+                            co_after_turn = Some(client.clone());
+                            self.co_join(&client, c);
                         } else {
                             self.check_turn(&client)?;
                             self.last_turn = Some(c);
                             granted_clients.insert(client.clone());
+                            if self.core.grants() > self.grants_before {
+                                co_after_turn = None;
+                            }
                         }
+                        self.quotas.insert(c, quota_us);
                     }
                 }
                 // A second request on a waiting connection is refused (code 4) and
@@ -157,12 +211,132 @@ impl World {
         prop_assert!(granted_clients.len() <= 1, "one holder at a time");
         if let Some(h) = self.core.holder() {
             prop_assert!(self.config.contains(h));
+            if let Some(co) = co_after_turn {
+                prop_assert!(
+                    !self.capped(h),
+                    "{co} granted a co-hold while {h} (capped) held a turn"
+                );
+            }
         }
         for id in &self.config {
             let u = self.core.usage_us(self.now, id).unwrap();
             prop_assert!(u <= self.core.params().window_us + 200_000);
         }
+        self.check_capped()
+    }
+
+    /// Notes each client's fill as judged now, before an event.
+    fn note_fills(&mut self) {
+        self.judged = IDS
+            .iter()
+            .map(|id| (id.to_string(), self.core.judged_fill(id)))
+            .collect();
+    }
+
+    fn capped(&self, id: &str) -> bool {
+        self.configured
+            .get(id)
+            .is_some_and(|s| s.limit_milli < 1000)
+    }
+
+    /// A capped client is charged its co-holds' wall length (up to the last grant's quota and
+    /// the grace), the open one's so far; and its usage over the window (turns and co-holds)
+    /// stays within `limit × window` but for one grant (a turn's min quota or a co-hold's
+    /// quota and grace: either may start just below the limit, as may a co-hold that one of
+    /// its processes joins) and what it reported running past its grants.
+    fn check_capped(&self) -> Result<(), TestCaseError> {
+        let p = *self.core.params();
+        let from = self.now.saturating_sub(p.window_us);
+        let w_eff = self.now.clamp(1, p.window_us);
+        let quota_and_grace = CO_QUOTA_US + p.grace_us;
+        for id in self.config.iter().filter(|id| self.capped(id)) {
+            let seen = self.co_seen.get(id);
+            let ended: Vec<_> = seen
+                .into_iter()
+                .flat_map(|s| s.ended.iter())
+                .filter(|(end, ..)| *end > from)
+                .collect();
+            if ended.iter().all(|(.., wall)| *wall) {
+                // The open one's time so far, if it ran to after the window's start.
+                let open = seen
+                    .and_then(|s| s.open.as_ref())
+                    .filter(|(_, _, last, _)| self.now.min(last + quota_and_grace) > from)
+                    .map_or(0, |(_, start, last, banked)| {
+                        banked + co_wall(*start, *last, self.now, quota_and_grace)
+                    });
+                let expected = ended.iter().map(|(_, ch, _)| ch).sum::<Micros>() + open;
+                let charged = self.core.co_usage_us(self.now, id).unwrap();
+                prop_assert_eq!(charged, expected, "{}'s co-holds charged", id);
+            }
+            let limit = u64::from(self.configured[id].limit_milli);
+            let grant = p.min_quota_us.max(quota_and_grace);
+            let kept: Micros = self
+                .kept
+                .get(id)
+                .into_iter()
+                .flatten()
+                .filter(|(_, until)| self.now < *until)
+                .map(|(us, _)| us)
+                .sum();
+            let bound =
+                limit * w_eff / 1000 + grant + kept + self.overran.get(id).copied().unwrap_or(0);
+            let used = self.core.usage_us(self.now, id).unwrap();
+            prop_assert!(
+                used <= bound,
+                "{id} (limit {limit}) used {used} µs of {w_eff} µs, bound {bound}"
+            );
+        }
         Ok(())
+    }
+
+    /// A co-hold's Grant to `conn` of `client`: it opens the client's co-hold or joins it.
+    fn co_join(&mut self, client: &str, conn: ConnId) {
+        let quota_and_grace = CO_QUOTA_US + self.core.params().grace_us;
+        let now = self.now;
+        let seen = self.co_seen.entry(client.to_owned()).or_default();
+        match &mut seen.open {
+            Some((conns, start, last, banked)) => {
+                conns.insert(conn);
+                if now > *last + quota_and_grace {
+                    *banked += co_wall(*start, *last, now, quota_and_grace);
+                    *start = now;
+                }
+                *last = now;
+            }
+            None => seen.open = Some((HashSet::from([conn]), now, now, 0)),
+        }
+    }
+
+    /// `conn`'s next frame (or its hang-up) ends its part of its client's co-hold, if it is in
+    /// it; the last one out ends it.
+    fn co_leave(&mut self, conn: ConnId) {
+        let Some(&(_, i)) = self.slots.iter().find(|s| s.0 == conn) else {
+            return;
+        };
+        let quota_and_grace = CO_QUOTA_US + self.core.params().grace_us;
+        let capped = self.capped(IDS[i]);
+        let now = self.now;
+        let Some(seen) = self.co_seen.get_mut(IDS[i]) else {
+            return;
+        };
+        let Some((conns, start, last, banked)) = &mut seen.open else {
+            return;
+        };
+        if conns.remove(&conn) && conns.is_empty() {
+            let charge = *banked + co_wall(*start, *last, now, quota_and_grace);
+            seen.ended
+                .push((now.min(*last + quota_and_grace), charge, capped));
+            seen.open = None;
+        }
+    }
+
+    /// A report from `conn` that its hold ran `past` its quota (its last grant's).
+    fn overran(&mut self, conn: ConnId, past: Micros) {
+        let Some(&(_, i)) = self.slots.iter().find(|s| s.0 == conn) else {
+            return;
+        };
+        let o = self.overran.entry(IDS[i].to_owned()).or_default();
+        *o = (*o).max(past);
     }
 
     fn conn_ok(&self, slot: usize) -> bool {
@@ -300,16 +474,23 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
         trace: Vec::new(),
         draining: HashSet::new(),
         last_turn: None,
+        configured: init.iter().map(|s| (s.id.clone(), s.clone())).collect(),
+        co_seen: HashMap::new(),
+        overran: HashMap::new(),
+        quotas: HashMap::new(),
+        kept: HashMap::new(),
+        judged: HashMap::new(),
     };
     w.core.set_co_run(CoRunSettings {
         below: w.below,
-        quota_us: 5_000,
+        quota_us: CO_QUOTA_US,
     });
     for s in 0..6 {
         w.core.hello(s as ConnId, IDS[s % 3]).unwrap();
     }
     for op in ops {
         w.grants_before = w.core.grants();
+        w.note_fills();
         // The holder's own notices, from the slot of the connection last granted a turn; a
         // drainer's report from the slot of a connection that drains.
         let holder_slot = w
@@ -334,6 +515,10 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
             Op::Request(s, o, b) => {
                 let c = w.slots[s].0;
                 w.draining.remove(&c);
+                if w.conn_ok(s) && !w.pending.contains(&c) {
+                    w.co_leave(c);
+                    w.overran(c, o);
+                }
                 let was_pending = w.pending.contains(&c);
                 if w.conn_ok(s) && !was_pending {
                     w.pending.insert(c);
@@ -350,6 +535,11 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
             Op::Release(s, u) => {
                 let c = w.slots[s].0;
                 w.draining.remove(&c);
+                if w.conn_ok(s) {
+                    w.co_leave(c);
+                    let quota = w.quotas.get(&c).copied().unwrap_or(0);
+                    w.overran(c, u.saturating_sub(quota));
+                }
                 w.core.release(w.now, c, u)
             }
             // A renewal goes to the holder alone, with no request of its class or above waiting
@@ -363,6 +553,13 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
                 let holder_class = holder.as_deref().and_then(|h| w.core.class(h));
                 let waiting = w.waiting_classes();
                 let acts = w.core.renew(w.now, c, b);
+                let granted = acts
+                    .iter()
+                    .any(|a| matches!(a, Action::Grant { .. }) && a.answers(c));
+                if granted && w.core.in_co_hold(c) {
+                    // A co-hold renewed: its part ended, and a new one is granted.
+                    w.co_leave(c);
+                }
                 match acts.as_slice() {
                     [Action::Grant { client, conns, .. }] if w.core.co_running(client) => {
                         // A co-hold goes on beside whatever waits.
@@ -420,6 +617,7 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
                 let (c, client) = w.slots[s];
                 w.pending.remove(&c);
                 w.draining.remove(&c);
+                w.co_leave(c);
                 let acts = w.core.disconnect(w.now, c);
                 let n = w.next_conn;
                 w.next_conn += 1;
@@ -454,7 +652,49 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
             }
             Op::Config(v) => {
                 let sp = specs(&v, classes);
+                // A client whose share or class changes starts a new account: its ended
+                // co-holds are forgotten, and a turn or co-hold it holds is kept (granted at the
+                // old limit).
+                let holder = w.core.holder().map(str::to_owned);
+                let window = w.core.params().window_us;
+                let quota_and_grace = CO_QUOTA_US + w.core.params().grace_us;
+                for s in &sp {
+                    let Some(old) = w.configured.get(&s.id) else {
+                        continue;
+                    };
+                    if (old.request_milli, old.limit_milli, old.class)
+                        == (s.request_milli, s.limit_milli, s.class)
+                    {
+                        continue;
+                    }
+                    let kept = w.kept.entry(s.id.clone()).or_default();
+                    if let Some(seen) = w.co_seen.get_mut(&s.id) {
+                        seen.ended.clear();
+                        if let Some((_, start, last, banked)) = &seen.open {
+                            let most = banked + (last + quota_and_grace - start);
+                            kept.push((most, last + quota_and_grace + window));
+                        }
+                    }
+                    if holder.as_deref() == Some(s.id.as_str()) {
+                        // Its turn's quota: at most the largest of its processes' grants.
+                        let quota = w
+                            .slots
+                            .iter()
+                            .filter(|(_, i)| IDS[*i] == s.id)
+                            .filter_map(|(c, _)| w.quotas.get(c))
+                            .max()
+                            .copied()
+                            .unwrap_or(0);
+                        kept.push((quota, w.now + quota + window));
+                    }
+                }
                 w.config = sp.iter().map(|s| s.id.clone()).collect();
+                w.configured = sp.iter().map(|s| (s.id.clone(), s.clone())).collect();
+                // A client that leaves is forgotten, its co-hold with it.
+                let config = &w.config;
+                w.co_seen.retain(|id, _| config.contains(id));
+                w.kept.retain(|id, _| config.contains(id));
+                w.overran.retain(|id, _| config.contains(id));
                 for &(c, client) in &w.slots {
                     if !w.config.contains(IDS[client]) {
                         w.live.remove(&c);
@@ -483,6 +723,14 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
                 prop_assert_eq!(r.is_ok(), w.conn_ok(s));
                 vec![]
             }
+            Op::Fill(s, f) => {
+                let held = 600_000;
+                let r = w
+                    .core
+                    .busy(w.now, w.slots[s].0, held * Micros::from(f) / 1000, held, 0);
+                prop_assert_eq!(r.is_ok(), w.conn_ok(s));
+                vec![]
+            }
         };
         w.check(acts)?;
         // Requests of clients that left the config are no longer pending.
@@ -501,6 +749,7 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
     let mut steps = 0;
     while !w.pending.is_empty() {
         w.grants_before = w.core.grants();
+        w.note_fills();
         steps += 1;
         prop_assert!(steps < 100_000, "waiters never served: {:?}", w.pending);
         let next = w.core.next_wakeup(w.now);
@@ -517,6 +766,8 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
         w.check(acts)?;
         for c in granted {
             w.grants_before = w.core.grants();
+            w.note_fills();
+            w.co_leave(c);
             let acts = w.core.release(w.now, c, 0);
             w.check(acts)?;
         }
@@ -555,5 +806,37 @@ proptest! {
         for (s, (id, r, l, m)) in specs.iter().zip(&entries) {
             prop_assert_eq!((&s.id, s.request_milli, s.limit_milli, s.mem_limit), (id, *r, *l, *m));
         }
+    }
+}
+
+/// A case proptest found: a holder that became light during its turn (its turns' fill fell
+/// below the threshold) said it drains; the hand-over's trial queued its request, which a
+/// co-hold then answered, so the drain notice itself was answered with a Grant.
+#[test]
+fn a_light_holder_that_drains_is_not_answered() {
+    use Op::*;
+    let ops = vec![Request(2, 0, 0), Request(0, 0, 0), Fill(2, 0), Drain(2)];
+    if let Err(e) = run(ops, true, Classes::AsDrawn) {
+        panic!("{e}");
+    }
+}
+
+/// A case proptest found: a capped client's open co-hold, counted as a piece ending at `now`,
+/// never slid out of its short pacing window, and its next request waited for good.
+#[test]
+fn an_open_co_hold_slides_out_of_the_pacing_window() {
+    use Op::*;
+    let ops = vec![
+        Fill(1, 0),
+        Request(1, 0, 0),
+        Request(2, 0, 0),
+        Fill(2, 0),
+        HolderRenew(0),
+        Advance(1),
+        Request(5, 0, 0),
+        Fill(2, 600),
+    ];
+    if let Err(e) = run(ops, true, Classes::AsDrawn) {
+        panic!("{e}");
     }
 }

@@ -47,7 +47,7 @@ impl Core {
             return false;
         };
         let c = &self.clients[&key];
-        let full = self.fully_contended(c.spec.class);
+        let full = self.fully_contended(c.spec.class, now);
         self.waits_for_turn(key, c) && self.turn_room(key, c, now, full).is_some()
     }
 

@@ -8,24 +8,35 @@
 //! (no history entry, the holder keeps its turn), and the GPU time-slices the two contexts.
 //! The hook needs nothing new: a co-hold is answered with a Grant like any other.
 //!
-//! Accounting: in GPU time. A co-hold is charged what its client's kernels used of it (its
-//! wall time × its fill), so its limit holds in GPU time; a co-runner over its limit (in the
-//! window or the pacing window) waits until it is below it again, for a co-hold: a light client
-//! never takes a turn (`dispatch` passes it over). The holder shares its turns with
-//! the co-runners' kernels, so its turns are charged only the rest: the window's check counts
-//! them less what the co-runners took of them (`co_area.rs`, the integral of their fills),
-//! which is what the usage report delivers, so the check and the report agree, and so does
-//! pacing, which counts a turn granted now at `1 − f` of its length, `f` the fills of the
-//! co-runners open now together (the boost `1 / (1 − f)`, at most 3×, sizes its turns; its
-//! request, the guarantee to others, is unchanged). (Raising the limit instead let a turn
-//! granted on a boost that a co-hold's end then withdrew pass the declared limit in GPU time:
-//! CI's real-node test read 0.315 and 0.322 for a pod at 0.3; in pacing, the withdrawn boost
-//! made the last second's turns count whole and the holder wait with the GPU idle.) Beside
-//! batch-1 inference (fill ~0.37 co-running) training at 0.5 then takes turns of ~0.79 of the
-//! time. What each then gets of its native *rate* is the GPU's business (training lost 29 %
-//! of its rate beside co-running inference on an H100 while its own kernels' events said 8 %:
-//! its kernels ran slower), so the limits hold in GPU time, not in rates (docs/gem-schd.md,
-//! "Co-running").
+//! Accounting: a capped client (limit below 1) in wall time, an uncapped one in GPU time
+//! (`ClientState::charged_in_wall_time`). The fills are sampled by the hook (one launch in
+//! ~256 timed with an event pair), and beside another context an event pair also times the
+//! other context's slices: on an H200 a GPT training loop capped at 0.5 beside co-running decode
+//! was charged 0.078 for 0.404 of GPU time, and a tenant of 25 ms matmuls capped at 0.5 beside
+//! co-running attention ran past its limit (the holder's credit too large). A client's GPU time
+//! never exceeds the wall time it holds the token or a co-hold, so a capped client is charged
+//! that: its co-hold its wall length (up to its last grant's quota plus the grace), no co-hold
+//! is granted while it holds a turn (one opened before its turn may still run), and its turns
+//! count whole (no credit for what co-runners took of them, no boost). Its limit then holds by
+//! construction, whatever the fills read. A light client that asks while a capped client holds
+//! a turn waits and is served a co-hold at the event that ends that turn (every end of a hold
+//! dispatches); it is never a turn candidate.
+//!
+//! An uncapped client has no limit to break, and its charge only ranks it: a co-hold is
+//! charged what its kernels used of it (its wall time × its fill), and as a holder its turns
+//! are charged only what the co-runners leave of them: the window's check counts them less
+//! what the co-runners took of them (`co_area.rs`, the integral of their fills), which is
+//! what the usage report delivers, so the check and the report agree, and so does pacing,
+//! which counts a turn granted now at `1 − f` of its length, `f` the fills of the co-runners
+//! open now together (the boost `1 / (1 − f)`, at most 3×, sizes its turns; its request, the
+//! guarantee to others, is unchanged).
+//!
+//! Either way a co-hold's charge counts in its client's usage, pacing and virtual time like a
+//! turn's (its open co-hold's so far), and a co-runner over its limit (in the window or the
+//! pacing window) waits until it is below it again, for a co-hold: a light client never takes
+//! a turn (`dispatch` passes it over). What each then gets of its native *rate* is the GPU's
+//! business (training lost 29 % of its rate beside co-running inference on an H100 while its
+//! own kernels' events said 8 %: its kernels ran slower) (docs/gem-schd.md, "Co-running").
 
 use super::window::stride;
 use super::*;
@@ -51,11 +62,26 @@ impl Default for CoRunSettings {
 /// The largest boost, in thousandths.
 const MAX_BOOST_MILLI: u32 = 3000;
 
+/// An open co-hold. Its processes may launch until its latest grant's quota ends and drain
+/// for the grace after it: its wall length runs from its start to there (`Core::co_charge`). A
+/// process that joins after that starts a new stretch, the earlier ones banked.
+#[derive(Debug, Clone)]
+pub(super) struct CoHold {
+    /// Its connections that have not reported its end.
+    conns: Vec<ConnId>,
+    /// The start of its current stretch.
+    start: Micros,
+    /// Its latest grant (a connection joining it, a renewal).
+    last_grant: Micros,
+    /// The wall length of its earlier stretches.
+    banked: Micros,
+}
+
 /// A client's co-running state.
 #[derive(Debug, Clone, Default)]
 pub(super) struct CoState {
-    /// The open co-hold: its connections and when it started.
-    pub(super) hold: Option<(Vec<ConnId>, Micros)>,
+    /// The open co-hold.
+    pub(super) hold: Option<CoHold>,
     /// (end, charge) of its ended co-holds, oldest first, within the window.
     charges: VecDeque<(Micros, Micros)>,
     /// How much its limit is raised while co-runners run, in thousandths (≤ 1000: not).
@@ -65,7 +91,35 @@ pub(super) struct CoState {
     pub(super) co_mode: bool,
 }
 
+impl CoState {
+    /// A new account (`Core::forget_usage`): its ended co-holds' charges stay with the old one
+    /// (its open co-hold, like its running hold, stays charged).
+    pub(super) fn forget_charges(&mut self) {
+        self.charges.clear();
+    }
+}
+
 impl ClientState {
+    /// Whether co-running is charged to this client in wall time: a capped client (limit below
+    /// 1). Its co-holds are charged their wall length, no co-hold is granted while it holds a
+    /// turn, and its turns are neither credited what co-runners took of them nor sized up by
+    /// the boost; so its GPU time, never more than the wall time it holds the token or a
+    /// co-hold, stays within its limit whatever the sampled fills read; and while it co-runs,
+    /// its class is not fully contended (`fully_contended`). An uncapped client keeps the
+    /// GPU-time charges (they only rank it). The one place these rules are decided.
+    pub(super) fn charged_in_wall_time(&self) -> bool {
+        self.spec.limit_milli < 1000
+    }
+
+    /// See [`Core::judged_fill`].
+    fn judged_fill(&self) -> Option<f64> {
+        if self.co.co_mode {
+            self.fill.co()
+        } else {
+            self.fill.start_fill()
+        }
+    }
+
     /// The limit in force over its turns' token time, for the size of its turns: the
     /// declared one, raised by the co-running boost (pacing counts GPU time against the
     /// declared one, `hold_rate_milli`).
@@ -101,7 +155,7 @@ impl Core {
         self.clients
             .get(&key)
             .and_then(|c| c.co.hold.as_ref())
-            .is_some_and(|(conns, _)| conns.contains(&conn))
+            .is_some_and(|h| h.conns.contains(&conn))
     }
 
     /// Whether connection `conn` is in a co-hold now (its last grant was one).
@@ -122,50 +176,84 @@ impl Core {
     /// The part of `id`'s usage in the window ending at `now` charged for co-holds.
     pub fn co_usage_us(&self, now: Micros, id: &str) -> Option<Micros> {
         let key = *self.ids.get(id)?;
-        Some(self.co_charged_since(key, now.saturating_sub(self.params.window_us)))
+        Some(self.co_charged_since(key, now.saturating_sub(self.params.window_us), now))
     }
 
-    /// `id`'s limit in force over its turns' token time (pacing), in thousandths: raised
-    /// while co-runners run.
+    /// `id`'s limit in force over its turns' token time, in thousandths: the declared one,
+    /// raised by its boost (a capped client's by its own idle part alone, charged by fill).
     pub fn limit_in_force(&self, id: &str) -> Option<u16> {
         self.ids
             .get(id)
             .map(|k| self.clients[k].boosted_limit_milli())
     }
 
-    /// Whether `key` co-runs rather than takes turns: co-running on, and its fill (of its
-    /// co-holds while it co-runs, else of its turns, judged on enough of them) below the
-    /// threshold. A light client waits for co-holds only (`serve_co_waiters`), never for a
-    /// turn (`dispatch` passes it over).
+    /// Whether `key` co-runs rather than takes turns: co-running on, and its fill as judged
+    /// (`judged_fill`) below the threshold. A light client waits for co-holds only
+    /// (`serve_co_waiters`), never for a turn (`dispatch` passes it over).
     pub(super) fn light(&self, key: Key) -> bool {
         let below = self.co_run.below;
         below > 0.0
             && self.clients.get(&key).is_some_and(|c| {
-                let fill = if c.co.co_mode {
-                    c.fill.co()
-                } else {
-                    c.fill.start_fill()
-                };
-                c.spec.limit_milli > 0 && fill.is_some_and(|f| f < below)
+                c.spec.limit_milli > 0 && c.judged_fill().is_some_and(|f| f < below)
             })
     }
 
-    /// What the client's co-holds ended after `from` were charged.
-    pub(super) fn co_charged_since(&self, key: Key, from: Micros) -> Micros {
-        self.co_charges_after(key, from).map(|(_, ch)| ch).sum()
+    /// The fill that decides whether `id` co-runs: of its co-holds while it co-runs, else of its
+    /// turns, judged on enough of them (those since it was last sent from co-holds to turns, if
+    /// it was: `fill.rs`); `None` before that. [`Core::fill`] reports all its turns'.
+    pub fn judged_fill(&self, id: &str) -> Option<f64> {
+        self.ids
+            .get(id)
+            .and_then(|k| self.clients.get(k))
+            .and_then(ClientState::judged_fill)
     }
 
-    /// (end, charge) of the client's co-holds ended after `from`, oldest first.
+    /// Whether `key` is in a co-hold or was charged for one that ended after `from`.
+    pub(super) fn co_ran_since(&self, key: Key, from: Micros, now: Micros) -> bool {
+        self.co_charges_after(key, from, now).next().is_some()
+    }
+
+    /// What the client's co-holds ended after `from` were charged, and its open one so far.
+    pub(super) fn co_charged_since(&self, key: Key, from: Micros, now: Micros) -> Micros {
+        self.co_charges_after(key, from, now)
+            .map(|(_, ch)| ch)
+            .sum()
+    }
+
+    /// (end, charge) of the client's co-holds whose time ran to after `from`, oldest first, its
+    /// open one's so far among them. The open one counts: a co-hold stays open while any of its
+    /// client's processes is in it, and one process joining it as another leaves kept it open
+    /// for as long as they took turns, its time counted nowhere until it ended.
     pub(super) fn co_charges_after(
         &self,
         key: Key,
         from: Micros,
+        now: Micros,
     ) -> impl Iterator<Item = (Micros, Micros)> + '_ {
-        self.clients
-            .get(&key)
-            .into_iter()
+        let c = self.clients.get(&key);
+        let open = c.and_then(|c| Some(self.co_charge(c, c.co.hold.as_ref()?, now)));
+        c.into_iter()
             .flat_map(|c| c.co.charges.iter().copied())
+            .chain(open)
             .filter(move |(end, _)| *end > from)
+    }
+
+    /// (end, charge) of `c`'s co-hold `h` if it ends at `now`: its processes ran to `now` or to
+    /// its last grant's quota plus the grace, whichever is first (the hook stops launching at
+    /// the quota's end and drains), and it is charged its wall length to there, for a client
+    /// charged in wall time, else that × its co-holds' fill. Its charge is a piece ending
+    /// there: it slides out of a window no earlier than its time did (an open co-hold counted
+    /// as ending at `now` never left the short pacing window, and its client waited for good).
+    fn co_charge(&self, c: &ClientState, h: &CoHold, now: Micros) -> (Micros, Micros) {
+        let drain = self.co_run.quota_us.saturating_add(self.params.grace_us);
+        let end = now.min(h.last_grant.saturating_add(drain));
+        let wall = h.banked + end.saturating_sub(h.start);
+        let charge = if c.charged_in_wall_time() {
+            wall
+        } else {
+            (wall as f64 * c.fill.co().unwrap_or(1.0)) as Micros
+        };
+        (end, charge)
     }
 
     /// Whether `key` waits for a turn: it has requests waiting and is not light (a light client
@@ -175,14 +263,27 @@ impl Core {
         !c.waiting.is_empty() && !self.light(key)
     }
 
+    /// Whether a capped client holds a turn (`ClientState::charged_in_wall_time`): no co-hold
+    /// is granted beside it, so what it is charged (its turns' whole length) bounds its GPU
+    /// time. A light client that asks meanwhile waits and is served at the event that ends the
+    /// turn (`serve_co_waiters`, at every dispatch).
+    pub(super) fn capped_turn(&self) -> bool {
+        self.holder
+            .as_ref()
+            .and_then(|h| self.clients.get(&h.client))
+            .is_some_and(ClientState::charged_in_wall_time)
+    }
+
     /// Whether a TokenRequest of `key` at `now` is answered with a co-hold: co-running on, the
-    /// client light and not the holder, and its usage (turns and co-holds) below its limit over
-    /// the window and the pacing window.
+    /// client light and not the holder, no capped client holding a turn, and its usage (turns
+    /// and co-holds) below its limit over the window and the pacing window.
     pub(super) fn co_ok(&self, now: Micros, key: Key) -> bool {
         // A process of the holder waits for (or joins) its client's hold; an opportunistic
-        // client does not co-run beside a guaranteed one (`class.rs`).
+        // client does not co-run beside a guaranteed one (`class.rs`), nor anyone beside a
+        // capped holder.
         if !self.light(key)
             || self.holder.as_ref().is_some_and(|h| h.client == key)
+            || self.capped_turn()
             || self.co_waits_for_guaranteed(key)
         {
             return false;
@@ -209,7 +310,11 @@ impl Core {
         // them. A light client that finds the window full (of a turn it took before it was
         // light) waits and is served a co-hold once there is room (`serve_co_waiters`); it is
         // never given a turn meanwhile.
-        let in_pace: Micros = self.own_since(key, from).iter().map(|(s, e)| e - s).sum();
+        let in_pace: Micros = self
+            .own_since(key, from, now)
+            .iter()
+            .map(|(s, e)| e - s)
+            .sum();
         u128::from(in_pace) * 1000 < lim * u128::from(p)
     }
 
@@ -217,10 +322,10 @@ impl Core {
     /// usage below its limit over the window so far and over the pacing window. (A turn's
     /// wake-up waits for room for a min quota and the client's overrun, later than a co-hold
     /// needs: a paced co-runner woke late unless another client's request dispatched.) An
-    /// opportunistic client kept out by a guaranteed one has no time of its own: it is served
-    /// at the event that ends the guaranteed client's hold.
+    /// opportunistic client kept out by a guaranteed one, or any light client kept out by a
+    /// capped holder, has no time of its own: it is served at the event that ends that hold.
     pub(super) fn co_ready_at(&self, key: Key, now: Micros) -> Option<Micros> {
-        if self.co_waits_for_guaranteed(key) {
+        if self.co_waits_for_guaranteed(key) || self.capped_turn() {
             return None;
         }
         let c = self.clients.get(&key)?;
@@ -267,11 +372,28 @@ impl Core {
     /// Opens (or joins) `key`'s co-hold for `conn` (a client `co_ok` passed): the Grant that
     /// answers it.
     pub(super) fn co_grant(&mut self, now: Micros, key: Key, conn: ConnId) -> Action {
+        let drain = self.co_run.quota_us.saturating_add(self.params.grace_us);
         let mut client = String::new();
         if let Some(c) = self.clients.get_mut(&key) {
             match &mut c.co.hold {
-                Some((conns, _)) => conns.push(conn),
-                None => c.co.hold = Some((vec![conn], now)),
+                Some(h) => {
+                    h.conns.push(conn);
+                    let ran_to = h.last_grant.saturating_add(drain);
+                    if now > ran_to {
+                        // Nothing of it ran since `ran_to`: that gap is not its time.
+                        h.banked += ran_to.saturating_sub(h.start);
+                        h.start = now;
+                    }
+                    h.last_grant = now;
+                }
+                None => {
+                    c.co.hold = Some(CoHold {
+                        conns: vec![conn],
+                        start: now,
+                        last_grant: now,
+                        banked: 0,
+                    })
+                }
             }
             if !std::mem::replace(&mut c.co.co_mode, true) {
                 c.fill.back_to_co();
@@ -287,27 +409,30 @@ impl Core {
     }
 
     /// `conn` of `key` reports the end of its part of a co-hold (a request, a release, a
-    /// hang-up): when it was the last, the co-hold is charged. False: `conn` was in none.
+    /// hang-up): when it was the last, the co-hold is charged (`co_charge`). False: `conn` was
+    /// in none.
     pub(super) fn co_end(&mut self, now: Micros, key: Key, conn: ConnId) -> bool {
         let window = self.params.window_us;
-        // The hook stops launching at the quota's end and drains: a co-hold is charged no
-        // longer than that plus the grace a hold gets for its drain.
-        let longest = self.co_run.quota_us.saturating_add(self.params.grace_us);
+        let Some(c) = self.clients.get(&key) else {
+            return false;
+        };
+        let Some(h) = &c.co.hold else {
+            return false;
+        };
+        if !h.conns.contains(&conn) {
+            return false;
+        }
+        let (end, charge) = self.co_charge(c, h, now);
         let Some(c) = self.clients.get_mut(&key) else {
             return false;
         };
-        let Some((conns, start)) = &mut c.co.hold else {
+        let Some(h) = &mut c.co.hold else {
             return false;
         };
-        let Some(i) = conns.iter().position(|x| *x == conn) else {
-            return false;
-        };
-        conns.swap_remove(i);
-        if conns.is_empty() {
-            let fill = c.fill.co().unwrap_or(1.0);
-            let charge = (now.saturating_sub(*start).min(longest) as f64 * fill) as Micros;
+        h.conns.retain(|x| *x != conn);
+        if h.conns.is_empty() {
             c.co.hold = None;
-            c.co.charges.push_back((now, charge));
+            c.co.charges.push_back((end, charge));
             // Its virtual time counts the charge as a turn's does its quota: under full
             // contention turns go by virtual time alone (no limit, no pacing), and a co-runner
             // whose co-holds did not count there took its request's share of the turns on top.
@@ -325,14 +450,15 @@ impl Core {
         true
     }
 
-    /// Sets every client's boost from the fills of the co-runners open now: a client not in
-    /// a co-hold shares the GPU with them, `f` of the time together, and its pacing limit is
-    /// raised by `1 / (1 − f)`; the same `f` (as capped) goes on the co-runners' curve from
-    /// `now`, to credit the holder's turns with it (`co_area.rs`). Charged by fill
+    /// Sets every client's boost from the fills of the co-runners open now: an uncapped client
+    /// not in a co-hold shares the GPU with them, `f` of the time together, and its pacing
+    /// limit is raised by `1 / (1 − f)`; the same `f` (as capped) goes on the co-runners' curve
+    /// from `now`, to credit an uncapped holder's turns with it (`co_area.rs`). A client
+    /// charged in wall time is not boosted by co-runners. Charged by fill
     /// (`Core::set_charge_by_fill`), a client's own idle part of its turns counts as `f` when
-    /// larger, and the curve follows the holder's. Called when a co-hold opens or ends, when
-    /// a fill changes and when the config drops a client; charged by fill, also when the
-    /// token changes hands.
+    /// larger (a capped client's alone), and the curve follows the holder's. Called when a
+    /// co-hold opens or ends, when a fill changes and when the config drops a client; charged
+    /// by fill, also when the token changes hands.
     pub(super) fn refresh_boost(&mut self, now: Micros) {
         let f: f64 = self
             .clients
@@ -346,10 +472,11 @@ impl Core {
                 Some(fill) if by_fill => 1.0 - fill,
                 _ => 0.0,
             };
+            let beside = if c.charged_in_wall_time() { 0.0 } else { f };
             c.co.boost_milli = if c.co.hold.is_some() {
                 1000
             } else {
-                boost_milli(f.max(own_idle))
+                boost_milli(beside.max(own_idle))
             };
         }
         let holder = self
@@ -365,8 +492,9 @@ impl Core {
             .prune(now.saturating_sub(self.params.window_us));
     }
 
-    /// What co-runners took of `id`'s turns in the window ending at `now`: its token time
-    /// less its usage (`Core::usage_us`, GPU time).
+    /// What `id`'s turns in the window ending at `now` were credited of what co-runners took
+    /// of them: its token time less its usage (`Core::usage_us`); 0 for a capped client, whose
+    /// turns count whole.
     pub fn co_credit_us(&self, now: Micros, id: &str) -> Option<Micros> {
         let key = *self.ids.get(id)?;
         Some(self.credit(key, now.saturating_sub(self.params.window_us), now))
@@ -375,8 +503,9 @@ impl Core {
     /// What co-runners took of `key`'s turns between `from` and `to` (`co_area.rs`); a turn
     /// still running counts to its recorded end at the co-runners' rate now.
     pub(super) fn credit(&self, key: Key, from: Micros, to: Micros) -> Micros {
-        // Nobody co-ran then (co-running off, or not lately): no turn to look through.
-        if self.co_area.between(from, to) <= 0.0 {
+        // Nobody co-ran then (co-running off, or not lately), or its turns count whole: no
+        // turn to look through.
+        if self.co_area.between(from, to) <= 0.0 || !self.credited(key) {
             return 0;
         }
         let credit: f64 = self
@@ -388,6 +517,28 @@ impl Core {
             .map(|e| self.co_area.between(e.start.max(from), e.end.min(to)))
             .sum();
         credit as Micros
+    }
+
+    /// What `key`'s turn time between `a` and `b` is credited (µs of it not charged): what the
+    /// co-runners' curve took of it, for every credit of a turn (the window's check, pacing,
+    /// the usage report).
+    pub(super) fn turn_credit(&self, key: Key, a: Micros, b: Micros) -> Micros {
+        if self.credited(key) {
+            self.co_area.between(a, b) as Micros
+        } else {
+            0
+        }
+    }
+
+    /// Whether `key`'s turns are credited from the co-runners' curve: not a client charged in
+    /// wall time, whose turns count whole, unless charged by fill (the curve then follows the
+    /// holder's boost, which for such a client is its own idle part alone, `refresh_boost`).
+    fn credited(&self, key: Key) -> bool {
+        self.charge_by_fill
+            || self
+                .clients
+                .get(&key)
+                .is_some_and(|c| !c.charged_in_wall_time())
     }
 }
 

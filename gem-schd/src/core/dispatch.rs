@@ -282,7 +282,7 @@ impl Core {
     /// Grants the token to the first client of `class` that may take a turn, if any (or waits
     /// for a released client's next request, `awaits_reask`).
     fn dispatch_class(&mut self, now: Micros, class: ClientClass) -> Served {
-        let full = self.fully_contended(class);
+        let full = self.fully_contended(class, now);
         // Under full contention the client whose hold just ended at its quota goes again only
         // if it is more than one turn behind: a turn cut short (a training step's end) left it
         // a little behind, and taking the next turn too made a double turn that an inference
@@ -341,7 +341,7 @@ impl Core {
         let headroom = (allowed_milli.saturating_sub(usage * 1000).div_ceil(1000)) as u64;
         // Pacing: wait until at least a min-quota grant fits the allowance.
         let mut pace_room = Micros::MAX;
-        for rule in self.pace_rules(key, c) {
+        for rule in self.pace_rules(key, c, now) {
             let room = self.pace_headroom(key, now, rule);
             if room < self.pace_need(c, rule) {
                 return None;

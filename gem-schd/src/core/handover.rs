@@ -82,7 +82,11 @@ impl Core {
         if trial.leave_hold(now, conn, |_| now) {
             trial.asked_again = Some(key);
         }
-        trial.enqueue(now, key, conn);
+        // A light holder's request would be answered with a co-hold, not wait for a turn: it is
+        // no candidate, and a co-hold granted here would answer the drain notice itself.
+        if !trial.light(key) {
+            trial.enqueue(now, key, conn);
+        }
         let mut out = Vec::new();
         trial.dispatch(now, &mut out);
         if trial.holder.as_ref().is_none_or(|h| h.client == key) {

@@ -450,8 +450,9 @@ impl Core {
         self.grants
     }
 
-    /// Usage of `id` in the window ending at `now` (the running hold up to `now`), in GPU
-    /// time: turns less what co-runners took of them, co-holds as charged (see `corun.rs`).
+    /// Usage of `id` in the window ending at `now` (the running hold and co-hold up to `now`),
+    /// as charged: a capped client's turns whole, an uncapped one's less what co-runners took
+    /// of them, co-holds as charged (see `corun.rs`).
     pub fn usage_us(&self, now: Micros, id: &str) -> Option<Micros> {
         let key = *self.ids.get(id)?;
         let mut u = self.usage(key, now);
@@ -462,7 +463,7 @@ impl Core {
             // The rest of the running turn, as `usage` counted it.
             let from = now.max(e.start);
             let ahead = e.end.saturating_sub(from);
-            u = u.saturating_sub(ahead.saturating_sub(self.co_area.between(from, e.end) as Micros));
+            u = u.saturating_sub(ahead.saturating_sub(self.turn_credit(key, from, e.end)));
         }
         Some(u)
     }

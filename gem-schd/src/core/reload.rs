@@ -91,8 +91,9 @@ impl Core {
     }
 
     /// A client's share or class changed: its past usage was measured against the old share
-    /// (its virtual time among another class), so it starts a new account (its running hold,
-    /// if any, stays charged). Judged against its new limit, a client that shrinks from 0.7 to
+    /// (its virtual time among another class), so it starts a new account (its running hold
+    /// or co-hold, if any, stays charged; its ended co-holds' charges go with the old one).
+    /// Judged against its new limit, a client that shrinks from 0.7 to
     /// 0.3 would otherwise wait seconds at zero until its window forgot the old usage. Its old entries stay in the history (they still
     /// keep later holds from overlapping), re-keyed to no client. For pacing, the new account
     /// carries the last pacing window as if used at the new limit, so that its allowance grows
@@ -123,6 +124,7 @@ impl Core {
         let pace = self.pace_window();
         if let Some(c) = self.clients.get_mut(&key) {
             c.usage_sum = kept;
+            c.co.forget_charges();
             c.pass = floor.unwrap_or(0);
             c.carried = carried_pacing(
                 now.saturating_sub(pace),

@@ -13,9 +13,9 @@ impl Core {
             return self.co_ready_at(key, now);
         }
         let c = self.clients.get(&key)?;
-        let w = self.window_ready_at(key, now, self.fully_contended(c.spec.class))?;
+        let w = self.window_ready_at(key, now, self.fully_contended(c.spec.class, now))?;
         let mut p = now;
-        for rule in self.pace_rules(key, c) {
+        for rule in self.pace_rules(key, c, now) {
             p = p.max(self.pace_ready_at(key, now, rule, self.pace_need(c, rule))?);
         }
         Some(w.max(p))
@@ -59,15 +59,20 @@ impl Core {
     /// the short window cut their turns to the min quota, whose drains it then waited for, and
     /// got 0.45 (`sim_priority.rs`).
     ///
-    /// Past turns count in GPU time (`own_since`), a new one at the rate the co-runners open
-    /// now leave it (`rate_milli`). Pacing read token time against a limit raised while
-    /// co-runners ran, so when a co-hold ended the turns of the last second counted whole
-    /// against the declared limit again: training at 0.5 waited ~50 ms beside co-running
-    /// batch-8 inference that was at its own limit, the GPU idle (inference's co-holds
-    /// waited up to 70 ms on an H200; `a_holders_pacing_does_not_jump_back_when_a_co_hold_ends`).
-    pub(super) fn pace_rules(&self, key: Key, c: &ClientState) -> impl Iterator<Item = PaceRule> {
+    /// Past turns count as charged (`own_since`), a new one at the rate its boost leaves it
+    /// (`rate_milli`): whole for a paced (capped) client, which co-runners do not boost, unless
+    /// charged by fill. Pacing once read token time against a limit raised while co-runners
+    /// ran, so when a co-hold ended the turns of the last second counted whole against the
+    /// declared limit again: training at 0.5 waited ~50 ms beside co-running batch-8
+    /// inference, the GPU idle (inference's co-holds waited up to 70 ms on an H200).
+    pub(super) fn pace_rules(
+        &self,
+        key: Key,
+        c: &ClientState,
+        now: Micros,
+    ) -> impl Iterator<Item = PaceRule> {
         let lim = c.spec.limit_milli;
-        let on = lim > 0 && lim < 1000 && !self.fully_contended(c.spec.class);
+        let on = lim > 0 && lim < 1000 && !self.fully_contended(c.spec.class, now);
         let rate_milli = c.hold_rate_milli();
         let long = self.pace_window();
         let alone = !self
@@ -102,17 +107,30 @@ impl Core {
     /// overrun).
     ///
     /// Only with turns by virtual time (`max_lag` > 0): ranked by usage over the window
-    /// (Gemini), the checks are what keeps a client from running ahead.
-    pub(super) fn fully_contended(&self, class: ClientClass) -> bool {
+    /// (Gemini), the checks are what keeps a client from running ahead. And not while one of
+    /// those clients is charged in wall time for co-holds in the window (`co_ran_since`): its
+    /// co-holds run beside the others' turns and are charged too, so the charges add up to more
+    /// than the time and shares of them by virtual time no longer bound anyone's limit (a
+    /// capped client at 0.3 that alternated turns and co-holds beside one at 0.7 used 0.313 of
+    /// a window and the other 0.707: `turns_and_co_holds_are_paced_together`).
+    pub(super) fn fully_contended(&self, class: ClientClass, now: Micros) -> bool {
+        let from = now.saturating_sub(self.params.window_us);
+        let waiting: Vec<(Key, &ClientState)> = self
+            .clients
+            .iter()
+            .filter(|(k, c)| c.spec.class == class && self.waits_for_turn(**k, c))
+            .map(|(k, c)| (*k, c))
+            .collect();
         self.unpaced_when_full
             && self.max_lag_us > 0
-            && self
-                .clients
+            && waiting
                 .iter()
-                .filter(|(k, c)| c.spec.class == class && self.waits_for_turn(**k, c))
                 .map(|(_, c)| u32::from(c.spec.request_milli))
                 .sum::<u32>()
                 >= 1000
+            && !waiting
+                .iter()
+                .any(|(k, c)| c.charged_in_wall_time() && self.co_ran_since(*k, from, now))
     }
 
     /// The pacing headroom a paced client waits for: the min quota (or the whole
@@ -138,15 +156,16 @@ impl Core {
             .max(1)
     }
 
-    /// The client's own use from `from` on, in GPU time, clipped to it, ordered by start: its
-    /// turns, each less what co-runners took of it (`co_area.rs`), as a piece of that length
-    /// ending with the turn (it slides out of a window no earlier than its GPU time did),
-    /// after the usage its account carried (all of which precedes its entries in the
-    /// history), and its co-holds' charges, each likewise a piece ending with the co-hold.
+    /// The client's own use from `from` on, as charged, clipped to it, ordered by start: its
+    /// turns, each less what it is credited of it (`turn_credit`: what co-runners took of an
+    /// uncapped client's turn), as a piece of that length ending with the turn (it slides out
+    /// of a window no earlier than its GPU time did), after the usage its account carried (all
+    /// of which precedes its entries in the history), and its co-holds' charges, each likewise
+    /// a piece ending where the co-hold's time did (its open one's so far among them).
     /// Pacing holds turns and co-holds together: with each check counting only one kind (or
     /// the other at a discount), a tenant at 0.3 that alternated them was charged 0.33 of its
     /// first 10 s through the fake driver (the real-node test with co-running on).
-    pub(super) fn own_since(&self, key: Key, from: Micros) -> Vec<(Micros, Micros)> {
+    pub(super) fn own_since(&self, key: Key, from: Micros, now: Micros) -> Vec<(Micros, Micros)> {
         // Entries are in order and never overlap, so their ends are ordered too.
         let mut v: Vec<(Micros, Micros)> = self
             .history
@@ -156,7 +175,7 @@ impl Core {
             .filter(|e| e.client == key)
             .map(|e| {
                 let start = e.start.max(from);
-                let credit = self.co_area.between(start, e.end) as Micros;
+                let credit = self.turn_credit(key, start, e.end);
                 (start.saturating_add(credit).min(e.end), e.end)
             })
             .collect();
@@ -171,7 +190,7 @@ impl Core {
         }
         let co = v.len();
         v.extend(
-            self.co_charges_after(key, from)
+            self.co_charges_after(key, from, now)
                 .map(|(end, charge)| (end.saturating_sub(charge).max(from), end)),
         );
         if v.len() > co {
@@ -195,7 +214,7 @@ impl Core {
         } = rule;
         let rate = u128::from(rate_milli.clamp(1, 1000));
         let from = now.saturating_sub(window);
-        let segs = self.own_since(key, from);
+        let segs = self.own_since(key, from, now);
         let used: Micros = segs.iter().map(|(s, e)| e - s).sum();
         let Some(slack) = budget.checked_sub(used) else {
             return 0;
@@ -242,7 +261,7 @@ impl Core {
             ..
         } = rule;
         let from = now.saturating_sub(pace);
-        let segs = self.own_since(key, from);
+        let segs = self.own_since(key, from, now);
         let used: Micros = segs.iter().map(|(s, e)| e - s).sum();
         // `excess` of the old usage must slide out of the window.
         let Some(excess) = used
@@ -292,11 +311,11 @@ impl Core {
             .map(|e| {
                 let (s, end) = (e.start.max(cutoff), e.end.min(now));
                 let wall = end.saturating_sub(s);
-                let credit = self.co_area.between(s, end) as Micros;
+                let credit = self.turn_credit(key, s, end);
                 (s, wall.saturating_sub(credit), wall)
             })
             .chain(
-                self.co_charges_after(key, cutoff)
+                self.co_charges_after(key, cutoff, now)
                     .map(|(end, ch)| (end, ch, 0)),
             )
             .collect();
@@ -323,8 +342,9 @@ impl Core {
         self.history.get(usize::try_from(i).ok()?)
     }
 
-    /// Usage of `key` in the window ending at `now`, in GPU time: its turns, counted as
-    /// recorded and less what co-runners took of them, plus its co-holds' charges.
+    /// Usage of `key` in the window ending at `now`, as charged: its turns, counted as recorded
+    /// (an uncapped client's less what co-runners took of them, `turn_credit`), plus its
+    /// co-holds' charges (its open one's so far).
     pub(super) fn usage(&self, key: Key, now: Micros) -> Micros {
         let Some(c) = self.clients.get(&key) else {
             return 0;
@@ -342,7 +362,8 @@ impl Core {
             }
         }
         // Co-holds count with what they were charged (`corun.rs`).
-        u.saturating_sub(self.credit(key, cutoff, Micros::MAX)) + self.co_charged_since(key, cutoff)
+        u.saturating_sub(self.credit(key, cutoff, Micros::MAX))
+            + self.co_charged_since(key, cutoff, now)
     }
 
     pub(super) fn prune(&mut self, now: Micros) {

@@ -232,6 +232,9 @@ pub struct Sim {
     /// each request, release and renewal, as the hook does when gem-schd co-runs clients
     /// (exactly: the simulation knows each client's GPU time, the hook samples it).
     pub busy_reports: bool,
+    /// The part of a client's GPU time its Busy reports say (1: exactly; the hook samples one
+    /// launch in ~256, and beside another context its event pairs may read either way).
+    pub busy_scale: f64,
     /// The hook's idle thread ends a hold whose quota ran out while the process was not in a
     /// launch (busy on the CPU between launches, as a launch-bound framework mostly is), with
     /// a Release, this long after the deadline (its tick); the next launch then asks again with
@@ -317,6 +320,7 @@ impl Sim {
             reconfigs: vec![],
             renew: false,
             busy_reports: false,
+            busy_scale: 1.0,
             release_at_deadline: None,
             wake: 0,
             max_ahead: 0,
@@ -465,6 +469,7 @@ impl Sim {
                 c.held_from = Some(t); // the hold goes on (or ends with the next report)
             }
             c.reported_at = t;
+            let busy = (busy as f64 * self.busy_scale) as Micros;
             self.push(t + self.latency, Ev::ToSched(i, Msg::Busy { busy, held }));
         }
         self.push(t + self.latency, Ev::ToSched(i, m));

@@ -1,5 +1,7 @@
-//! Co-running (`corun.rs`): light clients granted beside the holder, charged by their fill,
-//! held to their limit; holders charged in GPU time (their turns less what co-runners took).
+//! Co-running (`corun.rs`): light clients granted beside the holder and held to their limit;
+//! capped clients charged in wall time (a co-hold its length, no co-hold beside their turns,
+//! their turns whole), uncapped ones in GPU time (a co-hold its fill, their turns less what
+//! co-runners took).
 
 use super::*;
 
@@ -20,10 +22,20 @@ fn t_and_i(p: Params, t_at: (u16, u16), i_at: (u16, u16), quota_us: Micros, star
     c
 }
 
-/// Training-like `t` (0.5, 0.5) and inference-like `i` (0.5, 0.5); conn 1 = t, 2 = i. Co-running
-/// below a fill of 0.6.
+/// Training-like `t` (0.5, 0.5) and inference-like `i` (0.5, 0.5), both capped (charged in wall
+/// time); conn 1 = t, 2 = i. Co-running below a fill of 0.6.
 fn pair() -> Core {
     t_and_i(params(), (500, 500), (500, 500), 10 * MS, 0)
+}
+
+/// `pair()` uncapped: both at (0.5, 1.0), charged in GPU time.
+fn elastic_pair() -> Core {
+    t_and_i(params(), (500, 1000), (500, 1000), 10 * MS, 0)
+}
+
+/// The GPU time a µs of `id`'s turn granted now counts for, in thousandths (`1 / boost`).
+fn hold_rate(c: &Core, id: &str) -> u32 {
+    c.clients[&c.ids[id]].hold_rate_milli()
 }
 
 /// `conn` reports its fill as `fill` over 600 ms of holds (turns, unless it is in a co-hold;
@@ -36,10 +48,10 @@ fn fill(c: &mut Core, conn: ConnId, fill: f64) {
         .unwrap();
 }
 
-/// `pair()` with t (fill 0.95) holding the token from t(0) and i, its turns filling
+/// `elastic_pair()` with t (fill 0.95) holding the token from t(0) and i, its turns filling
 /// `i_fill`, granted a co-hold beside it at `i_at`.
 fn i_co_running_beside_t(i_fill: f64, i_at: Micros) -> Core {
-    let mut c = pair();
+    let mut c = elastic_pair();
     fill(&mut c, 1, 0.95);
     fill(&mut c, 2, i_fill);
     grant(&c.token_request(t(0), 1, 0, 0)).unwrap();
@@ -50,7 +62,7 @@ fn i_co_running_beside_t(i_fill: f64, i_at: Micros) -> Core {
 
 #[test]
 fn a_light_client_runs_beside_the_holder_and_a_heavy_one_waits() {
-    let mut c = pair();
+    let mut c = elastic_pair();
     fill(&mut c, 1, 0.95);
     fill(&mut c, 2, 0.3);
     assert_eq!(grant(&c.token_request(t(0), 1, 0, 0)).unwrap().0, "t");
@@ -63,7 +75,7 @@ fn a_light_client_runs_beside_the_holder_and_a_heavy_one_waits() {
     // Its renewal goes on beside t too.
     assert_eq!(grant(&c.renew(t(11), 2, 0)).unwrap().0, "i");
     // Heavy, t is not co-run: with the same fill i would wait for t's turn to end.
-    let mut d = pair();
+    let mut d = elastic_pair();
     fill(&mut d, 1, 0.95);
     fill(&mut d, 2, 0.95);
     grant(&d.token_request(t(0), 1, 0, 0)).unwrap();
@@ -94,8 +106,8 @@ fn off_by_default_and_unknown_fill_means_turns() {
 }
 
 #[test]
-fn a_co_hold_is_charged_its_fill_and_a_co_runner_at_its_limit_waits_then_co_runs_again() {
-    let mut c = pair();
+fn an_uncapped_co_hold_is_charged_its_fill() {
+    let mut c = elastic_pair();
     fill(&mut c, 2, 0.55);
     // i co-runs alone for 100 ms in 10 ms co-holds: charged 0.55 of that.
     let mut now = t(0);
@@ -109,20 +121,34 @@ fn a_co_hold_is_charged_its_fill_and_a_co_runner_at_its_limit_waits_then_co_runs
         used.abs_diff(55 * MS) <= MS,
         "charged {used} µs for 100 ms at a fill of 0.55"
     );
-    // Its limit is 0.5 of the 1 s window, which at a fill of 0.55 it reaches in ~0.9 s: then
-    // it waits like any client (the last co-hold's charge may pass the limit by its fill of
-    // the quota, as a turn's last quota may).
+}
+
+#[test]
+fn a_capped_co_hold_is_charged_its_wall_length_and_at_its_limit_it_waits_then_co_runs_again() {
+    // i (0.5, 0.5) is light: its fill (0.55, sampled by the hook) no longer discounts its
+    // co-holds, which on an H200 read the other context's time slices (a GPT training loop
+    // capped at 0.5 was charged 0.078 for 0.404 of GPU time). Its GPU time never exceeds the
+    // wall time it holds a co-hold: 100 ms of 10 ms co-holds are charged 100 ms.
+    let mut c = pair();
+    fill(&mut c, 2, 0.55);
+    let mut now = t(0);
+    grant(&c.token_request(now, 2, 0, 0)).unwrap();
+    for _ in 0..10 {
+        now += 10 * MS;
+        assert_eq!(grant(&c.token_request(now, 2, 0, 0)).unwrap().0, "i");
+    }
+    assert_eq!(c.usage_us(now, "i"), Some(100 * MS));
+    assert_eq!(c.co_usage_us(now, "i"), Some(100 * MS));
+    // Its limit is 0.5 of the 1 s window, which in wall time it reaches at 0.5 s: then it
+    // waits like any client (the last co-hold may pass the limit by its length, as a turn's
+    // last quota may).
     let mut last = None;
     while c.co_running("i") && now < t(5000) {
         now += 10 * MS;
         last = grant(&c.token_request(now, 2, 0, 0)).map(|g| g.2);
     }
-    assert!(now < t(1000), "still co-running at {} ms", (now - T0) / MS);
-    let used = c.usage_us(now, "i").unwrap();
-    assert!(
-        (500 * MS..=506 * MS).contains(&used),
-        "stopped co-running at {used} µs"
-    );
+    assert_eq!(now, t(500), "stopped co-running at {} ms", (now - T0) / MS);
+    assert_eq!(c.usage_us(now, "i"), Some(500 * MS));
     // Not a turn (which would charge it wall time and keep its window full, so that it took
     // turns from then on): it waits, and once the window has slid it co-runs again.
     assert_eq!(last, None);
@@ -143,58 +169,201 @@ fn a_co_hold_is_charged_its_fill_and_a_co_runner_at_its_limit_waits_then_co_runs
 }
 
 #[test]
-fn the_holder_is_charged_what_the_co_runners_leave_of_its_turns() {
+fn a_capped_co_hold_is_charged_up_to_its_last_grants_quota_and_grace() {
+    // The hook stops launching at its quota's end: a co-hold reported late is charged its
+    // quota plus the grace (5 ms), and one kept open by a second process that joined it, up to
+    // that process's quota plus the grace (two processes taking turns in one co-hold were
+    // otherwise charged one quota for as long as they kept it open).
     let mut c = pair();
-    fill(&mut c, 1, 0.95);
-    fill(&mut c, 2, 0.375);
-    assert_eq!(c.limit_in_force("t"), Some(500));
-    // i co-runs, keeping the GPU busy 0.375 of the time: t's turns count 0.625 of their time,
-    // so its limit in turns is 0.5 / 0.625 = 0.8.
+    c.hello(3, "i").unwrap();
+    fill(&mut c, 2, 0.3);
     grant(&c.token_request(t(0), 2, 0, 0)).unwrap();
-    assert_eq!(c.limit_in_force("t"), Some(800));
+    c.release(t(100), 2, 0);
+    assert_eq!(c.usage_us(t(100), "i"), Some(15 * MS));
+    grant(&c.token_request(t(200), 2, 0, 0)).unwrap();
+    grant(&c.token_request(t(208), 3, 0, 0)).unwrap();
+    // Conn 2 ends its part and asks again at once: it joins the co-hold, still open.
+    grant(&c.token_request(t(210), 2, 0, 0)).unwrap();
+    grant(&c.token_request(t(218), 3, 0, 0)).unwrap();
+    c.release(t(225), 2, 0);
+    c.release(t(400), 3, 0);
+    assert!(!c.co_running("i"));
+    // From t(200) to the last grant (t(218)) plus 15 ms.
+    assert_eq!(c.usage_us(t(400), "i"), Some(15 * MS + 33 * MS));
+}
+
+#[test]
+fn a_co_hold_kept_open_by_two_processes_counts_while_it_is_open() {
+    // i's two processes ask in turn every 5 ms, each joining the co-hold the other is still
+    // in: it never ends. Its time counts while open, so at its limit (0.5 of the 1 s window)
+    // the next request waits; uncounted until it ended, the co-hold went on for good.
+    let mut c = pair();
+    c.hello(3, "i").unwrap();
+    fill(&mut c, 2, 0.3);
+    grant(&c.token_request(t(0), 2, 0, 0)).unwrap();
+    let mut now = t(5);
+    let mut conn = 3;
+    while grant(&c.token_request(now, conn, 0, 0)).is_some() && now < t(2000) {
+        now += 5 * MS;
+        conn = 5 - conn;
+    }
+    assert_eq!(now, t(500), "the co-hold went on to {} ms", (now - T0) / MS);
+    assert_eq!(c.usage_us(now, "i"), Some(500 * MS));
+    // The other process's grant (at t(495)) runs to its quota's end and its drain: charged to
+    // there, the last time the co-hold's processes may run.
+    c.release(t(600), 5 - conn, 0);
+    assert!(!c.co_running("i"));
+    assert_eq!(c.usage_us(t(600), "i"), Some(510 * MS));
+}
+
+#[test]
+fn no_co_hold_beside_a_capped_turn_and_the_light_client_is_served_when_it_ends() {
+    // A co-hold beside a capped holder's turn would share the GPU time it is charged for: on an
+    // H200 a tenant of 25 ms matmuls capped at 0.5 ran past its limit beside co-running
+    // attention. i waits, and is granted a co-hold at the event that ends t's turn, however it
+    // ends.
+    type End = fn(&mut Core, Micros) -> Vec<Action>;
+    let ends: [(&str, End, Micros); 4] = [
+        ("request", |c, now| c.token_request(now, 1, 0, 0), 4 * MS),
+        ("release", |c, now| c.release(now, 1, 0), 4 * MS),
+        ("hang-up", |c, now| c.disconnect(now, 1), 4 * MS),
+        // Its quota (10 ms) and grace (5 ms) ran out without a report.
+        ("expiry", |c, now| c.tick(now), 15 * MS),
+    ];
+    for (how, end, at) in ends {
+        let mut c = pair();
+        fill(&mut c, 1, 0.95);
+        fill(&mut c, 2, 0.3);
+        assert_eq!(grant(&c.token_request(t(0), 1, 0, 0)).unwrap().0, "t");
+        assert_eq!(grant(&c.token_request(t(1), 2, 0, 0)), None, "{how}");
+        assert!(!c.co_running("i"));
+        // i is woken by t's turn's end, not before.
+        assert_eq!(c.next_wakeup(t(1)), Some(t(15)), "{how}");
+        assert_eq!(grant(&c.tick(t(2))), None, "{how}");
+        let acts = end(&mut c, t(0) + at);
+        let g = acts.iter().find_map(|a| match a {
+            Action::Grant { client, conns, .. } if client == "i" => Some(conns.clone()),
+            _ => None,
+        });
+        assert_eq!(g, Some(vec![2]), "{how}: {acts:?}");
+        assert!(c.in_co_hold(2), "{how}: i was granted a turn");
+    }
+    // Beside an uncapped holder i co-runs at once.
+    let mut c = t_and_i(params(), (500, 1000), (500, 500), 10 * MS, 0);
+    fill(&mut c, 1, 0.95);
+    fill(&mut c, 2, 0.3);
+    grant(&c.token_request(t(0), 1, 0, 0)).unwrap();
+    assert_eq!(grant(&c.token_request(t(1), 2, 0, 0)).unwrap().0, "i");
+    assert!(c.in_co_hold(2));
+}
+
+#[test]
+fn a_capped_holder_beside_an_open_co_hold_is_charged_its_whole_turn() {
+    // i's co-hold opens while nobody holds the token; t's turn starts beside it. t (capped) is
+    // charged its turn whole, boosted and credited nothing; an uncapped t is credited what i's
+    // fill took of its turn.
+    for (t_limit, credited) in [(500, false), (1000, true)] {
+        let mut c = t_and_i(params(), (500, t_limit), (500, 500), 20 * MS, 0);
+        fill(&mut c, 1, 0.95);
+        fill(&mut c, 2, 0.375);
+        grant(&c.token_request(t(0), 2, 0, 0)).unwrap();
+        assert!(c.co_running("i"));
+        assert_eq!(grant(&c.token_request(t(1), 1, 0, 0)).unwrap().0, "t");
+        assert_eq!(c.holder(), Some("t"));
+        let rate = hold_rate(&c, "t");
+        let used = c.usage_us(t(11), "t").unwrap();
+        let credit = c.co_credit_us(t(11), "t").unwrap();
+        if credited {
+            assert_eq!(
+                rate, 625,
+                "an uncapped holder's boost beside a fill of 0.375"
+            );
+            assert!(credit.abs_diff(3_750) <= 1, "credited {credit} µs of 10 ms");
+            assert_eq!(used + credit, 10 * MS);
+        } else {
+            assert_eq!(rate, 1000, "a capped holder was boosted");
+            assert_eq!(c.limit_in_force("t"), Some(500));
+            assert_eq!((used, credit), (10 * MS, 0), "t's 10 ms of turn");
+        }
+        // The report charges the turn to its end, credited (or not) alike.
+        c.release(t(11), 1, 10 * MS);
+        let after = c.usage_us(t(11), "t").unwrap();
+        assert_eq!(after, used, "t_limit {t_limit}");
+        let r = crate::usage::report(&c, t(11));
+        assert_eq!(r.client("t").unwrap().used_us, used);
+    }
+}
+
+#[test]
+fn the_boost_follows_the_co_runners_fills_for_uncapped_clients_only() {
+    // i co-runs, keeping the GPU busy 0.375 of the time: an uncapped t's turns count 0.625 of
+    // their time; a capped u's count whole, its limit in force its own.
+    let specs = [
+        spec("t", 500, 1000, 100),
+        spec("i", 200, 1000, 100),
+        spec("u", 300, 300, 100),
+    ];
+    let mut c = Core::new(params(), &specs, 0);
+    c.set_co_run(CoRunSettings {
+        below: 0.6,
+        quota_us: 10 * MS,
+    });
+    c.hello(1, "t").unwrap();
+    c.hello(2, "i").unwrap();
+    c.hello(3, "u").unwrap();
+    fill(&mut c, 2, 0.375);
+    assert_eq!(hold_rate(&c, "t"), 1000);
+    grant(&c.token_request(t(0), 2, 0, 0)).unwrap();
+    assert_eq!(hold_rate(&c, "t"), 625);
     assert_eq!(
-        c.limit_in_force("i"),
-        Some(500),
+        hold_rate(&c, "i"),
+        1000,
         "a co-runner is charged its own fill"
     );
+    assert_eq!(hold_rate(&c, "u"), 1000, "a capped client was boosted");
+    assert_eq!(c.limit_in_force("u"), Some(300));
     // Its co-holds report a higher fill (their own, apart from its turns'): t's boost follows
     // at once.
     fill(&mut c, 2, 0.45);
     let f = c.fill("i").unwrap();
     assert!((f - 0.45).abs() < 1e-6, "{f}");
-    let lim = f64::from(c.limit_in_force("t").unwrap());
+    let rate = f64::from(hold_rate(&c, "t"));
     assert!(
-        (lim - 500.0 / (1.0 - f)).abs() <= 2.0,
-        "t's limit in force {lim} beside a fill of {f}"
+        (rate - 1000.0 * (1.0 - f)).abs() <= 2.0,
+        "t's rate {rate} beside a fill of {f}"
     );
-    // i stops co-running: t's limit is its own again.
+    assert_eq!(hold_rate(&c, "u"), 1000);
+    // i stops co-running: t's turns count whole again.
     c.release(t(5), 2, 0);
-    assert_eq!(c.limit_in_force("t"), Some(500));
+    assert_eq!(hold_rate(&c, "t"), 1000);
     // Or i leaves the config while co-running.
     grant(&c.token_request(t(10), 2, 0, 0)).unwrap();
-    assert!(c.limit_in_force("t").unwrap() > 500);
-    c.set_config(t(11), &[spec("t", 500, 500, 100)]);
-    assert_eq!(c.limit_in_force("t"), Some(500));
+    assert!(hold_rate(&c, "t") < 1000);
+    c.set_config(t(11), &[spec("t", 500, 1000, 100)]);
+    assert_eq!(hold_rate(&c, "t"), 1000);
 }
 
 #[test]
 fn a_co_hold_ends_with_the_connection_and_is_charged() {
-    let mut d = pair();
-    fill(&mut d, 2, 0.3);
-    grant(&d.token_request(t(150), 1, 0, 0)).unwrap();
-    assert!(grant(&d.token_request(t(151), 2, 0, 0)).is_some());
-    assert!(d.co_running("i"));
-    d.disconnect(t(155), 2);
-    assert!(!d.co_running("i"));
-    let used = d.usage_us(t(155), "i").unwrap();
-    assert_eq!(used, 1200, "4 ms of co-hold at a fill of 0.3");
+    // 4 ms of co-hold at a fill of 0.3: an uncapped i is charged its fill of it, a capped one
+    // its length.
+    for (i_limit, charged) in [(1000, 1200), (500, 4 * MS)] {
+        let mut d = t_and_i(params(), (500, 1000), (500, i_limit), 10 * MS, 0);
+        fill(&mut d, 2, 0.3);
+        grant(&d.token_request(t(150), 1, 0, 0)).unwrap();
+        assert!(grant(&d.token_request(t(151), 2, 0, 0)).is_some());
+        assert!(d.co_running("i"));
+        d.disconnect(t(155), 2);
+        assert!(!d.co_running("i"));
+        assert_eq!(d.usage_us(t(155), "i"), Some(charged), "i_limit {i_limit}");
+    }
 }
 
 #[test]
 fn starting_is_judged_on_the_turns_fill_and_going_on_on_the_co_holds() {
     // A few turns are not enough to judge: 100 ms of them at 0.3, and i still takes turns
     // (a start on a warm-up's holds would stick, judged on co-holds from then on).
-    let mut d = pair();
+    let mut d = elastic_pair();
     d.busy(T0, 2, 30 * MS, 100 * MS, 0).unwrap();
     grant(&d.token_request(t(0), 1, 0, 0)).unwrap();
     assert_eq!(grant(&d.token_request(t(1), 2, 0, 0)), None);
@@ -206,10 +375,10 @@ fn starting_is_judged_on_the_turns_fill_and_going_on_on_the_co_holds() {
     // charged that, not its turns' 0.5, and t's boost follows it.
     fill(&mut c, 2, 0.25);
     assert_eq!(c.fill("i"), Some(0.25));
-    assert_eq!(c.limit_in_force("t"), Some(666));
+    assert_eq!(hold_rate(&c, "t"), 750);
     let before = c.usage_us(t(11), "i").unwrap();
     assert_eq!(grant(&c.token_request(t(11), 2, 0, 0)).unwrap().0, "i");
-    let after = c.usage_us(t(21), "i").unwrap();
+    let after = c.usage_us(t(11), "i").unwrap();
     assert!(grant(&c.token_request(t(21), 2, 0, 0)).is_some());
     let charged = c.usage_us(t(21), "i").unwrap() - after;
     assert_eq!(
@@ -232,10 +401,10 @@ fn starting_is_judged_on_the_turns_fill_and_going_on_on_the_co_holds() {
 
 #[test]
 fn the_holders_turns_are_credited_what_co_runners_took_of_them() {
-    // i co-runs beside t's turn, keeping the GPU 0.375 busy: t's pacing limit is raised to
-    // 0.8, and its turns are credited 0.375 of their time (in the window's check and the usage
-    // report), so what is reported as t's delivered share is GPU time, within its limit.
-    // t holds for 100 ms, renewing its 10 ms turns; i's co-holds run beside it all along.
+    // i co-runs beside uncapped t's turn, keeping the GPU 0.375 busy: t's turns are credited
+    // 0.375 of their time (in the window's check and the usage report), so what is reported
+    // as t's delivered share is GPU time. t holds for 100 ms, renewing its 10 ms turns; i's
+    // co-holds run beside it all along.
     let mut c = i_co_running_beside_t(0.375, t(0));
     let mut now = t(0);
     for _ in 0..10 {
@@ -269,13 +438,13 @@ fn the_holders_turns_are_credited_what_co_runners_took_of_them() {
 }
 
 #[test]
-fn a_holder_beside_an_intermittent_co_runner_stays_within_its_limit_in_gpu_time() {
-    // t always wants the GPU; i co-runs 15 ms of every 20 (requests with gaps), its co-holds
-    // filling 0.375. With t's limit raised by the boost in the window's check too, t was
-    // let in on the raised limit whenever i co-ran, but credited only for the time i ran
-    // beside its turns: 0.551 of the window in GPU time (CI's real-node test read 0.315 and
-    // 0.322 for a pod at 0.3). The window's check now holds t's turns, credited what i took of
-    // them, to 0.5, as the usage report counts them; pacing keeps the raised limit.
+fn a_capped_holder_beside_an_intermittent_co_runner_is_charged_its_turns_whole() {
+    // t (0.5, 0.5) always wants the GPU; i co-runs 15 ms of every 20 when it may (requests with
+    // gaps), its co-holds filling 0.375 by the hook's samples. Credited what i's fill took of
+    // its turns, t's GPU time was what those samples said: on an H200 a tenant capped at 0.5
+    // beside co-running attention ran past its limit. Now i is granted no co-hold while t
+    // holds a turn (one opened at the end of t's turn runs on beside the next), and t's turns
+    // count whole: its token time is its usage, within its limit.
     let mut c = pair();
     fill(&mut c, 1, 0.95);
     let mut t_until = None;
@@ -283,10 +452,19 @@ fn a_holder_beside_an_intermittent_co_runner_stays_within_its_limit_in_gpu_time(
     let mut t_waits = false;
     let mut now = t(0);
     let mut worst: f64 = 0.0;
+    let (mut beside, mut i_waits) = (0u32, false);
     while now < t(3000) {
         let mut acts = Vec::new();
-        if now.is_multiple_of(20 * MS) && i_until.is_none() {
-            acts.extend(c.token_request(now, 2, 0, 0));
+        if now.is_multiple_of(20 * MS) && i_until.is_none() && !i_waits {
+            let t_holds = c.holder() == Some("t");
+            let asked = c.token_request(now, 2, 0, 0);
+            assert!(
+                !(t_holds && asked.iter().any(|a| a.answers(2))),
+                "i granted beside t's turn at {} ms: {asked:?}",
+                (now - T0) / MS
+            );
+            i_waits = true;
+            acts.extend(asked);
         }
         if i_until.is_some_and(|u| now >= u) {
             i_until = None;
@@ -315,30 +493,33 @@ fn a_holder_beside_an_intermittent_co_runner_stays_within_its_limit_in_gpu_time(
                         // Its co-holds fill 0.375 of their time.
                         c.busy(now, 2, 5_625, 15 * MS, 0).unwrap();
                         i_until = Some(now + 15 * MS);
+                        i_waits = false;
                     }
                 }
             }
+        }
+        if c.holder() == Some("t") && c.co_running("i") {
+            beside += 1;
         }
         // Once the first second (i taking turns until its fill is judged) has left the window.
         if now >= t(1500) {
             let r = crate::usage::report(&c, now);
             let share = r.client("t").unwrap().share(r.window_us);
             worst = worst.max(share);
+            assert_eq!(c.co_credit_us(now, "t"), Some(0));
+            assert_eq!(c.limit_in_force("t"), Some(500));
         }
         now += 100;
     }
     assert!(c.co_running("i") || c.fill("i").is_some_and(|f| f < 0.6));
-    let token = (c.usage_us(now, "t").unwrap() + c.co_credit_us(now, "t").unwrap()) as f64
-        / c.params().window_us as f64;
-    eprintln!("t: worst delivered {worst:.3} in any window, token time {token:.3}");
+    eprintln!(
+        "t: worst delivered {worst:.3} in any window; i co-ran beside its turns {beside} steps of 100 µs"
+    );
     assert!(
         worst <= 0.5 + 0.005,
         "t delivered {worst:.3} at a 0.5 limit"
     );
-    assert!(
-        token > 0.5,
-        "t's turns were not raised beside i: {token:.3}"
-    );
+    assert!(beside > 100, "i's co-holds never ran on into t's turns");
 }
 
 #[test]
@@ -346,7 +527,7 @@ fn a_co_runner_is_held_to_its_limit_while_the_window_is_still_growing() {
     // gem-schd started at T0: a co-hold, like a turn, needs usage below the limit over the
     // time since (not over the whole 1 s window, against which i, filling 0.3 of its
     // co-holds at a limit of 0.2, co-ran unchecked until it had used 0.2 s).
-    let mut c = t_and_i(params(), (500, 500), (200, 200), 10 * MS, T0);
+    let mut c = t_and_i(params(), (500, 1000), (200, 200), 10 * MS, T0);
     fill(&mut c, 1, 0.95);
     fill(&mut c, 2, 0.3);
     grant(&c.token_request(t(0), 1, 0, 0)).unwrap();
@@ -369,10 +550,10 @@ fn a_co_runner_is_held_to_its_limit_while_the_window_is_still_growing() {
             }
         }
         let used = c.usage_us(now, "i").unwrap();
-        let allowed = (now - T0) / 5 + 3 * MS;
+        let allowed = (now - T0) / 5 + 10 * MS;
         assert!(
             used <= allowed,
-            "i used {used} µs by {} ms (its limit allows {allowed} µs and a co-hold's charge)",
+            "i used {used} µs by {} ms (its limit allows {allowed} µs and a co-hold's length)",
             (now - T0) / MS
         );
         now += MS;
@@ -387,10 +568,11 @@ fn turns_and_co_holds_are_paced_together() {
     // other: seen through the fake driver), so it co-runs after each turn and takes a turn
     // after each co-hold. Pacing counted only turns for a turn and turns at their fill for a
     // co-hold: each kind passed beside the other, and i used 0.54 of the GPU for 2 s, 0.33 of
-    // the 10 s window after (the real-node test with co-running on). With the two paced
-    // together i still reached 0.316: the requests add up to the GPU, so whenever both waited
-    // turns went by virtual time alone, which its co-holds did not advance. gem-schd has run
-    // for a while (its window is full) when i and t start.
+    // the 10 s window after (the real-node test with co-running on). Paced together, both
+    // capped clients charged in wall time, they still passed their limits whenever both waited
+    // for turns: their requests add up to the GPU, and turns by virtual time alone (no checks)
+    // shared out charges that add up to more than the time (i's co-holds run beside t's turns,
+    // both charged): i 0.313 and t 0.707 of a window. Such a class is not fully contended.
     let p = Params {
         pace_us: 100 * MS,
         ..params()
@@ -398,7 +580,7 @@ fn turns_and_co_holds_are_paced_together() {
     let mut c = t_and_i(p, (700, 700), (300, 300), 10 * MS, 0);
     fill(&mut c, 1, 0.95);
     fill(&mut c, 2, 0.05);
-    let mut worst: f64 = 0.0;
+    let (mut worst_i, mut worst_t, mut co_steps, mut turn_steps) = (0.0f64, 0.0f64, 0u32, 0u32);
     let ended = |c: &mut Core, conn, co, now| {
         if conn == 2 {
             let held = 10 * MS;
@@ -407,14 +589,25 @@ fn turns_and_co_holds_are_paced_together() {
                 .unwrap();
         }
     };
-    drive(&mut c, t(0), t(1000), ended, |c, _, now| {
-        if now >= t(200) {
-            let used = c.usage_us(now, "i").unwrap() as f64;
-            worst = worst.max(used / (now - T0) as f64);
+    drive(&mut c, t(0), t(5000), ended, |c, holds, now| {
+        match holds[1] {
+            Some((_, true)) => co_steps += 1,
+            Some((_, false)) => turn_steps += 1,
+            None => {}
+        }
+        if now >= t(1000) {
+            let share = |id| c.usage_us(now, id).unwrap() as f64 / c.params().window_us as f64;
+            worst_i = worst_i.max(share("i"));
+            worst_t = worst_t.max(share("t"));
         }
     });
-    eprintln!("i: at most {worst:.3} of the time since it started");
-    assert!(worst <= 0.3 + 0.005, "i used {worst:.3} at a 0.3 limit");
+    eprintln!(
+        "at most i {worst_i:.3}, t {worst_t:.3} of a window; i {co_steps} steps of 100 µs in co-holds, {turn_steps} in turns"
+    );
+    assert!(co_steps > 1000 && turn_steps > 100, "i did not alternate");
+    // A co-hold (10 ms) may pass the limit as a turn's last quota may.
+    assert!(worst_i <= 0.3 + 0.01, "i used {worst_i:.3} at a 0.3 limit");
+    assert!(worst_t <= 0.7 + 0.005, "t used {worst_t:.3} at a 0.7 limit");
 }
 
 /// t's and i's holds: conn → (hold end, in a co-hold); none: waiting.
@@ -550,14 +743,15 @@ fn a_light_client_at_its_limit_waits_for_a_co_hold_not_a_turn_under_full_content
 }
 
 #[test]
-fn a_holders_pacing_does_not_jump_back_when_a_co_hold_ends() {
+fn a_capped_co_runner_beside_a_capped_holder_keeps_both_within_their_limits() {
     // t (0.5, GPU-bound) takes turns while i (0.5) co-runs 20 ms co-holds filling 0.58 back
-    // to back (gem-schd's default settings). t's pacing read its turns' token time against a
-    // limit raised while i co-ran: when a co-hold ended the boost went, the turns of the last
-    // second counted whole against 0.5, and t waited ~50 ms; i, at its own limit, waited too, and the GPU sat idle (on an
-    // H200 batch-8 inference waited up to 70 ms for a co-hold, max latency 77–82 ms in three
-    // runs of four). Paced in GPU time (turns less what co-runners took of them), a co-hold's
-    // end changes nothing of t's past.
+    // to back (gem-schd's default settings). t's pacing once read its turns' token time against
+    // a limit raised while i co-ran, and when a co-hold ended the turns of the last second
+    // counted whole again: t waited with the GPU idle (on an H200 batch-8 inference waited up
+    // to 70 ms for a co-hold). Capped, t is boosted by no one and its turns count whole: a
+    // co-hold's end changes nothing of its pacing. Both are charged in wall time, each held to
+    // its limit; i's co-holds opened at the end of t's turns run on into t's next ones, and
+    // that time, charged to both, is what the GPU then idles while both wait at their limits.
     let mut c = t_and_i(Params::default(), (500, 500), (500, 500), 20 * MS, 0);
     c.set_max_wait(50 * MS);
     c.set_max_lag(10 * MS);
@@ -573,8 +767,10 @@ fn a_holders_pacing_does_not_jump_back_when_a_co_hold_ends() {
             c.busy(now, 2, held * 58 / 100, held, 0).unwrap();
         }
     };
+    let (mut worst_t, mut worst_i) = (0.0f64, 0.0f64);
     let now = t(12000);
-    drive(&mut c, t(0), now, ended, |_, holds, now| {
+    drive(&mut c, t(0), now, ended, |c, holds, now| {
+        assert_eq!(c.limit_in_force("t"), Some(500));
         // Both wait, nobody runs: the GPU is idle.
         if holds.iter().all(Option::is_none) {
             let since = *idle_since.get_or_insert(now);
@@ -582,22 +778,20 @@ fn a_holders_pacing_does_not_jump_back_when_a_co_hold_ends() {
         } else {
             idle_since = None;
         }
+        let share = |id| c.usage_us(now, id).unwrap() as f64 / c.params().window_us as f64;
+        worst_t = worst_t.max(share("t"));
+        worst_i = worst_i.max(share("i"));
     });
-    let share = |id| c.usage_us(now, id).unwrap() as f64 / c.params().window_us as f64;
-    let (ts, is) = (share("t"), share("i"));
     eprintln!(
-        "longest idle {} ms; t {ts:.3}, i {is:.3} of the window; {co_holds} co-holds",
+        "longest idle {} ms; at most t {worst_t:.3}, i {worst_i:.3} of the window; {co_holds} co-holds",
         longest / MS
     );
     assert!(co_holds > 100, "i co-ran {co_holds} times");
+    assert_eq!(c.co_credit_us(now, "t"), Some(0));
+    // A co-hold (20 ms) may pass the limit by its length, as a turn's last quota may.
     assert!(
-        ts <= 0.5 + 0.005 && is <= 0.5 + 0.005,
-        "t {ts:.3}, i {is:.3}"
-    );
-    assert!(
-        longest <= 10 * MS,
-        "both waited with the GPU idle for {} ms",
-        longest / MS
+        worst_t <= 0.5 + 0.001 && worst_i <= 0.5 + 0.002,
+        "t {worst_t:.3}, i {worst_i:.3}"
     );
 }
 
@@ -699,7 +893,7 @@ fn a_gpu_bound_client_does_not_co_run_on_its_start_up_turns() {
 /// `i_heavy_from_1s` 0.95 of all its holds from t(1000) on; with `outlier` its first co-hold
 /// after t(1000) reports 869 ms of GPU time.
 fn i_steps_after_1s(outlier: bool, i_heavy_from_1s: bool) -> (u32, u32, u32) {
-    let mut c = t_and_i(params(), (500, 500), (500, 500), 20 * MS, 0);
+    let mut c = t_and_i(params(), (500, 1000), (500, 1000), 20 * MS, 0);
     fill(&mut c, 1, 0.95);
     fill(&mut c, 2, 0.3);
     let i_start = std::cell::Cell::new(T0);
@@ -754,7 +948,7 @@ fn one_outlying_report_sends_a_light_co_runner_to_turns_only_briefly() {
         "after the outlier: {turns} steps of 100 µs in turns, {co} in co-holds, {waiting} waiting ({quiet_wait} without it)"
     );
     // Judged on the turns since it was sent (50 ms of them), back in co-holds after ~100 ms:
-    // 520 steps in turns, 420 waiting. Judged on all its turns, as before, it went back and
+    // 520 steps in turns, 520 waiting. Judged on all its turns, as before, it went back and
     // forth for the rest of the run: 845 steps in turns, 9,556 (0.96 s) waiting for them.
     assert!(waiting <= 1_000, "{waiting} steps of 100 µs waiting");
     assert!(co >= 18_000, "{co} steps of 100 µs in co-holds");
