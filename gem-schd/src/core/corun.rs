@@ -400,6 +400,10 @@ impl Core {
             }
             client.clone_from(&c.spec.id);
         }
+        // Its turn, if it held one, ended with the request this answers.
+        if let Some(cs) = self.conns.get_mut(&conn) {
+            cs.turn = None;
+        }
         self.refresh_boost(now);
         Action::Grant {
             client,

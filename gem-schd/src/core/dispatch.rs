@@ -559,6 +559,11 @@ impl Core {
         }
         let client = c.spec.id.clone();
         let conns = self.take_waiting(key);
+        for conn in &conns {
+            if let Some(cs) = self.conns.get_mut(conn) {
+                cs.turn = Some(seq);
+            }
+        }
         let quota_end = now + quota;
         let rate_milli = if self.charge_by_fill {
             self.clients[&key].hold_rate_milli()

@@ -249,6 +249,9 @@ struct ConnState {
     /// Whether its last Busy report came in a co-hold (`None`: none yet): the kind of hold
     /// its next report's `earlier` time was measured in.
     reported_co: Option<bool>,
+    /// The history entry of the turn it was last granted, until it reports that turn's end (a
+    /// TokenRequest or a Release): a hang-up before then ends the turn (`Core::disconnect`).
+    turn: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -565,6 +568,7 @@ impl Core {
                 mem: 0,
                 waiting: false,
                 reported_co: None,
+                turn: None,
             },
         );
         Ok(HelloInfo {
@@ -602,6 +606,9 @@ impl Core {
         }
         self.expire(now);
         let co_ended = self.co_end(now, key, conn);
+        if let Some(cs) = self.conns.get_mut(&conn) {
+            cs.turn = None;
+        }
         self.learn_burst(key, burst_us);
         self.learn_overrun(key, overuse_us);
         self.learn_drain(key, overuse_us);
@@ -616,6 +623,10 @@ impl Core {
             if !h.conns.contains(&conn) && remaining > burst_us && remaining > 0 {
                 // A process joining its client's running hold gets what is left.
                 h.conns.push(conn);
+                let seq = h.seq;
+                if let Some(cs) = self.conns.get_mut(&conn) {
+                    cs.turn = Some(seq);
+                }
                 out.push(Action::Grant {
                     client: self.clients[&key].spec.id.clone(),
                     conns: vec![conn],
@@ -660,6 +671,9 @@ impl Core {
             self.dispatch(now, &mut out);
             return out;
         }
+        if let Some(cs) = self.conns.get_mut(&conn) {
+            cs.turn = None;
+        }
         if let Some(e) = self
             .clients
             .get(&key)
@@ -697,7 +711,13 @@ impl Core {
         out
     }
 
-    /// `conn` closed (or its process died).
+    /// `conn` closed (or its process died). A process in a turn that hangs up without reporting
+    /// its end is charged to the hang-up: a hook that lives reports its drain, so one that
+    /// hangs up was draining until then (or killed in its drain). If its hold had expired (or
+    /// was handed over at its drain notice), that is no further past its quota's end than the
+    /// grace or its client's usual overrun, whichever is longer, as a late report stretches
+    /// it, pushing back the holds granted since; charged only to its quota's end, a process
+    /// that exited past the grace had its drain, and the token's wait for it, counted nowhere.
     pub fn disconnect(&mut self, now: Micros, conn: ConnId) -> Vec<Action> {
         let mut out = Vec::new();
         let Some(cs) = self.conns.remove(&conn) else {
@@ -724,6 +744,16 @@ impl Core {
                 // The token was held until now.
                 self.end_hold(now, |_| now);
             }
+        }
+        if let Some(seq) = cs.turn
+            && self.holder.as_ref().is_none_or(|h| h.seq != seq)
+        {
+            let drain = self
+                .clients
+                .get(&key)
+                .map_or(0, |c| c.overrun_us)
+                .max(self.params.grace_us);
+            self.report_turn_end(now, seq, |e| e.quota_end.saturating_add(drain));
         }
         self.dispatch(now, &mut out);
         out

@@ -534,9 +534,19 @@ impl Core {
 
     /// A client that no longer holds the token reports how far its last hold ran.
     pub(super) fn report_late(&mut self, now: Micros, key: Key, end_of: impl Fn(&Entry) -> Micros) {
-        let Some(seq) = self.clients.get(&key).and_then(|c| c.last_entry) else {
-            return;
-        };
+        if let Some(seq) = self.clients.get(&key).and_then(|c| c.last_entry) {
+            self.report_turn_end(now, seq, end_of);
+        }
+    }
+
+    /// Turn `seq`, no longer held, ran to `end_of(&entry)` (never past `now`): its entry is
+    /// stretched that far if it ends sooner.
+    pub(super) fn report_turn_end(
+        &mut self,
+        now: Micros,
+        seq: u64,
+        end_of: impl Fn(&Entry) -> Micros,
+    ) {
         let Some(e) = self.entry(seq).copied() else {
             return;
         };

@@ -197,6 +197,44 @@ fn a_silent_holder_loses_the_token_after_the_grace_and_overuse_pushes_back() {
 }
 
 #[test]
+fn a_holder_that_hangs_up_without_its_report_is_charged_to_the_hang_up() {
+    // a holds 10 ms (grace 5 ms) and hangs up without a report: a hook that lives reports its
+    // drain, so one that hangs up was draining (or killed in its drain) until then. Within the
+    // grace it is charged to the hang-up.
+    let mut c = two();
+    c.token_request(t(0), 1, 0, 0);
+    c.disconnect(t(13), 1);
+    assert_eq!(c.usage_us(t(13), "a"), Some(13 * MS));
+    // Past the grace the hold has expired (the token was free at 15 ms): charged to the
+    // hang-up too, no further than the grace past its quota (it was charged only to its
+    // quota's end, its drain and the token's wait for it counted nowhere).
+    let mut c = two();
+    c.token_request(t(0), 1, 0, 0);
+    c.disconnect(t(40), 1);
+    assert_eq!(c.usage_us(t(40), "a"), Some(15 * MS));
+    // A client whose drains run longer (it reported 8 ms of overuse before) is charged as far
+    // as its usual overrun, the hold granted meanwhile pushed back, as a late report would.
+    let mut c = two();
+    c.token_request(t(0), 1, 0, 0);
+    // Its hold expired at 15 ms; its report at 18 ms charges it to then, and it goes again.
+    let acts = c.token_request(t(18), 1, 8 * MS, 0);
+    assert_eq!(grant(&acts).map(|g| (g.0, g.2)), Some(("a", 10 * MS)));
+    c.token_request(t(20), 3, 0, 0);
+    let acts = c.tick(t(33));
+    assert_eq!(grant(&acts).map(|g| g.0), Some("b"), "{acts:?}");
+    c.disconnect(t(200), 1);
+    // 18 ms, then 28 ms + 8: b's hold, granted at 33 ms, is charged from 36 ms.
+    assert_eq!(c.usage_us(t(200), "a"), Some(18 * MS + 18 * MS));
+    assert_eq!(c.usage_us(t(200), "b"), Some(7 * MS));
+    // A process that reported its turn's end hangs up at no charge.
+    let mut c = two();
+    c.token_request(t(0), 1, 0, 0);
+    c.release(t(4), 1, 4 * MS);
+    c.disconnect(t(40), 1);
+    assert_eq!(c.usage_us(t(40), "a"), Some(4 * MS));
+}
+
+#[test]
 fn quota_follows_reported_bursts_within_bounds() {
     let mut c = two();
     // EMA: 10 -> (10+30)/2 = 20 ms.
