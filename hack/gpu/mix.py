@@ -11,7 +11,10 @@ co-runner beside the holder, then run side by side instead of in the driver's ti
 config, starts mix_tenant.py tenants together (with the hook, each its own client) and reads
 each tenant's GPU time from CUPTI's kernel records (mix_tenant.py), never from gem-schd. Beside
 it, gem-schd's own charge (its debug log, over its 10 s window at its last grant) and the
-difference, flagged when above 1 pp. Prints one JSON table; OUT/mix.json holds it, and
+difference, flagged when above 1 pp. Under co-running two contexts' kernel records overlap
+(each spans the other's time slices), so each tenant also gets `gpu_alone` and
+`max_1s_alone`: its GPU time where no other tenant's record overlaps it, the lower bound
+beside the plain figures' upper bound. Prints one JSON table; OUT/mix.json holds it, and
 OUT/mix-raw.json every tenant's intervals.
 
 Scenarios:
@@ -94,6 +97,32 @@ def busy_figures(r, t0, t1):
             "max_1s": round(sliding_max(busy, t0, t1), 4)}
 
 
+def minus(a, b):
+    """The parts of sorted, disjoint intervals `a` outside sorted, disjoint intervals `b`."""
+    out, j = [], 0
+    for s, e in a:
+        while j < len(b) and b[j][1] <= s:
+            j += 1
+        k = j
+        while s < e and k < len(b) and b[k][0] < e:
+            if b[k][0] > s:
+                out.append([s, b[k][0]])
+            s = max(s, b[k][1])
+            k += 1
+        if s < e:
+            out.append([s, e])
+    return out
+
+
+def alone_figures(res, lbl, others, t0, t1):
+    """A tenant's GPU time counted only where no other tenant's kernel record overlaps it: a
+    lower bound under co-running, where two contexts time-slice and each record spans the
+    other's slices (the plain figures are the upper bound; in turns the two agree)."""
+    mine = minus(res[lbl]["busy"], union(*[res[o]["busy"] for o in others]))
+    return {"gpu_alone": windows(mine, t0, t1, t1 - t0)[0],
+            "max_1s_alone": round(sliding_max(mine, t0, t1), 4)}
+
+
 def handovers(res, labels, t0, t1):
     """Where the GPU idled between the tenants' kernels over [t0, t1), from the GPU's clock:
     each gap in the union of their kernel intervals is a hand-over gap when the kernels on its
@@ -151,6 +180,7 @@ def shared_run(b, clients, raw, key, extra=(), idle=()):
     for lbl, work, req, lim, *cls in running:
         r = res[lbl]
         f = busy_figures(r, SKIP, t1)
+        f.update(alone_figures(res, lbl, [c[0] for c in running if c[0] != lbl], SKIP, t1))
         # gem-schd's charge covers its 10 s window at its last grant: compare the GPU time of
         # the same 10 s.
         ch = charged(logf, since, lbl)
@@ -162,6 +192,7 @@ def shared_run(b, clients, raw, key, extra=(), idle=()):
             f["charge_differs"] = abs(ch - same) > 0.01
         f["short_of_request_pp"] = round(100 * (req - f["min_5s"]), 2)
         f["over_limit_pp"] = round(100 * (f["max_1s"] - lim), 2)
+        f["over_limit_alone_pp"] = round(100 * (f["max_1s_alone"] - lim), 2)
         f.update(latency(r))
         row[lbl] = f
     every = union(*[res[c[0]]["busy"] for c in running])
