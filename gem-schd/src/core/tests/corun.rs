@@ -105,17 +105,24 @@ fn off_by_default_and_unknown_fill_means_turns() {
     assert_eq!(grant(&d.token_request(t(1), 2, 0, 0)), None);
 }
 
-#[test]
-fn an_uncapped_co_hold_is_charged_its_fill() {
-    let mut c = elastic_pair();
-    fill(&mut c, 2, 0.55);
-    // i co-runs alone for 100 ms in 10 ms co-holds: charged 0.55 of that.
+/// i (connection 2), light, co-runs alone from t(0) for 100 ms in 10 ms co-holds: the time
+/// then.
+fn co_run_100_ms(c: &mut Core) -> Micros {
     let mut now = t(0);
     grant(&c.token_request(now, 2, 0, 0)).unwrap();
     for _ in 0..10 {
         now += 10 * MS;
         assert_eq!(grant(&c.token_request(now, 2, 0, 0)).unwrap().0, "i");
     }
+    now
+}
+
+#[test]
+fn an_uncapped_co_hold_is_charged_its_fill() {
+    let mut c = elastic_pair();
+    fill(&mut c, 2, 0.55);
+    // i co-runs alone for 100 ms in 10 ms co-holds: charged 0.55 of that.
+    let now = co_run_100_ms(&mut c);
     let used = c.usage_us(now, "i").unwrap();
     assert!(
         used.abs_diff(55 * MS) <= MS,
@@ -131,12 +138,7 @@ fn a_capped_co_hold_is_charged_its_wall_length_and_at_its_limit_it_waits_then_co
     // wall time it holds a co-hold: 100 ms of 10 ms co-holds are charged 100 ms.
     let mut c = pair();
     fill(&mut c, 2, 0.55);
-    let mut now = t(0);
-    grant(&c.token_request(now, 2, 0, 0)).unwrap();
-    for _ in 0..10 {
-        now += 10 * MS;
-        assert_eq!(grant(&c.token_request(now, 2, 0, 0)).unwrap().0, "i");
-    }
+    let mut now = co_run_100_ms(&mut c);
     assert_eq!(c.usage_us(now, "i"), Some(100 * MS));
     assert_eq!(c.co_usage_us(now, "i"), Some(100 * MS));
     // Its limit is 0.5 of the 1 s window, which in wall time it reaches at 0.5 s: then it
