@@ -131,14 +131,19 @@ def handovers(res, labels, t0, t1):
     side by side), which the per-tenant figures count twice."""
     spans = sorted((a, b, lbl) for lbl in labels for a, b in res[lbl]["busy"] if b > t0 and a < t1)
     switch_gaps, own_idle, overlap = [], 0.0, 0.0
+    # Per tenant: the gaps before its kernels, at a hand-over to it and between its own.
+    to_it = {lbl: 0.0 for lbl in labels}
+    own_by = {lbl: 0.0 for lbl in labels}
     end, owner = None, None
     for a, b, lbl in spans:
         a, b = max(a, t0), min(b, t1)
         if end is not None and a > end:
             if lbl != owner:
                 switch_gaps.append(a - end)
+                to_it[lbl] += a - end
             else:
                 own_idle += a - end
+                own_by[lbl] += a - end
         elif end is not None and lbl != owner:
             overlap += min(b, end) - a
         if end is None or b > end:
@@ -149,7 +154,9 @@ def handovers(res, labels, t0, t1):
             "idle_at_switches": round(sum(switch_gaps) / wall, 4),
             "switch_gap_p50_ms": round(1e3 * pct(switch_gaps, 0.5), 3) if switch_gaps else None,
             "switch_gap_p90_ms": round(1e3 * pct(switch_gaps, 0.9), 3) if switch_gaps else None,
-            "idle_own": round(own_idle / wall, 4), "overlap": round(overlap / wall, 4)}
+            "idle_own": round(own_idle / wall, 4), "overlap": round(overlap / wall, 4),
+            "idle_at_switches_to": {k: round(v / wall, 4) for k, v in to_it.items()},
+            "idle_own_of": {k: round(v / wall, 4) for k, v in own_by.items()}}
 
 
 def latency(r):
