@@ -879,3 +879,66 @@ fn the_next_holder_launches_while_the_last_ones_queued_work_drains() {
         );
     }
 }
+
+#[test]
+fn an_idle_co_runner_gives_its_co_hold_back_instead_of_renewing_it() {
+    // e, light (100 µs kernels, 500 µs of CPU each), co-runs beside f's 2 ms kernels, then
+    // computes 1 s on the CPU launching nothing, and exits. Its co-hold must end once its
+    // queue is seen drained: renewed at each quota's end "while the process waits", it kept a
+    // co-hold every 20 ms, charged and counted as co-running, for as long as it stayed idle
+    // (a PyTorch tenant's 13 s of profiler teardown on an H200).
+    let _s = serial();
+    let env = Env::new();
+    env.write_config(&[("e", 0.5, 1.0, GIB), ("f", 0.5, 1.0, GIB)]);
+    let log = env.path().join("schd.log");
+    let _schd = env.start_schd_logging(
+        &["e", "f"],
+        &["--co-run-below", "0.6"],
+        "gem_schd=debug",
+        std::fs::File::create(&log).unwrap(),
+    );
+    let f_args = ["launch", "--kernel-us", "2000", "--seconds", "3.5"];
+    let f = Proc(env.workload("f", "dlsym", &f_args).spawn().unwrap());
+    let e_args = [
+        "launch",
+        "--kernel-us",
+        "100",
+        "--launch-cpu-us",
+        "500",
+        "--batch",
+        "3000",
+        "--think-us",
+        "1000000",
+        "--seconds",
+        "1.5",
+    ];
+    env.run("e", "proc", &e_args);
+    let exited = unix_us() as f64 / 1e6 % 86_400.0;
+    f.finish(Duration::from_secs(30));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let e_lines: Vec<&str> = text.lines().filter(|l| l.contains("client=e ")).collect();
+    let co_holds = e_lines
+        .iter()
+        .filter(|l| l.contains(" grant ") && l.contains("co=true"))
+        .count();
+    // gem-schd's last word with e (RFC 3339, UTC) as seconds of the day, like `exited`.
+    let last = e_lines
+        .iter()
+        .rev()
+        .find(|l| !l.contains("connection closed"))
+        .and_then(|l| {
+            let hms = l.split('T').nth(1)?.split('Z').next()?;
+            let mut p = hms.split(':').map(|x| x.parse::<f64>().ok());
+            Some(p.next()?? * 3600.0 + p.next()?? * 60.0 + p.next()??)
+        })
+        .expect("gem-schd logged nothing of e");
+    let quiet = (exited - last).rem_euclid(86_400.0);
+    eprintln!("e: {co_holds} co-holds; gem-schd heard last from it {quiet:.3} s before it exited");
+    assert!(co_holds >= 5, "e co-ran only {co_holds} times");
+    assert!(
+        quiet >= 0.8,
+        "e's co-hold went on through its 1 s without a launch: gem-schd heard from it {quiet:.3} s \
+         before it exited; its last lines:\n{}",
+        e_lines[e_lines.len().saturating_sub(6)..].join("\n")
+    );
+}
