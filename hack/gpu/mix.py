@@ -7,9 +7,9 @@ ARTIFACT_DIR holds libgemhook.so.1 and gem-schd. MIX_SCHD_ARGS adds gem-schd arg
 scenario (e.g. `--charge-by-fill`). MIX_MPS=1 runs every scenario (but `mps`) with its tenants
 as clients of an MPS server started for it, the hook and gem-schd's tokens still gating their
 launches: the kernels of the holder's drain and of the next holder's first launches, and of a
-co-runner beside the holder, then run side by side instead of in the driver's time slices. Each scenario starts gem-schd with a resource
-config, starts mix_tenant.py tenants together (with the hook, each its own client) and reads
-each tenant's GPU time from CUPTI's kernel records (mix_tenant.py), never from gem-schd. Beside
+co-runner beside the holder, then run side by side instead of in the driver's time slices.
+Each scenario starts gem-schd with a resource config, starts mix_tenant.py tenants together
+(with the hook, each its own client) and reads each tenant's GPU time from CUPTI's kernel records (mix_tenant.py), never from gem-schd. Beside
 it, gem-schd's own charge (its debug log, over its 10 s window at its last grant) and the
 difference, flagged when above 1 pp. Under co-running two contexts' kernel records overlap
 (each spans the other's time slices), so each tenant also gets `gpu_alone` and
@@ -130,7 +130,7 @@ def handovers(res, labels, t0, t1):
     Also the time two tenants' kernel records overlap (contexts time-sliced, or MPS clients
     side by side), which the per-tenant figures count twice."""
     spans = sorted((a, b, lbl) for lbl in labels for a, b in res[lbl]["busy"] if b > t0 and a < t1)
-    switch_gaps, own_idle, overlap = [], 0.0, 0.0
+    switch_gaps, overlap = [], 0.0
     # Per tenant: the gaps before its kernels, at a hand-over to it and between its own.
     to_it = {lbl: 0.0 for lbl in labels}
     own_by = {lbl: 0.0 for lbl in labels}
@@ -142,7 +142,6 @@ def handovers(res, labels, t0, t1):
                 switch_gaps.append(a - end)
                 to_it[lbl] += a - end
             else:
-                own_idle += a - end
                 own_by[lbl] += a - end
         elif end is not None and lbl != owner:
             overlap += min(b, end) - a
@@ -154,7 +153,7 @@ def handovers(res, labels, t0, t1):
             "idle_at_switches": round(sum(switch_gaps) / wall, 4),
             "switch_gap_p50_ms": round(1e3 * pct(switch_gaps, 0.5), 3) if switch_gaps else None,
             "switch_gap_p90_ms": round(1e3 * pct(switch_gaps, 0.9), 3) if switch_gaps else None,
-            "idle_own": round(own_idle / wall, 4), "overlap": round(overlap / wall, 4),
+            "idle_own": round(sum(own_by.values()) / wall, 4), "overlap": round(overlap / wall, 4),
             "idle_at_switches_to": {k: round(v / wall, 4) for k, v in to_it.items()},
             "idle_own_of": {k: round(v / wall, 4) for k, v in own_by.items()}}
 

@@ -249,7 +249,7 @@ def main():
                 torch.cuda.synchronize()
         torch.cuda.synchronize()
     offset = profiler_clock_offset(prof.profiler.kineto_results, wall_ns, mono_ns)
-    emit({"label": a.label, "work": a.work, "steps": steps, "seconds": a.seconds, "start_at": start_at,
+    emit({"label": a.label, "work": a.work, "steps": steps, "seconds": a.seconds,
           "busy": kernel_intervals(prof, base_ns, offset), "lat_ms": lat})
 
 
