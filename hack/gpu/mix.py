@@ -7,15 +7,15 @@ ARTIFACT_DIR holds libgemhook.so.1 and gem-schd. MIX_SCHD_ARGS adds gem-schd arg
 scenario (e.g. `--charge-by-fill`). MIX_MPS=1 runs every scenario (but `mps`) with its tenants
 as clients of an MPS server started for it, the hook and gem-schd's tokens still gating their
 launches: the kernels of the holder's drain and of the next holder's first launches, and of a
-co-runner beside the holder, then run side by side instead of in the driver's time slices.
-Each scenario starts gem-schd with a resource config, starts mix_tenant.py tenants together
-(with the hook, each its own client) and reads each tenant's GPU time from CUPTI's kernel records (mix_tenant.py), never from gem-schd. Beside
-it, gem-schd's own charge (its debug log, over its 10 s window at its last grant) and the
-difference, flagged when above 1 pp. Under co-running two contexts' kernel records overlap
-(each spans the other's time slices), so each tenant also gets `gpu_alone` and
-`max_1s_alone`: its GPU time where no other tenant's record overlaps it, the lower bound
-beside the plain figures' upper bound. Prints one JSON table; OUT/mix.json holds it, and
-OUT/mix-raw.json every tenant's intervals.
+co-runner beside the holder, then run side by side instead of in the driver's time slices. Each
+scenario starts gem-schd with a resource config, starts mix_tenant.py tenants together (with the
+hook, each its own client) and reads each tenant's GPU time from CUPTI's kernel records
+(mix_tenant.py), never from gem-schd. Beside it, gem-schd's own charge (its debug log, over its
+10 s window at its last grant) and the difference, flagged when above 1 pp. Under co-running two
+contexts' kernel records overlap (each spans the other's time slices), so each tenant also gets
+`gpu_alone` and `max_1s_alone`: its GPU time where no other tenant's record overlaps it, the
+lower bound beside the plain figures' upper bound. Prints one JSON table; OUT/mix.json holds it,
+and OUT/mix-raw.json every tenant's intervals.
 
 Scenarios:
   native          each workload alone, no hook: steps/s, GPU busy fraction, decode latency
