@@ -656,6 +656,24 @@ async fn wait_claimed(port: u16, gpu: &str, want: (f64, f64, f64)) -> anyhow::Re
 }
 
 /// A path's text, or "" when it cannot be read.
+/// A node of 16 GiB H100s with these UUIDs, in order.
+fn h100s(uuids: &[String]) -> NodeInventory {
+    NodeInventory {
+        gpus: (0..)
+            .zip(uuids)
+            .map(|(index, uuid)| GpuInfo {
+                uuid: uuid.clone(),
+                index,
+                model: "NVIDIA-H100-80GB-HBM3".into(),
+                memory: 16 << 30,
+                numa_node: None,
+                nvlink_peers: vec![],
+                held_by: None,
+            })
+            .collect(),
+    }
+}
+
 fn text(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
@@ -672,18 +690,7 @@ async fn kubelet_plugin_prepares_claims_into_gem_schd_configs() -> anyhow::Resul
     };
     let nsname = ns.name().to_string();
     let gpu = format!("GPU-{:08x}-1111-4000-8000-000000000000", std::process::id());
-    let inv = NodeInventory {
-        gpus: vec![GpuInfo {
-            uuid: gpu.clone(),
-            index: 0,
-            model: "NVIDIA-H100-80GB-HBM3".into(),
-            memory: 16 << 30,
-            numa_node: None,
-            nvlink_peers: vec![],
-            held_by: None,
-        }],
-    };
-    let rig = PluginRig::new("dp", &inv)?;
+    let rig = PluginRig::new("dp", &h100s(std::slice::from_ref(&gpu)))?;
     let PluginRig {
         dir,
         log,
@@ -975,20 +982,7 @@ async fn kubelet_plugin_prepares_shared_and_whole_gpu_claims() -> anyhow::Result
             std::process::id()
         )
     };
-    let inv = NodeInventory {
-        gpus: (0..2)
-            .map(|i| GpuInfo {
-                uuid: gpu(i),
-                index: i,
-                model: "NVIDIA-H100-80GB-HBM3".into(),
-                memory: 16 << 30,
-                numa_node: None,
-                nvlink_peers: vec![],
-                held_by: None,
-            })
-            .collect(),
-    };
-    let rig = PluginRig::new("ds", &inv)?;
+    let rig = PluginRig::new("ds", &h100s(&[gpu(0), gpu(1)]))?;
     let PluginRig {
         dir,
         log,
