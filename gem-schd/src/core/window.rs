@@ -115,22 +115,20 @@ impl Core {
     /// a window and the other 0.707: `turns_and_co_holds_are_paced_together`).
     pub(super) fn fully_contended(&self, class: ClientClass, now: Micros) -> bool {
         let from = now.saturating_sub(self.params.window_us);
-        let waiting: Vec<(Key, &ClientState)> = self
-            .clients
-            .iter()
-            .filter(|(k, c)| c.spec.class == class && self.waits_for_turn(**k, c))
-            .map(|(k, c)| (*k, c))
-            .collect();
+        // Called at every dispatch and pacing check: the waiting clients are walked, not
+        // collected.
+        let waiting = || {
+            self.clients
+                .iter()
+                .filter(move |(k, c)| c.spec.class == class && self.waits_for_turn(**k, c))
+        };
         self.unpaced_when_full
             && self.max_lag_us > 0
-            && waiting
-                .iter()
+            && waiting()
                 .map(|(_, c)| u32::from(c.spec.request_milli))
                 .sum::<u32>()
                 >= 1000
-            && !waiting
-                .iter()
-                .any(|(k, c)| c.charged_in_wall_time() && self.co_ran_since(*k, from, now))
+            && !waiting().any(|(k, c)| c.charged_in_wall_time() && self.co_ran_since(*k, from, now))
     }
 
     /// The pacing headroom a paced client waits for: the min quota (or the whole
