@@ -200,6 +200,9 @@ def shared_run(b, clients, raw, key, extra=(), idle=()):
         f["over_limit_pp"] = round(100 * (f["max_1s"] - lim), 2)
         f["over_limit_alone_pp"] = round(100 * (f["max_1s_alone"] - lim), 2)
         f.update(latency(r))
+        # A tenant whose first kernel comes late was not running for part of the timed run.
+        f["first_kernel_s"] = r["busy"][0][0] if r["busy"] else None
+        f["profiler_start_s"] = r.get("profiler_start_s")
         row[lbl] = f
     every = union(*[res[c[0]]["busy"] for c in running])
     row["gpu_busy"] = round(windows(every, SKIP, t1, t1 - SKIP)[0], 4)

@@ -206,6 +206,8 @@ def kernel_intervals(prof, base_ns, offset_ns):
     spans.sort()
     merged = []
     for s, t in spans:
+        if t <= base_ns:
+            continue  # warm-up, before the timed run
         if merged and s <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], t)
         else:
@@ -228,15 +230,18 @@ def main():
     for _ in range(20):
         step()
     torch.cuda.synchronize()
-    emit({"ready": True})
-    start_at = json.loads(sys.stdin.readline())["start_at"]
-    while time.time() < start_at:
-        time.sleep(0.001)
-    base_ns = int(start_at * 1e9)
     lat, steps = [], 0
     from torch.profiler import ProfilerActivity, profile
     wall_ns, mono_ns = time.time_ns(), time.monotonic_ns()
+    # The profiler starts before `ready`, so that however long it takes to start is not spent
+    # inside the timed run (`profiler_start_s` says how long).
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        profiler_start_s = round(time.time() - wall_ns / 1e9, 3)
+        emit({"ready": True})
+        start_at = json.loads(sys.stdin.readline())["start_at"]
+        while time.time() < start_at:
+            time.sleep(0.001)
+        base_ns = int(start_at * 1e9)
         end = start_at + a.seconds
         while time.time() < end:
             t0 = time.perf_counter()
@@ -250,7 +255,8 @@ def main():
         torch.cuda.synchronize()
     offset = profiler_clock_offset(prof.profiler.kineto_results, wall_ns, mono_ns)
     emit({"label": a.label, "work": a.work, "steps": steps, "seconds": a.seconds,
-          "busy": kernel_intervals(prof, base_ns, offset), "lat_ms": lat})
+          "busy": kernel_intervals(prof, base_ns, offset), "lat_ms": lat,
+          "profiler_start_s": profiler_start_s})
 
 
 if __name__ == "__main__":
