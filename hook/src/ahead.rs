@@ -457,6 +457,27 @@ mod tests {
         }
     }
 
+    /// The default allowance (4 ms) lets most of a 5 ms hold stay queued, and the queue still
+    /// narrows to the bound at the deadline whatever the GPU's pace.
+    #[test]
+    fn a_deep_early_allowance_still_drains_only_the_bound_past_the_deadline() {
+        for ratio in [3, 20] {
+            let (drain, deepest) = simulate_holds(200_000, 4_000_000, 0, ratio, 5_000_000, 6);
+            assert!(
+                drain <= 600_000,
+                "ratio {ratio}: drained {drain} ns past the deadline"
+            );
+            assert!(
+                deepest >= 2_500_000,
+                "ratio {ratio}: queue only {deepest} ns deep early on"
+            );
+            assert!(
+                deepest <= 4_800_000,
+                "ratio {ratio}: queue {deepest} ns deep early on"
+            );
+        }
+    }
+
     /// With the hand-over allowance the queue at the deadline holds about it, not the bound: the
     /// next holder's wake-up runs while it drains (and no more than that drains past the hold).
     #[test]
