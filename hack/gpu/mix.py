@@ -11,11 +11,12 @@ co-runner beside the holder, then run side by side instead of in the driver's ti
 scenario starts gem-schd with a resource config, starts mix_tenant.py tenants together (with the
 hook, each its own client) and reads each tenant's GPU time from CUPTI's kernel records
 (mix_tenant.py), never from gem-schd. Beside it, gem-schd's own charge (its debug log, over its
-10 s window at its last grant) and the difference, flagged when above 1 pp. Under co-running two
-contexts' kernel records overlap (each spans the other's time slices), so each tenant also gets
-`gpu_alone` and `max_1s_alone`: its GPU time where no other tenant's record overlaps it, the
-lower bound beside the plain figures' upper bound. Prints one JSON table; OUT/mix.json holds it,
-and OUT/mix-raw.json every tenant's intervals.
+10 s window at its last grant before the timed run's end) and the difference, flagged when
+above 1 pp. Under co-running two contexts' kernel records overlap (each spans the other's time
+slices), so each tenant also gets `gpu_alone` and `max_1s_alone`: its GPU time where no other
+tenant's record overlaps it, the lower bound beside the plain figures' upper bound. A tenant
+whose first kernel came late into the timed run is flagged `late_start`. Prints one JSON table;
+OUT/mix.json holds it, and OUT/mix-raw.json every tenant's intervals.
 
 Scenarios:
   native          each workload alone, no hook: steps/s, GPU busy fraction, decode latency
@@ -52,6 +53,9 @@ SECONDS = 14
 # Measured from here on: the tenants' first second holds gem-schd's quiet start and warm-up.
 SKIP = 2.0
 PAIRS = [("gpt", "decode"), ("conv", "elem"), ("long", "attn")]
+# A tenant whose first kernel comes later than this into the timed run is flagged `late_start`
+# (the slowest first kernel of a run started together, on an H200: 0.14 s, conv).
+LATE_START_S = 0.5
 FOUR = [("conv", 0.1), ("matmul", 0.2), ("elem", 0.3), ("encoder", 0.4)]
 
 
@@ -189,7 +193,7 @@ def shared_run(b, clients, raw, key, extra=(), idle=()):
         f.update(alone_figures(res, lbl, [c[0] for c in running if c[0] != lbl], SKIP, t1))
         # gem-schd's charge covers its 10 s window at its last grant: compare the GPU time of
         # the same 10 s.
-        ch = charged(logf, since, lbl)
+        ch = charged(logf, since, lbl, r["start_at"] + t1 if "start_at" in r else None)
         same = windows(r["busy"], t1 - 10, t1, 10)[0]
         f.update(work=work, request=req, limit=lim, steps_per_s=round(r["steps"] / SECONDS, 2),
                  charged=ch, gpu_last_10s=same, **{"class": (cls or ["guaranteed"])[0]})
@@ -200,9 +204,13 @@ def shared_run(b, clients, raw, key, extra=(), idle=()):
         f["over_limit_pp"] = round(100 * (f["max_1s"] - lim), 2)
         f["over_limit_alone_pp"] = round(100 * (f["max_1s_alone"] - lim), 2)
         f.update(latency(r))
-        # A tenant whose first kernel comes late was not running for part of the timed run.
+        # A tenant whose first kernel comes late was not running for part of the timed run:
+        # its figures, and its neighbours', are then not those of the mix.
         f["first_kernel_s"] = r["busy"][0][0] if r["busy"] else None
         f["profiler_start_s"] = r.get("profiler_start_s")
+        if f["first_kernel_s"] is None or f["first_kernel_s"] > LATE_START_S:
+            f["late_start"] = True
+            log(f"{key}: {lbl}'s first kernel came {f['first_kernel_s']} s into the run")
         row[lbl] = f
     every = union(*[res[c[0]]["busy"] for c in running])
     row["gpu_busy"] = round(windows(every, SKIP, t1, t1 - SKIP)[0], 4)

@@ -256,7 +256,7 @@ def main():
     offset = profiler_clock_offset(prof.profiler.kineto_results, wall_ns, mono_ns)
     emit({"label": a.label, "work": a.work, "steps": steps, "seconds": a.seconds,
           "busy": kernel_intervals(prof, base_ns, offset), "lat_ms": lat,
-          "profiler_start_s": profiler_start_s})
+          "profiler_start_s": profiler_start_s, "start_at": start_at})
 
 
 if __name__ == "__main__":

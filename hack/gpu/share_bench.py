@@ -4,6 +4,7 @@ GPU's clocks and (SHARE_PMON=1) NVML's per-process utilisation sampled while the
 helpers that turn per-kernel busy intervals into shares per window."""
 
 import contextlib
+import datetime
 import os
 import re
 import signal
@@ -229,9 +230,11 @@ def burst(ms):
     return ["--mode", "burst", "--burst-ms", str(ms)]
 
 
-def charged(logfile, since, client):
+def charged(logfile, since, client, until=None):
     """gem-schd's charged time of `client` over its 10 s window at its last grant logged after
-    byte `since` of the log (the debug line of each grant carries it), as a fraction."""
+    byte `since` of the log (the debug line of each grant carries it), as a fraction; with
+    `until` (host clock, s), its last grant at or before then (a tenant that outlives its
+    neighbours is otherwise read alone)."""
     last = None
     with open(logfile) as f:
         f.seek(since)
@@ -239,9 +242,18 @@ def charged(logfile, since, client):
             line = ANSI.sub("", line)
             if f"client={client} " in line and " grant" in line:
                 m = re.search(r"usage_us=(\d+)", line)
-                if m:
-                    last = int(m.group(1))
+                if not m:
+                    continue
+                if until is not None and log_time(line) > until:
+                    break
+                last = int(m.group(1))
     return None if last is None else round(last / 10e6, 4)
+
+
+def log_time(line):
+    """A gem-schd log line's timestamp (its RFC 3339 UTC prefix) on the host clock, s."""
+    stamp = line.split(" ", 1)[0].rstrip("Z")
+    return datetime.datetime.fromisoformat(stamp).replace(tzinfo=datetime.timezone.utc).timestamp()
 
 
 def fills(logfile, since=0):
