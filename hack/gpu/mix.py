@@ -15,8 +15,10 @@ hook, each its own client) and reads each tenant's GPU time from CUPTI's kernel 
 above 1 pp. Under co-running two contexts' kernel records overlap (each spans the other's time
 slices), so each tenant also gets `gpu_alone` and `max_1s_alone`: its GPU time where no other
 tenant's record overlaps it, the lower bound beside the plain figures' upper bound. A tenant
-whose first kernel came late into the timed run is flagged `late_start`. Prints one JSON table;
-OUT/mix.json holds it, and OUT/mix-raw.json every tenant's intervals.
+whose first kernel came late into the timed run is flagged `late_start`; a syncing tenant
+(decode) lists its five slowest steps, each with gem-schd's grants, releases and waits while it
+ran (`slowest_steps`). Prints one JSON table; OUT/mix.json holds it, and OUT/mix-raw.json every
+tenant's intervals.
 
 Scenarios:
   native          each workload alone, no hook: steps/s, GPU busy fraction, decode latency
@@ -39,6 +41,7 @@ Scenarios:
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -47,7 +50,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bench import log  # noqa: E402
-from share_bench import GIB, ShareBench, charged, fills, pct, sliding_max, union, windows  # noqa: E402
+from share_bench import (GIB, ShareBench, charged, fills, log_time, pct, sliding_max,  # noqa: E402
+                         union, windows)
 
 SECONDS = 14
 # Measured from here on: the tenants' first second holds gem-schd's quiet start and warm-up.
@@ -162,6 +166,40 @@ def handovers(res, labels, t0, t1):
             "idle_own_of": {k: round(v / wall, 4) for k, v in own_by.items()}}
 
 
+def token_events(logfile, since):
+    """gem-schd's grants, releases and waits logged after byte `since`, as (host time s, short
+    text), in order."""
+    out = []
+    with open(logfile) as f:
+        f.seek(since)
+        for line in f:
+            m = re.search(r"gem_schd::daemon: (grant|release|token request waits) .*?client=(\S+)"
+                          r"(?: quota_us=(\d+))?(?: used_us=(\d+))?.*?(co=\w+)?$", line.strip())
+            if not m:
+                continue
+            what, client, quota, used, co = m.groups()
+            text = f"{'waits' if what.startswith('token') else what} {client}"
+            if quota:
+                text += f" quota {int(quota) / 1e3:g} ms {co or ''}".rstrip()
+            if used:
+                text += f" used {int(used) / 1e3:g} ms"
+            out.append((log_time(line), text))
+    return out
+
+
+def slow_steps(r, events, n=5):
+    """The `n` slowest steps a syncing tenant listed (`slow`: [start s after start_at, ms]), each
+    with gem-schd's token events from 1 ms before it started to its end: what it waited for."""
+    out = []
+    for at, ms in sorted(r.get("slow") or [], key=lambda x: -x[1])[:n]:
+        t0 = r["start_at"] + at
+        seen = [f"{1e3 * (t - t0):+.2f} ms {text}" for t, text in events
+                if t0 - 0.001 <= t <= t0 + ms / 1e3]
+        out.append({"at_s": at, "ms": ms, "events": seen[:16] + ([f"... {len(seen) - 16} more"]
+                                                                 if len(seen) > 16 else [])})
+    return out
+
+
 def latency(r):
     lat = r.get("lat_ms") or []
     if len(lat) < 10:
@@ -187,6 +225,7 @@ def shared_run(b, clients, raw, key, extra=(), idle=()):
     raw[key] = res
     t1 = SECONDS - 0.5
     row = {}
+    events = token_events(logf, since)
     for lbl, work, req, lim, *cls in running:
         r = res[lbl]
         f = busy_figures(r, SKIP, t1)
@@ -204,6 +243,8 @@ def shared_run(b, clients, raw, key, extra=(), idle=()):
         f["over_limit_pp"] = round(100 * (f["max_1s"] - lim), 2)
         f["over_limit_alone_pp"] = round(100 * (f["max_1s_alone"] - lim), 2)
         f.update(latency(r))
+        if r.get("slow") and "start_at" in r:
+            f["slowest_steps"] = slow_steps(r, events)
         # A tenant whose first kernel comes late was not running for part of the timed run:
         # its figures, and its neighbours', are then not those of the mix.
         f["first_kernel_s"] = r["busy"][0][0] if r["busy"] else None

@@ -33,6 +33,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+# A step of a syncing workload at least this long is listed with its start time.
+SLOW_STEP_MS = 5.0
+
+
 def emit(d):
     sys.stdout.write(json.dumps(d) + "\n")
     sys.stdout.flush()
@@ -230,7 +234,7 @@ def main():
     for _ in range(20):
         step()
     torch.cuda.synchronize()
-    lat, steps = [], 0
+    lat, slow, steps = [], [], 0
     from torch.profiler import ProfilerActivity, profile
     wall_ns, mono_ns = time.time_ns(), time.monotonic_ns()
     # The profiler starts before `ready`, so that however long it takes to start is not spent
@@ -247,7 +251,11 @@ def main():
             t0 = time.perf_counter()
             step()
             if syncs:
-                lat.append(round((time.perf_counter() - t0) * 1e3, 4))
+                ms = (time.perf_counter() - t0) * 1e3
+                lat.append(round(ms, 4))
+                if ms >= SLOW_STEP_MS:
+                    # When it started (s after start_at) too, to find what it waited for.
+                    slow.append([round(time.time() - ms / 1e3 - start_at, 5), round(ms, 3)])
             steps += 1
             if not syncs and steps % 4 == 0:
                 # Bounds what the CPU queues ahead, as a training loop's loss.item() does.
@@ -255,7 +263,7 @@ def main():
         torch.cuda.synchronize()
     offset = profiler_clock_offset(prof.profiler.kineto_results, wall_ns, mono_ns)
     emit({"label": a.label, "work": a.work, "steps": steps, "seconds": a.seconds,
-          "busy": kernel_intervals(prof, base_ns, offset), "lat_ms": lat,
+          "busy": kernel_intervals(prof, base_ns, offset), "lat_ms": lat, "slow": slow,
           "profiler_start_s": profiler_start_s, "start_at": start_at})
 
 
