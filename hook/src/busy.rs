@@ -27,6 +27,14 @@ pub const GAP_TARGET_NS: u64 = 10_000_000;
 /// The fewest launches a gap may stand for.
 pub const MIN_GAP: u32 = 8;
 
+/// The countdown to the next sample cut short (a sample is [`Pairs::overdue`]): `remaining`
+/// launches of a gap of `gap` are still to go, so `gap - remaining` were made since the last
+/// sample. The next launch is sampled, standing for those and itself: the new (gap, countdown),
+/// or `None` when the next launch is sampled anyway.
+pub fn cut_short(gap: u32, remaining: u32) -> Option<(u32, u32)> {
+    (remaining > 1).then(|| (gap.saturating_sub(remaining).saturating_add(1), 1))
+}
+
 /// What reading a pair found.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Elapsed {
@@ -104,6 +112,16 @@ impl Pairs {
             self.mean = self.mean.saturating_mul(2).min(every);
         }
         self.mean
+    }
+
+    /// Whether a sample is overdue at `now_ns`: the last one was taken more than twice
+    /// [`GAP_TARGET_NS`] ago. The gap is drawn in launches when a sample is taken and only
+    /// adapts at the next one, so a tenant that turned to slow launches could wait seconds for
+    /// it: 25 ms kernels at a gap drawn for 256 launches were sampled once in 6 s through the
+    /// fake driver, their fill decayed to 0.03 between samples, and charged by fill the
+    /// tenant got 0.64 of the GPU at a 0.5 limit.
+    pub fn overdue(&self, now_ns: u64) -> bool {
+        self.last_ns != 0 && now_ns.saturating_sub(self.last_ns) > 2 * GAP_TARGET_NS
     }
 
     /// Launches until the next sample: uniform in `[every / 2, every / 2 + every)`, about
@@ -253,6 +271,28 @@ mod tests {
         }
         assert_eq!(mean, MIN_GAP);
         assert_eq!(p.mean_gap(4, now + 1), 4);
+    }
+
+    #[test]
+    fn an_overdue_sample_is_taken_at_the_next_launch_standing_for_those_since() {
+        let ms = 1_000_000u64;
+        let mut p = Pairs::new();
+        assert!(
+            !p.overdue(100 * ms),
+            "no sample taken yet: nothing is overdue"
+        );
+        p.mean_gap(256, 1_000 * ms);
+        assert!(!p.overdue(1_000 * ms + 2 * GAP_TARGET_NS));
+        assert!(p.overdue(1_000 * ms + 2 * GAP_TARGET_NS + 1));
+        // A gap of 300 launches with 290 to go: 10 were made; the next stands for 11.
+        assert_eq!(cut_short(300, 290), Some((11, 1)));
+        // None made since: the next stands for itself.
+        assert_eq!(cut_short(300, 300), Some((1, 1)));
+        // The next launch is sampled anyway (or the countdown was already cut).
+        assert_eq!(cut_short(300, 1), None);
+        assert_eq!(cut_short(300, 0), None);
+        // A countdown raced above its gap by another thread counts nothing made.
+        assert_eq!(cut_short(5, 9), Some((1, 1)));
     }
 
     #[test]

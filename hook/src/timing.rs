@@ -5,7 +5,7 @@
 //! The launch fast path pays one plain load and store of a countdown per launch; the launch
 //! that takes it to zero comes here.
 
-use crate::busy::{Elapsed, PAIRS, Pairs};
+use crate::busy::{Elapsed, PAIRS, Pairs, cut_short};
 use crate::config::settings;
 use crate::device::{capturing, current_ctx};
 use crate::real;
@@ -139,6 +139,17 @@ pub fn end(s: Option<Sampling>, launched: CUresult) {
     }
 }
 
+/// Cuts the countdown to the next sample short ([`cut_short`]). The launching threads count it
+/// down with plain loads and stores: one racing this may undo the cut (the next report cuts it
+/// again) or count a launch twice, which only moves one sample's weight by a launch.
+fn sample_next_launch(g: &Gpu) {
+    let remaining = g.sample_in.load(Ordering::Relaxed);
+    if let Some((gap, countdown)) = cut_short(g.sample_gap.load(Ordering::Relaxed), remaining) {
+        g.sample_gap.store(gap, Ordering::Relaxed);
+        g.sample_in.store(countdown, Ordering::Relaxed);
+    }
+}
+
 /// Reads the pairs the GPU has passed: one `cuEventElapsedTime` each, which answers
 /// `CUDA_ERROR_NOT_READY` while either event is still ahead of the GPU.
 fn harvest(pairs: &mut Pairs) {
@@ -202,6 +213,9 @@ pub fn report(g: &Gpu, t: &mut Token) {
     let (busy_ns, earlier_ns) = {
         let mut pairs = lock(&g.busy);
         harvest(&mut pairs);
+        if pairs.overdue(crate::clock::precise_ns()) {
+            sample_next_launch(g);
+        }
         pairs.take_busy_ns()
     };
     let held_ns = std::mem::take(&mut t.held_ns);
