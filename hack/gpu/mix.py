@@ -17,8 +17,9 @@ slices), so each tenant also gets `gpu_alone` and `max_1s_alone`: its GPU time w
 tenant's record overlaps it, the lower bound beside the plain figures' upper bound. A tenant
 whose first kernel came late into the timed run is flagged `late_start`; a syncing tenant
 (decode) lists its five slowest steps, each with gem-schd's grants, releases and waits while it
-ran (`slowest_steps`). Prints one JSON table; OUT/mix.json holds it, and OUT/mix-raw.json every
-tenant's intervals.
+ran (`slowest_steps`). `targets` judges the project's targets for mixes on the scenarios run
+(`native`, `colocated` and `mps` give the bars they are judged against when run together).
+Prints one JSON table; OUT/mix.json holds it, and OUT/mix-raw.json every tenant's intervals.
 
 Scenarios:
   native          each workload alone, no hook: steps/s, GPU busy fraction, decode latency
@@ -355,6 +356,61 @@ def mps(b, raw):
     return out
 
 
+def targets(table):
+    """The project's targets for mixes, judged on the scenarios in `table` (one run, one host):
+    [{"row", "target", "measured", "met"}]. A tenant's floor beside an elastic one is its request
+    less 2 pp, or what it keeps the GPU busy alone (the `native` scenario) less 2 pp when that is
+    lower: no share of time makes a tenant busier than it is alone."""
+    out = []
+
+    def add(row, target, measured, met):
+        out.append({"row": row, "target": target, "measured": measured, "met": bool(met)})
+
+    native = table.get("native") or {}
+    colocated = table.get("colocated") or {}
+    mps50 = (table.get("mps") or {}).get("sm50") or {}
+    for scenario in ("capped_elastic", "capped_elastic_corun"):
+        for pair, row in (table.get(scenario) or {}).items():
+            if not isinstance(row, dict) or "error" in row:
+                continue
+            tenants = {k: v for k, v in row.items() if isinstance(v, dict) and "request" in v}
+            for lbl, t in tenants.items():
+                alone = (native.get(t["work"]) or {}).get("gpu")
+                floor = min(t["request"], alone) if alone is not None else t["request"]
+                add(f"{scenario} {pair}: {lbl} ({t['request']}/{t['limit']})",
+                    f"worst 5 s >= {floor - 0.02:.3f}", t["min_5s"], t["min_5s"] >= floor - 0.02)
+                if "lat_p99_ms" in t:
+                    bar = (colocated.get(t["work"]) or {}).get("lat_p99_ms")
+                    add(f"{scenario} {pair}: {lbl} p99",
+                        f"<= {bar} ms (co-located)" if bar else "co-located p99 (not run)",
+                        t["lat_p99_ms"], bar is not None and t["lat_p99_ms"] <= bar)
+                    add(f"{scenario} {pair}: {lbl} max", "<= 20 ms", t["lat_max_ms"],
+                        t["lat_max_ms"] <= 20)
+            if "decode" in tenants:
+                for lbl, t in tenants.items():
+                    if lbl == "decode":
+                        continue
+                    add(f"{scenario} {pair}: {lbl} beside decode", "GPU time >= 0.48", t["gpu"],
+                        t["gpu"] >= 0.48)
+                    bar = (mps50.get(t["work"]) or {}).get("steps_per_s")
+                    if bar:
+                        add(f"{scenario} {pair}: {lbl} steps/s", f">= {bar} (MPS 50/50)",
+                            t["steps_per_s"], t["steps_per_s"] >= bar)
+    four = table.get("four") or {}
+    if "gpu_busy" in four:
+        for lbl, t in four.items():
+            if isinstance(t, dict) and "request" in t:
+                add(f"four: {lbl} ({t['request']})", "GPU time within 2 pp of its request",
+                    t["gpu"], abs(t["gpu"] - t["request"]) <= 0.02)
+        add("four: GPU busy", ">= 0.98", four["gpu_busy"], four["gpu_busy"] >= 0.98)
+    corun = table.get("four_corun") or {}
+    for lbl, t in corun.items():
+        if isinstance(t, dict) and "limit" in t:
+            add(f"four_corun: {lbl} ({t['limit']})", f"busiest 1 s <= {t['limit'] + 0.01:.2f}",
+                t["max_1s"], t["max_1s"] <= t["limit"] + 0.01)
+    return out
+
+
 ALL = ["native", "colocated", "capped_elastic", "capped_elastic_corun", "four", "four_corun", "priority", "mps"]
 
 
@@ -374,6 +430,7 @@ def main():
                 table[name] = globals()[name](b, raw)
         except Exception as e:  # one failed scenario must not lose the others
             table[name] = {"error": repr(e)}
+        table["targets"] = targets(table)
         log(name, f"{time.time() - t0:.0f} s", json.dumps(table[name]))
         with open(os.path.join(out, "mix.json"), "w") as f:
             json.dump(table, f, indent=1)
