@@ -2,6 +2,7 @@
 "Mixes of workloads"). Run by `hack/gpu-bench.sh --mix` on a machine with a GPU.
 
     python3 hack/gpu/mix.py ARTIFACT_DIR OUT [scenario ...]
+    python3 hack/gpu/mix.py --judge OUT1/mix.json OUT2/mix.json ...   # targets over parts of a run
 
 ARTIFACT_DIR holds libgemhook.so.1 and gem-schd. MIX_SCHD_ARGS adds gem-schd arguments to every
 scenario (e.g. `--charge-by-fill`). MIX_MPS=1 runs every scenario (but `mps`) with its tenants
@@ -414,7 +415,20 @@ def targets(table):
 ALL = ["native", "colocated", "capped_elastic", "capped_elastic_corun", "four", "four_corun", "priority", "mps"]
 
 
+def judge(paths):
+    """The targets judged on the scenarios of several mix.json files together (later files'
+    scenarios replace earlier ones'): for a matrix run in parts on one host."""
+    table = {}
+    for p in paths:
+        with open(p) as f:
+            table.update({k: v for k, v in json.load(f).items() if k != "targets"})
+    return targets(table)
+
+
 def main():
+    if sys.argv[1:2] == ["--judge"]:
+        print(json.dumps(judge(sys.argv[2:]), indent=1))
+        return
     art, out = sys.argv[1], sys.argv[2]
     which = sys.argv[3:] or ALL
     os.makedirs(out, exist_ok=True)
