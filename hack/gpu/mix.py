@@ -2,7 +2,7 @@
 "Mixes of workloads"). Run by `hack/gpu-bench.sh --mix` on a machine with a GPU.
 
     python3 hack/gpu/mix.py ARTIFACT_DIR OUT [scenario ...]
-    python3 hack/gpu/mix.py --judge OUT1/mix.json OUT2/mix.json ...   # targets over parts of a run
+    python3 hack/gpu/mix.py --judge OUT1/mix.json OUT2/mix.json ...   # targets over a run in parts
 
 ARTIFACT_DIR holds libgemhook.so.1 and gem-schd. MIX_SCHD_ARGS adds gem-schd arguments to every
 scenario (e.g. `--charge-by-fill`). MIX_MPS=1 runs every scenario (but `mps`) with its tenants
