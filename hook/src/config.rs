@@ -121,10 +121,10 @@ pub fn parse_max_ahead_us(v: Option<&str>) -> Result<u64, String> {
 }
 
 /// How much more than the queue-ahead bound may be queued early in a hold, µs (what is queued
-/// before the deadline runs before it; `ahead.rs`). Four tenants at 0.1 / 0.2 / 0.3 / 0.4 on
-/// an H200 kept the GPU busy 0.829 of the time at 600 µs, 0.877 at 4 ms: a shallow queue ran
-/// dry at every pause of a training step's CPU (the encoder got 0.325 of the GPU for 0.395
-/// charged, 0.374 for 0.393).
+/// before the deadline runs before it; `ahead.rs`). At 600 µs the queue of a training step
+/// ran dry at its CPU's pauses: beside three other tenants on H200s, the TransformerEncoder
+/// tenant left the GPU idle between its own kernels 0.036–0.052 of the time at 600 µs and
+/// 0.022–0.030 at 4 ms, and the four kept it busy 0.829–0.869 and 0.860–0.877.
 pub const DEFAULT_EARLY_AHEAD_US: u64 = 4_000;
 
 pub fn parse_early_ahead_us(v: Option<&str>) -> Result<u64, String> {
