@@ -80,10 +80,22 @@ fn four(wake: Micros, ahead: Micros, hand_over: bool) -> Four {
 
 /// [`four`], with renewals (`renew`) or without (then the hooks send Drain notices).
 fn four_with(wake: Micros, ahead: Micros, hand_over: bool, renew: bool) -> Four {
+    four_on(Params::default(), 0, wake, ahead, hand_over, renew)
+}
+
+/// [`four_with`] under `params`, on a GPU whose context switch takes `switch`.
+fn four_on(
+    params: Params,
+    switch: Micros,
+    wake: Micros,
+    ahead: Micros,
+    hand_over: bool,
+    renew: bool,
+) -> Four {
     let patterns = [conv(), matmul(), elem(), encoder()];
     let names = ["conv", "matmul", "elem", "encoder"];
     let mut sim = Sim::new(
-        Params::default(),
+        params,
         names
             .iter()
             .zip(patterns)
@@ -97,7 +109,7 @@ fn four_with(wake: Micros, ahead: Micros, hand_over: bool, renew: bool) -> Four 
     sim.core.set_hand_over_at_drain(hand_over);
     (sim.tick, sim.precise, sim.renew) = (4 * MS, true, renew);
     sim.drain_notice = !renew;
-    (sim.wake, sim.max_ahead) = (wake, ahead);
+    (sim.wake, sim.max_ahead, sim.switch) = (wake, ahead, switch);
     let horizon = ARRIVE + 20 * S;
     sim.run(horizon);
     let (a, b) = (ARRIVE + 2 * S, horizon);
@@ -115,7 +127,9 @@ fn four_with(wake: Micros, ahead: Micros, hand_over: bool, renew: bool) -> Four 
     }
     o.busy = o.gpu.iter().sum();
     eprintln!(
-        "wake {:.1} ms, bound {:.1} ms, hand-over at the drain {hand_over}, renewals {renew}: GPU busy {:.3}; GPU time {:.3} / {:.3} / {:.3} / {:.3}; busiest second {:.3} / {:.3} / {:.3} / {:.3}; charged {:.3} / {:.3} / {:.3} / {:.3}",
+        "min quota {:.0} ms, context switch {:.2} ms, wake {:.1} ms, bound {:.1} ms, hand-over at the drain {hand_over}, renewals {renew}: GPU busy {:.3}; GPU time {:.3} / {:.3} / {:.3} / {:.3}; busiest second {:.3} / {:.3} / {:.3} / {:.3}; charged {:.3} / {:.3} / {:.3} / {:.3}",
+        sim.core.params().min_quota_us as f64 / 1e3,
+        switch as f64 / 1e3,
         wake as f64 / 1e3,
         ahead as f64 / 1e3,
         o.busy,
@@ -144,6 +158,50 @@ fn table() {
         for ahead in [200, 500, 800] {
             four(wake, ahead, true);
         }
+    }
+}
+
+/// The GPU's context switch at each hand-over (0.25 ms, about the H200's gap between two
+/// tenants' kernels), at the default 5 ms turns and at longer ones: `cargo test -p gem-schd
+/// --release --test sim_handover switch_table -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn switch_table() {
+    for min_quota_ms in [5, 10, 20] {
+        let params = Params {
+            min_quota_us: min_quota_ms * MS,
+            ..Params::default()
+        };
+        for switch in [0, 250] {
+            four_on(params.clone(), switch, 300, 200, true, true);
+        }
+    }
+}
+
+/// A context switch at every hand-over is idle time nobody's queue can hide: the GPU is busy
+/// for less of the time, by about the switches a second times the switch, while the shares of
+/// what it does stay exact and no tenant passes its limit + 1 pp over any second.
+#[test]
+fn a_context_switch_at_each_hand_over_costs_busy_time_not_shares() {
+    let plain = four_on(Params::default(), 0, 300, 500, true, true);
+    let switching = four_on(Params::default(), 250, 300, 500, true, true);
+    assert!(
+        switching.busy <= plain.busy - 0.02,
+        "busy {:.3} with 0.25 ms switches, {:.3} without",
+        switching.busy,
+        plain.busy
+    );
+    for (i, share) in SHARES.iter().enumerate() {
+        let of_busy = switching.gpu[i] / switching.busy;
+        assert!(
+            (of_busy - share).abs() <= 0.015,
+            "tenant at {share}: {of_busy:.3} of the busy time with switches"
+        );
+        assert!(
+            switching.worst[i] <= share + 0.01,
+            "tenant at {share}: a second at {:.3}",
+            switching.worst[i]
+        );
     }
 }
 
