@@ -173,7 +173,7 @@ fn switch_table() {
             ..Params::default()
         };
         for switch in [0, 250] {
-            four_on(params.clone(), switch, 300, 200, true, true);
+            four_on(params, switch, 300, 200, true, true);
         }
     }
 }
