@@ -69,8 +69,7 @@ fn co_running_charges_an_uncapped_light_tenant_its_gpu_time_and_a_capped_holder_
     let (a, b) = (10 * S, 60 * S);
     let (ht, lt) = (turns.share(0, a, b), turns.share(1, a, b));
     let (hc, lc) = (co.share(0, a, b), co.share(1, a, b));
-    let charged = |sim: &Sim, id| sim.core.usage_us(60 * S, id).unwrap() as f64 / 10e6;
-    let (heavy_charged, light_charged) = (charged(&co, "heavy"), charged(&co, "light"));
+    let (heavy_charged, light_charged) = (co.charged(60 * S, "heavy"), co.charged(60 * S, "light"));
     let (heavy_last_10s, light_last_10s) =
         (co.share(0, 50 * S, 60 * S), co.share(1, 50 * S, 60 * S));
     let heavy_worst = co.max_window_share(0, S, 60 * S);
@@ -160,7 +159,7 @@ fn a_capped_light_tenant_co_running_is_charged_its_wall_time() {
     let co = heavy_and_light(1000, 500, true);
     let (a, b) = (10 * S, 60 * S);
     let (lt, lc) = (turns.share(1, a, b), co.share(1, a, b));
-    let charged = co.core.usage_us(60 * S, "light").unwrap() as f64 / 10e6;
+    let charged = co.charged(60 * S, "light");
     let worst = co.max_window_share(1, S, 60 * S);
     eprintln!(
         "light: in turns {lt:.3}, co-running {lc:.3} (charged {charged:.3} of the last 10 s, at most {worst:.3} of a second); heavy {:.3} / {:.3}",
@@ -226,7 +225,7 @@ fn capped_tenants_keep_their_limits_when_the_fills_under_read() {
                 let limit = f64::from(c.spec.limit_milli) / 1000.0;
                 let used = sim.share(i, 10 * S, 60 * S);
                 let worst = sim.max_window_share(i, S, 60 * S);
-                let charged = sim.core.usage_us(60 * S, id).unwrap() as f64 / 10e6;
+                let charged = sim.charged(60 * S, id);
                 eprintln!(
                     "{name}, co-running {co_run}: {id} used {used:.3} of the GPU (at most {worst:.3} of a second, limit {limit}), charged {charged:.3} of the last 10 s"
                 );

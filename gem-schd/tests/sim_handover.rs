@@ -113,7 +113,6 @@ fn four_on(
     let horizon = ARRIVE + 20 * S;
     sim.run(horizon);
     let (a, b) = (ARRIVE + 2 * S, horizon);
-    let w = sim.core.params().window_us as f64;
     let mut o = Four {
         busy: 0.0,
         gpu: [0.0; 4],
@@ -123,7 +122,7 @@ fn four_on(
     for (i, name) in names.iter().enumerate() {
         o.gpu[i] = sim.share(i, a, b);
         o.worst[i] = slice_shares(&sim, i, S, a, b).1;
-        o.charged[i] = sim.core.usage_us(horizon, name).unwrap() as f64 / w;
+        o.charged[i] = sim.charged(horizon, name);
     }
     o.busy = o.gpu.iter().sum();
     eprintln!(

@@ -58,10 +58,9 @@ fn pair(
     sim.run(horizon);
     let (a, b) = (ARRIVE + 2 * S, horizon);
     let gpu = (sim.share(0, a, b), sim.share(1, a, b));
-    let w = sim.core.params().window_us as f64;
     let charged = (
-        sim.core.usage_us(horizon, "train").unwrap() as f64 / w,
-        sim.core.usage_us(horizon, "decode").unwrap() as f64 / w,
+        sim.charged(horizon, "train"),
+        sim.charged(horizon, "decode"),
     );
     let (t0, t1) = (turns(&sim, 0, a), turns(&sim, 1, a));
     eprintln!(

@@ -112,7 +112,7 @@ fn a_launch_bound_guaranteed_client_keeps_its_request_beside_opportunistic_ones(
         for k in 0..=36 {
             let t = ARRIVE + 12 * S + k * 500 * MS;
             sim.run(t);
-            charged.push(sim.core.usage_us(t, "g").unwrap() as f64 / 10e6);
+            charged.push(sim.charged(t, "g"));
         }
         let mean = charged.iter().sum::<f64>() / charged.len() as f64;
         eprint!(

@@ -692,6 +692,11 @@ impl Sim {
         used as f64 / (b - a) as f64
     }
 
+    /// gem-schd's charge of client `id` over its window ending at `at`, as a share of it.
+    pub fn charged(&self, at: Micros, id: &str) -> f64 {
+        self.core.usage_us(at, id).unwrap() as f64 / self.core.params().window_us as f64
+    }
+
     /// The largest usage of client `i` over any window of `w` ending on a 100 ms tick.
     pub fn max_window_share(&self, i: usize, w: Micros, horizon: Micros) -> f64 {
         // GPU time per 100 ms bucket, then a running sum over `w`.
