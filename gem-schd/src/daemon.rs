@@ -77,6 +77,9 @@ pub struct Settings {
     /// A capped client's turn under full contention includes its drain (see
     /// `Core::set_turn_includes_drain`).
     pub turn_includes_drain: bool,
+    /// The longest usual drain handed over from at a notice (see
+    /// `Core::set_handover_drain_max`).
+    pub handover_drain_max: Option<Duration>,
     /// Co-running of light clients (see `Core::set_co_run`).
     pub co_run: CoRunSettings,
     /// Turns charged their kernel time (see `Core::set_charge_by_fill`).
@@ -191,6 +194,7 @@ pub async fn run(
     core.set_max_lag(settings.max_lag.as_micros() as Micros);
     core.set_unpaced_when_full(settings.unpaced_when_full);
     core.set_turn_includes_drain(settings.turn_includes_drain);
+    core.set_handover_drain_max(settings.handover_drain_max.map(|d| d.as_micros() as Micros));
     core.set_co_run(settings.co_run);
     core.set_charge_by_fill(settings.charge_by_fill, 0);
     let mut actor = Actor {

@@ -88,6 +88,11 @@ struct Args {
     /// drain is about the min quota. `false`: the grant is the min quota.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     turn_includes_drain: bool,
+    /// The longest usual drain past a quota, µs, that a holder may have for the token to go
+    /// on at its drain notice (the next client's work may run beside the drain, charged to
+    /// the holder). Default: a fifth of the min quota.
+    #[arg(long)]
+    handover_drain_max_us: Option<u64>,
     /// Co-running: a client whose kernels fill less than this fraction of its holds (its
     /// fill, from the hook's Busy reports) launches beside the token holder instead of
     /// waiting for turns, charged its fill of the time; the holder's turns are charged the
@@ -180,6 +185,7 @@ fn main() -> Result<()> {
         max_lag: Duration::from_millis(args.max_lag_ms),
         unpaced_when_full: args.unpaced_when_full,
         turn_includes_drain: args.turn_includes_drain,
+        handover_drain_max: args.handover_drain_max_us.map(Duration::from_micros),
         co_run: CoRunSettings {
             below: args.co_run_below,
             quota_us: args.co_run_quota_ms.max(1) * 1000,

@@ -42,6 +42,13 @@ impl Core {
         self.hand_over(now, key, conn).unwrap_or_default()
     }
 
+    /// The longest usual drain a holder may have to be handed over from at its notice
+    /// (`Core::set_handover_drain_max`; a fifth of the min quota by default).
+    fn handover_drain_max(&self) -> Micros {
+        self.handover_drain_max_us
+            .unwrap_or((self.params.min_quota_us / 5).max(1))
+    }
+
     /// Whether a drain notice on `conn` may hand the token on: hand-overs at the drain are on,
     /// `conn` is the sole process of `key`'s running turn (`sole_turn`), its drains are short
     /// (its overrun at most a fifth of the min quota: what the next client runs beside a drain
@@ -53,7 +60,7 @@ impl Core {
             && self
                 .clients
                 .get(&key)
-                .is_some_and(|c| c.overrun_us <= (self.params.min_quota_us / 5).max(1))
+                .is_some_and(|c| c.overrun_us <= self.handover_drain_max())
             && self.history.len() <= dispatch::RENEW_MAX_ENTRIES
     }
 

@@ -309,6 +309,8 @@ pub struct Core {
     turn_includes_drain: bool,
     /// See [`Core::set_hand_over_at_drain`].
     hand_over_at_drain: bool,
+    /// See [`Core::set_handover_drain_max`].
+    handover_drain_max_us: Option<Micros>,
     /// The client whose last hold ended at its quota with a request for more (a tenant that
     /// always wants the GPU, not one that went idle): under full contention it does not take
     /// the next turn too unless it is more than a turn behind.
@@ -350,6 +352,7 @@ impl Core {
             unpaced_when_full: true,
             turn_includes_drain: true,
             hand_over_at_drain: true,
+            handover_drain_max_us: None,
             asked_again: None,
             reask: None,
             vtime: [0; 2],
@@ -429,6 +432,12 @@ impl Core {
     /// process's wake-up at each hand-over).
     pub fn set_hand_over_at_drain(&mut self, on: bool) {
         self.hand_over_at_drain = on;
+    }
+
+    /// The longest usual drain (a decaying maximum of a holder's reported overruns) that a
+    /// drain notice hands the token on from (`None`: a fifth of the min quota).
+    pub fn set_handover_drain_max(&mut self, max: Option<Micros>) {
+        self.handover_drain_max_us = max;
     }
 
     pub fn params(&self) -> &Params {

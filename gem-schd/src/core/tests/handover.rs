@@ -139,17 +139,39 @@ fn with_hand_overs_at_the_drain_off_the_hold_stands_until_the_report() {
     assert_eq!(c.usage_us(t(11), "a"), Some(10 * MS + 400));
 }
 
+/// `a` holds after a turn whose drain ran 2 ms past its quota, `b` waits; `drain_max` as set
+/// by `Core::set_handover_drain_max`.
+fn a_drained_long_b_waits(drain_max: Option<Micros>) -> Core {
+    let mut c = two();
+    c.set_handover_drain_max(drain_max);
+    assert!(grant(&c.token_request(t(0), 1, 0, 0)).is_some());
+    assert!(grant(&c.token_request(t(10) + 2 * MS, 1, 2 * MS, 10 * MS)).is_some());
+    assert!(grant(&c.token_request(t(13), 3, 0, 0)).is_none());
+    c
+}
+
 #[test]
 fn a_holder_whose_drains_run_long_is_not_handed_over_from() {
     // What the next client would run beside a long drain is charged to the holder: a holder
     // whose last drain (2 ms) ran past a fifth of the min quota (2 ms: 0.4 ms) keeps its hold
     // until its report, as before.
-    let mut c = two();
-    assert!(grant(&c.token_request(t(0), 1, 0, 0)).is_some());
-    assert!(grant(&c.token_request(t(10) + 2 * MS, 1, 2 * MS, 10 * MS)).is_some());
-    assert!(grant(&c.token_request(t(13), 3, 0, 0)).is_none());
+    let mut c = a_drained_long_b_waits(None);
     let acts = c.renew(t(22), 1, 10 * MS);
     assert!(matches!(&acts[..], [a] if is_yield_to(a, 1)), "{acts:?}");
     assert!(c.drain(t(22), 1).is_empty());
     assert_eq!(c.holder(), Some("a"));
+}
+
+#[test]
+fn a_raised_drain_bound_hands_over_from_a_holder_whose_drains_run_long() {
+    // Just below the drain it reported, the hold still stands; at it, the Yield hands on.
+    let mut c = a_drained_long_b_waits(Some(2 * MS - 1));
+    let acts = c.renew(t(22), 1, 10 * MS);
+    assert!(matches!(&acts[..], [a] if is_yield_to(a, 1)), "{acts:?}");
+    assert_eq!(c.holder(), Some("a"));
+    let mut c = a_drained_long_b_waits(Some(2 * MS));
+    let acts = c.renew(t(22), 1, 10 * MS);
+    assert_eq!(grant(&acts).map(|g| g.0), Some("b"), "{acts:?}");
+    assert!(acts.iter().any(|a| is_yield_to(a, 1)), "{acts:?}");
+    assert_eq!(c.holder(), Some("b"));
 }
