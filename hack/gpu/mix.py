@@ -190,6 +190,45 @@ def token_events(logfile, since):
     return out
 
 
+def handover_lags(res, labels, t0, t1, logfile, since):
+    """What each hand-over gap (one tenant's last kernel, then another's first) waited for:
+    gem-schd's grant to the next tenant (its last before that kernel) against the previous
+    tenant's last kernel end (negative: granted while that one still drained) and against the
+    next tenant's first kernel start (its wake-up and first launch), both on the host clock,
+    p50 / p90 in ms. A gap with no grant to its tenant in the 50 ms before is counted apart
+    (a co-hold's kernels, or a turn's later process)."""
+    starts = {res[lbl].get("start_at") for lbl in labels}
+    if len(starts) != 1 or None in starts:
+        return None
+    start_at = starts.pop()
+    grants = {lbl: [] for lbl in labels}
+    with open(logfile) as f:
+        f.seek(since)
+        for line in f:
+            m = re.search(r"gem_schd::daemon: grant .*?client=(\S+)", line)
+            if m and m.group(1) in grants:
+                grants[m.group(1)].append(log_time(line) - start_at)
+    spans = sorted((a, b, lbl) for lbl in labels for a, b in res[lbl]["busy"] if b > t0 and a < t1)
+    after_end, to_kernel, unmatched = [], [], 0
+    end, owner = None, None
+    for a, b, lbl in spans:
+        if end is not None and a > end and lbl != owner:
+            g = [t for t in grants[lbl] if a - 0.05 <= t <= a]
+            if g:
+                after_end.append(g[-1] - end)
+                to_kernel.append(a - g[-1])
+            else:
+                unmatched += 1
+        if end is None or b > end:
+            end, owner = b, lbl
+
+    def p(xs, q):
+        return round(1e3 * pct(sorted(xs), q), 3) if xs else None
+    return {"gaps": len(after_end) + unmatched, "without_grant": unmatched,
+            "grant_after_last_end_ms": [p(after_end, 0.5), p(after_end, 0.9)],
+            "grant_to_first_kernel_ms": [p(to_kernel, 0.5), p(to_kernel, 0.9)]}
+
+
 def slow_steps(r, events, n=5):
     """The `n` slowest steps a syncing tenant listed (`slow`: [start s after start_at, ms]), each
     with gem-schd's token events from 1 ms before it started to its end: what it waited for."""
@@ -259,6 +298,7 @@ def shared_run(b, clients, raw, key, extra=(), idle=()):
     every = union(*[res[c[0]]["busy"] for c in running])
     row["gpu_busy"] = round(windows(every, SKIP, t1, t1 - SKIP)[0], 4)
     row["gaps"] = handovers(res, [c[0] for c in running], SKIP, t1)
+    row["gaps"]["lags"] = handover_lags(res, [c[0] for c in running], SKIP, t1, logf, since)
     # How each client was served: its turns and co-holds, the fills gem-schd judged it by.
     row["grants"] = fills(logf, since)
     return row
