@@ -51,8 +51,8 @@ impl Core {
 
     /// Whether a drain notice on `conn` may hand the token on: hand-overs at the drain are on,
     /// `conn` is the sole process of `key`'s running turn (`sole_turn`), its drains are short
-    /// (its overrun at most a fifth of the min quota: what the next client runs beside a drain
-    /// is charged to the holder), and trying costs no more than a renewal's try
+    /// (its overrun at most `handover_drain_max`: what the next client runs beside a drain is
+    /// charged to the holder), and trying costs no more than a renewal's try
     /// (`RENEW_MAX_ENTRIES`).
     pub(super) fn drain_notice_applies(&self, key: Key, conn: ConnId) -> bool {
         self.hand_over_at_drain
