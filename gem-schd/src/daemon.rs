@@ -476,6 +476,10 @@ impl Actor {
                 self.perform(acts);
             }
             Request::Renew { burst_us } => {
+                if let Some(c) = self.conns.get(&conn) {
+                    // When a holder notices its quota's end: the benchmarks time hand-overs by it.
+                    debug!(conn, client = %c.client, burst_us, "renew");
+                }
                 let acts = self.core.renew(now, conn, burst_us);
                 self.perform(acts);
             }

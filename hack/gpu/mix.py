@@ -196,18 +196,29 @@ def handover_lags(res, labels, t0, t1, logfile, since):
     tenant's last kernel end (negative: granted while that one still drained) and against the
     next tenant's first kernel start (its wake-up and first launch), both on the host clock,
     p50 / p90 in ms. A gap with no grant to its tenant in the 50 ms before is counted apart
-    (a co-hold's kernels, or a turn's later process)."""
+    (a co-hold's kernels, or a turn's later process). Also, over every turn, when its holder's
+    notice (its Renew or Drain) reached gem-schd after the turn's quota ran out."""
     starts = {res[lbl].get("start_at") for lbl in labels}
     if len(starts) != 1 or None in starts:
         return None
     start_at = starts.pop()
     grants = {lbl: [] for lbl in labels}
+    notice_after = []
+    quota_end = {}
     with open(logfile) as f:
         f.seek(since)
         for line in f:
-            m = re.search(r"gem_schd::daemon: grant .*?client=(\S+)", line)
-            if m and m.group(1) in grants:
-                grants[m.group(1)].append(log_time(line) - start_at)
+            m = re.search(r"gem_schd::daemon: (grant|renew|drain) .*?client=(\S+)"
+                          r"(?: quota_us=(\d+))?", line)
+            if not m or m.group(2) not in grants:
+                continue
+            what, lbl, quota = m.groups()
+            t = log_time(line) - start_at
+            if what == "grant":
+                grants[lbl].append(t)
+                quota_end[lbl] = t + int(quota or 0) / 1e6
+            elif lbl in quota_end:
+                notice_after.append(t - quota_end.pop(lbl))
     spans = sorted((a, b, lbl) for lbl in labels for a, b in res[lbl]["busy"] if b > t0 and a < t1)
     after_end, to_kernel, unmatched = [], [], 0
     end, owner = None, None
@@ -226,7 +237,8 @@ def handover_lags(res, labels, t0, t1, logfile, since):
         return round(1e3 * pct(sorted(xs), q), 3) if xs else None
     return {"gaps": len(after_end) + unmatched, "without_grant": unmatched,
             "grant_after_last_end_ms": [p(after_end, 0.5), p(after_end, 0.9)],
-            "grant_to_first_kernel_ms": [p(to_kernel, 0.5), p(to_kernel, 0.9)]}
+            "grant_to_first_kernel_ms": [p(to_kernel, 0.5), p(to_kernel, 0.9)],
+            "notice_after_quota_end_ms": [p(notice_after, 0.5), p(notice_after, 0.9)]}
 
 
 def slow_steps(r, events, n=5):
