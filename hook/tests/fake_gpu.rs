@@ -800,15 +800,16 @@ fn gem_schd_learns_how_busy_a_tenant_keeps_the_gpu_from_its_timed_launches() {
         .copied()
         .chain(["3"])
         .collect();
-    let (own, fill, _) = run(&co, &far_ahead);
-    assert!(
-        own > 0.8,
-        "the tenant far ahead kept the GPU only {own:.3} busy"
-    );
-    assert!(
-        (fill - own).abs() <= 0.1,
-        "far ahead: gem-schd's fill {fill:.3}, the tenant's own measure {own:.3}"
-    );
+    // A tenant that keeps the GPU busy: its fill must read so too.
+    let busy_and_read_so = |what: &str, args: &[&str]| {
+        let (own, fill, _) = run(&co, args);
+        assert!(own > 0.8, "{what}: kept the GPU only {own:.3} busy");
+        assert!(
+            (fill - own).abs() <= 0.1,
+            "{what}: gem-schd's fill {fill:.3}, the tenant's own measure {own:.3}"
+        );
+    };
+    busy_and_read_so("far ahead", &far_ahead);
     // 25 ms kernels, 40 launches a second: the gap drawn at the first sample (~256 launches)
     // would wait 3-10 s for the next one, and the fill decayed to ~0.03 meanwhile; an overdue
     // sample is taken at the next launch after a report.
@@ -821,15 +822,7 @@ fn gem_schd_learns_how_busy_a_tenant_keeps_the_gpu_from_its_timed_launches() {
         "--seconds",
         "3",
     ];
-    let (own, fill, _) = run(&co, &long);
-    assert!(
-        own > 0.8,
-        "the long kernels kept the GPU only {own:.3} busy"
-    );
-    assert!(
-        (fill - own).abs() <= 0.1,
-        "long kernels: gem-schd's fill {fill:.3}, the tenant's own measure {own:.3}"
-    );
+    busy_and_read_so("long kernels", &long);
     let (_, _, reports) = run(&[], &launch_bound);
     assert_eq!(
         reports, 0,
