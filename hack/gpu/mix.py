@@ -134,20 +134,30 @@ def alone_figures(res, lbl, others, t0, t1):
             "max_1s_alone": round(sliding_max(mine, t0, t1), 4)}
 
 
+def kernel_walk(res, labels, t0, t1):
+    """The tenants' kernel intervals over [t0, t1) in start order, clipped to it, each as
+    (start, end, tenant, prev_end, prev_owner): where the union of the intervals before it
+    ended, and whose interval reached furthest there (None, None before the first)."""
+    spans = sorted((a, b, lbl) for lbl in labels for a, b in res[lbl]["busy"] if b > t0 and a < t1)
+    end, owner = None, None
+    for a, b, lbl in spans:
+        a, b = max(a, t0), min(b, t1)
+        yield a, b, lbl, end, owner
+        if end is None or b > end:
+            end, owner = b, lbl
+
+
 def handovers(res, labels, t0, t1):
     """Where the GPU idled between the tenants' kernels over [t0, t1), from the GPU's clock:
     each gap in the union of their kernel intervals is a hand-over gap when the kernels on its
     two sides are different tenants', else the tenant's own (its CPU launching, its syncs).
     Also the time two tenants' kernel records overlap (contexts time-sliced, or MPS clients
     side by side), which the per-tenant figures count twice."""
-    spans = sorted((a, b, lbl) for lbl in labels for a, b in res[lbl]["busy"] if b > t0 and a < t1)
     switch_gaps, overlap = [], 0.0
     # Per tenant: the gaps before its kernels, at a hand-over to it and between its own.
     to_it = {lbl: 0.0 for lbl in labels}
     own_by = {lbl: 0.0 for lbl in labels}
-    end, owner = None, None
-    for a, b, lbl in spans:
-        a, b = max(a, t0), min(b, t1)
+    for a, b, lbl, end, owner in kernel_walk(res, labels, t0, t1):
         if end is not None and a > end:
             if lbl != owner:
                 switch_gaps.append(a - end)
@@ -156,8 +166,6 @@ def handovers(res, labels, t0, t1):
                 own_by[lbl] += a - end
         elif end is not None and lbl != owner:
             overlap += min(b, end) - a
-        if end is None or b > end:
-            end, owner = b, lbl
     wall = t1 - t0
     switch_gaps.sort()
     return {"switches_per_s": round(len(switch_gaps) / wall, 1),
@@ -219,10 +227,8 @@ def handover_lags(res, labels, t0, t1, logfile, since):
                 quota_end[lbl] = t + int(quota or 0) / 1e6
             elif lbl in quota_end:
                 notice_after.append(t - quota_end.pop(lbl))
-    spans = sorted((a, b, lbl) for lbl in labels for a, b in res[lbl]["busy"] if b > t0 and a < t1)
     after_end, to_kernel, unmatched = [], [], 0
-    end, owner = None, None
-    for a, b, lbl in spans:
+    for a, _, lbl, end, owner in kernel_walk(res, labels, t0, t1):
         if end is not None and a > end and lbl != owner:
             g = [t for t in grants[lbl] if a - 0.05 <= t <= a]
             if g:
@@ -230,8 +236,6 @@ def handover_lags(res, labels, t0, t1, logfile, since):
                 to_kernel.append(a - g[-1])
             else:
                 unmatched += 1
-        if end is None or b > end:
-            end, owner = b, lbl
 
     def p(xs, q):
         return round(1e3 * pct(sorted(xs), q), 3) if xs else None
