@@ -440,6 +440,29 @@ fn a_reload_that_drops_the_last_holder() {
     }
 }
 
+/// A case proptest found: the last live client, opportunistic with no request, waited with a
+/// 12 ms overuse after a reload; every client of the same events as guaranteed was served.
+#[test]
+fn an_opportunistic_client_alone_with_an_overuse_is_served() {
+    use Op::*;
+    let ops = vec![
+        Fill(2, 29),
+        Request(5, 0, 0),
+        DrainerAsks(280),
+        Config(vec![(2, 0, 72, 0, false)]),
+        Request(5, 12_381, 0),
+        Fill(2, 977),
+    ];
+    for classes in [
+        Classes::All(ClientClass::Guaranteed),
+        Classes::All(ClientClass::Opportunistic),
+    ] {
+        if let Err(e) = run(ops.clone(), true, classes) {
+            panic!("{classes:?}: {e}");
+        }
+    }
+}
+
 /// Applies `ops` to a core with three clients and six connections (co-running on if `co`),
 /// checking the invariants after each, then runs the clock until every waiting request is
 /// served. Returns every action, in order.

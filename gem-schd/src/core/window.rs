@@ -219,11 +219,11 @@ impl Core {
         };
         // In thousandths of a µs of GPU time. As the window's start moves on from `from`,
         // the hold grows as much: over a gap between the client's old pieces that costs the
-        // slack the hold's rate, over an old piece the piece slides out as fast (at a rate
-        // below 1 the slack grows).
+        // slack the hold's rate, over old pieces they slide out as fast as they lie on top of
+        // each other (at a rate below 1, or over pieces that overlap, the slack grows).
         let mut left = u128::from(slack) * 1000;
         let mut pos = from;
-        for (s, e) in segs {
+        for (s, e, depth) in layers(&segs) {
             if s > pos {
                 let cost = u128::from(s - pos) * rate;
                 // Strictly more: a gap that uses the slack up exactly still lets the
@@ -233,8 +233,8 @@ impl Core {
                 }
                 left -= cost;
             }
-            left += u128::from(e.saturating_sub(pos.max(s))) * (1000 - rate);
-            pos = pos.max(e);
+            left += u128::from(e - s) * (u128::from(depth) * 1000 - rate);
+            pos = e;
         }
         let more = u64::try_from(left / rate).unwrap_or(Micros::MAX);
         (pos - from).saturating_add(more)
@@ -269,12 +269,13 @@ impl Core {
             return Some(now);
         };
         let mut gone = 0;
-        for (s, e) in segs {
-            if gone + (e - s) >= excess {
-                let cutoff = s + (excess - gone);
+        for (s, e, depth) in layers(&segs) {
+            let depth = Micros::from(depth);
+            if gone + (e - s) * depth >= excess {
+                let cutoff = s + (excess - gone).div_ceil(depth);
                 return Some((cutoff + pace).saturating_sub(need).max(now));
             }
-            gone += e - s;
+            gone += (e - s) * depth;
         }
         None
     }
@@ -566,4 +567,29 @@ pub(super) fn at_rate(us: Micros, rate_milli: u32) -> Micros {
 /// `us` of GPU time in virtual time at a request of `request_milli`.
 pub(super) fn stride(us: Micros, request_milli: u16) -> u128 {
     u128::from(us) * 1_000_000 / u128::from(request_milli.max(1))
+}
+
+/// The client's pieces of use (sorted by start, `own_since`) as disjoint spans, each with how
+/// many pieces lie on it, in order; gaps are left out. Pieces overlap where a co-hold's charge
+/// lies beside a turn: both slide out of a window together, so the span gives back their sum
+/// as the window's start passes it (walking them one after the other counted the overlap once
+/// as it slid out but twice in the usage, and a client waiting for that room was woken for a
+/// turn it was then refused, at the same instant, forever).
+pub(super) fn layers(pieces: &[(Micros, Micros)]) -> Vec<(Micros, Micros, u32)> {
+    let mut edges: Vec<(Micros, i32)> = pieces
+        .iter()
+        .filter(|(s, e)| e > s)
+        .flat_map(|&(s, e)| [(s, 1), (e, -1)])
+        .collect();
+    edges.sort_unstable();
+    let mut out: Vec<(Micros, Micros, u32)> = Vec::new();
+    let (mut depth, mut at) = (0i32, 0);
+    for (x, d) in edges {
+        if depth > 0 && x > at {
+            out.push((at, x, depth as u32));
+        }
+        depth += d;
+        at = x;
+    }
+    out
 }

@@ -334,3 +334,26 @@ fn an_early_release_is_not_charged_again_by_the_next_request() {
     assert_eq!(c.usage_us(t(6), "a"), Some(3 * MS));
     assert_eq!(c.usage_us(t(6), "b"), Some(2 * MS));
 }
+
+#[test]
+fn overlapping_pieces_of_use_are_layered_by_depth() {
+    use super::super::window::layers;
+    // A turn with two co-hold charges on it, a gap, one more piece; empty pieces drop out.
+    let pieces = [(0, 280), (0, 1), (14, 15), (300, 300), (400, 410)];
+    assert_eq!(
+        layers(&pieces),
+        vec![
+            (0, 1, 2),
+            (1, 14, 1),
+            (14, 15, 2),
+            (15, 280, 1),
+            (400, 410, 1)
+        ]
+    );
+    // What the spans carry is what the pieces did.
+    let total = |v: &[(Micros, Micros, u32)]| -> Micros {
+        v.iter().map(|(s, e, d)| (e - s) * Micros::from(*d)).sum()
+    };
+    assert_eq!(total(&layers(&pieces)), 280 + 1 + 1 + 10);
+    assert!(layers(&[]).is_empty());
+}
