@@ -615,9 +615,7 @@ impl Core {
         }
         self.expire(now);
         let co_ended = self.co_end(now, key, conn);
-        if let Some(cs) = self.conns.get_mut(&conn) {
-            cs.turn = None;
-        }
+        let turn = self.conns.get_mut(&conn).and_then(|cs| cs.turn.take());
         self.learn_burst(key, burst_us);
         self.learn_overrun(key, overuse_us);
         self.learn_drain(key, overuse_us);
@@ -647,14 +645,18 @@ impl Core {
             }
             // Otherwise another process of the client is still in the hold (draining its last
             // burst), or this one was never in it: this request waits for the hold's end.
-        } else if overuse_us > 0 {
+        } else if let Some(seq) = turn
+            && overuse_us > 0
+        {
             // A hold that ran past its quota, reported after the token moved on. Without an
             // overuse there is nothing to report: the last hold ended by a Release (before its
             // quota's end) or at its quota; charging it up to its quota's end here pushed the
             // next holder's entry back, so a client that released early and asked again while
             // another held the token was charged time the other used (a (0.5, 0.5) training
             // tenant beside an intermittent neighbour used 0.58 of the GPU in the simulation).
-            self.report_late(now, key, |e| e.quota_end.saturating_add(overuse_us));
+            // Only this process's own turn: an overuse from one that was not in the client's
+            // last turn (a process that reconnected) stretched another's turn by it.
+            self.report_turn_end(now, seq, |e| e.quota_end.saturating_add(overuse_us));
         }
         if queue {
             if self.co_ok(now, key) {
@@ -680,9 +682,7 @@ impl Core {
             self.dispatch(now, &mut out);
             return out;
         }
-        if let Some(cs) = self.conns.get_mut(&conn) {
-            cs.turn = None;
-        }
+        let turn = self.conns.get_mut(&conn).and_then(|cs| cs.turn.take());
         if let Some(e) = self
             .clients
             .get(&key)
@@ -711,8 +711,8 @@ impl Core {
                     ran_out,
                 });
             }
-        } else {
-            self.report_late(now, key, |e| {
+        } else if let Some(seq) = turn {
+            self.report_turn_end(now, seq, |e| {
                 e.quota_end.max(e.grant.saturating_add(used_us))
             });
         }

@@ -202,7 +202,9 @@ impl Core {
     /// The longest hold `q` starting at `now` that keeps the client's usage over the
     /// rule's window ending at `now + q` within its budget: its usage in `[now + q - window,
     /// ..)` plus the hold's, `q` at the rule's rate (old usage slides out while the new hold
-    /// runs).
+    /// runs). Checked at the hold's end, as [`Core::pace_ready_at`] checks it: a client over
+    /// its budget by the overlap of a co-hold's charge and its turn, which slides out twice
+    /// as fast, was woken for a turn this refused, at the same instant, forever.
     pub(super) fn pace_headroom(&self, key: Key, now: Micros, rule: PaceRule) -> Micros {
         let PaceRule {
             window,
@@ -210,34 +212,35 @@ impl Core {
             rate_milli,
             ..
         } = rule;
-        let rate = u128::from(rate_milli.clamp(1, 1000));
+        let rate = i128::from(rate_milli.clamp(1, 1000));
         let from = now.saturating_sub(window);
         let segs = self.own_since(key, from, now);
         let used: Micros = segs.iter().map(|(s, e)| e - s).sum();
-        let Some(slack) = budget.checked_sub(used) else {
-            return 0;
-        };
-        // In thousandths of a µs of GPU time. As the window's start moves on from `from`,
-        // the hold grows as much: over a gap between the client's old pieces that costs the
-        // slack the hold's rate, over old pieces they slide out as fast as they lie on top of
-        // each other (at a rate below 1, or over pieces that overlap, the slack grows).
-        let mut left = u128::from(slack) * 1000;
+        // In thousandths of a µs of GPU time, what is left of the budget with the hold run to
+        // `pos`. As the window's start moves on from `from`, the hold grows as much: over a
+        // gap between the client's old pieces that costs the rate, over old pieces they slide
+        // out as fast as they lie on top of each other (at a rate below 1, or over pieces that
+        // overlap, what is left grows).
+        let mut left = (i128::from(budget) - i128::from(used)) * 1000;
         let mut pos = from;
+        let mut longest = 0;
+        // The longest hold ending in the gap from `pos`, of `gap` µs (unbounded: the tail).
+        let in_gap = |left: i128, pos: Micros, gap: Micros| -> Option<Micros> {
+            let more = u64::try_from(left / rate).ok()?;
+            Some((pos - from).saturating_add(more.min(gap)))
+        };
         for (s, e, depth) in layers(&segs) {
             if s > pos {
-                let cost = u128::from(s - pos) * rate;
-                // Strictly more: a gap that uses the slack up exactly still lets the
-                // hold run on over the next old piece.
-                if cost > left {
-                    break;
-                }
-                left -= cost;
+                longest = longest.max(in_gap(left, pos, s - pos).unwrap_or(0));
+                left -= i128::from(s - pos) * rate;
             }
-            left += u128::from(e - s) * (u128::from(depth) * 1000 - rate);
+            left += i128::from(e - s) * (i128::from(depth) * 1000 - rate);
             pos = e;
+            if left >= 0 {
+                longest = longest.max(pos - from);
+            }
         }
-        let more = u64::try_from(left / rate).unwrap_or(Micros::MAX);
-        (pos - from).saturating_add(more)
+        longest.max(in_gap(left, pos, Micros::MAX).unwrap_or(0))
     }
 
     /// When the rule's headroom reaches `need` (`now` if it has), assuming no new use:
@@ -529,13 +532,6 @@ impl Core {
             h.left_end = h.left_end.max(end);
         }
         false
-    }
-
-    /// A client that no longer holds the token reports how far its last hold ran.
-    pub(super) fn report_late(&mut self, now: Micros, key: Key, end_of: impl Fn(&Entry) -> Micros) {
-        if let Some(seq) = self.clients.get(&key).and_then(|c| c.last_entry) {
-            self.report_turn_end(now, seq, end_of);
-        }
     }
 
     /// Turn `seq`, no longer held, ran to `end_of(&entry)` (never past `now`): its entry is
