@@ -80,6 +80,8 @@ pub struct Settings {
     /// The longest usual drain handed over from at a notice (see
     /// `Core::set_handover_drain_max`).
     pub handover_drain_max: Option<Duration>,
+    /// Long turns among GPU-bound tenants (see `Core::set_long_turn`; zero: off).
+    pub long_turn: Duration,
     /// Co-running of light clients (see `Core::set_co_run`).
     pub co_run: CoRunSettings,
     /// Turns charged their kernel time (see `Core::set_charge_by_fill`).
@@ -195,6 +197,7 @@ pub async fn run(
     core.set_unpaced_when_full(settings.unpaced_when_full);
     core.set_turn_includes_drain(settings.turn_includes_drain);
     core.set_handover_drain_max(settings.handover_drain_max.map(|d| d.as_micros() as Micros));
+    core.set_long_turn(settings.long_turn.as_micros() as Micros);
     core.set_co_run(settings.co_run);
     core.set_charge_by_fill(settings.charge_by_fill, 0);
     let mut actor = Actor {
@@ -514,14 +517,16 @@ impl Actor {
             Request::Options => {
                 let hello = self.conns.get(&conn).is_some_and(|c| c.hello);
                 let r = if hello {
-                    // Busy reports only where they are used: co-running and charging by fill
-                    // need each client's fill.
-                    let busy_every =
-                        if self.settings.co_run.below > 0.0 || self.settings.charge_by_fill {
-                            BUSY_EVERY_FOR_CO_RUN
-                        } else {
-                            0
-                        };
+                    // Busy reports only where they are used: co-running, charging by fill and
+                    // long turns need each client's fill.
+                    let busy_every = if self.settings.co_run.below > 0.0
+                        || self.settings.charge_by_fill
+                        || !self.settings.long_turn.is_zero()
+                    {
+                        BUSY_EVERY_FOR_CO_RUN
+                    } else {
+                        0
+                    };
                     Reply::OptionsOk { busy_every }
                 } else {
                     Reply::error(code::PROTOCOL_MISUSE, "Hello must be the first frame")

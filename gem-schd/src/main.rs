@@ -93,6 +93,13 @@ struct Args {
     /// the holder). Default: a fifth of the min quota.
     #[arg(long)]
     handover_drain_max_us: Option<u64>,
+    /// Long turns among GPU-bound tenants, ms: under full contention a capped client's turn
+    /// is this long instead of the min quota while every client it competes with fills at
+    /// least 0.8 of its turns (docs/gem-schd.md, "Long turns"); a drain notice then hands the
+    /// token on from a holder whose usual drain is up to a fifth of it. Above 10 ms a tenant
+    /// may pass its limit by more than 1 pp over a second (by up to a turn). 0 = off.
+    #[arg(long, default_value_t = 10)]
+    long_turn_ms: u64,
     /// Co-running: a client whose kernels fill less than this fraction of its holds (its
     /// fill, from the hook's Busy reports) launches beside the token holder instead of
     /// waiting for turns, charged its fill of the time; the holder's turns are charged the
@@ -186,6 +193,7 @@ fn main() -> Result<()> {
         unpaced_when_full: args.unpaced_when_full,
         turn_includes_drain: args.turn_includes_drain,
         handover_drain_max: args.handover_drain_max_us.map(Duration::from_micros),
+        long_turn: Duration::from_millis(args.long_turn_ms),
         co_run: CoRunSettings {
             below: args.co_run_below,
             quota_us: args.co_run_quota_ms.max(1) * 1000,

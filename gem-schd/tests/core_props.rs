@@ -506,6 +506,15 @@ fn cases_proptest_found() {
             Release(2, 37_521),
             Release(5, 37_271),
         ],
+        vec![
+            Release(3, 0),
+            Request(2, 0, 0),
+            Request(5, 0, 2_000),
+            Advance(51_002),
+            Advance(91_739),
+            Release(5, 55_823),
+            Reconnect(2),
+        ],
     ];
     for (i, ops) in cases.into_iter().enumerate() {
         for classes in [
@@ -513,7 +522,7 @@ fn cases_proptest_found() {
             Classes::All(ClientClass::Guaranteed),
             Classes::All(ClientClass::Opportunistic),
         ] {
-            if let Err(e) = run(ops.clone(), i != 3, classes) {
+            if let Err(e) = run(ops.clone(), i < 3, classes) {
                 panic!("case {i}, {classes:?}: {e}");
             }
         }
@@ -695,6 +704,14 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
             }
             Op::Reconnect(s) => {
                 let (c, client) = w.slots[s];
+                // A process that hangs up in a turn it has not reported is charged past its
+                // quota the grace or its client's usual overrun, whichever is longer.
+                let usual = w
+                    .overran
+                    .get(IDS[client])
+                    .and_then(|o| o.values().max().copied())
+                    .unwrap_or(0);
+                w.overran(c, usual.max(w.core.params().grace_us));
                 w.pending.remove(&c);
                 w.draining.remove(&c);
                 w.co_leave(c);

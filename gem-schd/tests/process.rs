@@ -700,11 +700,16 @@ fn busy_reports_need_no_reply_and_set_the_fill() {
     );
 }
 
-/// Options: gem-schd asks for Busy reports only while it co-runs clients (they cost the hook a
-/// timed launch in 256); before Hello it is refused like any frame.
+/// Options: gem-schd asks for Busy reports only where it uses the clients' fills, co-running
+/// and long turns (on by default) (they cost the hook a timed launch in 256); before Hello it
+/// is refused like any frame.
 #[test]
-fn options_ask_for_busy_reports_only_when_co_running() {
-    for (extra, want) in [(&[][..], 0), (&["--co-run-below", "0.6"][..], 256)] {
+fn options_ask_for_busy_reports_only_when_fills_are_used() {
+    for (extra, want) in [
+        (&["--long-turn-ms", "0"][..], 0),
+        (&[][..], 256),
+        (&["--long-turn-ms", "0", "--co-run-below", "0.6"][..], 256),
+    ] {
         let mut args = vec!["--quiet-ms", "0"];
         args.extend_from_slice(extra);
         let s = Schd::start("1\na 1.0 1.0 1000000\n", &args);

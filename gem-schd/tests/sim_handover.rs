@@ -92,6 +92,19 @@ fn four_on(
     hand_over: bool,
     renew: bool,
 ) -> Four {
+    four_setup(params, switch, wake, ahead, hand_over, renew, |_| {})
+}
+
+/// [`four_on`], with `setup` applied to the simulation before it runs.
+fn four_setup(
+    params: Params,
+    switch: Micros,
+    wake: Micros,
+    ahead: Micros,
+    hand_over: bool,
+    renew: bool,
+    setup: impl Fn(&mut Sim),
+) -> Four {
     let patterns = [conv(), matmul(), elem(), encoder()];
     let names = ["conv", "matmul", "elem", "encoder"];
     let mut sim = Sim::new(
@@ -110,6 +123,7 @@ fn four_on(
     (sim.tick, sim.precise, sim.renew) = (4 * MS, true, renew);
     sim.drain_notice = !renew;
     (sim.wake, sim.max_ahead, sim.switch) = (wake, ahead, switch);
+    setup(&mut sim);
     let horizon = ARRIVE + 20 * S;
     sim.run(horizon);
     let (a, b) = (ARRIVE + 2 * S, horizon);
@@ -252,5 +266,39 @@ fn hand_overs_at_the_drain_keep_four_saturating_tenants_busy_with_exact_shares()
                 o.charged[i]
             );
         }
+    }
+}
+
+/// Long turns among GPU-bound tenants (`Core::set_long_turn`): the four fill their turns, so
+/// with a 0.25 ms context switch at each hand-over 10 ms turns leave the GPU less idle than
+/// the min quota's 5 ms ones, while the shares stay exact and no tenant passes its limit + 1 pp
+/// over any second. Off, the same Busy reports change nothing.
+#[test]
+fn long_turns_among_gpu_bound_tenants_hand_over_less_with_exact_shares() {
+    let with = |long_turn: Micros| {
+        four_setup(Params::default(), 250, 300, 500, true, true, |sim| {
+            sim.busy_reports = true;
+            sim.core.set_long_turn(long_turn);
+        })
+    };
+    let short = with(0);
+    let long = with(10 * MS);
+    assert!(
+        long.busy >= short.busy + 0.02,
+        "busy {:.3} with 10 ms turns, {:.3} with 5 ms ones",
+        long.busy,
+        short.busy
+    );
+    for (i, share) in SHARES.iter().enumerate() {
+        assert!(
+            (long.gpu[i] - share).abs() <= 0.02,
+            "tenant at {share}: GPU time {:.3} with long turns",
+            long.gpu[i]
+        );
+        assert!(
+            long.worst[i] <= share + 0.01,
+            "tenant at {share}: a second at {:.3} with long turns",
+            long.worst[i]
+        );
     }
 }

@@ -477,3 +477,22 @@ fn hand_overs_at_the_drain_leave_the_gated_pairs_waits_as_they_were() {
         );
     }
 }
+
+/// Long turns (`Core::set_long_turn`) are for GPU-bound tenants only: batch-1 inference fills
+/// about two thirds of its turns, so beside it training keeps min-quota turns and inference's
+/// waits are exactly what they are with long turns off.
+#[test]
+fn long_turns_leave_a_latency_sensitive_neighbour_as_it_was() {
+    let run = |long_turn: Micros| {
+        train_infer_of(Params::default(), training(), inference(), false, |sim| {
+            sim.busy_reports = true;
+            sim.core.set_long_turn(long_turn);
+        })
+    };
+    let (off, on) = (run(0), run(20 * MS));
+    assert_eq!(
+        (on.p50, on.p99, on.max, on.turn_p99),
+        (off.p50, off.p99, off.max, off.turn_p99)
+    );
+    assert!(on.p99 <= 8 * MS, "inference p99 {} µs", on.p99);
+}

@@ -112,7 +112,7 @@ impl ClientState {
     }
 
     /// See [`Core::judged_fill`].
-    fn judged_fill(&self) -> Option<f64> {
+    pub(super) fn judged_fill(&self) -> Option<f64> {
         if self.co.co_mode {
             self.fill.co()
         } else {

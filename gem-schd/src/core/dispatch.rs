@@ -311,8 +311,8 @@ impl Core {
             return Served::Waits;
         }
         self.reask = None;
-        let quota = self.grant_quota(now, pick, full, last_holder);
-        Served::Granted(self.grant(now, pick.key, quota))
+        let (quota, long) = self.grant_quota(now, pick, full, last_holder);
+        Served::Granted(self.grant(now, pick.key, quota, long))
     }
 
     /// Whether `key` may take a turn now, and with how much room: its headroom under its limit
@@ -404,7 +404,7 @@ impl Core {
             let mut rank_pass = c.pass;
             if last_holder == Some(key) {
                 rank_pass = rank_pass.saturating_add(stride(
-                    full_turn_grant(self.params.min_quota_us, c.drain_us, false),
+                    full_turn_grant(self.full_turn(key, now).0, c.drain_us, false),
                     c.spec.request_milli,
                 ));
             }
@@ -482,7 +482,14 @@ impl Core {
     /// The length of `pick`'s turn: its quota estimate, within its limit's headroom and
     /// pacing allowance, the hold cap, what keeps it even with its competitors in virtual
     /// time, and under full contention a capped client's min-quota turn.
-    fn grant_quota(&self, now: Micros, pick: Pick, full: bool, last_holder: Option<Key>) -> Micros {
+    /// The quota of `pick`'s turn, and whether it is a long turn (`long_turn.rs`).
+    fn grant_quota(
+        &self,
+        now: Micros,
+        pick: Pick,
+        full: bool,
+        last_holder: Option<Key>,
+    ) -> (Micros, bool) {
         let Pick {
             key,
             headroom,
@@ -513,18 +520,25 @@ impl Core {
         let even_turn = self.even_turn(key, now);
         let window = u128::from(self.params.window_us);
         let c = &self.clients[&key];
+        // Under full contention a capped client's turn is the min quota or a long one.
+        let (turn, long) = if full && c.spec.limit_milli < 1000 {
+            self.full_turn(key, now)
+        } else {
+            (p.min_quota_us, false)
+        };
         let cap = (u128::from(c.boosted_limit_milli()) * window / 1000) as u64;
-        let mut quota = c.quota_us.max(p.min_quota_us).min(cap.max(1));
-        // Do not hand out much more than the limit allows in this window.
-        quota = quota.min(headroom.max(p.min_quota_us)).max(1);
-        // Nor more than the pacing allowance (the min quota is the slack: a burst is
-        // never cut below it).
-        quota = quota.min(pace_room.max(p.min_quota_us)).max(1);
+        let mut quota = c.quota_us.max(turn).min(cap.max(1));
+        // Do not hand out much more than the limit allows in this window (under full
+        // contention the limit is not checked: the turns by virtual time hold it).
+        quota = quota.min(headroom.max(turn)).max(1);
+        // Nor more than the pacing allowance (the min quota, or the long turn, is the slack:
+        // a burst is never cut below it; nor is a turn by the caps below).
+        quota = quota.min(pace_room.max(turn)).max(1);
         if let Some(cap) = hold_cap {
-            quota = quota.min(cap.max(p.min_quota_us)).max(1);
+            quota = quota.min(cap.max(turn)).max(1);
         }
-        if let Some(turn) = even_turn {
-            quota = quota.min(turn).max(1);
+        if let Some(even) = even_turn {
+            quota = quota.min(even.max(turn)).max(1);
         }
         // An opportunistic turn ends when a guaranteed client held back now may go again.
         if let Some(turn) = self.leftover_turn(key, now) {
@@ -537,16 +551,16 @@ impl Core {
         // share over a second swing by a whole turn (0.15–0.22 for a 0.2 tenant on an H100).
         if full && c.spec.limit_milli < 1000 {
             quota = quota.min(full_turn_grant(
-                p.min_quota_us,
+                turn,
                 c.drain_us.saturating_add(lead_us),
                 self.turn_includes_drain,
             ));
         }
-        quota
+        (quota, long)
     }
 
     /// Grants `key` the token for `quota`: its history entry, virtual time and hold.
-    fn grant(&mut self, now: Micros, key: Key, quota: Micros) -> Action {
+    fn grant(&mut self, now: Micros, key: Key, quota: Micros, long: bool) -> Action {
         let seq = self.first_seq + self.history.len() as u64;
         let c = self.clients.get_mut(&key).expect("picked from clients");
         c.last_entry = Some(seq);
@@ -589,6 +603,7 @@ impl Core {
             quota_end,
             seq,
             left_end: 0,
+            long,
         });
         self.grants += 1;
         if self.charge_by_fill {

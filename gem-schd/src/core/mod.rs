@@ -276,6 +276,8 @@ struct Hold {
     /// The latest end reported by a connection that left the hold while others of its client
     /// were still in it (0: none): the entry ends no earlier.
     left_end: Micros,
+    /// A long turn (`long_turn.rs`).
+    long: bool,
 }
 
 /// The scheduler of one GPU.
@@ -311,6 +313,8 @@ pub struct Core {
     hand_over_at_drain: bool,
     /// See [`Core::set_handover_drain_max`].
     handover_drain_max_us: Option<Micros>,
+    /// See [`Core::set_long_turn`].
+    long_turn_us: Micros,
     /// The client whose last hold ended at its quota with a request for more (a tenant that
     /// always wants the GPU, not one that went idle): under full contention it does not take
     /// the next turn too unless it is more than a turn behind.
@@ -353,6 +357,7 @@ impl Core {
             turn_includes_drain: true,
             hand_over_at_drain: true,
             handover_drain_max_us: None,
+            long_turn_us: 0,
             asked_again: None,
             reask: None,
             vtime: [0; 2],
@@ -435,7 +440,8 @@ impl Core {
     }
 
     /// The longest usual drain (a decaying maximum of a holder's reported overruns) that a
-    /// drain notice hands the token on from (`None`: a fifth of the min quota).
+    /// drain notice hands the token on from (`None`: a fifth of the min quota, or of the turn
+    /// in a long turn, `long_turn.rs`).
     pub fn set_handover_drain_max(&mut self, max: Option<Micros>) {
         self.handover_drain_max_us = max;
     }
@@ -891,10 +897,12 @@ mod corun;
 mod dispatch;
 mod fill;
 mod handover;
+mod long_turn;
 mod reload;
 mod window;
 
 pub use corun::CoRunSettings;
+pub use long_turn::LONG_TURN_FILL;
 
 #[cfg(test)]
 mod tests;
