@@ -701,14 +701,14 @@ fn busy_reports_need_no_reply_and_set_the_fill() {
 }
 
 /// Options: gem-schd asks for Busy reports only where it uses the clients' fills, co-running
-/// and long turns (on by default) (they cost the hook a timed launch in 256); before Hello it
-/// is refused like any frame.
+/// and long turns (they cost the hook a timed launch in 256); before Hello it is refused like
+/// any frame.
 #[test]
 fn options_ask_for_busy_reports_only_when_fills_are_used() {
     for (extra, want) in [
-        (&["--long-turn-ms", "0"][..], 0),
-        (&[][..], 256),
-        (&["--long-turn-ms", "0", "--co-run-below", "0.6"][..], 256),
+        (&[][..], 0),
+        (&["--long-turn-ms", "10"][..], 256),
+        (&["--co-run-below", "0.6"][..], 256),
     ] {
         let mut args = vec!["--quiet-ms", "0"];
         args.extend_from_slice(extra);
