@@ -481,8 +481,8 @@ impl Core {
 
     /// The length of `pick`'s turn: its quota estimate, within its limit's headroom and
     /// pacing allowance, the hold cap, what keeps it even with its competitors in virtual
-    /// time, and under full contention a capped client's min-quota turn.
-    /// The quota of `pick`'s turn, and whether it is a long turn (`long_turn.rs`).
+    /// time, and under full contention a capped client's turn (the min quota, or a long one:
+    /// `long_turn.rs`); and whether it is a long turn.
     fn grant_quota(
         &self,
         now: Micros,

@@ -226,7 +226,8 @@ impl Core {
         let mut longest = 0;
         // The longest hold ending in the gap from `pos`, of `gap` µs (unbounded: the tail).
         let in_gap = |left: i128, pos: Micros, gap: Micros| -> Option<Micros> {
-            let more = u64::try_from(left / rate).ok()?;
+            // (Not `left / rate` alone: it rounds a small shortfall up to 0.)
+            let more = u64::try_from(left).ok()? / rate as u64;
             Some((pos - from).saturating_add(more.min(gap)))
         };
         for (s, e, depth) in layers(&segs) {
