@@ -131,3 +131,87 @@ fn under_full_contention_a_short_turn_is_evened_out_without_a_double_turn() {
     // Without the rule: a, behind, takes the next turn too (a double turn for b to wait for).
     assert_eq!(after_a_short_turn(false, 2 * MS).0, "a");
 }
+
+/// `full_pair()` with long turns of `long_turn` and the clients' fills judged at `fills` (a,
+/// b), both asking again at the end of each grant, a's holds draining `a_drain` past it; the
+/// quotas of the turns after the first two (the first is a's alone).
+fn long_turn_pair(fills: [f64; 2], long_turn: Micros, a_drain: Micros) -> Vec<Micros> {
+    let mut c = full_pair(false);
+    c.set_long_turn(long_turn);
+    for (conn, f) in [(1, fills[0]), (3, fills[1])] {
+        let held = 600 * MS;
+        c.busy(T0, conn, (held as f64 * f) as Micros, held, 0)
+            .unwrap();
+    }
+    let mut now = t(0);
+    let mut g = c.token_request(now, 1, 0, 0);
+    assert!(c.token_request(now, 3, 0, 0).is_empty());
+    let mut quotas = Vec::new();
+    for _ in 0..12 {
+        let (who, _, q) = grant(&g).expect("someone is granted");
+        quotas.push(q);
+        g = if who == "a" {
+            now += q + a_drain;
+            c.token_request(now, 1, a_drain, q)
+        } else {
+            now += q;
+            c.token_request(now, 3, 0, q)
+        };
+    }
+    quotas.split_off(2)
+}
+
+#[test]
+fn long_turns_go_only_to_gpu_bound_clients() {
+    // Both fill their turns: 10 ms turns.
+    assert!(
+        long_turn_pair([0.95, 0.9], 10 * MS, 0)
+            .iter()
+            .all(|q| *q == 10 * MS)
+    );
+    // One reads its tokens back between short kernels: the min quota for both.
+    assert!(
+        long_turn_pair([0.95, 0.4], 10 * MS, 0)
+            .iter()
+            .all(|q| *q == 5 * MS)
+    );
+    // Off.
+    assert!(
+        long_turn_pair([0.95, 0.9], 0, 0)
+            .iter()
+            .all(|q| *q == 5 * MS)
+    );
+}
+
+/// a (connection 1) holds a turn of both clients' full contention, with b waiting and a's usual
+/// drain 1.5 ms; a's drain notice at its quota's end: who holds the token after it.
+fn holder_after_a_notice(fills: [f64; 2]) -> Option<String> {
+    let mut c = full_pair(true);
+    c.set_long_turn(10 * MS);
+    for (conn, f) in [(1, fills[0]), (3, fills[1])] {
+        let held = 600 * MS;
+        c.busy(T0, conn, (held as f64 * f) as Micros, held, 0)
+            .unwrap();
+    }
+    let mut now = t(0);
+    let mut g = c.token_request(now, 3, 0, 0);
+    assert!(c.token_request(now, 1, 1_500, 0).is_empty());
+    // b's turn, then a's.
+    loop {
+        let (who, _, q) = grant(&g).expect("someone is granted");
+        now += q;
+        if who == "a" {
+            break;
+        }
+        g = c.token_request(now, 3, 0, q);
+    }
+    let _ = c.drain(now, 1);
+    c.holder().map(str::to_owned)
+}
+
+#[test]
+fn in_a_long_turn_a_notice_hands_over_from_a_drain_of_a_fifth_of_it() {
+    // 1.5 ms is more than a fifth of the 5 ms min quota, less than a fifth of a 10 ms turn.
+    assert_eq!(holder_after_a_notice([0.95, 0.9]).as_deref(), Some("b"));
+    assert_eq!(holder_after_a_notice([0.95, 0.4]).as_deref(), Some("a"));
+}
