@@ -64,7 +64,8 @@ const MAX_BOOST_MILLI: u32 = 3000;
 
 /// An open co-hold. Its processes may launch until its latest grant's quota ends and drain
 /// for the grace after it: its wall length runs from its start to there (`Core::co_charge`). A
-/// process that joins after that starts a new stretch, the earlier ones banked.
+/// process that joins after that starts a new stretch, the one before it charged as an ended
+/// co-hold.
 #[derive(Debug, Clone)]
 pub(super) struct CoHold {
     /// Its connections that have not reported its end.
@@ -73,8 +74,6 @@ pub(super) struct CoHold {
     start: Micros,
     /// Its latest grant (a connection joining it, a renewal).
     last_grant: Micros,
-    /// The wall length of its earlier stretches.
-    banked: Micros,
 }
 
 /// A client's co-running state.
@@ -109,6 +108,16 @@ impl ClientState {
     /// GPU-time charges (they only rank it). The one place these rules are decided.
     pub(super) fn charged_in_wall_time(&self) -> bool {
         self.spec.limit_milli < 1000
+    }
+
+    /// What a co-hold's `wall` µs are charged: the wall time for a capped client, its fill of
+    /// it otherwise.
+    fn co_charge_of(&self, wall: Micros) -> Micros {
+        if self.charged_in_wall_time() {
+            wall
+        } else {
+            (wall as f64 * self.fill.co().unwrap_or(1.0)) as Micros
+        }
     }
 
     /// See [`Core::judged_fill`].
@@ -247,13 +256,7 @@ impl Core {
     fn co_charge(&self, c: &ClientState, h: &CoHold, now: Micros) -> (Micros, Micros) {
         let drain = self.co_run.quota_us.saturating_add(self.params.grace_us);
         let end = now.min(h.last_grant.saturating_add(drain));
-        let wall = h.banked + end.saturating_sub(h.start);
-        let charge = if c.charged_in_wall_time() {
-            wall
-        } else {
-            (wall as f64 * c.fill.co().unwrap_or(1.0)) as Micros
-        };
-        (end, charge)
+        (end, c.co_charge_of(end.saturating_sub(h.start)))
     }
 
     /// Whether `key` waits for a turn: it has requests waiting and is not light (a light client
@@ -379,19 +382,27 @@ impl Core {
                 Some(h) => {
                     h.conns.push(conn);
                     let ran_to = h.last_grant.saturating_add(drain);
-                    if now > ran_to {
-                        // Nothing of it ran since `ran_to`: that gap is not its time.
-                        h.banked += ran_to.saturating_sub(h.start);
+                    let stretch = (now > ran_to).then_some((h.start, ran_to));
+                    if stretch.is_some() {
                         h.start = now;
                     }
                     h.last_grant = now;
+                    if let Some((start, end)) = stretch {
+                        // Nothing of it ran since `end`: that gap is not its time, and the
+                        // stretch before it is charged as a co-hold that ended there, sliding
+                        // out of the window from there (kept with the open co-hold instead, it
+                        // came back into the window with each new stretch, and was still
+                        // charged a second after a reload had started a new account).
+                        let charge = c.co_charge_of(end.saturating_sub(start));
+                        c.co.charges.push_back((end, charge));
+                        c.pass = c.pass.saturating_add(stride(charge, c.spec.request_milli));
+                    }
                 }
                 None => {
                     c.co.hold = Some(CoHold {
                         conns: vec![conn],
                         start: now,
                         last_grant: now,
-                        banked: 0,
                     })
                 }
             }
