@@ -1,6 +1,7 @@
 //! Full contention: turns of the min quota, the drain counted in a turn, and a short turn
 //! evened out without a double turn.
 
+use super::corun::fill;
 use super::pacing::run_until_paced;
 use super::*;
 
@@ -132,17 +133,20 @@ fn under_full_contention_a_short_turn_is_evened_out_without_a_double_turn() {
     assert_eq!(after_a_short_turn(false, 2 * MS).0, "a");
 }
 
-/// `full_pair()` with long turns of `long_turn` and the clients' fills judged at `fills` (a,
-/// b), both asking again at the end of each grant, a's holds draining `a_drain` past it; the
-/// quotas of the turns after the first two (the first is a's alone).
-fn long_turn_pair(fills: [f64; 2], long_turn: Micros, a_drain: Micros) -> Vec<Micros> {
-    let mut c = full_pair(false);
+/// `full_pair(turn_includes_drain)` with long turns of `long_turn` and the clients' fills
+/// judged at `fills` (a, b).
+fn long_turn_full_pair(turn_includes_drain: bool, long_turn: Micros, fills: [f64; 2]) -> Core {
+    let mut c = full_pair(turn_includes_drain);
     c.set_long_turn(long_turn);
-    for (conn, f) in [(1, fills[0]), (3, fills[1])] {
-        let held = 600 * MS;
-        c.busy(T0, conn, (held as f64 * f) as Micros, held, 0)
-            .unwrap();
-    }
+    fill(&mut c, 1, fills[0]);
+    fill(&mut c, 3, fills[1]);
+    c
+}
+
+/// `long_turn_full_pair()`, both asking again at the end of each grant, a's holds draining
+/// `a_drain` past it; the quotas of the turns after the first two (the first is a's alone).
+fn long_turn_pair(fills: [f64; 2], long_turn: Micros, a_drain: Micros) -> Vec<Micros> {
+    let mut c = long_turn_full_pair(false, long_turn, fills);
     let mut now = t(0);
     let mut g = c.token_request(now, 1, 0, 0);
     assert!(c.token_request(now, 3, 0, 0).is_empty());
@@ -186,13 +190,7 @@ fn long_turns_go_only_to_gpu_bound_clients() {
 /// a (connection 1) holds a turn of both clients' full contention, with b waiting and a's usual
 /// drain 1.5 ms; a's drain notice at its quota's end: who holds the token after it.
 fn holder_after_a_notice(fills: [f64; 2]) -> Option<String> {
-    let mut c = full_pair(true);
-    c.set_long_turn(10 * MS);
-    for (conn, f) in [(1, fills[0]), (3, fills[1])] {
-        let held = 600 * MS;
-        c.busy(T0, conn, (held as f64 * f) as Micros, held, 0)
-            .unwrap();
-    }
+    let mut c = long_turn_full_pair(true, 10 * MS, fills);
     let mut now = t(0);
     let mut g = c.token_request(now, 3, 0, 0);
     assert!(c.token_request(now, 1, 1_500, 0).is_empty());

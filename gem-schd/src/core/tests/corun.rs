@@ -40,7 +40,7 @@ fn hold_rate(c: &Core, id: &str) -> u32 {
 
 /// `conn` reports its fill as `fill` over 600 ms of holds (turns, unless it is in a co-hold;
 /// enough to judge a start of co-running on).
-fn fill(c: &mut Core, conn: ConnId, fill: f64) {
+pub(super) fn fill(c: &mut Core, conn: ConnId, fill: f64) {
     let held = 600 * MS;
     // At the start: a report's time only places a fill change on the co-runners' curve,
     // which never goes back (a later change counts from its last point).
