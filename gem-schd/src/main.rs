@@ -95,9 +95,8 @@ struct Args {
     handover_drain_max_us: Option<u64>,
     /// Long turns among GPU-bound tenants, ms: under full contention a capped client's turn
     /// is this long instead of the min quota while every client it competes with fills at
-    /// least 0.7 of its turns (docs/gem-schd.md, "Long turns"); a drain notice then hands the
-    /// token on from a holder whose usual drain is up to a fifth of it. Above 10 ms a tenant
-    /// may pass its limit by more than 1 pp over a second (by up to a turn). 0 = off.
+    /// least 0.7 of its turns (docs/gem-schd.md, "Long turns"). Above 10 ms a tenant may pass
+    /// its limit by more than 1 pp over a second (by up to a turn). 0 = off.
     #[arg(long, default_value_t = 0)]
     long_turn_ms: u64,
     /// Co-running: a client whose kernels fill less than this fraction of its holds (its

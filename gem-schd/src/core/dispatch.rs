@@ -311,8 +311,8 @@ impl Core {
             return Served::Waits;
         }
         self.reask = None;
-        let (quota, long) = self.grant_quota(now, pick, full, last_holder);
-        Served::Granted(self.grant(now, pick.key, quota, long))
+        let quota = self.grant_quota(now, pick, full, last_holder);
+        Served::Granted(self.grant(now, pick.key, quota))
     }
 
     /// Whether `key` may take a turn now, and with how much room: its headroom under its limit
@@ -404,7 +404,7 @@ impl Core {
             let mut rank_pass = c.pass;
             if last_holder == Some(key) {
                 rank_pass = rank_pass.saturating_add(stride(
-                    full_turn_grant(self.full_turn(key, now).0, c.drain_us, false),
+                    full_turn_grant(self.full_turn(key, now), c.drain_us, false),
                     c.spec.request_milli,
                 ));
             }
@@ -482,14 +482,14 @@ impl Core {
     /// The length of `pick`'s turn: its quota estimate, within its limit's headroom and
     /// pacing allowance, the hold cap, what keeps it even with its competitors in virtual
     /// time, and under full contention a capped client's turn (the min quota, or a long one:
-    /// `long_turn.rs`); and whether it is a long turn.
+    /// `long_turn.rs`).
     fn grant_quota(
         &self,
         now: Micros,
         pick: Pick,
         full: bool,
         last_holder: Option<Key>,
-    ) -> (Micros, bool) {
+    ) -> Micros {
         let Pick {
             key,
             headroom,
@@ -521,10 +521,10 @@ impl Core {
         let window = u128::from(self.params.window_us);
         let c = &self.clients[&key];
         // Under full contention a capped client's turn is the min quota or a long one.
-        let (turn, long) = if full && c.spec.limit_milli < 1000 {
+        let turn = if full && c.spec.limit_milli < 1000 {
             self.full_turn(key, now)
         } else {
-            (p.min_quota_us, false)
+            p.min_quota_us
         };
         let cap = (u128::from(c.boosted_limit_milli()) * window / 1000) as u64;
         let mut quota = c.quota_us.max(turn).min(cap.max(1));
@@ -556,11 +556,11 @@ impl Core {
                 self.turn_includes_drain,
             ));
         }
-        (quota, long)
+        quota
     }
 
     /// Grants `key` the token for `quota`: its history entry, virtual time and hold.
-    fn grant(&mut self, now: Micros, key: Key, quota: Micros, long: bool) -> Action {
+    fn grant(&mut self, now: Micros, key: Key, quota: Micros) -> Action {
         let seq = self.first_seq + self.history.len() as u64;
         let c = self.clients.get_mut(&key).expect("picked from clients");
         c.last_entry = Some(seq);
@@ -603,7 +603,6 @@ impl Core {
             quota_end,
             seq,
             left_end: 0,
-            long,
         });
         self.grants += 1;
         if self.charge_by_fill {

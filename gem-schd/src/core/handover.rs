@@ -43,15 +43,12 @@ impl Core {
     }
 
     /// The longest usual drain a holder may have to be handed over from at its notice
-    /// (`Core::set_handover_drain_max`; by default a fifth of the min quota, or of the long
-    /// turn in one: the share of a turn that a drain may charge the holder for its neighbour's
-    /// work is the same).
+    /// (`Core::set_handover_drain_max`; by default a fifth of the min quota, in a long turn
+    /// too: on an H200 a fifth of a 10 ms turn let the next tenant's work run beside 1.5 ms
+    /// drains, and the gap per hand-over stayed the same).
     fn handover_drain_max(&self) -> Micros {
-        let turn = match &self.holder {
-            Some(h) if h.long => self.long_turn_us,
-            _ => self.params.min_quota_us,
-        };
-        self.handover_drain_max_us.unwrap_or((turn / 5).max(1))
+        self.handover_drain_max_us
+            .unwrap_or((self.params.min_quota_us / 5).max(1))
     }
 
     /// Whether a drain notice on `conn` may hand the token on: hand-overs at the drain are on,

@@ -22,20 +22,19 @@ pub const LONG_TURN_FILL: f64 = 0.7;
 impl Core {
     /// Long turns under full contention (`long_turn.rs`): `us` for a capped client's turn
     /// while every client it competes with (itself included) is GPU-bound, instead of the min
-    /// quota. A drain notice then hands the token on from a holder whose usual drain is up to
-    /// a fifth of it. 0 (or no more than the min quota) = off. Needs the clients' fills: the
-    /// daemon asks the hooks for Busy reports while it is on.
+    /// quota. 0 (or no more than the min quota) = off. Needs the clients' fills: the daemon
+    /// asks the hooks for Busy reports while it is on.
     pub fn set_long_turn(&mut self, us: Micros) {
         self.long_turn_us = us;
     }
 
-    /// The turn of a capped client under full contention, and whether it is a long one.
-    pub(super) fn full_turn(&self, key: Key, now: Micros) -> (Micros, bool) {
+    /// The turn of a capped client under full contention.
+    pub(super) fn full_turn(&self, key: Key, now: Micros) -> Micros {
         let min = self.params.min_quota_us;
         if self.long_turn_us > min && self.all_gpu_bound(key, now) {
-            (self.long_turn_us, true)
+            self.long_turn_us
         } else {
-            (min, false)
+            min
         }
     }
 

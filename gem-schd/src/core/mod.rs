@@ -276,8 +276,6 @@ struct Hold {
     /// The latest end reported by a connection that left the hold while others of its client
     /// were still in it (0: none): the entry ends no earlier.
     left_end: Micros,
-    /// A long turn (`long_turn.rs`).
-    long: bool,
 }
 
 /// The scheduler of one GPU.

@@ -188,12 +188,12 @@ fn long_turns_go_only_to_gpu_bound_clients() {
 }
 
 /// a (connection 1) holds a turn of both clients' full contention, with b waiting and a's usual
-/// drain 1.5 ms; a's drain notice at its quota's end: who holds the token after it.
-fn holder_after_a_notice(fills: [f64; 2]) -> Option<String> {
+/// drain `drain_us`; a's drain notice at its quota's end: who holds the token after it.
+fn holder_after_a_notice(fills: [f64; 2], drain_us: Micros) -> Option<String> {
     let mut c = long_turn_full_pair(true, 10 * MS, fills);
     let mut now = t(0);
     let mut g = c.token_request(now, 3, 0, 0);
-    assert!(c.token_request(now, 1, 1_500, 0).is_empty());
+    assert!(c.token_request(now, 1, drain_us, 0).is_empty());
     // b's turn, then a's.
     loop {
         let (who, _, q) = grant(&g).expect("someone is granted");
@@ -208,8 +208,10 @@ fn holder_after_a_notice(fills: [f64; 2]) -> Option<String> {
 }
 
 #[test]
-fn in_a_long_turn_a_notice_hands_over_from_a_drain_of_a_fifth_of_it() {
-    // 1.5 ms is more than a fifth of the 5 ms min quota, less than a fifth of a 10 ms turn.
-    assert_eq!(holder_after_a_notice([0.95, 0.9]).as_deref(), Some("b"));
-    assert_eq!(holder_after_a_notice([0.95, 0.4]).as_deref(), Some("a"));
+fn a_notice_in_a_long_turn_hands_over_from_the_drains_a_short_turn_does() {
+    // Both fill their turns: 10 ms turns, and the bound is still a fifth of the 5 ms min
+    // quota. A fifth of the long turn handed over from 1.5 ms drains on an H200: the next
+    // tenant's work ran beside them, and the gap per hand-over stayed the same.
+    assert_eq!(holder_after_a_notice([0.95, 0.9], 1_000).as_deref(), Some("b"));
+    assert_eq!(holder_after_a_notice([0.95, 0.9], 1_500).as_deref(), Some("a"));
 }
