@@ -415,6 +415,19 @@ impl Core {
                 }
                 back.push((key, pass));
             }
+            // A client back from co-holds to turns is at most the lag ahead of the others: it
+            // is ahead by what it ran beside their turns, charged its fill, not by time it
+            // took from them. (Otherwise a capped neighbour caught up in a run of turns: batch-1
+            // decode whose co-holds filled 0.68 at a request of 0.5 waited 110 ms for a turn
+            // beside a capped encoder on an H200; 180 ms in `corun.rs`'s unit test.)
+            if c.co.co_mode {
+                if let Some(f) = self.pass_floor(key, now) {
+                    pass =
+                        pass.min(f.saturating_add(stride(self.max_lag_us, c.spec.request_milli)));
+                    rank_pass = rank_pass.min(pass);
+                }
+                back.push((key, pass));
+            }
             // Under full contention there is no spare time to rank by usage: every client is
             // ranked by virtual time (one at its request over the window, ranked after the
             // others by usage, otherwise waited ~2 s at a time while a window that still held
@@ -483,13 +496,7 @@ impl Core {
     /// pacing allowance, the hold cap, what keeps it even with its competitors in virtual
     /// time, and under full contention a capped client's turn (the min quota, or a long one:
     /// `long_turn.rs`).
-    fn grant_quota(
-        &self,
-        now: Micros,
-        pick: Pick,
-        full: bool,
-        last_holder: Option<Key>,
-    ) -> Micros {
+    fn grant_quota(&self, now: Micros, pick: Pick, full: bool, last_holder: Option<Key>) -> Micros {
         let Pick {
             key,
             headroom,

@@ -212,6 +212,12 @@ fn a_notice_in_a_long_turn_hands_over_from_the_drains_a_short_turn_does() {
     // Both fill their turns: 10 ms turns, and the bound is still a fifth of the 5 ms min
     // quota. A fifth of the long turn handed over from 1.5 ms drains on an H200: the next
     // tenant's work ran beside them, and the gap per hand-over stayed the same.
-    assert_eq!(holder_after_a_notice([0.95, 0.9], 1_000).as_deref(), Some("b"));
-    assert_eq!(holder_after_a_notice([0.95, 0.9], 1_500).as_deref(), Some("a"));
+    assert_eq!(
+        holder_after_a_notice([0.95, 0.9], 1_000).as_deref(),
+        Some("b")
+    );
+    assert_eq!(
+        holder_after_a_notice([0.95, 0.9], 1_500).as_deref(),
+        Some("a")
+    );
 }

@@ -967,3 +967,65 @@ fn a_co_runner_that_turns_gpu_bound_takes_turns_and_stays_there() {
     assert!(co <= 6_000, "{co} steps of 100 µs in co-holds");
     assert!(turns >= 5_000, "{turns} steps of 100 µs in turns");
 }
+
+/// i's longest wait for a grant from t(1000) to t(3000) (µs): t GPU-bound, capped at (0.5,
+/// 0.5); i at (0.5, 1.0), co-running below a fill of 0.8 in 20 ms co-holds, its holds filling
+/// `i_fill` until t(1000) and 0.95 from then on.
+fn i_longest_wait_after_it_turns_heavy(i_fill: f64) -> Micros {
+    let specs = [spec("t", 500, 500, 100), spec("i", 500, 1000, 100)];
+    let mut c = Core::new(params(), &specs, 0);
+    c.set_co_run(CoRunSettings {
+        below: 0.8,
+        quota_us: 20 * MS,
+    });
+    c.hello(1, "t").unwrap();
+    c.hello(2, "i").unwrap();
+    fill(&mut c, 1, 0.95);
+    fill(&mut c, 2, i_fill);
+    let i_start = std::cell::Cell::new(T0);
+    let ended = |c: &mut Core, conn, _co, now| {
+        if conn == 1 {
+            c.busy(now, 1, 4_750, 5 * MS, 0).unwrap();
+            return;
+        }
+        let held = now - i_start.get();
+        let f = if now >= t(1000) { 0.95 } else { i_fill };
+        c.busy(now, 2, (held as f64 * f) as Micros, held, 0)
+            .unwrap();
+    };
+    let (mut last, mut waited_since, mut longest) = (None, None, 0);
+    drive(&mut c, t(0), t(3000), ended, |_, holds, now| {
+        if holds[1] != last {
+            if holds[1].is_some() {
+                i_start.set(now);
+            }
+            last = holds[1];
+        }
+        match (holds[1], waited_since) {
+            (None, None) => waited_since = Some(now),
+            (Some(_), Some(from)) => {
+                if now >= t(1000) {
+                    longest = longest.max(now - from);
+                }
+                waited_since = None;
+            }
+            _ => {}
+        }
+    });
+    longest
+}
+
+#[test]
+fn a_co_runner_back_in_turns_waits_no_longer_than_the_lag_for_one() {
+    // Batch-1 decode co-running below 0.8 beside a capped encoder on an H200: its co-holds
+    // filled 0.68, charged above its 0.5 request, so it was ahead of the encoder when its fill
+    // sent it to turns, and waited up to 110 ms while the encoder caught up in a run of turns.
+    // Without the cap on its lead: 180 ms here at 0.68, 304 ms at 0.75.
+    for fill in [0.5, 0.68, 0.75] {
+        let wait = i_longest_wait_after_it_turns_heavy(fill);
+        assert!(
+            wait <= 10 * MS,
+            "co-holds filling {fill}: i waited {wait} µs"
+        );
+    }
+}
