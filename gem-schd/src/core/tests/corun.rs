@@ -972,14 +972,11 @@ fn a_co_runner_that_turns_gpu_bound_takes_turns_and_stays_there() {
 /// 0.5); i at (0.5, 1.0), co-running below a fill of 0.8 in 20 ms co-holds, its holds filling
 /// `i_fill` until t(1000) and 0.95 from then on.
 fn i_longest_wait_after_it_turns_heavy(i_fill: f64) -> Micros {
-    let specs = [spec("t", 500, 500, 100), spec("i", 500, 1000, 100)];
-    let mut c = Core::new(params(), &specs, 0);
+    let mut c = t_and_i(params(), (500, 500), (500, 1000), 20 * MS, 0);
     c.set_co_run(CoRunSettings {
         below: 0.8,
         quota_us: 20 * MS,
     });
-    c.hello(1, "t").unwrap();
-    c.hello(2, "i").unwrap();
     fill(&mut c, 1, 0.95);
     fill(&mut c, 2, i_fill);
     let i_start = std::cell::Cell::new(T0);
