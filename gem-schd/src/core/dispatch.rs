@@ -95,15 +95,13 @@ impl Core {
     }
 
     /// The shortest quota estimate among the clients other than `key`, of its class or above,
-    /// that wait for the token or held it recently (`None`: no contention).
+    /// in contention for the token (`None`: no contention).
     pub(super) fn contenders_quota(&self, key: Key, now: Micros) -> Option<Micros> {
         let held = self.recent_holders(now);
         self.clients
             .iter()
             .filter(|(k, c)| {
-                **k != key
-                    && self.competes_with(key, **k)
-                    && (!c.waiting.is_empty() || held.contains(k))
+                **k != key && self.competes_with(key, **k) && self.in_contention(**k, c, &held)
             })
             .map(|(_, c)| c.quota_us)
             .min()

@@ -42,17 +42,13 @@ impl Core {
     /// co-hold, or holding it in the last 100 ms) have a judged fill of at least
     /// [`LONG_TURN_FILL`]. A client whose fill is not judged yet is not GPU-bound.
     fn all_gpu_bound(&self, key: Key, now: Micros) -> bool {
-        let holder = self.holder.as_ref().map(|h| h.client);
         let held = self.recent_holders(now);
         self.clients
             .iter()
             .filter(|(k, c)| {
                 **k == key
                     || (self.competes_with(key, **k)
-                        && (!c.waiting.is_empty()
-                            || holder == Some(**k)
-                            || c.co.hold.is_some()
-                            || held.contains(k)))
+                        && (self.in_contention(**k, c, &held) || c.co.hold.is_some()))
             })
             .all(|(_, c)| c.judged_fill().is_some_and(|f| f >= LONG_TURN_FILL))
     }

@@ -459,17 +459,22 @@ impl Core {
     /// compete: wait for the token, hold it, or held it in the last 100 ms (`None`: no one
     /// else). Virtual times of different classes are not compared (`class.rs`).
     pub(super) fn pass_floor(&self, key: Key, now: Micros) -> Option<u128> {
-        let holder = self.holder.as_ref().map(|h| h.client);
         let held = self.recent_holders(now);
         self.clients
             .iter()
             .filter(|(k, c)| {
-                **k != key
-                    && self.peers(key, **k)
-                    && (!c.waiting.is_empty() || holder == Some(**k) || held.contains(k))
+                **k != key && self.peers(key, **k) && self.in_contention(**k, c, &held)
             })
             .map(|(_, c)| c.pass)
             .min()
+    }
+
+    /// Whether `k` is in contention for the token now: it waits for it, holds it, or held it
+    /// in the last 100 ms (`held`: `recent_holders`).
+    pub(super) fn in_contention(&self, k: Key, c: &ClientState, held: &[Key]) -> bool {
+        !c.waiting.is_empty()
+            || self.holder.as_ref().is_some_and(|h| h.client == k)
+            || held.contains(&k)
     }
 
     /// The holder's quota and grace ran out without a report: the token is free
