@@ -296,6 +296,11 @@ impl Core {
                 c.blocked = true;
             }
         }
+        for key in &ranked.repaid {
+            if let Some(c) = self.clients.get_mut(key) {
+                c.co.repaying = false;
+            }
+        }
         for (key, pass) in &ranked.back {
             if let Some(c) = self.clients.get_mut(key) {
                 c.blocked = false;
@@ -373,7 +378,7 @@ impl Core {
         // bursts took 0.80 of an elastic pair instead of 0.50).
         let mut starved: Option<(Pick, Micros)> = None;
         // Clients held back now, and clients eligible again after being held back.
-        let (mut held_back, mut back) = (Vec::new(), Vec::new());
+        let (mut held_back, mut back, mut repaid) = (Vec::new(), Vec::new(), Vec::new());
         for (&key, c) in &self.clients {
             // A light client waits for a co-hold, not a turn: its turn, charged wall time,
             // filled the pacing window that its next co-hold needed room in, so it waited,
@@ -410,19 +415,6 @@ impl Core {
                 if let Some(f) = self.pass_floor(key, now) {
                     pass =
                         pass.max(f.saturating_sub(stride(self.max_lag_us, c.spec.request_milli)));
-                }
-                back.push((key, pass));
-            }
-            // A client back from co-holds to turns is at most the lag ahead of the others: it
-            // is ahead by what it ran beside their turns, charged its fill, not by time it
-            // took from them. (Otherwise a capped neighbour caught up in a run of turns: batch-1
-            // decode whose co-holds filled 0.68 at a request of 0.5 waited 110 ms for a turn
-            // beside a capped encoder on an H200; 180 ms in `corun.rs`'s unit test.)
-            if c.co.co_mode {
-                if let Some(f) = self.pass_floor(key, now) {
-                    pass =
-                        pass.min(f.saturating_add(stride(self.max_lag_us, c.spec.request_milli)));
-                    rank_pass = rank_pass.min(pass);
                 }
                 back.push((key, pass));
             }
@@ -473,8 +465,28 @@ impl Core {
             // the bound (first come, first served past it) gave a training tenant with 100 ms
             // non-preemptible steps a turn after every 50 ms wait, 0.64–0.69 of the GPU
             // beside a 0.5 inference tenant (`inference_beside_training_...` in tests/sim_pacing.rs).
+            // A client back from co-holds is ahead of its competitors by what it ran beside
+            // their turns, charged its fill. They catch up, but not in one run of turns: under
+            // full contention (where the bound above does not apply) it goes first after two
+            // min quotas of waiting until they are within the lag. (In one run, batch-1 decode
+            // whose co-holds filled 0.68 at a request of 0.5 waited 110 ms for a turn beside a
+            // capped encoder on an H200; let off its lead instead, the encoder lost 3.5 pp of its
+            // request in `corun.rs`'s unit test.)
+            let (mut bound, mut bounded) = (bound, !full);
+            if c.co.co_mode || c.co.repaying {
+                let lead_over = |f: u128| {
+                    pass > f.saturating_add(stride(self.max_lag_us, c.spec.request_milli))
+                };
+                if self.pass_floor(key, now).is_some_and(lead_over) {
+                    if full {
+                        (bound, bounded) = (2 * self.params.min_quota_us, true);
+                    }
+                } else if c.co.repaying {
+                    repaid.push(key);
+                }
+            }
             if below
-                && !full
+                && bounded
                 && self.max_wait_us > 0
                 && waited >= bound
                 && starved.as_ref().is_none_or(|(_, at)| c.waiting_at < *at)
@@ -487,6 +499,7 @@ impl Core {
             starved: starved.map(|(p, _)| p),
             held_back,
             back,
+            repaid,
         }
     }
 
@@ -575,6 +588,7 @@ impl Core {
         // below it again (`serve_co_waiters`).
         if std::mem::replace(&mut c.co.co_mode, false) {
             c.fill.left_co();
+            c.co.repaying = true;
         }
         let client = c.spec.id.clone();
         let conns = self.take_waiting(key);
@@ -658,6 +672,8 @@ struct Ranked {
     held_back: Vec<Key>,
     /// Eligible again after being held back, with their floored virtual time.
     back: Vec<(Key, u128)>,
+    /// Back from co-holds, and no longer more than the lag ahead of their competitors.
+    repaid: Vec<Key>,
 }
 
 /// Gemini's `schd_priority`, as a total order with FIFO tie-break.
