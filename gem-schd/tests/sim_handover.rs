@@ -71,6 +71,30 @@ struct Four {
     charged: [f64; 4],
 }
 
+impl Four {
+    /// No tenant above its limit (its request) + 1 pp over any second.
+    fn assert_no_second_over_limits(&self, what: &str) {
+        for (i, share) in SHARES.iter().enumerate() {
+            assert!(
+                self.worst[i] <= share + 0.01,
+                "tenant at {share}: a second at {:.3} {what}",
+                self.worst[i]
+            );
+        }
+    }
+
+    /// Each tenant's GPU time within 2 pp of its request.
+    fn assert_gpu_near_requests(&self, what: &str) {
+        for (i, share) in SHARES.iter().enumerate() {
+            assert!(
+                (self.gpu[i] - share).abs() <= 0.02,
+                "tenant at {share}: GPU time {:.3} {what}",
+                self.gpu[i]
+            );
+        }
+    }
+}
+
 /// The four tenants for 20 s with the hook's clock (precise in a hold's last tick), its
 /// queue-ahead bound `ahead`, renewals (the Yield is the drain notice), and a wake-up of
 /// `wake` after each grant; `hand_over` on or off.
@@ -210,12 +234,8 @@ fn a_context_switch_at_each_hand_over_costs_busy_time_not_shares() {
             (of_busy - share).abs() <= 0.015,
             "tenant at {share}: {of_busy:.3} of the busy time with switches"
         );
-        assert!(
-            switching.worst[i] <= share + 0.01,
-            "tenant at {share}: a second at {:.3}",
-            switching.worst[i]
-        );
     }
+    switching.assert_no_second_over_limits("with switches");
 }
 
 /// The bubble and what the notice takes of it, with a 0.3 ms wake-up: handed on only after the
@@ -248,17 +268,13 @@ fn hand_overs_at_the_drain_keep_four_saturating_tenants_busy_with_exact_shares()
         after.busy
     );
     for o in [&notice, &after, &drains] {
+        o.assert_gpu_near_requests("handed over at the drain");
+        o.assert_no_second_over_limits("handed over at the drain");
         for (i, share) in SHARES.iter().enumerate() {
             let of_busy = o.gpu[i] / o.busy;
             assert!(
-                (o.gpu[i] - share).abs() <= 0.02 && (of_busy - share).abs() <= 0.01,
-                "tenant at {share}: GPU time {:.3}, {of_busy:.3} of the busy time",
-                o.gpu[i]
-            );
-            assert!(
-                o.worst[i] <= share + 0.01,
-                "tenant at {share}: a second at {:.3}",
-                o.worst[i]
+                (of_busy - share).abs() <= 0.01,
+                "tenant at {share}: {of_busy:.3} of the busy time"
             );
             assert!(
                 (o.charged[i] - share).abs() <= 0.01,
@@ -289,16 +305,6 @@ fn long_turns_among_gpu_bound_tenants_hand_over_less_with_exact_shares() {
         long.busy,
         short.busy
     );
-    for (i, share) in SHARES.iter().enumerate() {
-        assert!(
-            (long.gpu[i] - share).abs() <= 0.02,
-            "tenant at {share}: GPU time {:.3} with long turns",
-            long.gpu[i]
-        );
-        assert!(
-            long.worst[i] <= share + 0.01,
-            "tenant at {share}: a second at {:.3} with long turns",
-            long.worst[i]
-        );
-    }
+    long.assert_gpu_near_requests("with long turns");
+    long.assert_no_second_over_limits("with long turns");
 }
