@@ -438,8 +438,8 @@ impl Core {
     }
 
     /// The longest usual drain (a decaying maximum of a holder's reported overruns) that a
-    /// drain notice hands the token on from (`None`: a fifth of the min quota, or of the turn
-    /// in a long turn, `long_turn.rs`).
+    /// drain notice hands the token on from (`None`: a fifth of the min quota, in a long turn
+    /// too).
     pub fn set_handover_drain_max(&mut self, max: Option<Micros>) {
         self.handover_drain_max_us = max;
     }
