@@ -104,22 +104,11 @@ fn four(wake: Micros, ahead: Micros, hand_over: bool) -> Four {
 
 /// [`four`], with renewals (`renew`) or without (then the hooks send Drain notices).
 fn four_with(wake: Micros, ahead: Micros, hand_over: bool, renew: bool) -> Four {
-    four_on(Params::default(), 0, wake, ahead, hand_over, renew)
+    four_setup(Params::default(), 0, wake, ahead, hand_over, renew, |_| {})
 }
 
-/// [`four_with`] under `params`, on a GPU whose context switch takes `switch`.
-fn four_on(
-    params: Params,
-    switch: Micros,
-    wake: Micros,
-    ahead: Micros,
-    hand_over: bool,
-    renew: bool,
-) -> Four {
-    four_setup(params, switch, wake, ahead, hand_over, renew, |_| {})
-}
-
-/// [`four_on`], with `setup` applied to the simulation before it runs.
+/// [`four_with`] under `params`, on a GPU whose context switch takes `switch`, with `setup`
+/// applied to the simulation before it runs.
 fn four_setup(
     params: Params,
     switch: Micros,
@@ -210,7 +199,7 @@ fn switch_table() {
             ..Params::default()
         };
         for switch in [0, 250] {
-            four_on(params, switch, 300, 200, true, true);
+            four_setup(params, switch, 300, 200, true, true, |_| {});
         }
     }
 }
@@ -220,8 +209,8 @@ fn switch_table() {
 /// what it does stay exact and no tenant passes its limit + 1 pp over any second.
 #[test]
 fn a_context_switch_at_each_hand_over_costs_busy_time_not_shares() {
-    let plain = four_on(Params::default(), 0, 300, 500, true, true);
-    let switching = four_on(Params::default(), 250, 300, 500, true, true);
+    let plain = four_setup(Params::default(), 0, 300, 500, true, true, |_| {});
+    let switching = four_setup(Params::default(), 250, 300, 500, true, true, |_| {});
     assert!(
         switching.busy <= plain.busy - 0.02,
         "busy {:.3} with 0.25 ms switches, {:.3} without",
