@@ -178,22 +178,25 @@ def handovers(res, labels, t0, t1):
 
 
 def token_events(logfile, since):
-    """gem-schd's grants, releases and waits logged after byte `since`, as (host time s, short
-    text), in order."""
+    """gem-schd's grants, releases, waits, renewals asked and drain notices logged after byte
+    `since`, as (host time s, short text), in order."""
     out = []
     with open(logfile) as f:
         f.seek(since)
         for line in f:
-            m = re.search(r"gem_schd::daemon: (grant|release|token request waits) .*?client=(\S+)"
-                          r"(?: quota_us=(\d+))?(?: used_us=(\d+))?.*?(co=\w+)?$", line.strip())
+            m = re.search(r"gem_schd::daemon: (grant|release|token request waits|renew|drain) "
+                          r".*?client=(\S+)(?: quota_us=(\d+))?(?: used_us=(\d+))?"
+                          r"(?: burst_us=(\d+))?.*?(co=\w+)?$", line.strip())
             if not m:
                 continue
-            what, client, quota, used, co = m.groups()
+            what, client, quota, used, burst, co = m.groups()
             text = f"{'waits' if what.startswith('token') else what} {client}"
             if quota:
                 text += f" quota {int(quota) / 1e3:g} ms {co or ''}".rstrip()
             if used:
                 text += f" used {int(used) / 1e3:g} ms"
+            if burst:
+                text += f" after {int(burst) / 1e3:g} ms"
             out.append((log_time(line), text))
     return out
 
@@ -203,7 +206,9 @@ def handover_lags(res, labels, t0, t1, logfile, since):
     gem-schd's grant to the next tenant (its last before that kernel) against the previous
     tenant's last kernel end (negative: granted while that one still drained) and against the
     next tenant's first kernel start (its wake-up and first launch), both on the host clock,
-    p50 / p90 in ms. A gap with no grant to its tenant in the 50 ms before is counted apart
+    p50 / p90 in ms; the latter split where the runtime call that launched that kernel
+    returned (the tenant's `launched`): grant to return (the process's wake-up and launch
+    call), return to the kernel's start (the GPU's part: its queue, a context switch). A gap with no grant to its tenant in the 50 ms before is counted apart
     (a co-hold's kernels, or a turn's later process). Also, over every turn, when its holder's
     notice (its Renew or Drain) reached gem-schd after the turn's quota ran out."""
     starts = {res[lbl].get("start_at") for lbl in labels}
@@ -228,12 +233,18 @@ def handover_lags(res, labels, t0, t1, logfile, since):
             elif lbl in quota_end:
                 notice_after.append(t - quota_end.pop(lbl))
     after_end, to_kernel, unmatched = [], [], 0
+    to_return, return_to_kernel = [], []
+    launched = {lbl: dict(map(tuple, res[lbl].get("launched", []))) for lbl in labels}
     for a, _, lbl, end, owner in kernel_walk(res, labels, t0, t1):
         if end is not None and a > end and lbl != owner:
             g = [t for t in grants[lbl] if a - 0.05 <= t <= a]
             if g:
                 after_end.append(g[-1] - end)
                 to_kernel.append(a - g[-1])
+                r = launched[lbl].get(a)
+                if r is not None and g[-1] <= r <= a:
+                    to_return.append(r - g[-1])
+                    return_to_kernel.append(a - r)
             else:
                 unmatched += 1
 
@@ -242,6 +253,9 @@ def handover_lags(res, labels, t0, t1, logfile, since):
     return {"gaps": len(after_end) + unmatched, "without_grant": unmatched,
             "grant_after_last_end_ms": [p(after_end, 0.5), p(after_end, 0.9)],
             "grant_to_first_kernel_ms": [p(to_kernel, 0.5), p(to_kernel, 0.9)],
+            "split": len(to_return),
+            "grant_to_launch_return_ms": [p(to_return, 0.5), p(to_return, 0.9)],
+            "launch_return_to_kernel_ms": [p(return_to_kernel, 0.5), p(return_to_kernel, 0.9)],
             "notice_after_quota_end_ms": [p(notice_after, 0.5), p(notice_after, 0.9)]}
 
 

@@ -35,6 +35,8 @@ import torch.nn.functional as F
 
 # A step of a syncing workload at least this long is listed with its start time.
 SLOW_STEP_MS = 5.0
+# A first kernel after an idle gap this long gets its launch call's return time listed.
+LAUNCHED_AFTER_GAP_NS = 50_000
 
 
 def emit(d):
@@ -200,23 +202,33 @@ def profiler_clock_offset(res, wall_ns, mono_ns):
 
 def kernel_intervals(prof, base_ns, offset_ns):
     """The union of this process's GPU activity (kernels, copies, sets) from CUPTI's records,
-    as merged [start, end] seconds after `base_ns` (host wall clock, ns)."""
-    spans = []
+    as merged [start, end] seconds after `base_ns` (host wall clock, ns); and, for each merged
+    interval that follows an idle gap of at least LAUNCHED_AFTER_GAP_NS, [its start, when the
+    runtime call that launched its first record returned], so that a hand-over's lag splits
+    into the process's wake-up and launch (grant to that return; the hook's gate waits inside
+    the call) and the GPU's part (that return to the kernel's start)."""
+    spans, returned = [], {}
     for e in prof.profiler.kineto_results.events():
+        corr = e.correlation_id() if hasattr(e, "correlation_id") else 0
         if e.device_type() != torch.autograd.DeviceType.CUDA:
+            if corr and e.name().startswith("cu"):
+                returned[corr] = e.start_ns() + e.duration_ns() + offset_ns
             continue
         s = e.start_ns() + offset_ns
-        spans.append((s, s + e.duration_ns()))
+        spans.append((s, s + e.duration_ns(), corr))
     spans.sort()
-    merged = []
-    for s, t in spans:
+    merged, launched = [], []
+    for s, t, corr in spans:
         if t <= base_ns:
             continue  # warm-up, before the timed run
         if merged and s <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], t)
-        else:
-            merged.append([s, t])
-    return [[round((s - base_ns) / 1e9, 7), round((t - base_ns) / 1e9, 7)] for s, t in merged]
+            continue
+        if merged and s - merged[-1][1] >= LAUNCHED_AFTER_GAP_NS and corr in returned:
+            launched.append([round((s - base_ns) / 1e9, 7), round((returned[corr] - base_ns) / 1e9, 7)])
+        merged.append([s, t])
+    rel = [[round((s - base_ns) / 1e9, 7), round((t - base_ns) / 1e9, 7)] for s, t in merged]
+    return rel, launched
 
 
 def main():
@@ -262,8 +274,9 @@ def main():
                 torch.cuda.synchronize()
         torch.cuda.synchronize()
     offset = profiler_clock_offset(prof.profiler.kineto_results, wall_ns, mono_ns)
+    busy, launched = kernel_intervals(prof, base_ns, offset)
     emit({"label": a.label, "work": a.work, "steps": steps, "seconds": a.seconds,
-          "busy": kernel_intervals(prof, base_ns, offset), "lat_ms": lat, "slow": slow,
+          "busy": busy, "launched": launched, "lat_ms": lat, "slow": slow,
           "profiler_start_s": profiler_start_s, "start_at": start_at})
 
 
