@@ -47,6 +47,7 @@ pub mod kind {
     pub const BUSY: u8 = 8;
     pub const OPTIONS: u8 = 9;
     pub const DRAIN: u8 = 10;
+    pub const WANT_SOON: u8 = 11;
     /// Server -> client kinds.
     pub const HELLO_OK: u8 = 64;
     pub const GRANT: u8 = 65;
@@ -54,6 +55,7 @@ pub mod kind {
     pub const MEM_INFO: u8 = 67;
     pub const YIELD: u8 = 68;
     pub const OPTIONS_OK: u8 = 69;
+    pub const SOON: u8 = 70;
     pub const ERROR: u8 = 127;
 }
 
@@ -98,6 +100,9 @@ pub enum Request {
     /// hand the token on at once: the next holder's work queues behind the drain. Sent by a
     /// hook that does not renew (a Renew answered Yield is the same notice). No reply.
     Drain,
+    /// This connection reads [`Reply::Soon`] while it waits for a Grant. Sent once, after
+    /// Options; no reply.
+    WantSoon,
 }
 
 /// A frame sent by gem-schd to a client.
@@ -136,6 +141,11 @@ pub enum Reply {
     OptionsOk {
         busy_every: u32,
     },
+    /// To a connection that sent WantSoon and waits for a Grant: the holder has stopped
+    /// launching and drains, and the token comes to this connection next unless its report
+    /// changes that. The waiting thread can be running when the Grant arrives instead of
+    /// being woken by it. Not an answer: the Grant (or an Error) still follows.
+    Soon,
 }
 
 /// Why a frame could not be decoded (or encoded).
@@ -176,6 +186,7 @@ impl Request {
             Request::Busy { .. } => kind::BUSY,
             Request::Options => kind::OPTIONS,
             Request::Drain => kind::DRAIN,
+            Request::WantSoon => kind::WANT_SOON,
         }
     }
 
@@ -188,6 +199,7 @@ impl Request {
                 | Request::MemFree { .. }
                 | Request::Busy { .. }
                 | Request::Drain
+                | Request::WantSoon
         )
     }
 
@@ -219,7 +231,7 @@ impl Request {
                 w.u64(*held_us);
                 w.u64(*earlier_us);
             }
-            Request::Options | Request::Drain => {}
+            Request::Options | Request::Drain | Request::WantSoon => {}
         }
         w.finish();
         Ok(())
@@ -259,6 +271,7 @@ impl Request {
             },
             kind::OPTIONS => Request::Options,
             kind::DRAIN => Request::Drain,
+            kind::WANT_SOON => Request::WantSoon,
             other => return Err(FrameError::UnknownKind(other)),
         };
         r.end()?;
@@ -277,6 +290,7 @@ impl Reply {
             Reply::Error { .. } => kind::ERROR,
             Reply::Yield => kind::YIELD,
             Reply::OptionsOk { .. } => kind::OPTIONS_OK,
+            Reply::Soon => kind::SOON,
         }
     }
 
@@ -328,7 +342,7 @@ impl Reply {
                 w.u16(*code);
                 w.string(message)?;
             }
-            Reply::Yield => {}
+            Reply::Yield | Reply::Soon => {}
             Reply::OptionsOk { busy_every } => w.u32(*busy_every),
         }
         w.finish();
@@ -380,6 +394,7 @@ impl Reply {
             kind::OPTIONS_OK => Reply::OptionsOk {
                 busy_every: r.u32()?,
             },
+            kind::SOON => Reply::Soon,
             other => return Err(FrameError::UnknownKind(other)),
         };
         r.end()?;
@@ -662,6 +677,20 @@ mod tests {
             Reply::decode(&[5, 0, 0, 0, 1, 69, 32, 0, 0]),
             Err(FrameError::Truncated {
                 kind: kind::OPTIONS_OK
+            })
+        );
+    }
+
+    #[test]
+    fn soon_layouts_are_as_specified() {
+        assert_eq!(Request::WantSoon.encode().unwrap(), vec![2, 0, 0, 0, 1, 11]);
+        assert!(!Request::WantSoon.expects_reply());
+        assert_eq!(Reply::Soon.encode().unwrap(), vec![2, 0, 0, 0, 1, 70]);
+        assert_eq!(
+            Reply::decode(&[3, 0, 0, 0, 1, 70, 0]),
+            Err(FrameError::TrailingBytes {
+                kind: kind::SOON,
+                extra: 1
             })
         );
     }

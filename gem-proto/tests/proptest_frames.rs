@@ -31,6 +31,7 @@ fn request() -> impl Strategy<Value = Request> {
         Just(Request::MemQuery),
         Just(Request::Options),
         Just(Request::Drain),
+        Just(Request::WantSoon),
         any::<u64>().prop_map(|burst_us| Request::Renew { burst_us }),
         (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(busy_us, held_us, earlier_us)| {
             Request::Busy {
@@ -71,6 +72,7 @@ fn reply() -> impl Strategy<Value = Reply> {
         (any::<u64>(), any::<u64>()).prop_map(|(used, limit)| Reply::MemInfo { used, limit }),
         (any::<u16>(), string()).prop_map(|(code, message)| Reply::Error { code, message }),
         Just(Reply::Yield),
+        Just(Reply::Soon),
         any::<u32>().prop_map(|busy_every| Reply::OptionsOk { busy_every }),
     ]
 }

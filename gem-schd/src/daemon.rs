@@ -82,6 +82,9 @@ pub struct Settings {
     pub handover_drain_max: Option<Duration>,
     /// Long turns among GPU-bound tenants (see `Core::set_long_turn`; zero: off).
     pub long_turn: Duration,
+    /// Soon to the next client at a drain notice that cannot hand the token on (see
+    /// `Core::set_soon`), on connections that asked for it (WantSoon).
+    pub soon: bool,
     /// Co-running of light clients (see `Core::set_co_run`).
     pub co_run: CoRunSettings,
     /// Turns charged their kernel time (see `Core::set_charge_by_fill`).
@@ -132,6 +135,8 @@ struct Conn {
     pid: Option<u32>,
     out: mpsc::Sender<Reply>,
     hello: bool,
+    /// It sent WantSoon: it reads Soon while it waits for a Grant.
+    wants_soon: bool,
 }
 
 /// Who connected: the process (peer credentials) and the pod its cgroups put it in.
@@ -198,6 +203,7 @@ pub async fn run(
     core.set_turn_includes_drain(settings.turn_includes_drain);
     core.set_handover_drain_max(settings.handover_drain_max.map(|d| d.as_micros() as Micros));
     core.set_long_turn(settings.long_turn.as_micros() as Micros);
+    core.set_soon(settings.soon);
     core.set_co_run(settings.co_run);
     core.set_charge_by_fill(settings.charge_by_fill, 0);
     let mut actor = Actor {
@@ -347,6 +353,13 @@ impl Actor {
                     message,
                 } => self.send(conn, Reply::error(code, message)),
                 Action::Yield { conn } => self.send(conn, Reply::Yield),
+                Action::Soon { conns } => {
+                    for c in conns {
+                        if self.conns.get(&c).is_some_and(|c| c.wants_soon) {
+                            self.send(c, Reply::Soon);
+                        }
+                    }
+                }
             }
         }
     }
@@ -384,6 +397,7 @@ impl Actor {
                         pid,
                         out,
                         hello: false,
+                        wants_soon: false,
                     },
                 );
             }
@@ -485,6 +499,16 @@ impl Actor {
                 }
                 let acts = self.core.renew(now, conn, burst_us);
                 self.perform(acts);
+            }
+            Request::WantSoon => {
+                // No reply, as Drain: before Hello it is refused like any frame.
+                match self.conns.get_mut(&conn) {
+                    Some(c) if c.hello => c.wants_soon = true,
+                    _ => self.send(
+                        conn,
+                        Reply::error(code::PROTOCOL_MISUSE, "Hello must be the first frame"),
+                    ),
+                }
             }
             Request::Drain => {
                 if let Some(c) = self.conns.get(&conn) {

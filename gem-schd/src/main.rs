@@ -99,6 +99,12 @@ struct Args {
     /// its limit by more than 1 pp over a second (by up to a turn). 0 = off.
     #[arg(long, default_value_t = 0)]
     long_turn_ms: u64,
+    /// At a drain notice that does not hand the token on (the holder's drains run long), tell
+    /// the client that goes next (Soon), so that its process is running when the grant comes
+    /// after the holder's report; only hooks that ask for it are told (docs/gem-schd.md,
+    /// "Hand-over at the drain").
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    soon: bool,
     /// Co-running: a client whose kernels fill less than this fraction of its holds (its
     /// fill, from the hook's Busy reports) launches beside the token holder instead of
     /// waiting for turns, charged its fill of the time; the holder's turns are charged the
@@ -193,6 +199,7 @@ fn main() -> Result<()> {
         turn_includes_drain: args.turn_includes_drain,
         handover_drain_max: args.handover_drain_max_us.map(Duration::from_micros),
         long_turn: Duration::from_millis(args.long_turn_ms),
+        soon: args.soon,
         co_run: CoRunSettings {
             below: args.co_run_below,
             quota_us: args.co_run_quota_ms.max(1) * 1000,

@@ -206,6 +206,15 @@ impl World {
                 Action::Error { conn, code, .. } if code != gem_proto::code::PROTOCOL_MISUSE => {
                     self.pending.remove(&conn);
                 }
+                Action::Soon { conns } => {
+                    // Only to requests that wait, and never an answer.
+                    for c in &conns {
+                        prop_assert!(
+                            self.pending.contains(c),
+                            "Soon to conn {c}, which does not wait"
+                        );
+                    }
+                }
                 Action::Error { .. } | Action::Yield { .. } => {}
             }
         }
@@ -596,6 +605,8 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
         below: w.below,
         quota_us: CO_QUOTA_US,
     });
+    // Soon changes no decision; on, its conditions are checked too.
+    w.core.set_soon(true);
     for s in 0..6 {
         w.core.hello(s as ConnId, IDS[s % 3]).unwrap();
     }
@@ -688,6 +699,11 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
                         w.pending.insert(c);
                     }
                     [Action::Yield { conn }] => prop_assert_eq!(*conn, c),
+                    // Told, not handed on: the hold stands until the report.
+                    [Action::Soon { .. }, Action::Yield { conn }] if *conn == c => {
+                        prop_assert!(!waiting.is_empty(), "Soon with nobody waiting: {:?}", acts);
+                        prop_assert_eq!(w.core.holder(), holder.as_deref());
+                    }
                     [grants @ .., Action::Yield { conn }] if *conn == c => {
                         prop_assert!(
                             !waiting.is_empty(),
@@ -717,6 +733,9 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
                 );
                 if !acts.is_empty() {
                     prop_assert!(w.conn_ok(s), "a Drain on {} did something: {:?}", c, acts);
+                }
+                if let [Action::Soon { .. }] = acts.as_slice() {
+                    prop_assert_eq!(w.core.holder(), holder.as_deref(), "Soon handed on");
                 }
                 w.handed_over(c, holder.as_deref(), &acts)?;
                 acts

@@ -728,3 +728,63 @@ fn options_ask_for_busy_reports_only_when_fills_are_used() {
         }
     ));
 }
+
+/// Soon: at a holder's notice that cannot hand the token on (its drains run long), the client
+/// that goes next is told, on a connection that asked with WantSoon only, and its Grant still
+/// follows the holder's report.
+#[test]
+fn soon_goes_to_the_next_client_that_asked_and_its_grant_follows_the_report() {
+    for wants in [true, false] {
+        // Long turns, so that no hold expires while the test reads the log.
+        let s = Schd::start(
+            "2\na 0.5 0.5 1000\nb 0.5 0.5 1000\n",
+            &[
+                "--soon",
+                "--quiet-ms",
+                "0",
+                "--min-quota-ms",
+                "2000",
+                "--handover-drain-max-us",
+                "1000",
+            ],
+        );
+        let mut a = s.connect("a");
+        a.request_token(0, 0).unwrap();
+        // a reports a 3 ms drain past its quota: longer than the 1 ms a notice hands over from.
+        a.request_token(3000, 0).unwrap();
+        let mut b = std::os::unix::net::UnixStream::connect(s.sock("b")).unwrap();
+        b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let hello = Request::Hello {
+            pid: 1,
+            gpu_uuid: GPU.into(),
+        };
+        b.write_all(&hello.encode().unwrap()).unwrap();
+        assert!(matches!(read_reply(&mut b), Reply::HelloOk { .. }));
+        if wants {
+            b.write_all(&Request::WantSoon.encode().unwrap()).unwrap();
+        }
+        let ask = Request::TokenRequest {
+            overuse_us: 0,
+            burst_us: 0,
+        };
+        b.write_all(&ask.encode().unwrap()).unwrap();
+        s.wait_log(
+            |l| l.contains("token request waits") && l.contains("client=b"),
+            "b waiting for the token",
+        );
+        assert_eq!(
+            a.renew(0).unwrap(),
+            None,
+            "b waits: a's hold is not renewed"
+        );
+        if wants {
+            assert_eq!(read_reply(&mut b), Reply::Soon);
+        }
+        // a drained: its report lets b in (a, asking again, waits).
+        a.send_token_request(500, 0).unwrap();
+        assert!(
+            matches!(read_reply(&mut b), Reply::Grant { .. }),
+            "wants Soon: {wants}"
+        );
+    }
+}

@@ -211,6 +211,7 @@ pub fn connect(dev: usize, purpose: Purpose) -> Option<Client> {
             .and_then(|mut c| {
                 if purpose == Purpose::Token {
                     ask_options(&uuid, &mut c)?;
+                    ask_soon(&mut c)?;
                 }
                 Ok(c)
             });
@@ -267,6 +268,19 @@ pub fn connect(dev: usize, purpose: Purpose) -> Option<Client> {
             },
         }
     }
+}
+
+/// Set once a gem-schd refused WantSoon (one older than it): not asked again.
+static SOON_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// Asks for Soon on a new token connection, unless the spin is off or gem-schd refused it
+/// before. No reply: an older gem-schd's refusal arrives as the answer to the next request
+/// (`note_refusal`), and the connection after it asks no more.
+fn ask_soon(c: &mut Client) -> Result<(), ClientError> {
+    if settings().soon_spin_ns == 0 || SOON_REFUSED.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    c.want_soon()
 }
 
 /// Set once a gem-schd refused Options (one older than it): not asked again.
@@ -585,13 +599,14 @@ pub(crate) fn renew(dev: usize, g: &Gpu, t: &mut Token) -> Option<u64> {
 /// A gem-schd older than a frame refuses it (Error{2} "unknown frame kind N") and hangs up;
 /// the refusal arrives as the answer to whatever this process asked next. From then on the
 /// frame is not sent again: Renew (the hold drains and asks again, as before it), Drain (the
-/// token moves on after the drain, as before it) or Busy (gem-schd learns no fill). One
-/// reconnection per frame it lacks.
+/// token moves on after the drain, as before it), Busy (gem-schd learns no fill) or WantSoon
+/// (the process blocks for every Grant). One reconnection per frame it lacks.
 pub(crate) fn note_refusal(e: &ClientError) {
     match e.refused_kind() {
         Some(gem_proto::kind::RENEW) => RENEW_REFUSED.store(true, Ordering::Relaxed),
         Some(gem_proto::kind::DRAIN) => DRAIN_REFUSED.store(true, Ordering::Relaxed),
         Some(gem_proto::kind::BUSY) => crate::timing::refused(),
+        Some(gem_proto::kind::WANT_SOON) => SOON_REFUSED.store(true, Ordering::Relaxed),
         _ => {}
     }
 }
@@ -636,8 +651,9 @@ fn wait_for_token(
     burst_us: u64,
 ) -> Result<u64, NoToken> {
     c.send_token_request(overuse_us, burst_us).map_err(Lost)?;
+    let spin = Duration::from_nanos(settings().soon_spin_ns);
     loop {
-        match c.wait_grant() {
+        match c.wait_grant_spinning(spin) {
             Ok(q) => return Ok(q),
             Err(e) if e.is_timeout() => {
                 if crate::memory::probe(dev) {

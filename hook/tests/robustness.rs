@@ -297,9 +297,10 @@ fn a_holder_stops_launching_when_its_gem_schd_dies() {
     );
 }
 
-/// What a gem-schd from before Renew (and Options, Busy, Drain) does, over a real socket:
-/// answers Hello, grants every TokenRequest 5 ms, passes memory calls, and answers a frame it
-/// cannot read (a Renew, an Options, a Busy, a Drain) with Error{2} and a hang-up. Records the kinds of the
+/// What a gem-schd from before Renew (and Options, Busy, Drain, WantSoon) does, over a real
+/// socket: answers Hello, grants every TokenRequest 5 ms, passes memory calls, and answers a
+/// frame it cannot read (a Renew, an Options, a Busy, a Drain, a WantSoon) with Error{2} and a
+/// hang-up. Records the kinds of the
 /// frames it received. With `two_field_busy` it is one from after Options and Busy but before
 /// Busy's `earlier_us`: it asks for reports (one launch in 8) and takes a Busy of two fields,
 /// refusing a longer one as trailing bytes (and hanging up).
@@ -356,12 +357,14 @@ fn serve_like_an_old_gem_schd(
                             Request::Renew { .. }
                             | Request::Busy { .. }
                             | Request::Options
-                            | Request::Drain => {
+                            | Request::Drain
+                            | Request::WantSoon => {
                                 let k = req.kind();
                                 seen.lock().unwrap().push(match k {
                                     7 => "renew",
                                     9 => "options",
                                     10 => "drain",
+                                    11 => "want_soon",
                                     _ => "busy",
                                 });
                                 let e = Reply::error(
@@ -445,15 +448,16 @@ fn requests_after(seen: &[&str], kind: &str) -> usize {
 #[test]
 fn a_gem_schd_without_renew_or_options_costs_one_reconnection_each() {
     // Version skew in an upgrade: a hook with renewals and Options beside a gem-schd without
-    // them. The first of each is refused (Error{2}, the connection closed); the hook
-    // reconnects and never sends that frame again: TokenRequests from then on, and no Busy
-    // reports (nobody asked for them).
+    // them (and WantSoon). The first of each is refused (Error{2}, the connection closed); the
+    // hook reconnects and never sends that frame again: TokenRequests from then on, and no
+    // Busy reports (nobody asked for them).
     let seen = frames_beside_an_old_gem_schd(false, &[]);
     let count = |kind: &str| seen.iter().filter(|k| **k == kind).count();
     assert_eq!(count("renew"), 1, "Renews sent: {seen:?}");
     // Older than Renew, older than Drain: never sent.
     assert_eq!(count("drain"), 0, "Drains sent: {seen:?}");
     assert_eq!(count("options"), 1, "Options sent: {seen:?}");
+    assert_eq!(count("want_soon"), 1, "WantSoon frames sent: {seen:?}");
     assert_eq!(count("busy"), 0, "Busy frames sent: {seen:?}");
     let after = requests_after(&seen, "renew");
     assert!(

@@ -52,18 +52,25 @@ impl Core {
     }
 
     /// Whether a drain notice on `conn` may hand the token on: hand-overs at the drain are on,
-    /// `conn` is the sole process of `key`'s running turn (`sole_turn`), its drains are short
-    /// (its overrun at most `handover_drain_max`: what the next client runs beside a drain is
-    /// charged to the holder), and trying costs no more than a renewal's try
-    /// (`RENEW_MAX_ENTRIES`).
+    /// the notice may be acted on (`notice_counts`), and `key`'s drains are short (its overrun
+    /// at most `handover_drain_max`: what the next client runs beside a drain is charged to the
+    /// holder).
     pub(super) fn drain_notice_applies(&self, key: Key, conn: ConnId) -> bool {
-        self.hand_over_at_drain
-            && self.sole_turn(key, conn)
-            && self
-                .clients
-                .get(&key)
-                .is_some_and(|c| c.overrun_us <= self.handover_drain_max())
-            && self.history.len() <= dispatch::RENEW_MAX_ENTRIES
+        self.hand_over_at_drain && self.notice_counts(key, conn) && self.drains_short(key)
+    }
+
+    /// Whether `key`'s usual drain (its overrun) is at most `handover_drain_max`.
+    fn drains_short(&self, key: Key) -> bool {
+        self.clients
+            .get(&key)
+            .is_some_and(|c| c.overrun_us <= self.handover_drain_max())
+    }
+
+    /// Whether a drain notice on `conn` says who goes next: `conn` is the sole process of
+    /// `key`'s running turn (`sole_turn`), and trying costs no more than a renewal's try
+    /// (`RENEW_MAX_ENTRIES`).
+    fn notice_counts(&self, key: Key, conn: ConnId) -> bool {
+        self.sole_turn(key, conn) && self.history.len() <= dispatch::RENEW_MAX_ENTRIES
     }
 
     /// Whether `conn` is the only connection in `key`'s running turn (the processes of a hold
@@ -77,16 +84,34 @@ impl Core {
 
     /// The holder `key` (its sole process on `conn`) drains: the token goes now to the client a
     /// TokenRequest from `conn` at this moment would let in, if that is another client and the
-    /// notice may hand the token on (`drain_notice_applies`). The decision is the usual one,
-    /// made on a copy with the holder's hold ended now and its request queued (so the ranking,
-    /// full contention and the turn lengths are those of a hand-over after its report); a copy,
-    /// because when the holder itself would go next, or no one may, nothing must change: the
-    /// hold stands until the report, as before (and the holder's request then decides).
-    /// `Some(actions)`: handed on, the grant among them.
+    /// notice may hand the token on (`drain_notice_applies`). When only the holder's drains are
+    /// too long for that, that client's waiting connections are told Soon (`set_soon`): the
+    /// token comes after the holder's report. `Some(actions)`: handed on (the grant among
+    /// them) or told.
     pub(super) fn hand_over(&mut self, now: Micros, key: Key, conn: ConnId) -> Option<Vec<Action>> {
-        if !self.drain_notice_applies(key, conn) {
+        if self.drain_notice_applies(key, conn) {
+            let (trial, out) = self.next_at_notice(now, key, conn)?;
+            *self = trial;
+            return Some(out);
+        }
+        if !(self.soon && self.notice_counts(key, conn)) {
             return None;
         }
+        let (_, out) = self.next_at_notice(now, key, conn)?;
+        let conns = out.into_iter().find_map(|a| match a {
+            Action::Grant { conns, .. } => Some(conns),
+            _ => None,
+        })?;
+        Some(vec![Action::Soon { conns }])
+    }
+
+    /// Who goes next if `key`'s hold ends now: the usual decision, made on a copy with the
+    /// holder's hold ended now and its request queued (so the ranking, full contention and
+    /// the turn lengths are those of a hand-over after its report); a copy, because when the
+    /// holder itself would go next, or no one may, nothing must change: the hold stands until
+    /// the report, as before (and the holder's request then decides). `Some((copy, actions))`
+    /// when another client is granted on the copy.
+    fn next_at_notice(&self, now: Micros, key: Key, conn: ConnId) -> Option<(Core, Vec<Action>)> {
         let mut trial = self.clone();
         if trial.leave_hold(now, conn, |_| now) {
             trial.asked_again = Some(key);
@@ -108,7 +133,6 @@ impl Core {
         if let Some(cs) = trial.conns.get_mut(&conn) {
             cs.waiting = false;
         }
-        *self = trial;
-        Some(out)
+        Some((trial, out))
     }
 }

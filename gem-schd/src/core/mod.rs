@@ -133,6 +133,9 @@ pub enum Action {
     },
     /// Send Yield to `conn`: its Renew is refused, its hold stands.
     Yield { conn: ConnId },
+    /// Send Soon to each of `conns` (waiting connections of the client that goes next when
+    /// the holder's drain ends; see [`Core::set_soon`]). Not an answer: their Grant follows.
+    Soon { conns: Vec<ConnId> },
 }
 
 impl Action {
@@ -141,6 +144,7 @@ impl Action {
         match self {
             Action::Grant { conns, .. } => conns.contains(&conn),
             Action::Error { conn: c, .. } | Action::Yield { conn: c } => *c == conn,
+            Action::Soon { .. } => false,
         }
     }
 }
@@ -311,6 +315,8 @@ pub struct Core {
     hand_over_at_drain: bool,
     /// See [`Core::set_handover_drain_max`].
     handover_drain_max_us: Option<Micros>,
+    /// See [`Core::set_soon`].
+    soon: bool,
     /// See [`Core::set_long_turn`].
     long_turn_us: Micros,
     /// The client whose last hold ended at its quota with a request for more (a tenant that
@@ -355,6 +361,7 @@ impl Core {
             turn_includes_drain: true,
             hand_over_at_drain: true,
             handover_drain_max_us: None,
+            soon: false,
             long_turn_us: 0,
             asked_again: None,
             reask: None,
@@ -442,6 +449,14 @@ impl Core {
     /// too).
     pub fn set_handover_drain_max(&mut self, max: Option<Micros>) {
         self.handover_drain_max_us = max;
+    }
+
+    /// Soon at a drain notice (`handover.rs`): when the holder's drains are too long for the
+    /// token to go on at its notice, the client that would go next is told (`Action::Soon`) so
+    /// that its process is running, not blocked, when the grant comes after the report. Off by
+    /// default (gem-schd's `--soon`); the decision is unchanged either way.
+    pub fn set_soon(&mut self, on: bool) {
+        self.soon = on;
     }
 
     pub fn params(&self) -> &Params {

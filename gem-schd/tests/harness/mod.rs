@@ -357,6 +357,8 @@ impl Sim {
                 }
                 Action::Error { conn, .. } => self.clients[conn as usize].errors += 1,
                 Action::Yield { conn } => self.push(now + self.latency, Ev::Yield(conn as usize)),
+                // The simulated process wakes at a Grant whatever it was told before.
+                Action::Soon { .. } => {}
             }
         }
         // Keep one timer: the earliest wake-up asked for (a later one is re-asked

@@ -175,3 +175,52 @@ fn a_raised_drain_bound_hands_over_from_a_holder_whose_drains_run_long() {
     assert!(acts.iter().any(|a| is_yield_to(a, 1)), "{acts:?}");
     assert_eq!(c.holder(), Some("b"));
 }
+
+#[test]
+fn a_notice_that_cannot_hand_over_tells_the_next_client_soon_and_changes_nothing_else() {
+    // a's drains run long, so its notice does not hand the token on; with Soon on, b (conn 3),
+    // who goes next, is told so, and the hold, the queue and the decision after a's report are
+    // those without Soon.
+    let mut off = a_drained_long_b_waits(None);
+    let mut on = a_drained_long_b_waits(None);
+    on.set_soon(true);
+    let acts = on.renew(t(22), 1, 10 * MS);
+    assert_eq!(acts.len(), 2, "{acts:?}");
+    assert_eq!(acts[0], Action::Soon { conns: vec![3] });
+    assert!(is_yield_to(&acts[1], 1), "{acts:?}");
+    assert!(!acts[0].answers(3), "Soon is no answer: b's Grant follows");
+    assert_eq!(
+        off.renew(t(22), 1, 10 * MS),
+        vec![Action::Yield { conn: 1 }]
+    );
+    assert_eq!(on.holder(), Some("a"));
+    // A Drain notice tells the same.
+    assert_eq!(on.drain(t(22), 1), vec![Action::Soon { conns: vec![3] }]);
+    // a's report after its drain: b is granted, with the same quota either way.
+    let report = t(22) + 2 * MS;
+    let granted_on = on.token_request(report, 1, 2 * MS, 10 * MS);
+    let granted_off = off.token_request(report, 1, 2 * MS, 10 * MS);
+    assert_eq!(grant(&granted_on).map(|g| g.0), Some("b"), "{granted_on:?}");
+    assert_eq!(granted_on, granted_off);
+    assert_eq!(on.usage_us(report, "a"), off.usage_us(report, "a"));
+}
+
+#[test]
+fn no_soon_when_the_holder_goes_next_or_its_drains_are_short() {
+    // Nobody else waits: the holder itself would go next, so no one is told.
+    let mut c = two();
+    c.set_soon(true);
+    c.set_handover_drain_max(Some(1));
+    assert!(grant(&c.token_request(t(0), 1, 0, 0)).is_some());
+    assert!(grant(&c.token_request(t(10) + 2 * MS, 1, 2 * MS, 10 * MS)).is_some());
+    assert!(c.drain(t(22), 1).is_empty());
+    // Short drains: the notice hands over (a Grant), and nobody is told Soon.
+    let mut c = a_holds_b_waits();
+    c.set_soon(true);
+    let acts = c.renew(t(10), 1, 10 * MS);
+    assert_eq!(grant(&acts).map(|g| g.0), Some("b"), "{acts:?}");
+    assert!(
+        !acts.iter().any(|a| matches!(a, Action::Soon { .. })),
+        "{acts:?}"
+    );
+}
