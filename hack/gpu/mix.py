@@ -321,6 +321,10 @@ def shared_run(b, clients, raw, key, extra=(), idle=()):
         # its figures, and its neighbours', are then not those of the mix.
         f["first_kernel_s"] = r["busy"][0][0] if r["busy"] else None
         f["profiler_start_s"] = r.get("profiler_start_s")
+        # The process's CPU time over the timed run, a share of one core (what waiting costs it:
+        # the hook's spin after a Soon, for one).
+        if r.get("cpu_s") is not None:
+            f["cpu_cores"] = round(r["cpu_s"] / SECONDS, 3)
         if f["first_kernel_s"] is None or f["first_kernel_s"] > LATE_START_S:
             f["late_start"] = True
             log(f"{key}: {lbl}'s first kernel came {f['first_kernel_s']} s into the run")

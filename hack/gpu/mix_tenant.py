@@ -258,6 +258,7 @@ def main():
         while time.time() < start_at:
             time.sleep(0.001)
         base_ns = int(start_at * 1e9)
+        cpu0 = time.process_time()
         end = start_at + a.seconds
         while time.time() < end:
             t0 = time.perf_counter()
@@ -273,10 +274,11 @@ def main():
                 # Bounds what the CPU queues ahead, as a training loop's loss.item() does.
                 torch.cuda.synchronize()
         torch.cuda.synchronize()
+        cpu_s = round(time.process_time() - cpu0, 3)
     offset = profiler_clock_offset(prof.profiler.kineto_results, wall_ns, mono_ns)
     busy, launched = kernel_intervals(prof, base_ns, offset)
     emit({"label": a.label, "work": a.work, "steps": steps, "seconds": a.seconds,
-          "busy": busy, "launched": launched, "lat_ms": lat, "slow": slow,
+          "busy": busy, "launched": launched, "lat_ms": lat, "slow": slow, "cpu_s": cpu_s,
           "profiler_start_s": profiler_start_s, "start_at": start_at})
 
 
