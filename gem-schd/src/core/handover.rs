@@ -97,11 +97,9 @@ impl Core {
         if !(self.soon && self.notice_counts(key, conn)) {
             return None;
         }
-        let (_, out) = self.next_at_notice(now, key, conn)?;
-        let conns = out.into_iter().find_map(|a| match a {
-            Action::Grant { conns, .. } => Some(conns),
-            _ => None,
-        })?;
+        // The next turn's connections (a co-hold the copy granted too is not the next turn).
+        let (trial, _) = self.next_at_notice(now, key, conn)?;
+        let conns = trial.holder.map(|h| h.conns)?;
         Some(vec![Action::Soon { conns }])
     }
 
