@@ -459,14 +459,49 @@ mod refusal_tests {
     use std::io::Write;
     use std::os::unix::net::UnixListener;
 
-    /// Reads one whole request frame from `s`.
-    fn read_request(s: &mut UnixStream) -> Request {
-        read_request_buffered(s, &mut Vec::new())
+    /// A listening socket in a fresh directory named after `test` (removed on drop).
+    struct Server {
+        dir: PathBuf,
+        path: PathBuf,
+    }
+
+    impl Server {
+        fn listen(test: &str) -> (Server, UnixListener) {
+            let dir = std::env::temp_dir().join(format!("gem-proto-{test}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join("gem.sock");
+            let listener = UnixListener::bind(&path).unwrap();
+            (Server { dir, path }, listener)
+        }
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    /// Accepts a connection, reads its Hello and answers HelloOk; `buf` keeps what arrived
+    /// after the Hello.
+    fn accept_hello(listener: &UnixListener, buf: &mut Vec<u8>) -> UnixStream {
+        let (mut s, _) = listener.accept().unwrap();
+        let hello = read_request(&mut s, buf);
+        assert!(matches!(hello, Request::Hello { .. }));
+        let ok = Reply::HelloOk {
+            request_milli: 500,
+            limit_milli: 500,
+            mem_limit: 1,
+            mem_used: 0,
+            window_ms: 10_000,
+        };
+        s.write_all(&ok.encode().unwrap()).unwrap();
+        s
     }
 
     /// Reads one whole request frame from `s`, keeping in `buf` what arrived after it (a
     /// client may send two frames before it reads).
-    fn read_request_buffered(s: &mut UnixStream, buf: &mut Vec<u8>) -> Request {
+    fn read_request(s: &mut UnixStream, buf: &mut Vec<u8>) -> Request {
         let mut chunk = [0u8; 256];
         loop {
             if let Ok(Some((req, n))) = Request::decode(buf) {
@@ -485,23 +520,14 @@ mod refusal_tests {
         // reply, so the client learns of it at its next frame: that write fails, and the
         // Error waiting in the socket must come out as the refusal (naming Busy), not as a
         // lost connection.
-        let dir = std::env::temp_dir().join(format!("gem-proto-refusal-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("gem.sock");
-        let listener = UnixListener::bind(&path).unwrap();
-        let server = std::thread::spawn(move || {
-            let (mut s, _) = listener.accept().unwrap();
-            assert!(matches!(read_request(&mut s), Request::Hello { .. }));
-            let ok = Reply::HelloOk {
-                request_milli: 500,
-                limit_milli: 500,
-                mem_limit: 1,
-                mem_used: 0,
-                window_ms: 10_000,
-            };
-            s.write_all(&ok.encode().unwrap()).unwrap();
-            assert!(matches!(read_request(&mut s), Request::Busy { .. }));
+        let (server, listener) = Server::listen("refusal");
+        let gem_schd = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let mut s = accept_hello(&listener, &mut buf);
+            assert!(matches!(
+                read_request(&mut s, &mut buf),
+                Request::Busy { .. }
+            ));
             let refusal = Reply::error(
                 crate::code::BAD_FRAME,
                 FrameError::TrailingBytes {
@@ -513,12 +539,11 @@ mod refusal_tests {
             s.write_all(&refusal.encode().unwrap()).unwrap();
             // Dropped here: the hang-up.
         });
-        let mut c = Client::connect(&path, 1, "GPU-x").unwrap();
+        let mut c = Client::connect(&server.path, 1, "GPU-x").unwrap();
         c.busy(1, 2, 3).unwrap();
-        server.join().unwrap();
+        gem_schd.join().unwrap();
         let e = c.send_token_request(0, 0).unwrap_err();
         assert_eq!(e.refused_kind(), Some(crate::kind::BUSY), "{e}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -527,28 +552,14 @@ mod refusal_tests {
         // within the spin or after it (the client then blocks), or the client does not spin,
         // the one answer is the Grant, and the connection stays in step: the next request's
         // answer is its own.
-        let dir = std::env::temp_dir().join(format!("gem-proto-soon-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("gem.sock");
+        let (server, listener) = Server::listen("soon");
         let cases = [(2, 50), (30, 1), (2, 0)];
-        let listener = UnixListener::bind(&path).unwrap();
-        let server = std::thread::spawn(move || {
+        let gem_schd = std::thread::spawn(move || {
             for (i, (pause_ms, _)) in cases.iter().enumerate() {
-                let (mut s, _) = listener.accept().unwrap();
                 let mut buf = Vec::new();
-                let hello = read_request_buffered(&mut s, &mut buf);
-                assert!(matches!(hello, Request::Hello { .. }));
-                let ok = Reply::HelloOk {
-                    request_milli: 500,
-                    limit_milli: 500,
-                    mem_limit: 1,
-                    mem_used: 0,
-                    window_ms: 10_000,
-                };
-                s.write_all(&ok.encode().unwrap()).unwrap();
-                assert_eq!(read_request_buffered(&mut s, &mut buf), Request::WantSoon);
-                let request = read_request_buffered(&mut s, &mut buf);
+                let mut s = accept_hello(&listener, &mut buf);
+                assert_eq!(read_request(&mut s, &mut buf), Request::WantSoon);
+                let request = read_request(&mut s, &mut buf);
                 assert!(matches!(request, Request::TokenRequest { .. }));
                 s.write_all(&Reply::Soon.encode().unwrap()).unwrap();
                 std::thread::sleep(Duration::from_millis(*pause_ms));
@@ -556,14 +567,14 @@ mod refusal_tests {
                     quota_us: 1000 + i as u64,
                 };
                 s.write_all(&grant.encode().unwrap()).unwrap();
-                let query = read_request_buffered(&mut s, &mut buf);
+                let query = read_request(&mut s, &mut buf);
                 assert!(matches!(query, Request::MemQuery));
                 let info = Reply::MemInfo { used: 7, limit: 9 };
                 s.write_all(&info.encode().unwrap()).unwrap();
             }
         });
         for (i, (_, spin_ms)) in cases.iter().enumerate() {
-            let mut c = Client::connect(&path, 1, "GPU-x").unwrap();
+            let mut c = Client::connect(&server.path, 1, "GPU-x").unwrap();
             c.want_soon().unwrap();
             c.send_token_request(0, 0).unwrap();
             let q = c
@@ -572,7 +583,6 @@ mod refusal_tests {
             assert_eq!(q, 1000 + i as u64, "case {i}");
             assert_eq!(c.mem_query().unwrap(), (7, 9), "case {i}");
         }
-        server.join().unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
+        gem_schd.join().unwrap();
     }
 }
