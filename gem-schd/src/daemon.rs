@@ -354,10 +354,12 @@ impl Actor {
                 } => self.send(conn, Reply::error(code, message)),
                 Action::Yield { conn } => self.send(conn, Reply::Yield),
                 Action::Soon { conns } => {
-                    for c in conns {
-                        if self.conns.get(&c).is_some_and(|c| c.wants_soon) {
-                            self.send(c, Reply::Soon);
-                        }
+                    for conn in conns {
+                        let Some(c) = self.conns.get(&conn).filter(|c| c.wants_soon) else {
+                            continue;
+                        };
+                        debug!(conn, client = %c.client, "soon");
+                        self.send(conn, Reply::Soon);
                     }
                 }
             }

@@ -968,3 +968,64 @@ fn an_idle_co_runner_gives_its_co_hold_back_instead_of_renewing_it() {
         e_lines[e_lines.len().saturating_sub(6)..].join("\n")
     );
 }
+
+#[test]
+fn hooks_told_soon_take_their_grants_without_reconnecting() {
+    // With gem-schd's --soon, a holder whose drains run long (3 ms kernels, past a fifth of the
+    // 5 ms min quota) says at each quota's end that it drains, and gem-schd tells the tenant
+    // that goes next Soon. Its hook reads it, polls for the Grant and goes on: every Soon is
+    // followed by a grant on the same connection (a hook that could not read it would fail the
+    // request and connect again), and the two split the GPU by their requests.
+    let _s = serial();
+    let env = Env::new();
+    env.write_config(&[("e", 0.5, 0.5, GIB), ("f", 0.5, 0.5, GIB)]);
+    let log = env.path().join("schd.log");
+    let _schd = env.start_schd_logging(
+        &["e", "f"],
+        &["--soon"],
+        "gem_schd=debug",
+        std::fs::File::create(&log).unwrap(),
+    );
+    let args = [
+        "launch",
+        "--kernel-us",
+        "3000",
+        "--seconds",
+        "4",
+        "--sample-ms",
+        "200",
+    ];
+    let e = Proc(env.workload("e", "proc", &args).spawn().unwrap());
+    let f = Proc(env.workload("f", "symbol", &args).spawn().unwrap());
+    let t = Duration::from_secs(30);
+    let (e, f) = (e.finish(t), f.finish(t));
+    let (fe, be, _) = busy_fraction(&e[0], 1000);
+    let (ff, bf, _) = busy_fraction(&f[0], 1000);
+    let share_e = be as f64 / (be + bf) as f64;
+    let text = std::fs::read_to_string(&log).unwrap();
+    let count = |what: &str, client: &str| {
+        let client = format!("client={client}");
+        text.lines()
+            .filter(|l| l.contains(what) && l.contains(&client))
+            .count()
+    };
+    let told = count(" soon", "e") + count(" soon", "f");
+    let connected = [
+        count("client connected", "e"),
+        count("client connected", "f"),
+    ];
+    eprintln!(
+        "GPU time e {fe:.3}, f {ff:.3}; e's share {share_e:.3}; Soon {told} times; connections {connected:?}"
+    );
+    assert!(told >= 20, "gem-schd told Soon {told} times:\n{text}");
+    // One token and one memory connection each, for the whole run.
+    assert!(
+        connected.iter().all(|n| *n <= 2),
+        "connections per client: {connected:?}"
+    );
+    assert!(
+        (share_e - 0.5).abs() <= 0.05,
+        "e got {share_e:.3} of the GPU time, not 0.5 ± 0.05"
+    );
+    assert!(fe + ff >= 0.85, "GPU mostly idle: {fe:.3} + {ff:.3}");
+}
