@@ -50,11 +50,14 @@ pub fn pod_uid_of_process(proc_cgroup: &str) -> Option<String> {
 fn pod_component(parents: &[&str], part: &str) -> Option<String> {
     let parent = parents.last().copied()?;
     if let Some(uid) = part.strip_prefix("pod") {
-        // cgroupfs: pod<uid> right under kubepods, or under kubepods/<qos>.
+        // cgroupfs: pod<uid> right under kubepods, or under kubepods/<qos>. Otherwise it may
+        // still be a systemd slice whose cgroup root's prefix starts with "pod".
         let grandparent = parents.len().checked_sub(2).map(|i| parents[i]);
         let placed = parent == "kubepods"
             || (matches!(parent, "burstable" | "besteffort") && grandparent == Some("kubepods"));
-        return (placed && is_uid(uid, '-')).then(|| uid.to_string());
+        if placed && is_uid(uid, '-') {
+            return Some(uid.to_string());
+        }
     }
     // systemd: <slice>-pod<uid_>.slice right under <slice>.slice, where <slice> is
     // kubepods or kubepods-<qos>, possibly after a prefix of the kubelet's cgroup root.
@@ -112,6 +115,8 @@ mod tests {
             format!(
                 "/ks.slice/ks-kubepods.slice/ks-kubepods-besteffort.slice/ks-kubepods-besteffort-pod{u}.slice"
             ),
+            // A cgroup root whose prefix starts with "pod": the slice is not a cgroupfs pod<uid>.
+            format!("/pod-kubepods.slice/pod-kubepods-pod{u}.slice"),
         ] {
             assert_eq!(pod_uid_in_path(&p).as_deref(), Some(UID), "{p}");
         }
