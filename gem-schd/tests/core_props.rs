@@ -437,6 +437,21 @@ proptest! {
         let guaranteed = run(ops, co, Classes::All(ClientClass::Guaranteed))?;
         prop_assert_eq!(opportunistic, guaranteed);
     }
+
+    /// Soon only tells: with it on and off, the same events give the same answers.
+    #[test]
+    fn soon_changes_no_decision(ops in prop::collection::vec(op(), 1..120), co in any::<bool>()) {
+        let told = run_with(ops.clone(), co, Classes::AsDrawn, true)?;
+        let soons = told.iter().filter(|a| matches!(a, Action::Soon { .. })).count();
+        let answers: Vec<Action> = told
+            .into_iter()
+            .filter(|a| !matches!(a, Action::Soon { .. }))
+            .collect();
+        let untold = run_with(ops, co, Classes::AsDrawn, false)?;
+        let untold_soons = untold.iter().filter(|a| matches!(a, Action::Soon { .. })).count();
+        prop_assert_eq!(untold_soons, 0, "Soon with it off");
+        prop_assert_eq!(answers, untold, "{} Soon", soons);
+    }
 }
 
 /// A case proptest found (CI, 2026-11-27): a client's hold ended at its quota, it asked again,
@@ -564,6 +579,16 @@ fn cases_proptest_found() {
 /// checking the invariants after each, then runs the clock until every waiting request is
 /// served. Returns every action, in order.
 fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCaseError> {
+    run_with(ops, co, classes, true)
+}
+
+/// [`run`], with Soon (`Core::set_soon`) on or off.
+fn run_with(
+    ops: Vec<Op>,
+    co: bool,
+    classes: Classes,
+    soon: bool,
+) -> Result<Vec<Action>, TestCaseError> {
     let params = Params {
         window_us: 1_000_000,
         base_quota_us: 20_000,
@@ -605,8 +630,8 @@ fn run(ops: Vec<Op>, co: bool, classes: Classes) -> Result<Vec<Action>, TestCase
         below: w.below,
         quota_us: CO_QUOTA_US,
     });
-    // Soon changes no decision; on, its conditions are checked too.
-    w.core.set_soon(true);
+    // On, Soon's conditions are checked too (`soon_changes_no_decision`: it changes none).
+    w.core.set_soon(soon);
     for s in 0..6 {
         w.core.hello(s as ConnId, IDS[s % 3]).unwrap();
     }
