@@ -757,13 +757,7 @@ fn gem_schd_learns_how_busy_a_tenant_keeps_the_gpu_from_its_timed_launches() {
     let run = |schd_args: &[&str], args: &[&str]| {
         let env = Env::new();
         env.write_config(&[("e", 1.0, 1.0, GIB)]);
-        let log = env.path().join("schd.log");
-        let _schd = env.start_schd_logging(
-            &["e"],
-            schd_args,
-            "gem_schd=debug",
-            std::fs::File::create(&log).unwrap(),
-        );
+        let (_schd, log) = env.start_schd_debug(&["e"], schd_args);
         let out = env.run("e", "proc", args);
         let (own, _, _) = busy_fraction(&out[0], 500);
         let (fill, reports) = fill_logged(&log);
@@ -916,13 +910,7 @@ fn an_idle_co_runner_gives_its_co_hold_back_instead_of_renewing_it() {
     let _s = serial();
     let env = Env::new();
     env.write_config(&[("e", 0.5, 1.0, GIB), ("f", 0.5, 1.0, GIB)]);
-    let log = env.path().join("schd.log");
-    let _schd = env.start_schd_logging(
-        &["e", "f"],
-        &["--co-run-below", "0.6"],
-        "gem_schd=debug",
-        std::fs::File::create(&log).unwrap(),
-    );
+    let (_schd, log) = env.start_schd_debug(&["e", "f"], &["--co-run-below", "0.6"]);
     let f_args = ["launch", "--kernel-us", "2000", "--seconds", "3.5"];
     let f = Proc(env.workload("f", "dlsym", &f_args).spawn().unwrap());
     let e_args = [
@@ -979,13 +967,7 @@ fn hooks_told_soon_take_their_grants_without_reconnecting() {
     let _s = serial();
     let env = Env::new();
     env.write_config(&[("e", 0.5, 0.5, GIB), ("f", 0.5, 0.5, GIB)]);
-    let log = env.path().join("schd.log");
-    let _schd = env.start_schd_logging(
-        &["e", "f"],
-        &["--soon"],
-        "gem_schd=debug",
-        std::fs::File::create(&log).unwrap(),
-    );
+    let (_schd, log) = env.start_schd_debug(&["e", "f"], &["--soon"]);
     let args = [
         "launch",
         "--kernel-us",

@@ -86,6 +86,17 @@ impl Env {
         self.start_schd_logging(clients, extra, "warn", Stdio::inherit())
     }
 
+    /// [`Env::start_schd_with`] logging at debug (every grant, renewal and report) to
+    /// `schd.log` in the scratch directory; returns that file's path with the process.
+    pub fn start_schd_debug(&self, clients: &[&str], extra: &[&str]) -> (Proc, PathBuf) {
+        let log = self.path().join("schd.log");
+        let file = std::fs::File::create(&log).unwrap();
+        (
+            self.start_schd_logging(clients, extra, "gem_schd=debug", file),
+            log,
+        )
+    }
+
     /// [`Env::start_schd_with`] at log level `level` (`RUST_LOG`), its log written to `log`.
     pub fn start_schd_logging(
         &self,
