@@ -51,12 +51,12 @@ impl Core {
             .unwrap_or((self.params.min_quota_us / 5).max(1))
     }
 
-    /// Whether a drain notice on `conn` may hand the token on: hand-overs at the drain are on,
-    /// the notice may be acted on (`notice_counts`), and `key`'s drains are short (its overrun
-    /// at most `handover_drain_max`: what the next client runs beside a drain is charged to the
-    /// holder).
-    pub(super) fn drain_notice_applies(&self, key: Key, conn: ConnId) -> bool {
-        self.hand_over_at_drain && self.notice_counts(key, conn) && self.drains_short(key)
+    /// Whether a drain notice from `key` may hand the token on, once it counts
+    /// (`notice_counts`): hand-overs at the drain are on and `key`'s drains are short (its
+    /// overrun at most `handover_drain_max`: what the next client runs beside a drain is
+    /// charged to the holder).
+    fn hands_over(&self, key: Key) -> bool {
+        self.hand_over_at_drain && self.drains_short(key)
     }
 
     /// Whether `key`'s usual drain (its overrun) is at most `handover_drain_max`.
@@ -83,22 +83,22 @@ impl Core {
     }
 
     /// The holder `key` (its sole process on `conn`) drains: the token goes now to the client a
-    /// TokenRequest from `conn` at this moment would let in, if that is another client and the
-    /// notice may hand the token on (`drain_notice_applies`). When only the holder's drains are
-    /// too long for that, that client's waiting connections are told Soon (`set_soon`): the
-    /// token comes after the holder's report. `Some(actions)`: handed on (the grant among
-    /// them) or told.
+    /// TokenRequest from `conn` at this moment would let in, if that is another client, the
+    /// notice counts (`notice_counts`) and may hand the token on (`hands_over`). When only the
+    /// holder's drains are too long for that, that client's waiting connections are told Soon
+    /// (`set_soon`): the token comes after the holder's report. `Some(actions)`: handed on
+    /// (the grant among them) or told.
     pub(super) fn hand_over(&mut self, now: Micros, key: Key, conn: ConnId) -> Option<Vec<Action>> {
-        if self.drain_notice_applies(key, conn) {
-            let (trial, out) = self.next_at_notice(now, key, conn)?;
+        let hands_over = self.hands_over(key);
+        if !((hands_over || self.soon) && self.notice_counts(key, conn)) {
+            return None;
+        }
+        let (trial, out) = self.next_at_notice(now, key, conn)?;
+        if hands_over {
             *self = trial;
             return Some(out);
         }
-        if !(self.soon && self.notice_counts(key, conn)) {
-            return None;
-        }
         // The next turn's connections (a co-hold the copy granted too is not the next turn).
-        let (trial, _) = self.next_at_notice(now, key, conn)?;
         let conns = trial.holder.map(|h| h.conns)?;
         Some(vec![Action::Soon { conns }])
     }
