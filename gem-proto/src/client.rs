@@ -250,38 +250,26 @@ impl Client {
     /// when none came (the caller blocks); another frame is an error as in `wait_grant`.
     fn spin_for_grant(&mut self, spin: Duration) -> Result<Option<u64>, ClientError> {
         let start = Instant::now();
-        let mut chunk = [0u8; 512];
         while start.elapsed() < spin {
-            if let Some((reply, n)) = Reply::decode(&self.buf)? {
-                self.buf.drain(..n);
+            if let Some(reply) = self.buffered_reply()? {
                 return match reply {
                     Reply::Grant { quota_us } => Ok(Some(quota_us)),
                     Reply::Soon => Ok(None),
                     other => Err(unexpected(other)),
                 };
             }
-            // SAFETY: the fd is owned by `self.stream` and open; the pointer/len pair
-            // describes the live buffer `chunk`.
-            let n = unsafe {
-                libc::recv(
-                    self.stream.as_raw_fd(),
-                    chunk.as_mut_ptr().cast(),
-                    chunk.len(),
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            match n {
-                0 => return Err(ClientError::Closed),
-                n if n > 0 => self.buf.extend_from_slice(&chunk[..n as usize]),
-                _ => {
-                    let e = io::Error::last_os_error();
-                    match e.kind() {
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => {
-                            std::hint::spin_loop()
-                        }
-                        _ => return Err(e.into()),
-                    }
+            match self.read_arrived() {
+                Ok(0) => return Err(ClientError::Closed),
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    std::hint::spin_loop()
                 }
+                Err(e) => return Err(e.into()),
             }
         }
         Ok(None)
@@ -382,20 +370,16 @@ impl Client {
 
     /// An Error reply that has already arrived, read without waiting (after a failed write).
     fn received_error(&mut self) -> Option<ClientError> {
-        self.stream.set_nonblocking(true).ok()?;
-        let mut chunk = [0u8; 512];
         // A refusal is one short frame: a few reads at most.
         for _ in 0..16 {
-            match self.stream.read(&mut chunk) {
+            match self.read_arrived() {
                 Ok(0) => break,
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => break,
             }
         }
-        let _ = self.stream.set_nonblocking(false);
-        while let Ok(Some((reply, n))) = Reply::decode(&self.buf) {
-            self.buf.drain(..n);
+        while let Ok(Some(reply)) = self.buffered_reply() {
             if let Reply::Error { code, message } = reply {
                 return Some(ClientError::Server { code, message });
             }
@@ -403,11 +387,41 @@ impl Client {
         None
     }
 
+    /// The next whole reply already in the buffer, taken out of it.
+    fn buffered_reply(&mut self) -> Result<Option<Reply>, FrameError> {
+        let Some((reply, n)) = Reply::decode(&self.buf)? else {
+            return Ok(None);
+        };
+        self.buf.drain(..n);
+        Ok(Some(reply))
+    }
+
+    /// Appends to the buffer what has arrived, without waiting: `Ok(0)` when the peer has
+    /// closed, `WouldBlock` when nothing has arrived.
+    fn read_arrived(&mut self) -> io::Result<usize> {
+        let mut chunk = [0u8; 512];
+        // SAFETY: the fd is owned by `self.stream` and open; the pointer/len pair describes
+        // the live buffer `chunk`.
+        let n = unsafe {
+            libc::recv(
+                self.stream.as_raw_fd(),
+                chunk.as_mut_ptr().cast(),
+                chunk.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = n as usize;
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(n)
+    }
+
     fn recv(&mut self) -> Result<Reply, ClientError> {
         let mut chunk = [0u8; 512];
         loop {
-            if let Some((reply, n)) = Reply::decode(&self.buf)? {
-                self.buf.drain(..n);
+            if let Some(reply) = self.buffered_reply()? {
                 return Ok(reply);
             }
             let n = match self.stream.read(&mut chunk) {
