@@ -465,6 +465,19 @@ impl Actor {
         }
     }
 
+    /// Whether `conn` has said Hello; if not, it is answered Error{4}, as the core answers
+    /// the frames it handles before Hello.
+    fn said_hello(&mut self, conn: ConnId) -> bool {
+        if self.conns.get(&conn).is_some_and(|c| c.hello) {
+            return true;
+        }
+        self.send(
+            conn,
+            Reply::error(code::PROTOCOL_MISUSE, "Hello must be the first frame"),
+        );
+        false
+    }
+
     fn frame(&mut self, now: Micros, conn: ConnId, req: Request) {
         if !self.conns.contains_key(&conn) {
             return;
@@ -502,14 +515,12 @@ impl Actor {
                 let acts = self.core.renew(now, conn, burst_us);
                 self.perform(acts);
             }
+            // No reply, as Drain.
             Request::WantSoon => {
-                // No reply, as Drain: before Hello it is refused like any frame.
-                match self.conns.get_mut(&conn) {
-                    Some(c) if c.hello => c.wants_soon = true,
-                    _ => self.send(
-                        conn,
-                        Reply::error(code::PROTOCOL_MISUSE, "Hello must be the first frame"),
-                    ),
+                if self.said_hello(conn)
+                    && let Some(c) = self.conns.get_mut(&conn)
+                {
+                    c.wants_soon = true;
                 }
             }
             Request::Drain => {
@@ -541,8 +552,7 @@ impl Actor {
                 }
             }
             Request::Options => {
-                let hello = self.conns.get(&conn).is_some_and(|c| c.hello);
-                let r = if hello {
+                if self.said_hello(conn) {
                     // Busy reports only where they are used: co-running, charging by fill and
                     // long turns need each client's fill.
                     let busy_every = if self.settings.co_run.below > 0.0
@@ -553,11 +563,8 @@ impl Actor {
                     } else {
                         0
                     };
-                    Reply::OptionsOk { busy_every }
-                } else {
-                    Reply::error(code::PROTOCOL_MISUSE, "Hello must be the first frame")
-                };
-                self.send(conn, r);
+                    self.send(conn, Reply::OptionsOk { busy_every });
+                }
             }
             Request::MemAlloc { bytes } => {
                 let r = match self.core.mem_alloc(conn, bytes) {
