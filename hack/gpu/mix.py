@@ -208,8 +208,9 @@ def handover_lags(res, labels, t0, t1, logfile, since):
     next tenant's first kernel start (its wake-up and first launch), both on the host clock,
     p50 / p90 in ms; the latter split where the runtime call that launched that kernel
     returned (the tenant's `launched`): grant to return (the process's wake-up and launch
-    call), return to the kernel's start (the GPU's part: its queue, a context switch). A gap with no grant to its tenant in the 50 ms before is counted apart
-    (a co-hold's kernels, or a turn's later process). Also, over every turn, when its holder's
+    call), return to the kernel's start (the GPU's part: its queue, a context switch). A gap
+    with no grant to its tenant in the 50 ms before is counted apart (a co-hold's kernels, or
+    a turn's later process). Also, over every turn, when its holder's
     notice (its Renew or Drain) reached gem-schd after the turn's quota ran out."""
     starts = {res[lbl].get("start_at") for lbl in labels}
     if len(starts) != 1 or None in starts:

@@ -217,6 +217,10 @@ def kernel_intervals(prof, base_ns, offset_ns):
         s = e.start_ns() + offset_ns
         spans.append((s, s + e.duration_ns(), corr))
     spans.sort()
+
+    def rel(ns):
+        return round((ns - base_ns) / 1e9, 7)
+
     merged, launched = [], []
     for s, t, corr in spans:
         if t <= base_ns:
@@ -225,10 +229,9 @@ def kernel_intervals(prof, base_ns, offset_ns):
             merged[-1][1] = max(merged[-1][1], t)
             continue
         if merged and s - merged[-1][1] >= LAUNCHED_AFTER_GAP_NS and corr in returned:
-            launched.append([round((s - base_ns) / 1e9, 7), round((returned[corr] - base_ns) / 1e9, 7)])
+            launched.append([rel(s), rel(returned[corr])])
         merged.append([s, t])
-    rel = [[round((s - base_ns) / 1e9, 7), round((t - base_ns) / 1e9, 7)] for s, t in merged]
-    return rel, launched
+    return [[rel(s), rel(t)] for s, t in merged], launched
 
 
 def main():
