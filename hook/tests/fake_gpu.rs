@@ -279,9 +279,7 @@ fn a_tenant_waiting_on_its_own_burst_is_not_idle() {
     let f = Proc(env.workload("f", "dlsym", &args).spawn().unwrap());
     let t = Duration::from_secs(30);
     let (e, f) = (e.finish(t), f.finish(t));
-    let (fe, be, _) = busy_fraction(&e[0], 1500);
-    let (ff, bf, _) = busy_fraction(&f[0], 1500);
-    let share_e = be as f64 / (be + bf) as f64;
+    let (fe, ff, share_e) = pair_busy(&e[0], &f[0], 1500);
     eprintln!("GPU time: e = {fe:.3}, f = {ff:.3} of wall time; share of e {share_e:.3}");
     assert!(
         (share_e - 0.3).abs() <= 0.03,
@@ -981,9 +979,7 @@ fn hooks_told_soon_take_their_grants_without_reconnecting() {
     let f = Proc(env.workload("f", "symbol", &args).spawn().unwrap());
     let t = Duration::from_secs(30);
     let (e, f) = (e.finish(t), f.finish(t));
-    let (fe, be, _) = busy_fraction(&e[0], 1000);
-    let (ff, bf, _) = busy_fraction(&f[0], 1000);
-    let share_e = be as f64 / (be + bf) as f64;
+    let (fe, ff, share_e) = pair_busy(&e[0], &f[0], 1000);
     let text = std::fs::read_to_string(&log).unwrap();
     let count = |what: &str, client: &str| {
         let client = format!("client={client}");

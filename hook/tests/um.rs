@@ -184,9 +184,7 @@ fn prefetch_time_after_a_grant_is_charged_to_the_incoming_holder() {
     let d = Proc(env.workload("d", "symbol", &da).spawn().unwrap());
     let t = Duration::from_secs(30);
     let (u, d) = (u.finish(t), d.finish(t));
-    let (fu, bu, _) = busy_fraction(&u[0], 1500);
-    let (fd, bd, _) = busy_fraction(&d[0], 1500);
-    let share_u = bu as f64 / (bu + bd) as f64;
+    let (fu, fd, share_u) = pair_busy(&u[0], &d[0], 1500);
     // The migrations were a material part of u's device time (not a test of nothing).
     let migrated_us = u[1]["prefetched_bytes"].as_u64().unwrap() / MIGRATE_BYTES_PER_US;
     let total_u = u[0]["busy_us"].as_u64().unwrap();

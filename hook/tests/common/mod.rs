@@ -233,6 +233,14 @@ pub fn busy_fraction(v: &Value, skip_ms: u64) -> (f64, u64, u64) {
     (busy_us as f64 / wall_us as f64, busy_us, wall_us)
 }
 
+/// Two runs side by side after `skip_ms`: each one's share of the device's time
+/// ([`busy_fraction`]), and the first one's share of the GPU time the two got.
+pub fn pair_busy(a: &Value, b: &Value, skip_ms: u64) -> (f64, f64, f64) {
+    let (fa, ba, _) = busy_fraction(a, skip_ms);
+    let (fb, bb, _) = busy_fraction(b, skip_ms);
+    (fa, fb, ba as f64 / (ba + bb) as f64)
+}
+
 /// Drains `child`'s stderr on a thread (the child never blocks on it) and sends once for each
 /// line that contains `needle`.
 pub fn said_on_stderr(child: &mut Child, needle: &'static str) -> mpsc::Receiver<()> {
