@@ -70,6 +70,12 @@ pub const CU_DEVICE_CPU: CUdevice = -1;
 /// `cuEventCreate` flags: events that record time, and the cheapest events (no timing).
 pub const CU_EVENT_DEFAULT: c_uint = 0;
 pub const CU_EVENT_DISABLE_TIMING: c_uint = 2;
+/// `cuMemHostRegister` flags: the registration holds in every context, and the memory gets a
+/// device address.
+pub const CU_MEMHOSTREGISTER_PORTABLE: c_uint = 1;
+pub const CU_MEMHOSTREGISTER_DEVICEMAP: c_uint = 2;
+/// `cuStreamWaitValue32` flag: wait until `(int32_t)(*addr - value) >= 0`.
+pub const CU_STREAM_WAIT_VALUE_GEQ: c_uint = 0;
 
 // ------------------------------------------------------------------------------ structs
 

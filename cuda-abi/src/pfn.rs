@@ -46,6 +46,16 @@ pub type cuEventCreate = unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult;
 pub type cuEventDestroy_v2 = unsafe extern "C" fn(CUevent) -> CUresult;
 pub type cuEventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
 pub type cuEventElapsedTime = unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult;
+/// `(stream, addr, value, flags)`: the stream waits until the 32-bit word at `addr` meets
+/// `value` as `flags` say.
+pub type cuStreamWaitValue32_v2 =
+    unsafe extern "C" fn(CUstream, CUdeviceptr, u32, c_uint) -> CUresult;
+
+// ------------------------------------------------------------------------------ host memory
+
+pub type cuMemHostRegister_v2 = unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CUresult;
+pub type cuMemHostGetDevicePointer_v2 =
+    unsafe extern "C" fn(*mut CUdeviceptr, *mut c_void, c_uint) -> CUresult;
 
 // ------------------------------------------------------------------------------ launches
 

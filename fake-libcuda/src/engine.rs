@@ -2,7 +2,7 @@
 //! kernel by occupying the device for the kernel's duration. Launches return at once; the
 //! synchronisation calls wait on the queue's completion counter.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -13,6 +13,9 @@ pub enum Job {
     Kernel(u64),
     /// An event: completes when the work queued before it has run.
     Marker(Arc<Event>),
+    /// Holds the queue until the registered host word at `addr` meets `value`
+    /// (`CU_STREAM_WAIT_VALUE_GEQ`: `(i32)(word - value) >= 0`).
+    WaitWord { addr: usize, value: u32 },
 }
 
 /// A CUDA event's state.
@@ -153,6 +156,16 @@ impl Device {
                                     .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
                             }
                             Job::Marker(ev) => ev.complete(),
+                            Job::WaitWord { addr, value } => {
+                                // SAFETY: `cuStreamWaitValue32_v2` queues only aligned
+                                // addresses in registered ranges, which their owner keeps
+                                // mapped (the driver's contract for registered memory).
+                                let word = unsafe { &*(addr as *const AtomicU32) };
+                                while (word.load(Ordering::Acquire).wrapping_sub(value) as i32) < 0
+                                {
+                                    std::thread::sleep(Duration::from_micros(20));
+                                }
+                            }
                         }
                         if let Ok(mut c) = dev.completed.lock() {
                             *c = seq;

@@ -24,6 +24,7 @@ mod managed;
 mod memory;
 mod nvml;
 mod procs;
+mod waits;
 
 use convention::kernel_duration_us;
 use cuda_abi::*;
@@ -36,6 +37,7 @@ use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use waits::*;
 
 const DEFAULT_UUID: &str = "GPU-00000000-0000-4000-8000-000000000001";
 const DEFAULT_MEM: u64 = 16 << 30;
@@ -516,6 +518,8 @@ fn table() -> &'static HashMap<&'static str, usize> {
             cuDevicePrimaryCtxGetState, cuMemAddressReserve, cuMemAddressFree, cuMemMap,
             cuMemUnmap, cuMemPrefetchAsync, cuMemPrefetchAsync_v2, cuMemAdvise,
             fakeCudaPrefetches, fakeCudaPrefetchedBytes, fakeCudaManagedUsed,
+            cuMemHostRegister_v2, cuMemHostUnregister, cuMemHostGetDevicePointer_v2,
+            cuStreamWaitValue32_v2,
         )
     })
 }
@@ -594,6 +598,9 @@ signatures_match!(
     cuGetErrorName,
     cuGetProcAddress,
     cuGetProcAddress_v2,
+    cuMemHostRegister_v2,
+    cuMemHostGetDevicePointer_v2,
+    cuStreamWaitValue32_v2,
 );
 
 /// The fake's own `cuLaunchKernel`, reachable without going through the hook: how the

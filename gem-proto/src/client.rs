@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 use crate::frame::{FrameError, Reply, Request};
+use crate::gate::{GatePage, recv_with_fd};
 
 /// Environment variable naming the directory that holds this client's sockets.
 pub const SOCKET_DIR_ENV: &str = "KUBESHARE_SOCKET_DIR";
@@ -103,6 +104,15 @@ impl ClientError {
     }
 }
 
+/// What a wait for the token ended with ([`Client::wait_grant_or_soon`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Granted for this many µs.
+    Grant(u64),
+    /// The token comes to this connection next; its Grant follows.
+    Soon,
+}
+
 /// One connection to gem-schd, past its Hello.
 #[derive(Debug)]
 pub struct Client {
@@ -110,6 +120,17 @@ pub struct Client {
     buf: Vec<u8>,
     out: Vec<u8>,
     hello: HelloInfo,
+    gate: Option<GatePage>,
+}
+
+impl Drop for Client {
+    /// A client's gate page is opened and left mapped: the driver may still have work queued
+    /// behind it ([`GatePage::release`]).
+    fn drop(&mut self) {
+        if let Some(p) = self.gate.take() {
+            p.release();
+        }
+    }
 }
 
 impl Client {
@@ -140,6 +161,7 @@ impl Client {
                 mem_used: 0,
                 window_ms: 0,
             },
+            gate: None,
         };
         c.send(&Request::Hello {
             pid,
@@ -280,6 +302,79 @@ impl Client {
     /// that arrives as the answer to the next request.
     pub fn want_soon(&mut self) -> Result<(), ClientError> {
         self.send(&Request::WantSoon)
+    }
+
+    /// Ask for the connection's gate page ([`Request::WantGate`]): gem-schd answers Gate with
+    /// the page's descriptor attached, and the client keeps the page ([`Client::gate`]). Asked
+    /// right after Hello/Options/WantSoon, when nothing else is on its way to this connection
+    /// (a descriptor read by a plain read is lost). A gem-schd older than it refuses it with an
+    /// Error (here, or with the next request's reply).
+    pub fn want_gate(&mut self) -> Result<(), ClientError> {
+        self.send(&Request::WantGate)?;
+        let mut fd = None;
+        let mut chunk = [0u8; 512];
+        loop {
+            if let Some(reply) = self.buffered_reply()? {
+                return match reply {
+                    Reply::Gate => {
+                        let fd = fd.ok_or_else(|| {
+                            io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                "the Gate reply came without a descriptor",
+                            )
+                        })?;
+                        self.gate = Some(GatePage::from_fd(fd)?);
+                        Ok(())
+                    }
+                    other => Err(unexpected(other)),
+                };
+            }
+            let (n, got) = match recv_with_fd(self.stream.as_raw_fd(), &mut chunk) {
+                Ok((0, _)) => return Err(ClientError::Closed),
+                Ok(r) => r,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            };
+            if got.is_some() {
+                fd = got;
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// The connection's gate page, once [`Client::want_gate`] got it.
+    pub fn gate(&self) -> Option<&GatePage> {
+        self.gate.as_ref()
+    }
+
+    /// [`Client::wait_grant`], but a [`Reply::Soon`] returns too ([`Wait::Soon`]; the Grant
+    /// still follows): a client with a gate page queues work ahead then.
+    pub fn wait_grant_or_soon(&mut self) -> Result<Wait, ClientError> {
+        match self.recv()? {
+            Reply::Grant { quota_us } => Ok(Wait::Grant(quota_us)),
+            Reply::Soon => Ok(Wait::Soon),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The Grant of the TokenRequest sent before, if it has arrived (without waiting; a Soon
+    /// is passed over).
+    pub fn poll_grant(&mut self) -> Result<Option<u64>, ClientError> {
+        loop {
+            match self.buffered_reply()? {
+                Some(Reply::Grant { quota_us }) => return Ok(Some(quota_us)),
+                Some(Reply::Soon) => continue,
+                Some(other) => return Err(unexpected(other)),
+                None => {}
+            }
+            match self.read_arrived() {
+                Ok(0) => return Err(ClientError::Closed),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// Ask to go on holding past the quota, the last work still queued (see

@@ -33,6 +33,8 @@ pub mod code {
     /// The connecting process does not run in the pod the socket belongs to (gem-schd
     /// `--verify-pod-peers`: its cgroups name another pod, or none); this one is closed.
     pub const PEER_NOT_IN_POD: u16 = 7;
+    /// gem-schd could not make the connection's gate page (WantGate); the connection stays.
+    pub const GATE_UNAVAILABLE: u16 = 8;
 }
 
 /// Frame kinds, client -> server.
@@ -48,6 +50,7 @@ pub mod kind {
     pub const OPTIONS: u8 = 9;
     pub const DRAIN: u8 = 10;
     pub const WANT_SOON: u8 = 11;
+    pub const WANT_GATE: u8 = 12;
     /// Server -> client kinds.
     pub const HELLO_OK: u8 = 64;
     pub const GRANT: u8 = 65;
@@ -56,6 +59,7 @@ pub mod kind {
     pub const YIELD: u8 = 68;
     pub const OPTIONS_OK: u8 = 69;
     pub const SOON: u8 = 70;
+    pub const GATE: u8 = 71;
     pub const ERROR: u8 = 127;
 }
 
@@ -103,6 +107,10 @@ pub enum Request {
     /// This connection reads [`Reply::Soon`] while it waits for a Grant. Sent once, after
     /// Options; no reply.
     WantSoon,
+    /// This connection queues work ahead of its Grants behind a gate word: answered with
+    /// [`Reply::Gate`], which carries the word's page (a sealed memfd) as `SCM_RIGHTS`
+    /// ancillary data. Sent once, after WantSoon.
+    WantGate,
 }
 
 /// A frame sent by gem-schd to a client.
@@ -146,6 +154,10 @@ pub enum Reply {
     /// changes that. The waiting thread can be running when the Grant arrives instead of
     /// being woken by it. Not an answer: the Grant (or an Error) still follows.
     Soon,
+    /// Answer to WantGate; the gate page's file descriptor comes with it (`SCM_RIGHTS`).
+    /// gem-schd stores 1 in the page's first word before each Grant it sends on this
+    /// connection, so work the client queued behind that word starts without the client.
+    Gate,
 }
 
 /// Why a frame could not be decoded (or encoded).
@@ -187,6 +199,7 @@ impl Request {
             Request::Options => kind::OPTIONS,
             Request::Drain => kind::DRAIN,
             Request::WantSoon => kind::WANT_SOON,
+            Request::WantGate => kind::WANT_GATE,
         }
     }
 
@@ -231,7 +244,7 @@ impl Request {
                 w.u64(*held_us);
                 w.u64(*earlier_us);
             }
-            Request::Options | Request::Drain | Request::WantSoon => {}
+            Request::Options | Request::Drain | Request::WantSoon | Request::WantGate => {}
         }
         w.finish();
         Ok(())
@@ -272,6 +285,7 @@ impl Request {
             kind::OPTIONS => Request::Options,
             kind::DRAIN => Request::Drain,
             kind::WANT_SOON => Request::WantSoon,
+            kind::WANT_GATE => Request::WantGate,
             other => return Err(FrameError::UnknownKind(other)),
         };
         r.end()?;
@@ -291,6 +305,7 @@ impl Reply {
             Reply::Yield => kind::YIELD,
             Reply::OptionsOk { .. } => kind::OPTIONS_OK,
             Reply::Soon => kind::SOON,
+            Reply::Gate => kind::GATE,
         }
     }
 
@@ -342,7 +357,7 @@ impl Reply {
                 w.u16(*code);
                 w.string(message)?;
             }
-            Reply::Yield | Reply::Soon => {}
+            Reply::Yield | Reply::Soon | Reply::Gate => {}
             Reply::OptionsOk { busy_every } => w.u32(*busy_every),
         }
         w.finish();
@@ -395,6 +410,7 @@ impl Reply {
                 busy_every: r.u32()?,
             },
             kind::SOON => Reply::Soon,
+            kind::GATE => Reply::Gate,
             other => return Err(FrameError::UnknownKind(other)),
         };
         r.end()?;
@@ -690,6 +706,20 @@ mod tests {
             Reply::decode(&[3, 0, 0, 0, 1, 70, 0]),
             Err(FrameError::TrailingBytes {
                 kind: kind::SOON,
+                extra: 1
+            })
+        );
+    }
+
+    #[test]
+    fn gate_layouts_are_as_specified() {
+        assert_eq!(Request::WantGate.encode().unwrap(), vec![2, 0, 0, 0, 1, 12]);
+        assert!(Request::WantGate.expects_reply());
+        assert_eq!(Reply::Gate.encode().unwrap(), vec![2, 0, 0, 0, 1, 71]);
+        assert_eq!(
+            Request::decode(&[3, 0, 0, 0, 1, 12, 9]),
+            Err(FrameError::TrailingBytes {
+                kind: kind::WANT_GATE,
                 extra: 1
             })
         );

@@ -9,11 +9,14 @@
 
 pub mod client;
 pub mod frame;
+pub mod gate;
 
 pub use client::{
-    Client, ClientError, DEFAULT_SOCKET_DIR, HelloInfo, MemVerdict, SOCKET_DIR_ENV, socket_path,
+    Client, ClientError, DEFAULT_SOCKET_DIR, HelloInfo, MemVerdict, SOCKET_DIR_ENV, Wait,
+    socket_path,
 };
 pub use frame::{
     Decoded, FrameError, LEN_PREFIX, MAX_FRAME_LEN, MAX_STRING_LEN, Reply, Request, VERSION, code,
     kind,
 };
+pub use gate::GatePage;

@@ -32,6 +32,7 @@ fn request() -> impl Strategy<Value = Request> {
         Just(Request::Options),
         Just(Request::Drain),
         Just(Request::WantSoon),
+        Just(Request::WantGate),
         any::<u64>().prop_map(|burst_us| Request::Renew { burst_us }),
         (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(busy_us, held_us, earlier_us)| {
             Request::Busy {
@@ -73,6 +74,7 @@ fn reply() -> impl Strategy<Value = Reply> {
         (any::<u16>(), string()).prop_map(|(code, message)| Reply::Error { code, message }),
         Just(Reply::Yield),
         Just(Reply::Soon),
+        Just(Reply::Gate),
         any::<u32>().prop_map(|busy_every| Reply::OptionsOk { busy_every }),
     ]
 }

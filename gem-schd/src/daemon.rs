@@ -20,12 +20,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
-use gem_proto::{FrameError, Reply, Request, code};
+use gem_proto::gate::send_with_fd;
+use gem_proto::{FrameError, GatePage, Reply, Request, code};
 use gem_schd::config::{self, SocketTemplate};
 use gem_schd::core::{
     Action, ClientClass, ClientSpec, CoRunSettings, ConnId, Core, Micros, Params,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -83,7 +85,8 @@ pub struct Settings {
     /// Long turns among GPU-bound tenants (see `Core::set_long_turn`; zero: off).
     pub long_turn: Duration,
     /// Soon to the next client at a drain notice that cannot hand the token on (see
-    /// `Core::set_soon`), on connections that asked for it (WantSoon).
+    /// `Core::set_soon`), on connections that asked for it (WantSoon) and have no gate page
+    /// (those with one are told whatever this says).
     pub soon: bool,
     /// Co-running of light clients (see `Core::set_co_run`).
     pub co_run: CoRunSettings,
@@ -112,7 +115,7 @@ enum Cmd {
         conn: ConnId,
         client: String,
         pid: Option<u32>,
-        out: mpsc::Sender<Reply>,
+        out: mpsc::Sender<Out>,
     },
     Refused {
         client: String,
@@ -133,11 +136,17 @@ struct Conn {
     /// The connecting process, from the socket's peer credentials (`None`: not visible in
     /// gem-schd's PID namespace).
     pid: Option<u32>,
-    out: mpsc::Sender<Reply>,
+    out: mpsc::Sender<Out>,
     hello: bool,
     /// It sent WantSoon: it reads Soon while it waits for a Grant.
     wants_soon: bool,
+    /// Its gate page (it sent WantGate): set before each Grant on this connection.
+    gate: Option<GatePage>,
 }
+
+/// A reply on its way to a connection's writer, with a descriptor to pass along (the Gate
+/// reply's page).
+type Out = (Reply, Option<OwnedFd>);
 
 /// Who connected: the process (peer credentials) and the pod its cgroups put it in.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -203,7 +212,9 @@ pub async fn run(
     core.set_turn_includes_drain(settings.turn_includes_drain);
     core.set_handover_drain_max(settings.handover_drain_max.map(|d| d.as_micros() as Micros));
     core.set_long_turn(settings.long_turn.as_micros() as Micros);
-    core.set_soon(settings.soon);
+    // Soon goes to gated connections whatever `--soon` says (they queue work ahead on it);
+    // the actor sends it to ungated ones only with `--soon`.
+    core.set_soon(true);
     core.set_co_run(settings.co_run);
     core.set_charge_by_fill(settings.charge_by_fill, 0);
     let mut actor = Actor {
@@ -313,10 +324,14 @@ impl Actor {
     }
 
     fn send(&mut self, conn: ConnId, reply: Reply) {
+        self.send_with_fd(conn, reply, None);
+    }
+
+    fn send_with_fd(&mut self, conn: ConnId, reply: Reply, fd: Option<OwnedFd>) {
         let Some(c) = self.conns.get(&conn) else {
             return;
         };
-        match c.out.try_send(reply) {
+        match c.out.try_send((reply, fd)) {
             // A closed receiver means the connection is going away; nothing to do.
             Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
@@ -344,6 +359,11 @@ impl Actor {
                     let vt_us = self.core.virtual_time_us(&client).unwrap_or(0);
                     debug!(%client, quota_us, usage_us, vt_us, conns = conns.len(), co, "grant");
                     for c in conns {
+                        // Before the Grant: the client's work queued behind its gate starts
+                        // now, not when its thread has read the Grant.
+                        if let Some(gate) = self.conns.get(&c).and_then(|c| c.gate.as_ref()) {
+                            gate.open();
+                        }
                         self.send(c, Reply::Grant { quota_us });
                     }
                 }
@@ -355,7 +375,13 @@ impl Actor {
                 Action::Yield { conn } => self.send(conn, Reply::Yield),
                 Action::Soon { conns } => {
                     for conn in conns {
-                        let Some(c) = self.conns.get(&conn).filter(|c| c.wants_soon) else {
+                        // A gated connection queues work ahead on Soon; one without a gate
+                        // spins for its Grant, which `--soon` allows.
+                        let Some(c) = self
+                            .conns
+                            .get(&conn)
+                            .filter(|c| c.wants_soon && (c.gate.is_some() || self.settings.soon))
+                        else {
                             continue;
                         };
                         debug!(conn, client = %c.client, "soon");
@@ -389,7 +415,7 @@ impl Actor {
                 if open >= self.settings.max_conns {
                     warn!(%client, open, "too many connections for one client; refusing one");
                     let msg = format!("client {client} already has {open} connections");
-                    let _ = out.try_send(Reply::error(code::TOO_MANY_CONNECTIONS, msg));
+                    let _ = out.try_send((Reply::error(code::TOO_MANY_CONNECTIONS, msg), None));
                     return; // dropping `out` closes the connection after the error
                 }
                 self.conns.insert(
@@ -400,6 +426,7 @@ impl Actor {
                         out,
                         hello: false,
                         wants_soon: false,
+                        gate: None,
                     },
                 );
             }
@@ -523,6 +550,11 @@ impl Actor {
                     c.wants_soon = true;
                 }
             }
+            Request::WantGate => {
+                if self.said_hello(conn) {
+                    self.give_gate(conn);
+                }
+            }
             Request::Drain => {
                 if let Some(c) = self.conns.get(&conn) {
                     debug!(conn, client = %c.client, "drain");
@@ -590,6 +622,37 @@ impl Actor {
                 };
                 self.send(conn, r);
             }
+        }
+    }
+
+    /// Makes `conn`'s gate page and sends it with the Gate reply (a second WantGate gets the
+    /// same page).
+    fn give_gate(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        if c.gate.is_none() {
+            match GatePage::create() {
+                Ok(p) => c.gate = Some(p),
+                Err(e) => {
+                    warn!(conn, client = %c.client, error = %e, "making a gate page failed");
+                    let msg = format!("no gate page: {e}");
+                    self.send(conn, Reply::error(code::GATE_UNAVAILABLE, msg));
+                    return;
+                }
+            }
+        }
+        let fd = c.gate.as_ref().map(|p| p.fd().try_clone_to_owned());
+        match fd {
+            Some(Ok(fd)) => {
+                debug!(conn, client = %c.client, "gate page given");
+                self.send_with_fd(conn, Reply::Gate, Some(fd));
+            }
+            Some(Err(e)) => {
+                let msg = format!("no gate page: {e}");
+                self.send(conn, Reply::error(code::GATE_UNAVAILABLE, msg));
+            }
+            None => {}
         }
     }
 
@@ -738,7 +801,7 @@ async fn serve(
     pid: Option<u32>,
     tx: mpsc::Sender<Cmd>,
 ) {
-    let (out_tx, mut out_rx) = mpsc::channel::<Reply>(MAX_QUEUED_REPLIES);
+    let (out_tx, mut out_rx) = mpsc::channel::<Out>(MAX_QUEUED_REPLIES);
     if tx
         .send(Cmd::Open {
             conn,
@@ -786,17 +849,44 @@ async fn serve(
                 }
             }
             r = out_rx.recv() => {
-                let Some(r) = r else { break };
+                let Some((r, fd)) = r else { break };
                 in_flight = in_flight.saturating_sub(1);
                 wbuf.clear();
                 // Replies are built from bounded fields; Reply::error cuts messages.
-                if r.encode_into(&mut wbuf).is_err() || wr.write_all(&wbuf).await.is_err() {
+                if r.encode_into(&mut wbuf).is_err() {
+                    break;
+                }
+                let sent = match fd {
+                    None => wr.write_all(&wbuf).await,
+                    Some(fd) => write_with_fd(&mut wr, &wbuf, fd.as_fd()).await,
+                };
+                if sent.is_err() {
                     break;
                 }
             }
         }
     }
     let _ = tx.send(Cmd::Closed { conn }).await;
+}
+
+/// Writes `data` with `fd` attached to its first byte (`SCM_RIGHTS`).
+async fn write_with_fd(
+    wr: &mut tokio::net::unix::OwnedWriteHalf,
+    data: &[u8],
+    fd: BorrowedFd<'_>,
+) -> std::io::Result<()> {
+    let sock: &UnixStream = wr.as_ref();
+    let sent = loop {
+        sock.writable().await?;
+        match sock.try_io(Interest::WRITABLE, || {
+            send_with_fd(sock.as_raw_fd(), data, fd)
+        }) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    wr.write_all(&data[sent..]).await
 }
 
 async fn bad_frame(wr: &mut tokio::net::unix::OwnedWriteHalf, e: FrameError) {

@@ -100,9 +100,11 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     long_turn_ms: u64,
     /// At a drain notice that does not hand the token on (the holder's drains run long), tell
-    /// the client that goes next (Soon), so that its process is running when the grant comes
-    /// after the holder's report; only hooks that ask for it are told (docs/gem-schd.md,
-    /// "Hand-over at the drain").
+    /// the client that goes next (Soon) on connections without a gate page too, so that its
+    /// process spins and is running when the grant comes after the holder's report; only
+    /// hooks that ask for it are told. Connections with a gate page are told Soon whatever
+    /// this says: they queue their launches behind the gate (docs/gem-schd.md, "Hand-over at
+    /// the drain").
     #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     soon: bool,
     /// Co-running: a client whose kernels fill less than this fraction of its holds (its

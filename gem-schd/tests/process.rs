@@ -729,6 +729,67 @@ fn options_ask_for_busy_reports_only_when_fills_are_used() {
     ));
 }
 
+/// A gated connection (WantGate) is told Soon without `--soon`, and gem-schd sets its gate
+/// word before it sends the Grant: work the client queued behind the word can start before the
+/// client reads the Grant. WantGate before Hello is refused like any frame.
+#[test]
+fn a_gated_client_is_told_soon_and_its_gate_opens_before_its_grant() {
+    let s = Schd::start(
+        "2\na 0.5 0.5 1000\nb 0.5 0.5 1000\n",
+        &[
+            "--quiet-ms",
+            "0",
+            "--min-quota-ms",
+            "2000",
+            "--handover-drain-max-us",
+            "1000",
+        ],
+    );
+    let mut a = s.connect("a");
+    a.request_token(0, 0).unwrap();
+    // a reports a 3 ms drain past its quota: longer than the 1 ms a notice hands over from.
+    a.request_token(3000, 0).unwrap();
+    let mut early = std::os::unix::net::UnixStream::connect(s.sock("b")).unwrap();
+    early
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    early
+        .write_all(&Request::WantGate.encode().unwrap())
+        .unwrap();
+    assert!(matches!(
+        read_reply(&mut early),
+        Reply::Error { code: code::PROTOCOL_MISUSE, .. }
+    ));
+
+    let mut b = s.connect("b");
+    b.want_soon().unwrap();
+    b.want_gate().unwrap();
+    let is_open = |b: &Client| b.gate().expect("a gate page").is_open();
+    assert!(!is_open(&b), "a new gate is closed");
+    b.send_token_request(0, 0).unwrap();
+    s.wait_log(
+        |l| l.contains("token request waits") && l.contains("client=b"),
+        "b waiting for the token",
+    );
+    assert_eq!(a.renew(0).unwrap(), None, "b waits: a's hold is not renewed");
+    assert_eq!(b.wait_grant_or_soon().unwrap(), gem_proto::Wait::Soon);
+    assert!(!is_open(&b), "Soon does not open the gate");
+    // a drained: its report lets b in.
+    a.send_token_request(500, 0).unwrap();
+    assert!(matches!(
+        b.wait_grant_or_soon().unwrap(),
+        gem_proto::Wait::Grant(_)
+    ));
+    assert!(is_open(&b), "the gate was open when the Grant arrived");
+    // The client closes its gate before it asks again; the next Grant opens it again.
+    b.gate().unwrap().close();
+    b.send_token_request(0, 0).unwrap();
+    assert!(matches!(
+        b.wait_grant_or_soon().unwrap(),
+        gem_proto::Wait::Grant(_) | gem_proto::Wait::Soon
+    ));
+}
+
 /// Soon: at a holder's notice that cannot hand the token on (its drains run long), the client
 /// that goes next is told, on a connection that asked with WantSoon only, and its Grant still
 /// follows the holder's report.

@@ -55,6 +55,11 @@ pub struct Settings {
     /// for up to this long, in ns, instead of blocking (`KUBESHARE_HOOK_SOON_SPIN_US`, default
     /// 2,000 µs; 0 = Soon is not asked for).
     pub soon_spin_ns: u64,
+    /// After Soon, on a connection with a gate page (gem-proto WantGate), let launches queue
+    /// behind the gate for up to this much launching time, in ns, before the thread blocks for
+    /// the Grant (`KUBESHARE_HOOK_GATE_AHEAD_US`, default 200 µs, as the queue-ahead bound;
+    /// 0 = no gate asked for, Soon is spun on as before; see `gate.rs`).
+    pub gate_ahead_ns: u64,
 }
 
 pub const DEFAULT_IO_TIMEOUT_MS: u64 = 5000;
@@ -164,6 +169,15 @@ pub fn parse_handover_ahead_us(v: Option<&str>) -> Result<u64, String> {
 /// matmul and encoder tenants' drains were 1.3-1.4 ms at the median on an H200).
 pub const DEFAULT_SOON_SPIN_US: u64 = 2000;
 
+/// Default of [`Settings::gate_ahead_ns`], µs: the queue-ahead bound's default, so a hold that
+/// starts with work queued behind the gate drains no more past it than one that ends with the
+/// bound's work queued.
+pub const DEFAULT_GATE_AHEAD_US: u64 = 200;
+
+pub fn parse_gate_ahead_us(v: Option<&str>) -> Result<u64, String> {
+    parse_queue_us("KUBESHARE_HOOK_GATE_AHEAD_US", v, DEFAULT_GATE_AHEAD_US)
+}
+
 pub fn parse_soon_spin_us(v: Option<&str>) -> Result<u64, String> {
     parse_queue_us("KUBESHARE_HOOK_SOON_SPIN_US", v, DEFAULT_SOON_SPIN_US)
 }
@@ -255,6 +269,11 @@ pub fn settings() -> &'static Settings {
                 crate::info!("{e}");
                 DEFAULT_SOON_SPIN_US
             });
+        let gate_ahead_us = parse_gate_ahead_us(get("KUBESHARE_HOOK_GATE_AHEAD_US").as_deref())
+            .unwrap_or_else(|e| {
+                crate::info!("{e}");
+                DEFAULT_GATE_AHEAD_US
+            });
         let socket_dir = get(gem_proto::SOCKET_DIR_ENV)
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| gem_proto::DEFAULT_SOCKET_DIR.to_string())
@@ -272,6 +291,7 @@ pub fn settings() -> &'static Settings {
             renew,
             busy_every,
             soon_spin_ns: soon_spin_us * 1000,
+            gate_ahead_ns: gate_ahead_us * 1000,
         }
     })
 }

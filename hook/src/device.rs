@@ -212,12 +212,26 @@ pub fn connect(dev: usize, purpose: Purpose) -> Option<Client> {
                 if purpose == Purpose::Token {
                     ask_options(&uuid, &mut c)?;
                     ask_soon(&mut c)?;
+                    ask_gate(&uuid, &mut c)?;
                 }
                 Ok(c)
             });
         match attempt {
-            // An older gem-schd refused Options and closed the connection: connect again.
-            Err(e) if e.refused_kind() == Some(gem_proto::kind::OPTIONS) => continue,
+            // An older gem-schd refused Options, WantSoon or WantGate and closed the
+            // connection: connect again, without it.
+            Err(e)
+                if matches!(
+                    e.refused_kind(),
+                    Some(
+                        gem_proto::kind::OPTIONS
+                            | gem_proto::kind::WANT_SOON
+                            | gem_proto::kind::WANT_GATE
+                    )
+                ) =>
+            {
+                note_refusal(&e);
+                continue;
+            }
             Ok(c) => {
                 let h = *c.hello();
                 gpu(dev).cap.store(h.mem_limit, Ordering::Relaxed);
@@ -277,10 +291,35 @@ static SOON_REFUSED: AtomicBool = AtomicBool::new(false);
 /// before. No reply: an older gem-schd's refusal arrives as the answer to the next request
 /// (`note_refusal`), and the connection after it asks no more.
 fn ask_soon(c: &mut Client) -> Result<(), ClientError> {
-    if settings().soon_spin_ns == 0 || SOON_REFUSED.load(Ordering::Relaxed) {
+    let s = settings();
+    if (s.soon_spin_ns == 0 && s.gate_ahead_ns == 0) || SOON_REFUSED.load(Ordering::Relaxed) {
         return Ok(());
     }
     c.want_soon()
+}
+
+/// Set once a gem-schd refused WantGate (one older than it): not asked again.
+static GATE_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// Asks for the connection's gate page (`gate.rs`), after WantSoon: a gem-schd that sends no
+/// Soon has no use for it. Not in unified-memory mode. A gem-schd that cannot make one says
+/// so and the connection goes on without.
+fn ask_gate(uuid: &str, c: &mut Client) -> Result<(), ClientError> {
+    if settings().gate_ahead_ns == 0
+        || SOON_REFUSED.load(Ordering::Relaxed)
+        || GATE_REFUSED.load(Ordering::Relaxed)
+        || crate::um::enabled()
+    {
+        return Ok(());
+    }
+    match c.want_gate() {
+        Ok(()) => Ok(()),
+        Err(ClientError::Server { code, message }) if code == gem_proto::code::GATE_UNAVAILABLE => {
+            info!("gem-schd for {uuid} gave no gate page ({message}); blocking for each Grant");
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Set once a gem-schd refused Options (one older than it): not asked again.
@@ -460,6 +499,9 @@ fn acquire(dev: usize, stream: CUstream) {
     note_context(current_ctx() as CUcontext);
     let g = gpu(dev);
     let mut t = lock(&g.token);
+    if t.ahead.is_some() && launch_ahead(dev, g, &mut t, stream) {
+        return;
+    }
     loop {
         let now = coarse_ns();
         if g.may_launch(now) {
@@ -492,34 +534,156 @@ fn acquire(dev: usize, stream: CUstream) {
         crate::timing::report(g, &mut t);
         let Some(c) = t.client.as_mut() else { continue };
         let asked = precise_ns();
-        match wait_for_token(dev, c, overuse_us, burst_us) {
-            Ok(quota_us) => {
-                let coarse = start_hold(dev, g, &mut t, quota_us, false);
-                crate::um::on_grant(dev, stream);
-                let now = coarse_ns();
+        let gated = crate::gate::usable(c);
+        let got = request_token(dev, c, overuse_us, burst_us, gated);
+        let got = match got {
+            Ok(Got::Soon) => {
+                t.ahead = Some(crate::gate::Ahead::new(asked));
+                if crate::gate::hold_back(&mut t, stream) {
+                    debug!("device {dev}: told Soon; launches queue behind the gate");
+                    return;
+                }
+                t.ahead = None;
+                match t.client.as_mut() {
+                    Some(c) => await_grant(dev, c, false),
+                    None => continue,
+                }
+            }
+            other => other,
+        };
+        match got {
+            Ok(Got::Grant(quota_us)) => {
+                granted(dev, g, &mut t, quota_us, stream);
                 debug!(
-                    "device {dev}: granted {quota_us} µs after waiting {} µs (reported overuse {overuse_us} µs); launches pass on the coarse clock for {} µs",
+                    "device {dev}: granted {quota_us} µs after waiting {} µs (reported overuse {overuse_us} µs)",
                     (t.grant_ns - asked) / 1000,
-                    coarse.saturating_sub(now) / 1000
                 );
                 return;
             }
-            Err(Hung) => {
-                drop_client(&mut t.client, &g.token_fd);
-                if settings().on_unreachable == Unreachable::Run {
-                    info!("device {dev}: gem-schd does not answer; running unmanaged for a while");
-                    g.set_deadlines(coarse_ns() + BYPASS_NS, 0);
+            Ok(Got::Soon) => {}
+            Err(e) => {
+                if no_token(dev, g, &mut t, e) {
                     return;
                 }
-                info!("device {dev}: gem-schd does not answer; reconnecting (launches wait)");
-            }
-            Err(Lost(e)) => {
-                note_refusal(&e);
-                info!("device {dev}: token request failed: {e}; reconnecting");
-                drop_client(&mut t.client, &g.token_fd);
             }
         }
     }
+}
+
+/// A launch while launches queue behind the gate (`gate.rs`): starts the hold if the Grant
+/// has come, holds the launch back behind the gate while the allowance lasts, or else waits
+/// for the Grant. False when the connection failed meanwhile (its queued work was let go,
+/// `GatePage::release`): the caller asks again.
+fn launch_ahead(dev: usize, g: &Gpu, t: &mut Token, stream: CUstream) -> bool {
+    let since = t.ahead.as_ref().map_or(0, |a| a.since_ns);
+    let got = match t.client.as_mut().map(|c| c.poll_grant()) {
+        None => {
+            t.ahead = None;
+            return false;
+        }
+        Some(Ok(Some(quota_us))) => Ok(Got::Grant(quota_us)),
+        Some(Ok(None)) => {
+            if crate::gate::within_allowance(since, precise_ns())
+                && crate::gate::hold_back(t, stream)
+            {
+                return true;
+            }
+            match t.client.as_mut() {
+                Some(c) => await_grant(dev, c, false),
+                None => return false,
+            }
+        }
+        Some(Err(e)) => Err(Lost(e)),
+    };
+    match got {
+        Ok(Got::Grant(quota_us)) => {
+            granted(dev, g, t, quota_us, stream);
+            debug!(
+                "device {dev}: granted {quota_us} µs, {} µs after Soon, work queued behind the gate",
+                (t.grant_ns.saturating_sub(since)) / 1000
+            );
+            true
+        }
+        Ok(Got::Soon) => true,
+        Err(e) => {
+            t.ahead = None;
+            no_token(dev, g, t, e)
+        }
+    }
+}
+
+/// A Grant read: the gate is opened (gem-schd has done so already; this covers one that did
+/// not) and the hold starts.
+fn granted(dev: usize, g: &Gpu, t: &mut Token, quota_us: u64, stream: CUstream) {
+    t.ahead = None;
+    if let Some(p) = t.client.as_ref().and_then(|c| c.gate()) {
+        p.open();
+    }
+    start_hold(dev, g, t, quota_us, false);
+    crate::um::on_grant(dev, stream);
+}
+
+/// The idle thread's part while launches queue behind the gate: a process blocked in its own
+/// synchronisation launches nothing that would read the Grant, so it is read here and the hold
+/// starts (its expiry and idle release then apply as to any hold).
+pub(crate) fn take_grant_queued_ahead(dev: usize) {
+    let g = gpu(dev);
+    let Ok(mut t) = g.token.try_lock() else {
+        return; // a launching thread has it, and reads the Grant itself
+    };
+    if t.ahead.is_none() {
+        return;
+    }
+    let polled = match t.client.as_mut() {
+        Some(c) => c.poll_grant(),
+        None => return,
+    };
+    match polled {
+        Ok(Some(quota_us)) => {
+            // The gate is already open and work queued behind it runs: the launching stream
+            // of the hold's first launch is not known here (unified-memory mode has no gate).
+            t.ahead = None;
+            if let Some(p) = t.client.as_ref().and_then(|c| c.gate()) {
+                p.open();
+            }
+            start_hold(dev, g, &mut t, quota_us, false);
+            debug!(
+                "device {dev}: granted {quota_us} µs while no launch came; read by the idle thread"
+            );
+        }
+        Ok(None) => {}
+        Err(e) => {
+            info!(
+                "device {dev}: the token connection failed while launches were queued ahead: {e}"
+            );
+            t.ahead = None;
+            note_refusal(&e);
+            drop_client(&mut t.client, &g.token_fd);
+        }
+    }
+}
+
+/// After a token request ended without a grant: reconnect (the next round of the caller's
+/// loop) or, under `KUBESHARE_ON_UNREACHABLE=run` with gem-schd hung, run unmanaged for a
+/// while. True when the launch may go now.
+fn no_token(dev: usize, g: &Gpu, t: &mut Token, e: NoToken) -> bool {
+    match e {
+        Hung => {
+            drop_client(&mut t.client, &g.token_fd);
+            if settings().on_unreachable == Unreachable::Run {
+                info!("device {dev}: gem-schd does not answer; running unmanaged for a while");
+                g.set_deadlines(coarse_ns() + BYPASS_NS, 0);
+                return true;
+            }
+            info!("device {dev}: gem-schd does not answer; reconnecting (launches wait)");
+        }
+        Lost(e) => {
+            note_refusal(&e);
+            info!("device {dev}: token request failed: {e}; reconnecting");
+            drop_client(&mut t.client, &g.token_fd);
+        }
+    }
+    false
 }
 
 /// After this many renewals in a row a process is taken to have the GPU to itself (gem-schd
@@ -600,13 +764,15 @@ pub(crate) fn renew(dev: usize, g: &Gpu, t: &mut Token) -> Option<u64> {
 /// the refusal arrives as the answer to whatever this process asked next. From then on the
 /// frame is not sent again: Renew (the hold drains and asks again, as before it), Drain (the
 /// token moves on after the drain, as before it), Busy (gem-schd learns no fill) or WantSoon
-/// (the process blocks for every Grant). One reconnection per frame it lacks.
+/// (the process blocks for every Grant) or WantGate (no launch queues ahead of a Grant). One
+/// reconnection per frame it lacks.
 pub(crate) fn note_refusal(e: &ClientError) {
     match e.refused_kind() {
         Some(gem_proto::kind::RENEW) => RENEW_REFUSED.store(true, Ordering::Relaxed),
         Some(gem_proto::kind::DRAIN) => DRAIN_REFUSED.store(true, Ordering::Relaxed),
         Some(gem_proto::kind::BUSY) => crate::timing::refused(),
         Some(gem_proto::kind::WANT_SOON) => SOON_REFUSED.store(true, Ordering::Relaxed),
+        Some(gem_proto::kind::WANT_GATE) => GATE_REFUSED.store(true, Ordering::Relaxed),
         _ => {}
     }
 }
@@ -641,20 +807,47 @@ enum NoToken {
 }
 use NoToken::{Hung, Lost};
 
-/// Sends a TokenRequest and waits for the Grant. A wait longer than the I/O timeout is
-/// legitimate (other clients hold the token, this one is at its limit), so on each timeout
-/// gem-schd is probed on the memory connection: alive, the wait goes on; silent, it is hung.
-fn wait_for_token(
+/// What a wait for the token ended with.
+enum Got {
+    Grant(u64),
+    /// Soon, on a connection whose launches may queue behind its gate.
+    Soon,
+}
+
+/// Sends a TokenRequest (the gate closed first: the process's earlier work has drained) and
+/// waits for the Grant, or, `gated`, for a Soon.
+fn request_token(
     dev: usize,
     c: &mut Client,
     overuse_us: u64,
     burst_us: u64,
-) -> Result<u64, NoToken> {
+    gated: bool,
+) -> Result<Got, NoToken> {
+    if let Some(p) = c.gate() {
+        p.close();
+    }
     c.send_token_request(overuse_us, burst_us).map_err(Lost)?;
+    await_grant(dev, c, gated)
+}
+
+/// Waits for the Grant of the TokenRequest sent before, or, `soon`, for a Soon before it;
+/// without `soon` a Soon makes the thread poll for the Grant a while
+/// (`KUBESHARE_HOOK_SOON_SPIN_US`). A wait longer than the I/O timeout is legitimate (other
+/// clients hold the token, this one is at its limit), so on each timeout gem-schd is probed on
+/// the memory connection: alive, the wait goes on; silent, it is hung.
+fn await_grant(dev: usize, c: &mut Client, soon: bool) -> Result<Got, NoToken> {
     let spin = Duration::from_nanos(settings().soon_spin_ns);
     loop {
-        match c.wait_grant_spinning(spin) {
-            Ok(q) => return Ok(q),
+        let r = if soon {
+            c.wait_grant_or_soon().map(|w| match w {
+                gem_proto::Wait::Grant(q) => Got::Grant(q),
+                gem_proto::Wait::Soon => Got::Soon,
+            })
+        } else {
+            c.wait_grant_spinning(spin).map(Got::Grant)
+        };
+        match r {
+            Ok(got) => return Ok(got),
             Err(e) if e.is_timeout() => {
                 if crate::memory::probe(dev) {
                     continue;

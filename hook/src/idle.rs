@@ -41,6 +41,7 @@ pub(crate) fn start_idle_thread() {
                     return;
                 }
                 for dev in 0..state().devices_seen.load(Ordering::Relaxed) {
+                    guard((), || crate::device::take_grant_queued_ahead(dev));
                     guard((), || watch_hangup(dev));
                     guard((), || release_if_expired(dev));
                     guard((), || release_if_idle(dev, idle_ns));

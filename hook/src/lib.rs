@@ -14,6 +14,7 @@ pub mod clock;
 pub mod config;
 pub mod device;
 pub mod exports;
+pub mod gate;
 pub mod idle;
 pub mod log;
 pub mod memory;

@@ -40,6 +40,11 @@ pub struct Token {
     pub expired_overuse_us: u64,
     /// Hold time (ns) not yet reported to gem-schd in a Busy frame (`timing::report`).
     pub held_ns: u64,
+    /// Set while launches queue behind the gate ahead of the Grant (`gate.rs`).
+    pub ahead: Option<crate::gate::Ahead>,
+    /// The gate page registered with the driver: its host address and device address
+    /// (0, 0: none yet).
+    pub gate_addr: (usize, u64),
 }
 
 pub struct MemConn {
@@ -180,6 +185,8 @@ impl Gpu {
                 idle_burst_us: 0,
                 expired_overuse_us: 0,
                 held_ns: 0,
+                ahead: None,
+                gate_addr: (0, 0),
             }),
             mem: Mutex::new(MemConn {
                 client: None,

@@ -955,28 +955,42 @@ fn an_idle_co_runner_gives_its_co_hold_back_instead_of_renewing_it() {
     );
 }
 
+/// Two tenants of 3 ms kernels, whose drains run past a fifth of the 5 ms min quota: the
+/// hand-overs where gem-schd says Soon.
+const SOON_ARGS: [&str; 7] = [
+    "launch",
+    "--kernel-us",
+    "3000",
+    "--seconds",
+    "4",
+    "--sample-ms",
+    "200",
+];
+
 #[test]
 fn hooks_told_soon_take_their_grants_without_reconnecting() {
     // With gem-schd's --soon, a holder whose drains run long (3 ms kernels, past a fifth of the
     // 5 ms min quota) says at each quota's end that it drains, and gem-schd tells the tenant
-    // that goes next Soon. Its hook reads it, polls for the Grant and goes on: every Soon is
-    // followed by a grant on the same connection (a hook that could not read it would fail the
-    // request and connect again), and the two split the GPU by their requests.
+    // that goes next Soon. Its hook (no gate page here) reads it, polls for the Grant and goes
+    // on: every Soon is followed by a grant on the same connection (a hook that could not read
+    // it would fail the request and connect again), and the two split the GPU by their requests.
     let _s = serial();
     let env = Env::new();
     env.write_config(&[("e", 0.5, 0.5, GIB), ("f", 0.5, 0.5, GIB)]);
     let (_schd, log) = env.start_schd_debug(&["e", "f"], &["--soon"]);
-    let args = [
-        "launch",
-        "--kernel-us",
-        "3000",
-        "--seconds",
-        "4",
-        "--sample-ms",
-        "200",
-    ];
-    let e = Proc(env.workload("e", "proc", &args).spawn().unwrap());
-    let f = Proc(env.workload("f", "symbol", &args).spawn().unwrap());
+    let no_gate = [("KUBESHARE_HOOK_GATE_AHEAD_US", "0")];
+    let e = Proc(
+        env.workload("e", "proc", &SOON_ARGS)
+            .envs(no_gate)
+            .spawn()
+            .unwrap(),
+    );
+    let f = Proc(
+        env.workload("f", "symbol", &SOON_ARGS)
+            .envs(no_gate)
+            .spawn()
+            .unwrap(),
+    );
     let t = Duration::from_secs(30);
     let (e, f) = (e.finish(t), f.finish(t));
     let (fe, ff, share_e) = pair_busy(&e[0], &f[0], 1000);
@@ -1003,6 +1017,52 @@ fn hooks_told_soon_take_their_grants_without_reconnecting() {
         connected.iter().all(|n| *n <= 2),
         "connections per client: {connected:?}"
     );
+    assert!(
+        (share_e - 0.5).abs() <= 0.05,
+        "e got {share_e:.3} of the GPU time, not 0.5 ± 0.05"
+    );
+    assert!(fe + ff >= 0.85, "GPU mostly idle: {fe:.3} + {ff:.3}");
+}
+
+#[test]
+fn hooks_with_a_gate_queue_launches_ahead_of_their_grants() {
+    // Without --soon gem-schd still tells a connection with a gate page Soon (the hook asks for
+    // one by default). The tenant that goes next then queues its launch behind the gate
+    // instead of blocking; gem-schd opens the gate with the Grant, and a later launch (or the
+    // idle thread) reads it and starts the hold. Every queueing ahead ends in a grant on the
+    // same connection, and the two still split the GPU by their requests: work held back
+    // behind the gate does not run in the other tenant's turn.
+    let _s = serial();
+    let env = Env::new();
+    env.write_config(&[("e", 0.5, 0.5, GIB), ("f", 0.5, 0.5, GIB)]);
+    let (_schd, log) = env.start_schd_debug(&["e", "f"], &[]);
+    let hook_log = env.path().join("f-hook.log");
+    let e = Proc(env.workload("e", "proc", &SOON_ARGS).spawn().unwrap());
+    let f = Proc(
+        env.workload("f", "symbol", &SOON_ARGS)
+            .env("KUBESHARE_HOOK_LOG", "debug")
+            .stderr(std::fs::File::create(&hook_log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let t = Duration::from_secs(30);
+    let (e, f) = (e.finish(t), f.finish(t));
+    let (fe, ff, share_e) = pair_busy(&e[0], &f[0], 1000);
+    let schd = std::fs::read_to_string(&log).unwrap();
+    let hook = std::fs::read_to_string(&hook_log).unwrap();
+    let lines = |text: &str, what: &str| text.lines().filter(|l| l.contains(what)).count();
+    let gated = lines(&schd, "gate page given");
+    let queued = lines(&hook, "launches queue behind the gate");
+    let granted = lines(&hook, "work queued behind the gate") + lines(&hook, "read by the idle thread");
+    let connected = lines(&schd, "client connected");
+    eprintln!(
+        "GPU time e {fe:.3}, f {ff:.3}; e's share {share_e:.3}; gate pages {gated}; f queued ahead {queued} times, granted so {granted}; connections {connected}"
+    );
+    assert_eq!(gated, 2, "one gate page per token connection:\n{schd}");
+    assert!(queued >= 5, "f queued ahead {queued} times:\n{hook}");
+    // The last one may be cut short by the end of the run.
+    assert!(granted + 1 >= queued, "f queued ahead {queued} times, granted so {granted}:\n{hook}");
+    assert!(connected <= 4, "connections: {connected}");
     assert!(
         (share_e - 0.5).abs() <= 0.05,
         "e got {share_e:.3} of the GPU time, not 0.5 ± 0.05"

@@ -297,17 +297,20 @@ fn a_holder_stops_launching_when_its_gem_schd_dies() {
     );
 }
 
-/// What a gem-schd from before Renew (and Options, Busy, Drain, WantSoon) does, over a real
-/// socket: answers Hello, grants every TokenRequest 5 ms, passes memory calls, and answers a
-/// frame it cannot read (a Renew, an Options, a Busy, a Drain, a WantSoon) with Error{2} and a
+/// What a gem-schd from before Renew (and Options, Busy, Drain, WantSoon, WantGate) does, over
+/// a real socket: answers Hello, grants every TokenRequest 5 ms, passes memory calls, and
+/// answers a frame it cannot read (a Renew, an Options, a Busy, a Drain, a WantSoon, a
+/// WantGate) with Error{2} and a
 /// hang-up. Records the kinds of the
 /// frames it received. With `two_field_busy` it is one from after Options and Busy but before
 /// Busy's `earlier_us`: it asks for reports (one launch in 8) and takes a Busy of two fields,
-/// refusing a longer one as trailing bytes (and hanging up).
+/// refusing a longer one as trailing bytes (and hanging up). With `knows_soon` it is one from
+/// before WantGate only: it answers Options (no reports) and takes WantSoon.
 fn serve_like_an_old_gem_schd(
     sock: std::path::PathBuf,
     seen: std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>,
     two_field_busy: bool,
+    knows_soon: bool,
 ) {
     use gem_proto::{Reply, Request, code};
     use std::io::{Read, Write};
@@ -327,6 +330,10 @@ fn serve_like_an_old_gem_schd(
                             Request::Options if two_field_busy => {
                                 ("options", Some(Reply::OptionsOk { busy_every: 8 }))
                             }
+                            Request::Options if knows_soon => {
+                                ("options", Some(Reply::OptionsOk { busy_every: 0 }))
+                            }
+                            Request::WantSoon if knows_soon => ("want_soon", None),
                             Request::Busy { .. } if two_field_busy && used == 22 => ("busy", None),
                             Request::Busy { .. } if two_field_busy => {
                                 seen.lock().unwrap().push("busy3");
@@ -358,13 +365,15 @@ fn serve_like_an_old_gem_schd(
                             | Request::Busy { .. }
                             | Request::Options
                             | Request::Drain
-                            | Request::WantSoon => {
+                            | Request::WantSoon
+                            | Request::WantGate => {
                                 let k = req.kind();
                                 seen.lock().unwrap().push(match k {
                                     7 => "renew",
                                     9 => "options",
                                     10 => "drain",
                                     11 => "want_soon",
+                                    12 => "want_gate",
                                     _ => "busy",
                                 });
                                 let e = Reply::error(
@@ -413,6 +422,7 @@ fn serve_like_an_old_gem_schd(
 /// environment: the kinds of the frames that gem-schd received, once the loop got through.
 fn frames_beside_an_old_gem_schd(
     two_field_busy: bool,
+    knows_soon: bool,
     env_vars: &[(&str, &str)],
 ) -> Vec<&'static str> {
     let _s = serial();
@@ -424,6 +434,7 @@ fn frames_beside_an_old_gem_schd(
         dir.join(format!("{GPU}.sock")),
         seen.clone(),
         two_field_busy,
+        knows_soon,
     );
     let run = env
         .workload(
@@ -451,15 +462,37 @@ fn a_gem_schd_without_renew_or_options_costs_one_reconnection_each() {
     // them (and WantSoon). The first of each is refused (Error{2}, the connection closed); the
     // hook reconnects and never sends that frame again: TokenRequests from then on, and no
     // Busy reports (nobody asked for them).
-    let seen = frames_beside_an_old_gem_schd(false, &[]);
+    let seen = frames_beside_an_old_gem_schd(false, false, &[]);
     let count = |kind: &str| seen.iter().filter(|k| **k == kind).count();
     assert_eq!(count("renew"), 1, "Renews sent: {seen:?}");
     // Older than Renew, older than Drain: never sent.
     assert_eq!(count("drain"), 0, "Drains sent: {seen:?}");
     assert_eq!(count("options"), 1, "Options sent: {seen:?}");
     assert_eq!(count("want_soon"), 1, "WantSoon frames sent: {seen:?}");
+    // Refused WantSoon: a gem-schd without Soon has no use for a gate page.
+    assert_eq!(count("want_gate"), 0, "WantGate frames sent: {seen:?}");
     assert_eq!(count("busy"), 0, "Busy frames sent: {seen:?}");
     let after = requests_after(&seen, "renew");
+    assert!(
+        after >= 50,
+        "token requests after the refusal: {after} of {seen:?}"
+    );
+}
+
+#[test]
+fn a_gem_schd_without_gate_pages_costs_one_reconnection() {
+    // The hook beside a gem-schd from before WantGate (it knows Options and WantSoon): the
+    // first WantGate is refused and the connection closed; the hook connects again, asks
+    // Options and WantSoon as before and no WantGate, and its launches go on.
+    let seen = frames_beside_an_old_gem_schd(false, true, &[]);
+    let count = |kind: &str| seen.iter().filter(|k| **k == kind).count();
+    assert_eq!(count("want_gate"), 1, "WantGate frames sent: {seen:?}");
+    let first_gate = seen.iter().position(|k| *k == "want_gate").unwrap();
+    assert!(
+        seen[first_gate..].contains(&"want_soon"),
+        "WantSoon asked again after the refusal: {seen:?}"
+    );
+    let after = requests_after(&seen, "want_gate");
     assert!(
         after >= 50,
         "token requests after the refusal: {after} of {seen:?}"
@@ -472,7 +505,7 @@ fn a_gem_schd_reading_two_field_busy_costs_one_reconnection() {
     // gem-schd that reads two fields and refuses the third as trailing bytes. The first Busy
     // is refused (the connection closed); the hook reconnects and sends no more Busy, its
     // token requests going on.
-    let seen = frames_beside_an_old_gem_schd(true, &[]);
+    let seen = frames_beside_an_old_gem_schd(true, false, &[]);
     let refused = seen.iter().filter(|k| **k == "busy3").count();
     assert_eq!(refused, 1, "three-field Busy frames sent: {seen:?}");
     let after = requests_after(&seen, "busy3");
@@ -487,7 +520,7 @@ fn a_gem_schd_without_drain_costs_a_hook_that_does_not_renew_one_reconnection() 
     // A hook with renewals off tells gem-schd with a Drain that it drains at each quota's end;
     // a gem-schd from before Drain refuses the first (Error{2}, the connection closed), and the
     // hook reconnects and sends no more: its token requests go on as before Drain.
-    let seen = frames_beside_an_old_gem_schd(false, &[("KUBESHARE_HOOK_RENEW", "0")]);
+    let seen = frames_beside_an_old_gem_schd(false, false, &[("KUBESHARE_HOOK_RENEW", "0")]);
     let count = |kind: &str| seen.iter().filter(|k| **k == kind).count();
     assert_eq!(count("drain"), 1, "Drains sent: {seen:?}");
     assert_eq!(count("renew"), 0, "Renews sent: {seen:?}");

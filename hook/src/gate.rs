@@ -1,0 +1,133 @@
+//! Launches queued ahead of a Grant, behind the token connection's gate word (gem-proto
+//! `gate.rs`).
+//!
+//! gem-schd tells a waiting connection Soon when the holder drains and the token comes to it
+//! next. With a gate page, the launching thread then does not block for the Grant: the launch
+//! goes on, its stream first told to wait (`cuStreamWaitValue32`) until the gate word is set,
+//! which gem-schd does just before it sends the Grant. So the GPU starts this process's work
+//! as the token comes, without waiting for this thread to wake up, read the Grant and launch
+//! (on an H200, 0.23 ms from one process's last kernel to the next one's first when the next
+//! is woken on the host, 0.147 ms behind such a word, `hack/gpu/handover_wait.cu`). Launches
+//! queue so for up to `KUBESHARE_HOOK_GATE_AHEAD_US` of launching, each stream told to wait
+//! once; then the thread blocks for the Grant as before. The Grant, read by a later launch or
+//! by the idle thread, starts the hold. The word is cleared before every TokenRequest (the
+//! process's earlier work has drained by then) and set by the hook too when it reads a Grant,
+//! so a gem-schd that never sets it delays the queued work, never holds it.
+//!
+//! Not with unified-memory mode (its grant prefetches before the hold's kernels) nor inside a
+//! graph capture (a capture runs nothing now).
+
+use crate::config::settings;
+use crate::device::current_ctx;
+use crate::state::Token;
+use crate::{info, real};
+use cuda_abi::*;
+use gem_proto::Client;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+#[allow(non_upper_case_globals)]
+mod r {
+    crate::slots!(
+        cuStreamWaitValue32_v2,
+        cuMemHostRegister_v2,
+        cuMemHostGetDevicePointer_v2,
+    );
+}
+
+/// Streams told to wait in one queueing ahead, at most: past it the thread waits for the Grant.
+const MAX_STREAMS: usize = 16;
+
+/// One queueing ahead of a Grant.
+pub struct Ahead {
+    /// When it began (precise ns).
+    pub since_ns: u64,
+    /// (context, stream) pairs told to wait on the gate so far.
+    streams: Vec<(usize, usize)>,
+}
+
+impl Ahead {
+    pub fn new(since_ns: u64) -> Ahead {
+        Ahead {
+            since_ns,
+            streams: Vec::with_capacity(4),
+        }
+    }
+}
+
+/// Set once the driver refused the page or a wait on it: from then on this process blocks
+/// for every Grant, as without a gate.
+static BROKEN: AtomicBool = AtomicBool::new(false);
+
+/// Whether a wait on `c` may queue launches ahead when Soon comes.
+pub(crate) fn usable(c: &Client) -> bool {
+    settings().gate_ahead_ns > 0 && c.gate().is_some() && !BROKEN.load(Ordering::Relaxed)
+}
+
+/// Whether the queueing ahead begun at `since_ns` may still take launches at `now_ns`.
+pub(crate) fn within_allowance(since_ns: u64, now_ns: u64) -> bool {
+    now_ns.saturating_sub(since_ns) < settings().gate_ahead_ns
+}
+
+/// Holds back the launch about to go on `stream` until the gate opens: its stream is told to
+/// wait for the word, once per queueing ahead. False when it cannot be (no gate, the driver
+/// refused, too many streams): the caller waits for the Grant instead.
+pub(crate) fn hold_back(t: &mut Token, stream: CUstream) -> bool {
+    let key = (current_ctx(), stream as usize);
+    match t.ahead.as_ref() {
+        Some(a) if a.streams.contains(&key) => return true,
+        Some(a) if a.streams.len() < MAX_STREAMS => {}
+        _ => return false,
+    }
+    let Some(word) = device_addr(t) else {
+        return false;
+    };
+    let rc = real!(
+        cuStreamWaitValue32_v2,
+        stream,
+        word,
+        1,
+        CU_STREAM_WAIT_VALUE_GEQ
+    );
+    if rc != CUDA_SUCCESS {
+        BROKEN.store(true, Ordering::Relaxed);
+        info!("waiting on the gate failed (CUresult {rc}); blocking for each Grant from now on");
+        return false;
+    }
+    if let Some(a) = t.ahead.as_mut() {
+        a.streams.push(key);
+    }
+    true
+}
+
+/// The device address of the connection's gate word, registering its page with the driver
+/// the first time (portable: valid in every context of the process).
+fn device_addr(t: &mut Token) -> Option<CUdeviceptr> {
+    let page = t.client.as_ref()?.gate()?;
+    let addr = page.addr() as usize;
+    if t.gate_addr.0 == addr {
+        return Some(t.gate_addr.1);
+    }
+    if BROKEN.load(Ordering::Relaxed) {
+        return None;
+    }
+    let host = addr as *mut std::ffi::c_void;
+    let flags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
+    let rc = real!(cuMemHostRegister_v2, host, page.len(), flags);
+    let mut device: CUdeviceptr = 0;
+    let rc = if rc == CUDA_SUCCESS {
+        real!(cuMemHostGetDevicePointer_v2, &mut device, host, 0)
+    } else {
+        rc
+    };
+    if rc != CUDA_SUCCESS {
+        BROKEN.store(true, Ordering::Relaxed);
+        info!(
+            "registering the gate page failed (CUresult {rc}); blocking for each Grant from now on"
+        );
+        return None;
+    }
+    // The page stays registered for the process's life: a dropped connection's page may
+    // still have work queued behind it (gem-proto `GatePage::release`).
+    t.gate_addr = (addr, device);
+    Some(device)
+}
