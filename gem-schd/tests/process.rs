@@ -758,7 +758,10 @@ fn a_gated_client_is_told_soon_and_its_gate_opens_before_its_grant() {
         .unwrap();
     assert!(matches!(
         read_reply(&mut early),
-        Reply::Error { code: code::PROTOCOL_MISUSE, .. }
+        Reply::Error {
+            code: code::PROTOCOL_MISUSE,
+            ..
+        }
     ));
 
     let mut b = s.connect("b");
@@ -771,7 +774,11 @@ fn a_gated_client_is_told_soon_and_its_gate_opens_before_its_grant() {
         |l| l.contains("token request waits") && l.contains("client=b"),
         "b waiting for the token",
     );
-    assert_eq!(a.renew(0).unwrap(), None, "b waits: a's hold is not renewed");
+    assert_eq!(
+        a.renew(0).unwrap(),
+        None,
+        "b waits: a's hold is not renewed"
+    );
     assert_eq!(b.wait_grant_or_soon().unwrap(), gem_proto::Wait::Soon);
     assert!(!is_open(&b), "Soon does not open the gate");
     // a drained: its report lets b in.

@@ -1053,7 +1053,8 @@ fn hooks_with_a_gate_queue_launches_ahead_of_their_grants() {
     let lines = |text: &str, what: &str| text.lines().filter(|l| l.contains(what)).count();
     let gated = lines(&schd, "gate page given");
     let queued = lines(&hook, "launches queue behind the gate");
-    let granted = lines(&hook, "work queued behind the gate") + lines(&hook, "read by the idle thread");
+    let granted =
+        lines(&hook, "work queued behind the gate") + lines(&hook, "read by the idle thread");
     let connected = lines(&schd, "client connected");
     eprintln!(
         "GPU time e {fe:.3}, f {ff:.3}; e's share {share_e:.3}; gate pages {gated}; f queued ahead {queued} times, granted so {granted}; connections {connected}"
@@ -1061,7 +1062,10 @@ fn hooks_with_a_gate_queue_launches_ahead_of_their_grants() {
     assert_eq!(gated, 2, "one gate page per token connection:\n{schd}");
     assert!(queued >= 5, "f queued ahead {queued} times:\n{hook}");
     // The last one may be cut short by the end of the run.
-    assert!(granted + 1 >= queued, "f queued ahead {queued} times, granted so {granted}:\n{hook}");
+    assert!(
+        granted + 1 >= queued,
+        "f queued ahead {queued} times, granted so {granted}:\n{hook}"
+    );
     assert!(connected <= 4, "connections: {connected}");
     assert!(
         (share_e - 0.5).abs() <= 0.05,
