@@ -694,4 +694,68 @@ mod refusal_tests {
         }
         gem_schd.join().unwrap();
     }
+
+    #[test]
+    fn a_gate_comes_with_its_descriptor_and_a_grant_is_polled_past_soon() {
+        // A Gate frame whose descriptor is missing is refused without a panic; one with a
+        // sealed page gives the client the page. poll_grant answers None while nothing has
+        // come, passes a Soon over, and returns the Grant; a hang-up is Closed.
+        let (server, listener) = Server::listen("gate");
+        let gem_schd = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let mut s = accept_hello(&listener, &mut buf);
+            assert_eq!(read_request(&mut s, &mut buf), Request::WantGate);
+            s.write_all(&Reply::Gate.encode().unwrap()).unwrap();
+            drop(s);
+            let mut buf = Vec::new();
+            let mut s = accept_hello(&listener, &mut buf);
+            assert_eq!(read_request(&mut s, &mut buf), Request::WantGate);
+            let page = GatePage::create().unwrap();
+            let frame = Reply::Gate.encode().unwrap();
+            let sent = crate::gate::send_with_fd(s.as_raw_fd(), &frame, page.fd()).unwrap();
+            s.write_all(&frame[sent..]).unwrap();
+            assert!(matches!(
+                read_request(&mut s, &mut buf),
+                Request::TokenRequest { .. }
+            ));
+            // The client polls once before anything is sent; wait for its next frame.
+            assert_eq!(read_request(&mut s, &mut buf), Request::MemQuery);
+            page.open();
+            s.write_all(&Reply::Soon.encode().unwrap()).unwrap();
+            s.write_all(&Reply::Grant { quota_us: 77 }.encode().unwrap())
+                .unwrap();
+            // Dropped: the hang-up.
+        });
+        let mut c = Client::connect(&server.path, 1, "GPU-x").unwrap();
+        let e = c.want_gate().unwrap_err();
+        assert!(e.to_string().contains("without a descriptor"), "{e}");
+        assert!(c.gate().is_none());
+        let mut c = Client::connect(&server.path, 1, "GPU-x").unwrap();
+        c.want_gate().unwrap();
+        assert!(!c.gate().unwrap().is_open());
+        c.send_token_request(0, 0).unwrap();
+        assert_eq!(c.poll_grant().unwrap(), None);
+        c.send(&Request::MemQuery).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let q = loop {
+            if let Some(q) = c.poll_grant().unwrap() {
+                break q;
+            }
+            assert!(Instant::now() < deadline, "no Grant polled");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!(q, 77);
+        assert!(
+            c.gate().unwrap().is_open(),
+            "the page is shared with gem-schd"
+        );
+        gem_schd.join().unwrap();
+        let closed = loop {
+            match c.poll_grant() {
+                Ok(None) => std::thread::sleep(Duration::from_millis(1)),
+                other => break other,
+            }
+        };
+        assert!(matches!(closed, Err(ClientError::Closed)), "{closed:?}");
+    }
 }
