@@ -729,26 +729,32 @@ fn options_ask_for_busy_reports_only_when_fills_are_used() {
     ));
 }
 
+/// gem-schd (with `extra` arguments) serving clients a and b at 0.5 each, and a holding the
+/// token after reporting a 3 ms drain: longer than the 1 ms a notice hands over from. Turns
+/// are long, so that no hold expires while a test reads the log.
+fn holding_after_a_long_drain(extra: &[&str]) -> (Schd, Client) {
+    let mut args = vec![
+        "--quiet-ms",
+        "0",
+        "--min-quota-ms",
+        "2000",
+        "--handover-drain-max-us",
+        "1000",
+    ];
+    args.extend_from_slice(extra);
+    let s = Schd::start("2\na 0.5 0.5 1000\nb 0.5 0.5 1000\n", &args);
+    let mut a = s.connect("a");
+    a.request_token(0, 0).unwrap();
+    a.request_token(3000, 0).unwrap();
+    (s, a)
+}
+
 /// A gated connection (WantGate) is told Soon without `--soon`, and gem-schd sets its gate
 /// word before it sends the Grant: work the client queued behind the word can start before the
 /// client reads the Grant. WantGate before Hello is refused like any frame.
 #[test]
 fn a_gated_client_is_told_soon_and_its_gate_opens_before_its_grant() {
-    let s = Schd::start(
-        "2\na 0.5 0.5 1000\nb 0.5 0.5 1000\n",
-        &[
-            "--quiet-ms",
-            "0",
-            "--min-quota-ms",
-            "2000",
-            "--handover-drain-max-us",
-            "1000",
-        ],
-    );
-    let mut a = s.connect("a");
-    a.request_token(0, 0).unwrap();
-    // a reports a 3 ms drain past its quota: longer than the 1 ms a notice hands over from.
-    a.request_token(3000, 0).unwrap();
+    let (s, mut a) = holding_after_a_long_drain(&[]);
     let mut early = std::os::unix::net::UnixStream::connect(s.sock("b")).unwrap();
     early
         .set_read_timeout(Some(Duration::from_secs(10)))
@@ -803,23 +809,7 @@ fn a_gated_client_is_told_soon_and_its_gate_opens_before_its_grant() {
 #[test]
 fn soon_goes_to_the_next_client_that_asked_and_its_grant_follows_the_report() {
     for wants in [true, false] {
-        // Long turns, so that no hold expires while the test reads the log.
-        let s = Schd::start(
-            "2\na 0.5 0.5 1000\nb 0.5 0.5 1000\n",
-            &[
-                "--soon",
-                "--quiet-ms",
-                "0",
-                "--min-quota-ms",
-                "2000",
-                "--handover-drain-max-us",
-                "1000",
-            ],
-        );
-        let mut a = s.connect("a");
-        a.request_token(0, 0).unwrap();
-        // a reports a 3 ms drain past its quota: longer than the 1 ms a notice hands over from.
-        a.request_token(3000, 0).unwrap();
+        let (s, mut a) = holding_after_a_long_drain(&["--soon"]);
         let mut b = std::os::unix::net::UnixStream::connect(s.sock("b")).unwrap();
         b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let hello = Request::Hello {

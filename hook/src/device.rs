@@ -535,24 +535,25 @@ fn acquire(dev: usize, stream: CUstream) {
         let Some(c) = t.client.as_mut() else { continue };
         let asked = precise_ns();
         let gated = crate::gate::usable(c);
-        let got = request_token(dev, c, overuse_us, burst_us, gated);
-        let got = match got {
+        let got = match request_token(dev, c, overuse_us, burst_us, gated) {
+            Ok(Got::Grant(quota_us)) => Ok(quota_us),
             Ok(Got::Soon) => {
-                t.ahead = Some(crate::gate::Ahead::new(asked));
+                // The allowance counts from here: the wait for Soon is no launching.
+                t.ahead = Some(crate::gate::Ahead::new(precise_ns()));
                 if crate::gate::hold_back(&mut t, stream) {
                     debug!("device {dev}: told Soon; launches queue behind the gate");
                     return;
                 }
                 t.ahead = None;
                 match t.client.as_mut() {
-                    Some(c) => await_grant(dev, c, false),
+                    Some(c) => await_grant(dev, c),
                     None => continue,
                 }
             }
-            other => other,
+            Err(e) => Err(e),
         };
         match got {
-            Ok(Got::Grant(quota_us)) => {
+            Ok(quota_us) => {
                 granted(dev, g, &mut t, quota_us, stream);
                 debug!(
                     "device {dev}: granted {quota_us} µs after waiting {} µs (reported overuse {overuse_us} µs)",
@@ -560,7 +561,6 @@ fn acquire(dev: usize, stream: CUstream) {
                 );
                 return;
             }
-            Ok(Got::Soon) => {}
             Err(e) => {
                 if no_token(dev, g, &mut t, e) {
                     return;
@@ -581,7 +581,7 @@ fn launch_ahead(dev: usize, g: &Gpu, t: &mut Token, stream: CUstream) -> bool {
             t.ahead = None;
             return false;
         }
-        Some(Ok(Some(quota_us))) => Ok(Got::Grant(quota_us)),
+        Some(Ok(Some(quota_us))) => Ok(quota_us),
         Some(Ok(None)) => {
             if crate::gate::within_allowance(since, precise_ns())
                 && crate::gate::hold_back(t, stream)
@@ -589,14 +589,14 @@ fn launch_ahead(dev: usize, g: &Gpu, t: &mut Token, stream: CUstream) -> bool {
                 return true;
             }
             match t.client.as_mut() {
-                Some(c) => await_grant(dev, c, false),
+                Some(c) => await_grant(dev, c),
                 None => return false,
             }
         }
         Some(Err(e)) => Err(Lost(e)),
     };
     match got {
-        Ok(Got::Grant(quota_us)) => {
+        Ok(quota_us) => {
             granted(dev, g, t, quota_us, stream);
             debug!(
                 "device {dev}: granted {quota_us} µs, {} µs after Soon, work queued behind the gate",
@@ -604,7 +604,6 @@ fn launch_ahead(dev: usize, g: &Gpu, t: &mut Token, stream: CUstream) -> bool {
             );
             true
         }
-        Ok(Got::Soon) => true,
         Err(e) => {
             t.ahead = None;
             no_token(dev, g, t, e)
@@ -827,26 +826,40 @@ fn request_token(
         p.close();
     }
     c.send_token_request(overuse_us, burst_us).map_err(Lost)?;
-    await_grant(dev, c, gated)
+    if gated {
+        await_grant_or_soon(dev, c)
+    } else {
+        await_grant(dev, c).map(Got::Grant)
+    }
 }
 
-/// Waits for the Grant of the TokenRequest sent before, or, `soon`, for a Soon before it;
-/// without `soon` a Soon makes the thread poll for the Grant a while
-/// (`KUBESHARE_HOOK_SOON_SPIN_US`). A wait longer than the I/O timeout is legitimate (other
+/// Waits for the Grant of the TokenRequest sent before; a Soon before it makes the thread poll
+/// for the Grant a while (`KUBESHARE_HOOK_SOON_SPIN_US`). A wait longer than the I/O timeout is legitimate (other
 /// clients hold the token, this one is at its limit), so on each timeout gem-schd is probed on
 /// the memory connection: alive, the wait goes on; silent, it is hung.
-fn await_grant(dev: usize, c: &mut Client, soon: bool) -> Result<Got, NoToken> {
+fn await_grant(dev: usize, c: &mut Client) -> Result<u64, NoToken> {
     let spin = Duration::from_nanos(settings().soon_spin_ns);
+    awaiting(dev, c, |c| c.wait_grant_spinning(spin))
+}
+
+/// [`await_grant`], but a Soon ends the wait too (a gated connection queues launches then).
+fn await_grant_or_soon(dev: usize, c: &mut Client) -> Result<Got, NoToken> {
+    awaiting(dev, c, |c| {
+        c.wait_grant_or_soon().map(|w| match w {
+            gem_proto::Wait::Grant(q) => Got::Grant(q),
+            gem_proto::Wait::Soon => Got::Soon,
+        })
+    })
+}
+
+/// Runs `wait` until it answers, probing gem-schd at each timeout (see [`await_grant`]).
+fn awaiting<T>(
+    dev: usize,
+    c: &mut Client,
+    mut wait: impl FnMut(&mut Client) -> Result<T, ClientError>,
+) -> Result<T, NoToken> {
     loop {
-        let r = if soon {
-            c.wait_grant_or_soon().map(|w| match w {
-                gem_proto::Wait::Grant(q) => Got::Grant(q),
-                gem_proto::Wait::Soon => Got::Soon,
-            })
-        } else {
-            c.wait_grant_spinning(spin).map(Got::Grant)
-        };
-        match r {
+        match wait(c) {
             Ok(got) => return Ok(got),
             Err(e) if e.is_timeout() => {
                 if crate::memory::probe(dev) {
