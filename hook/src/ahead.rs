@@ -170,6 +170,16 @@ impl Ring {
         }
     }
 
+    /// The launching time whose GPU work is `gpu_ns` by the measured ratio (before it is
+    /// measured, or while the GPU keeps up with the CPU: `gpu_ns` itself).
+    pub fn launching_for(&self, gpu_ns: u64) -> u64 {
+        if self.ratio_x1024 > RATIO_ONE {
+            (u128::from(gpu_ns) * u128::from(RATIO_ONE) / u128::from(self.ratio_x1024)) as u64
+        } else {
+            gpu_ns
+        }
+    }
+
     /// The GPU work still queued behind the pending probes, by the measured ratio.
     fn pending_gpu_ns(&self) -> u64 {
         (0..self.len)
@@ -314,6 +324,17 @@ impl Default for Ring {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_launching_for_some_gpu_work_follows_the_measured_ratio() {
+        let mut r = super::Ring::new();
+        assert_eq!(r.launching_for(200_000), 200_000, "not measured yet");
+        r.ratio_x1024 = 10 * super::RATIO_ONE;
+        assert_eq!(r.launching_for(200_000), 20_000, "a CPU ten times ahead");
+        assert_eq!(r.gpu_ns(r.launching_for(200_000)), 200_000);
+        r.ratio_x1024 = super::RATIO_ONE / 2;
+        assert_eq!(r.launching_for(200_000), 200_000, "a GPU that keeps up");
+    }
+
     use super::*;
     use std::cell::{Cell, RefCell};
 

@@ -539,8 +539,10 @@ fn acquire(dev: usize, stream: CUstream) {
             Ok(Got::Grant(quota_us)) => Ok(quota_us),
             Ok(Got::Soon) => {
                 // The allowance counts from here: the wait for Soon is no launching.
-                t.ahead = Some(crate::gate::Ahead::new(precise_ns()));
-                if crate::gate::hold_back(&mut t, stream) {
+                let allowance = crate::gate::allowance_ns(g.ahead.try_lock().ok().as_deref());
+                let now = precise_ns();
+                t.ahead = Some(crate::gate::Ahead::new(now, allowance, overuse_us));
+                if crate::gate::hold_back(&mut t, stream, now) {
                     debug!("device {dev}: told Soon; launches queue behind the gate");
                     return;
                 }
@@ -575,7 +577,10 @@ fn acquire(dev: usize, stream: CUstream) {
 /// for the Grant. False when the connection failed meanwhile (its queued work was let go,
 /// `GatePage::release`): the caller asks again.
 fn launch_ahead(dev: usize, g: &Gpu, t: &mut Token, stream: CUstream) -> bool {
-    let since = t.ahead.as_ref().map_or(0, |a| a.since_ns);
+    let (since, overuse_us) = t
+        .ahead
+        .as_ref()
+        .map_or((0, 0), |a| (a.since_ns, a.reported_overuse_us));
     let got = match t.client.as_mut().map(|c| c.poll_grant()) {
         None => {
             t.ahead = None;
@@ -583,9 +588,7 @@ fn launch_ahead(dev: usize, g: &Gpu, t: &mut Token, stream: CUstream) -> bool {
         }
         Some(Ok(Some(quota_us))) => Ok(quota_us),
         Some(Ok(None)) => {
-            if crate::gate::within_allowance(since, precise_ns())
-                && crate::gate::hold_back(t, stream)
-            {
+            if crate::gate::hold_back(t, stream, precise_ns()) {
                 return true;
             }
             match t.client.as_mut() {
@@ -599,7 +602,7 @@ fn launch_ahead(dev: usize, g: &Gpu, t: &mut Token, stream: CUstream) -> bool {
         Ok(quota_us) => {
             granted(dev, g, t, quota_us, stream);
             debug!(
-                "device {dev}: granted {quota_us} µs, {} µs after Soon, work queued behind the gate",
+                "device {dev}: granted {quota_us} µs, {} µs after Soon, work queued behind the gate (reported overuse {overuse_us} µs)",
                 (t.grant_ns.saturating_sub(since)) / 1000
             );
             true
@@ -637,6 +640,7 @@ pub(crate) fn take_grant_queued_ahead(dev: usize) {
         Some(c) => c.poll_grant(),
         None => return,
     };
+    let overuse_us = t.ahead.as_ref().map_or(0, |a| a.reported_overuse_us);
     match polled {
         Ok(Some(quota_us)) => {
             // The gate is already open and work queued behind it runs: the launching stream
@@ -647,7 +651,7 @@ pub(crate) fn take_grant_queued_ahead(dev: usize) {
             }
             start_hold(dev, g, &mut t, quota_us, false);
             debug!(
-                "device {dev}: granted {quota_us} µs while no launch came; read by the idle thread"
+                "device {dev}: granted {quota_us} µs while no launch came; read by the idle thread (reported overuse {overuse_us} µs)"
             );
         }
         Ok(None) => {}

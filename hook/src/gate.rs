@@ -8,8 +8,9 @@
 //! as the token comes, without waiting for this thread to wake up, read the Grant and launch
 //! (on an H200, 0.23 ms from one process's last kernel to the next one's first when the next
 //! is woken on the host, 0.147 ms behind such a word, `hack/gpu/handover_wait.cu`). Launches
-//! queue so for up to `KUBESHARE_HOOK_GATE_AHEAD_US` of launching, each stream told to wait
-//! once; then the thread blocks for the Grant as before. The Grant, read by a later launch or
+//! queue so, each stream told to wait once, while they bring up to
+//! `KUBESHARE_HOOK_GATE_AHEAD_US` of GPU work at the pace the queue-ahead bound measured (and
+//! at most [`MAX_LAUNCHES`]); then the thread blocks for the Grant as before. The Grant, read by a later launch or
 //! by the idle thread, starts the hold. The word is cleared before every TokenRequest (the
 //! process's earlier work has drained by then) and set by the hook too when it reads a Grant,
 //! so a gem-schd that never sets it delays the queued work, never holds it.
@@ -36,20 +37,36 @@ mod r {
 
 /// Streams told to wait in one queueing ahead, at most: past it the thread waits for the Grant.
 const MAX_STREAMS: usize = 16;
+/// Launches queued in one queueing ahead, at most, whatever the pace: until the queue-ahead
+/// bound has measured how much GPU work a launch brings, a program far ahead of the GPU could
+/// otherwise queue its whole allowance of launching in long kernels (through the fake driver,
+/// 1 ms kernels launched at a few µs each queued tens of ms behind the gate).
+const MAX_LAUNCHES: u32 = 16;
 
 /// One queueing ahead of a Grant.
 pub struct Ahead {
     /// When it began (precise ns).
     pub since_ns: u64,
+    /// How long launches may queue, in ns of launching: the allowance's GPU time at the pace
+    /// the queue-ahead bound measured (`Ring::launching_for`).
+    allowance_ns: u64,
+    launches: u32,
     /// (context, stream) pairs told to wait on the gate so far.
     streams: Vec<(usize, usize)>,
+    /// The overuse the TokenRequest reported (for the log line of its Grant).
+    pub reported_overuse_us: u64,
 }
 
 impl Ahead {
-    pub fn new(since_ns: u64) -> Ahead {
+    /// Queueing ahead from `since_ns`, for launches that bring `allowance_ns` of launching,
+    /// after a TokenRequest that reported `reported_overuse_us`.
+    pub fn new(since_ns: u64, allowance_ns: u64, reported_overuse_us: u64) -> Ahead {
         Ahead {
             since_ns,
+            allowance_ns,
+            launches: 0,
             streams: Vec::with_capacity(4),
+            reported_overuse_us,
         }
     }
 }
@@ -63,18 +80,31 @@ pub(crate) fn usable(c: &Client) -> bool {
     settings().gate_ahead_ns > 0 && c.gate().is_some() && !BROKEN.load(Ordering::Relaxed)
 }
 
-/// Whether the queueing ahead begun at `since_ns` may still take launches at `now_ns`.
-pub(crate) fn within_allowance(since_ns: u64, now_ns: u64) -> bool {
-    now_ns.saturating_sub(since_ns) < settings().gate_ahead_ns
+/// The launching time that brings `KUBESHARE_HOOK_GATE_AHEAD_US` of GPU work at the pace the
+/// queue-ahead bound measured: a program far ahead of the GPU queues that much GPU time behind
+/// the gate, not that much of its own launching.
+pub(crate) fn allowance_ns(ring: Option<&crate::ahead::Ring>) -> u64 {
+    let gpu_ns = settings().gate_ahead_ns;
+    ring.map_or(gpu_ns, |r| r.launching_for(gpu_ns))
 }
 
-/// Holds back the launch about to go on `stream` until the gate opens: its stream is told to
-/// wait for the word, once per queueing ahead. False when it cannot be (no gate, the driver
-/// refused, too many streams): the caller waits for the Grant instead.
-pub(crate) fn hold_back(t: &mut Token, stream: CUstream) -> bool {
+/// Holds back the launch about to go on `stream` at `now_ns` until the gate opens: its stream
+/// is told to wait for the word, once per queueing ahead. False when it cannot be (the
+/// allowance is spent, no gate, the driver refused, too many streams): the caller waits for
+/// the Grant instead.
+pub(crate) fn hold_back(t: &mut Token, stream: CUstream, now_ns: u64) -> bool {
     let key = (current_ctx(), stream as usize);
-    match t.ahead.as_ref() {
-        Some(a) if a.streams.contains(&key) => return true,
+    match t.ahead.as_mut() {
+        Some(a)
+            if a.launches >= MAX_LAUNCHES
+                || (a.launches > 0 && now_ns.saturating_sub(a.since_ns) >= a.allowance_ns) =>
+        {
+            return false;
+        }
+        Some(a) if a.streams.contains(&key) => {
+            a.launches += 1;
+            return true;
+        }
         Some(a) if a.streams.len() < MAX_STREAMS => {}
         _ => return false,
     }
@@ -95,6 +125,7 @@ pub(crate) fn hold_back(t: &mut Token, stream: CUstream) -> bool {
     }
     if let Some(a) = t.ahead.as_mut() {
         a.streams.push(key);
+        a.launches += 1;
     }
     true
 }
