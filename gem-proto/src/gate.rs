@@ -12,11 +12,14 @@
 //! [`recv_with_fd`]). The word is 0 while the client waits and 1 once granted: the client
 //! clears it before each TokenRequest and also sets it itself when it reads a Grant, so a
 //! gem-schd that never sets it (or dies) delays the client's queued work, never holds it.
+//! Beside the word, at byte 8, gem-schd stores the grant's time (`CLOCK_MONOTONIC`, ns) before
+//! it sets the word: work queued behind the word runs from then, however late the client
+//! reads the Grant, so the client counts its hold (and the overuse it reports) from then.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// A mapped gate page.
 #[derive(Debug)]
@@ -123,9 +126,26 @@ impl GatePage {
         unsafe { self.word.as_ref() }
     }
 
+    fn stamp(&self) -> &AtomicU64 {
+        // SAFETY: byte 8 of a live, page-aligned mapping of at least a page: in bounds and
+        // aligned for u64; only accessed through the atomic.
+        unsafe { &*self.word.as_ptr().cast::<u8>().add(8).cast::<AtomicU64>() }
+    }
+
     /// Lets the work queued behind the word run (a Grant).
     pub fn open(&self) {
         self.word().store(1, Ordering::Release);
+    }
+
+    /// [`GatePage::open`] for a Grant made at `at_ns` (`CLOCK_MONOTONIC`), stored first.
+    pub fn open_at(&self, at_ns: u64) {
+        self.stamp().store(at_ns, Ordering::Relaxed);
+        self.open();
+    }
+
+    /// When gem-schd last opened the word for a Grant ([`GatePage::open_at`]; 0: never).
+    pub fn opened_at(&self) -> u64 {
+        self.stamp().load(Ordering::Relaxed)
     }
 
     /// Holds back work queued behind the word from now on (before a TokenRequest).
@@ -182,6 +202,17 @@ impl Drop for GatePage {
 
 /// Space for one descriptor's control message.
 const CMSG_BUF: usize = 64;
+
+/// `CLOCK_MONOTONIC` in ns, the clock of [`GatePage::open_at`].
+pub fn monotonic_ns() -> u64 {
+    // SAFETY: `ts` is a plain C struct that clock_gettime fills.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid clock id and a pointer to the live local above.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
 
 /// Sends `data` with `fd` attached (`SCM_RIGHTS`), `MSG_NOSIGNAL`; returns the bytes sent (the
 /// descriptor goes with the first byte, so a short send still delivered it).
@@ -274,8 +305,9 @@ mod tests {
         assert_eq!(&buf[..n], b"x");
         let theirs = GatePage::from_fd(fd.expect("a descriptor came with the byte")).unwrap();
         assert!(!theirs.is_open());
-        mine.open();
+        mine.open_at(42);
         assert!(theirs.is_open());
+        assert_eq!(theirs.opened_at(), 42);
         theirs.close();
         assert!(!mine.is_open());
     }

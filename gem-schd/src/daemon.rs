@@ -362,7 +362,7 @@ impl Actor {
                         // Before the Grant: the client's work queued behind its gate starts
                         // now, not when its thread has read the Grant.
                         if let Some(gate) = self.conns.get(&c).and_then(|c| c.gate.as_ref()) {
-                            gate.open();
+                            gate.open_at(gem_proto::gate::monotonic_ns());
                         }
                         self.send(c, Reply::Grant { quota_us });
                     }

@@ -788,12 +788,20 @@ fn a_gated_client_is_told_soon_and_its_gate_opens_before_its_grant() {
     assert_eq!(b.wait_grant_or_soon().unwrap(), gem_proto::Wait::Soon);
     assert!(!is_open(&b), "Soon does not open the gate");
     // a drained: its report lets b in.
+    let before = gem_proto::gate::monotonic_ns();
     a.send_token_request(500, 0).unwrap();
     assert!(matches!(
         b.wait_grant_or_soon().unwrap(),
         gem_proto::Wait::Grant(_)
     ));
+    let after = gem_proto::gate::monotonic_ns();
     assert!(is_open(&b), "the gate was open when the Grant arrived");
+    // Stamped with the grant's time, for b to count its hold from.
+    let at = b.gate().unwrap().opened_at();
+    assert!(
+        (before..=after).contains(&at),
+        "gate opened at {at}, not between the report ({before}) and the Grant read ({after})"
+    );
     // The client closes its gate before it asks again; the next Grant opens it again.
     b.gate().unwrap().close();
     b.send_token_request(0, 0).unwrap();

@@ -615,14 +615,24 @@ fn launch_ahead(dev: usize, g: &Gpu, t: &mut Token, stream: CUstream) -> bool {
 }
 
 /// A Grant read: the gate is opened (gem-schd has done so already; this covers one that did
-/// not) and the hold starts.
+/// not) and the hold starts, from when gem-schd opened the gate if work was queued behind it.
 fn granted(dev: usize, g: &Gpu, t: &mut Token, quota_us: u64, stream: CUstream) {
-    t.ahead = None;
-    if let Some(p) = t.client.as_ref().and_then(|c| c.gate()) {
-        p.open();
-    }
-    start_hold(dev, g, t, quota_us, false);
+    let since = open_gate(t);
+    start_hold_at(dev, g, t, quota_us, since);
     crate::um::on_grant(dev, stream);
+}
+
+/// Opens the gate after a Grant was read and ends the queueing ahead; returns when the hold
+/// began (`gate::hold_start`).
+fn open_gate(t: &mut Token) -> u64 {
+    let now = precise_ns();
+    let queued = t.ahead.take().is_some();
+    let Some(p) = t.client.as_ref().and_then(|c| c.gate()) else {
+        return now;
+    };
+    let at = p.opened_at();
+    p.open();
+    crate::gate::hold_start(now, queued.then_some(at))
 }
 
 /// The idle thread's part while launches queue behind the gate: a process blocked in its own
@@ -645,11 +655,8 @@ pub(crate) fn take_grant_queued_ahead(dev: usize) {
         Ok(Some(quota_us)) => {
             // The gate is already open and work queued behind it runs: the launching stream
             // of the hold's first launch is not known here (unified-memory mode has no gate).
-            t.ahead = None;
-            if let Some(p) = t.client.as_ref().and_then(|c| c.gate()) {
-                p.open();
-            }
-            start_hold(dev, g, &mut t, quota_us, false);
+            let since = open_gate(&mut t);
+            start_hold_at(dev, g, &mut t, quota_us, since);
             debug!(
                 "device {dev}: granted {quota_us} µs while no launch came; read by the idle thread (reported overuse {overuse_us} µs)"
             );
@@ -697,13 +704,29 @@ const SOLE_AFTER_RENEWALS: u32 = 2;
 /// Starts (or, `renewed`, renews) the hold gem-schd granted for `quota_us` from now: the
 /// deadlines the gate reads; returns the coarse one.
 pub(crate) fn start_hold(dev: usize, g: &Gpu, t: &mut Token, quota_us: u64, renewed: bool) -> u64 {
-    crate::timing::granted(g);
     let now = precise_ns();
     if renewed {
         // The renewed hold's time so far, reported with the next Busy.
         t.held_ns += now.saturating_sub(t.grant_ns);
     }
-    t.grant_ns = now;
+    start_hold_from(dev, g, t, quota_us, now, renewed)
+}
+
+/// [`start_hold`] of a new hold that began at `since_ns` (precise clock, not after now).
+fn start_hold_at(dev: usize, g: &Gpu, t: &mut Token, quota_us: u64, since_ns: u64) -> u64 {
+    start_hold_from(dev, g, t, quota_us, since_ns, false)
+}
+
+fn start_hold_from(
+    dev: usize,
+    g: &Gpu,
+    t: &mut Token,
+    quota_us: u64,
+    since_ns: u64,
+    renewed: bool,
+) -> u64 {
+    crate::timing::granted(g);
+    t.grant_ns = since_ns;
     t.quota_us = quota_us;
     let renewals = if renewed {
         g.renewals_in_row.load(Ordering::Relaxed).saturating_add(1)

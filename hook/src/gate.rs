@@ -130,6 +130,18 @@ pub(crate) fn hold_back(t: &mut Token, stream: CUstream, now_ns: u64) -> bool {
     true
 }
 
+/// When a hold whose Grant was read at `now_ns` began: when gem-schd opened the gate for it
+/// (`stamp`, given if launches were queued behind it: they ran from then, however late this
+/// process read the Grant; counted from the read, the hold and the overuse it reports would
+/// miss that time), else `now_ns`. A stamp ahead of now (another clock: a time namespace) or
+/// more than a second old (an earlier Grant's) is not trusted.
+pub fn hold_start(now_ns: u64, stamp: Option<u64>) -> u64 {
+    match stamp {
+        Some(at) if at <= now_ns && now_ns - at < 1_000_000_000 => at,
+        _ => now_ns,
+    }
+}
+
 /// The device address of the connection's gate word, registering its page with the driver
 /// the first time (portable: valid in every context of the process).
 fn device_addr(t: &mut Token) -> Option<CUdeviceptr> {
@@ -161,4 +173,24 @@ fn device_addr(t: &mut Token) -> Option<CUdeviceptr> {
     // still have work queued behind it (gem-proto `GatePage::release`).
     t.gate_addr = (addr, device);
     Some(device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hold_start;
+
+    #[test]
+    fn a_hold_queued_ahead_starts_when_the_gate_opened() {
+        let now = 5_000_000_000;
+        assert_eq!(hold_start(now, Some(now - 3_000_000)), now - 3_000_000);
+        assert_eq!(hold_start(now, None), now, "nothing queued ahead");
+        assert_eq!(hold_start(now, Some(now + 1)), now, "a stamp ahead of now");
+        assert_eq!(
+            hold_start(now, Some(now - 2_000_000_000)),
+            now,
+            "an old stamp"
+        );
+        assert_eq!(hold_start(now, Some(0)), now, "never stamped");
+        assert_eq!(hold_start(5, Some(0)), 0, "a clock near its start");
+    }
 }
