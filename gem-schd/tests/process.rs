@@ -749,6 +749,19 @@ fn holding_after_a_long_drain(extra: &[&str]) -> (Schd, Client) {
     (s, a)
 }
 
+/// Once b's TokenRequest waits, a's Renew is answered Yield: a's notice that it drains.
+fn a_yields_to_waiting_b(s: &Schd, a: &mut Client) {
+    s.wait_log(
+        |l| l.contains("token request waits") && l.contains("client=b"),
+        "b waiting for the token",
+    );
+    assert_eq!(
+        a.renew(0).unwrap(),
+        None,
+        "b waits: a's hold is not renewed"
+    );
+}
+
 /// A gated connection (WantGate) is told Soon without `--soon`, and gem-schd sets its gate
 /// word before it sends the Grant: work the client queued behind the word can start before the
 /// client reads the Grant. WantGate before Hello is refused like any frame.
@@ -776,15 +789,7 @@ fn a_gated_client_is_told_soon_and_its_gate_opens_before_its_grant() {
     let is_open = |b: &Client| b.gate().expect("a gate page").is_open();
     assert!(!is_open(&b), "a new gate is closed");
     b.send_token_request(0, 0).unwrap();
-    s.wait_log(
-        |l| l.contains("token request waits") && l.contains("client=b"),
-        "b waiting for the token",
-    );
-    assert_eq!(
-        a.renew(0).unwrap(),
-        None,
-        "b waits: a's hold is not renewed"
-    );
+    a_yields_to_waiting_b(&s, &mut a);
     assert_eq!(b.wait_grant_or_soon().unwrap(), gem_proto::Wait::Soon);
     assert!(!is_open(&b), "Soon does not open the gate");
     // a drained: its report lets b in.
@@ -834,15 +839,7 @@ fn soon_goes_to_the_next_client_that_asked_and_its_grant_follows_the_report() {
             burst_us: 0,
         };
         b.write_all(&ask.encode().unwrap()).unwrap();
-        s.wait_log(
-            |l| l.contains("token request waits") && l.contains("client=b"),
-            "b waiting for the token",
-        );
-        assert_eq!(
-            a.renew(0).unwrap(),
-            None,
-            "b waits: a's hold is not renewed"
-        );
+        a_yields_to_waiting_b(&s, &mut a);
         if wants {
             assert_eq!(read_reply(&mut b), Reply::Soon);
         }
