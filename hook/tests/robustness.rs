@@ -297,6 +297,56 @@ fn a_holder_stops_launching_when_its_gem_schd_dies() {
     );
 }
 
+#[test]
+fn launches_queued_behind_a_gate_run_when_gem_schd_dies() {
+    // Two tenants of 3 ms kernels, whose drains run long: f is told Soon at most hand-overs and
+    // queues a launch behind its gate. gem-schd is SIGKILLed right after f says so, and started
+    // again 300 ms later. The lost connection's page is opened as the hook drops it, so the
+    // kernel queued behind it runs (kept shut, it would hold f's queue, and f's own syncs,
+    // forever); f connects again, gets a new page, and both tenants run to their end.
+    let _s = serial();
+    let env = Env::new();
+    env.write_config(&[("e", 0.5, 0.5, GIB), ("f", 0.5, 0.5, GIB)]);
+    let schd = env.start_schd(&["e", "f"]);
+    let args = [
+        "launch",
+        "--kernel-us",
+        "3000",
+        "--seconds",
+        "4",
+        "--sample-ms",
+        "10",
+    ];
+    let e = Proc(env.workload("e", "proc", &args).spawn().unwrap());
+    let mut f = env
+        .workload("f", "symbol", &args)
+        .env("KUBESHARE_HOOK_LOG", "debug")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let queued = said_on_stderr(&mut f, "launches queue behind the gate");
+    // Past the start-up: the second queueing ahead (there are tens in a run, some runs
+    // only a handful).
+    for n in 0..2 {
+        queued
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("f queued behind its gate {n} times in 10 s"));
+    }
+    drop(schd); // SIGKILL
+    std::thread::sleep(Duration::from_millis(300));
+    let _schd = env.start_schd(&["e", "f"]);
+    let t = Duration::from_secs(30);
+    let (e, f) = (e.finish(t), Proc(f).finish(t));
+    for (name, out) in [("e", &e[0]), ("f", &f[0])] {
+        let stall = longest_stall_ms(out);
+        // Gone 300 ms, then the 200 ms quiet period and the reconnection.
+        assert!(
+            stall < 2000.0,
+            "{name} stood still {stall:.0} ms across the restart"
+        );
+    }
+}
+
 /// What a gem-schd from before Renew (and Options, Busy, Drain, WantSoon, WantGate) does, over
 /// a real socket: answers Hello, grants every TokenRequest 5 ms, passes memory calls, and
 /// answers a frame it cannot read (a Renew, an Options, a Busy, a Drain, a WantSoon, a
