@@ -631,28 +631,22 @@ impl Actor {
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
-        if c.gate.is_none() {
-            match GatePage::create() {
-                Ok(p) => c.gate = Some(p),
-                Err(e) => {
-                    warn!(conn, client = %c.client, error = %e, "making a gate page failed");
-                    let msg = format!("no gate page: {e}");
-                    self.send(conn, Reply::error(code::GATE_UNAVAILABLE, msg));
-                    return;
-                }
+        let fd = match &mut c.gate {
+            Some(p) => p.fd().try_clone_to_owned(),
+            slot @ None => {
+                GatePage::create().and_then(|p| slot.insert(p).fd().try_clone_to_owned())
             }
-        }
-        let fd = c.gate.as_ref().map(|p| p.fd().try_clone_to_owned());
+        };
         match fd {
-            Some(Ok(fd)) => {
+            Ok(fd) => {
                 debug!(conn, client = %c.client, "gate page given");
                 self.send_with_fd(conn, Reply::Gate, Some(fd));
             }
-            Some(Err(e)) => {
+            Err(e) => {
+                warn!(conn, client = %c.client, error = %e, "making a gate page failed");
                 let msg = format!("no gate page: {e}");
                 self.send(conn, Reply::error(code::GATE_UNAVAILABLE, msg));
             }
-            None => {}
         }
     }
 

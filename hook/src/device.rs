@@ -617,22 +617,22 @@ fn launch_ahead(dev: usize, g: &Gpu, t: &mut Token, stream: CUstream) -> bool {
 /// A Grant read: the gate is opened (gem-schd has done so already; this covers one that did
 /// not) and the hold starts, from when gem-schd opened the gate if work was queued behind it.
 fn granted(dev: usize, g: &Gpu, t: &mut Token, quota_us: u64, stream: CUstream) {
-    let since = open_gate(t);
-    start_hold_at(dev, g, t, quota_us, since);
+    start_gated_hold(dev, g, t, quota_us);
     crate::um::on_grant(dev, stream);
 }
 
-/// Opens the gate after a Grant was read and ends the queueing ahead; returns when the hold
-/// began (`gate::hold_start`).
-fn open_gate(t: &mut Token) -> u64 {
+/// Opens the gate after a Grant was read, ends the queueing ahead and starts the hold, from
+/// when it began (`gate::hold_start`).
+fn start_gated_hold(dev: usize, g: &Gpu, t: &mut Token, quota_us: u64) {
     let now = precise_ns();
     let queued = t.ahead.take().is_some();
-    let Some(p) = t.client.as_ref().and_then(|c| c.gate()) else {
-        return now;
-    };
-    let at = p.opened_at();
-    p.open();
-    crate::gate::hold_start(now, queued.then_some(at))
+    let mut since = now;
+    if let Some(p) = t.client.as_ref().and_then(|c| c.gate()) {
+        let at = p.opened_at();
+        p.open();
+        since = crate::gate::hold_start(now, queued.then_some(at));
+    }
+    start_hold_from(dev, g, t, quota_us, since, false);
 }
 
 /// The idle thread's part while launches queue behind the gate: a process blocked in its own
@@ -655,20 +655,15 @@ pub(crate) fn take_grant_queued_ahead(dev: usize) {
         Ok(Some(quota_us)) => {
             // The gate is already open and work queued behind it runs: the launching stream
             // of the hold's first launch is not known here (unified-memory mode has no gate).
-            let since = open_gate(&mut t);
-            start_hold_at(dev, g, &mut t, quota_us, since);
+            start_gated_hold(dev, g, &mut t, quota_us);
             debug!(
                 "device {dev}: granted {quota_us} µs while no launch came; read by the idle thread (reported overuse {overuse_us} µs)"
             );
         }
         Ok(None) => {}
         Err(e) => {
-            info!(
-                "device {dev}: the token connection failed while launches were queued ahead: {e}"
-            );
             t.ahead = None;
-            note_refusal(&e);
-            drop_client(&mut t.client, &g.token_fd);
+            no_token(dev, g, &mut t, Lost(e));
         }
     }
 }
@@ -712,11 +707,7 @@ pub(crate) fn start_hold(dev: usize, g: &Gpu, t: &mut Token, quota_us: u64, rene
     start_hold_from(dev, g, t, quota_us, now, renewed)
 }
 
-/// [`start_hold`] of a new hold that began at `since_ns` (precise clock, not after now).
-fn start_hold_at(dev: usize, g: &Gpu, t: &mut Token, quota_us: u64, since_ns: u64) -> u64 {
-    start_hold_from(dev, g, t, quota_us, since_ns, false)
-}
-
+/// [`start_hold`] of a hold that began at `since_ns` (precise clock, not after now).
 fn start_hold_from(
     dev: usize,
     g: &Gpu,
