@@ -214,6 +214,22 @@ pub fn monotonic_ns() -> u64 {
         .saturating_add(ts.tv_nsec as u64)
 }
 
+/// A `msghdr` over one data buffer and the first `control_len` bytes of `control`; it points
+/// at both, so they must outlive its use.
+fn one_buffer_msghdr(
+    iov: &mut libc::iovec,
+    control: &mut [u8; CMSG_BUF],
+    control_len: usize,
+) -> libc::msghdr {
+    // SAFETY: msghdr is a plain C struct for which all zeroes is a valid (empty) value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = control_len.min(CMSG_BUF) as _;
+    msg
+}
+
 /// Sends `data` with `fd` attached (`SCM_RIGHTS`), `MSG_NOSIGNAL`; returns the bytes sent (the
 /// descriptor goes with the first byte, so a short send still delivered it).
 pub fn send_with_fd(sock: RawFd, data: &[u8], fd: BorrowedFd<'_>) -> io::Result<usize> {
@@ -222,13 +238,9 @@ pub fn send_with_fd(sock: RawFd, data: &[u8], fd: BorrowedFd<'_>) -> io::Result<
         iov_len: data.len(),
     };
     let mut control = [0u8; CMSG_BUF];
-    // SAFETY: msghdr is a plain C struct; every pointer set below points at a live local.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
     // SAFETY: CMSG_SPACE computes a size from a constant.
-    msg.msg_controllen = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as _;
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    let msg = one_buffer_msghdr(&mut iov, &mut control, space);
     // SAFETY: msg_control points at `control`, which is large enough for one header and one
     // descriptor (CMSG_SPACE above ≤ CMSG_BUF), so the first header is in bounds.
     unsafe {
@@ -254,12 +266,7 @@ pub fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<Ow
         iov_len: buf.len(),
     };
     let mut control = [0u8; CMSG_BUF];
-    // SAFETY: msghdr is a plain C struct; every pointer set below points at a live local.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = CMSG_BUF as _;
+    let mut msg = one_buffer_msghdr(&mut iov, &mut control, CMSG_BUF);
     // SAFETY: `msg` describes live buffers; the socket descriptor is the caller's.
     let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
     if n < 0 {
