@@ -269,29 +269,15 @@ impl Client {
     }
 
     /// Polls for a whole frame for up to `spin`: `Some(quota)` when it is a Grant, `None`
-    /// when none came (the caller blocks); another frame is an error as in `wait_grant`.
+    /// when none came or another Soon did (the caller blocks); another frame is an error as
+    /// in `wait_grant`.
     fn spin_for_grant(&mut self, spin: Duration) -> Result<Option<u64>, ClientError> {
         let start = Instant::now();
         while start.elapsed() < spin {
-            if let Some(reply) = self.buffered_reply()? {
-                return match reply {
-                    Reply::Grant { quota_us } => Ok(Some(quota_us)),
-                    Reply::Soon => Ok(None),
-                    other => Err(unexpected(other)),
-                };
-            }
-            match self.read_arrived() {
-                Ok(0) => return Err(ClientError::Closed),
-                Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    ) =>
-                {
-                    std::hint::spin_loop()
-                }
-                Err(e) => return Err(e.into()),
+            match self.arrived_wait()? {
+                Some(Wait::Grant(quota_us)) => return Ok(Some(quota_us)),
+                Some(Wait::Soon) => return Ok(None),
+                None => std::hint::spin_loop(),
             }
         }
         Ok(None)
@@ -361,9 +347,21 @@ impl Client {
     /// is passed over).
     pub fn poll_grant(&mut self) -> Result<Option<u64>, ClientError> {
         loop {
+            match self.arrived_wait()? {
+                Some(Wait::Grant(quota_us)) => return Ok(Some(quota_us)),
+                Some(Wait::Soon) => continue,
+                None => return Ok(None),
+            }
+        }
+    }
+
+    /// The next Grant or Soon if it has arrived, without waiting: `None` when no whole frame
+    /// is there yet; another frame is an error as in `wait_grant`.
+    fn arrived_wait(&mut self) -> Result<Option<Wait>, ClientError> {
+        loop {
             match self.buffered_reply()? {
-                Some(Reply::Grant { quota_us }) => return Ok(Some(quota_us)),
-                Some(Reply::Soon) => continue,
+                Some(Reply::Grant { quota_us }) => return Ok(Some(Wait::Grant(quota_us))),
+                Some(Reply::Soon) => return Ok(Some(Wait::Soon)),
                 Some(other) => return Err(unexpected(other)),
                 None => {}
             }
