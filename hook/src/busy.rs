@@ -125,15 +125,18 @@ impl Pairs {
     }
 
     /// Launches until the next sample: uniform in `[every / 2, every / 2 + every)`, about
-    /// `every` on average (each sample stands for its own gap, so the mean need not be exact).
+    /// `every` on average (each sample stands for its own gap, so the mean need not be exact);
+    /// 1 at `every` 1, every launch timed.
     pub fn next_gap(&mut self, every: u32) -> u32 {
+        if every <= 1 {
+            return 1;
+        }
         // xorshift64: cheap, and only has to be unrelated to the program's launches.
         let mut x = self.rng;
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         self.rng = x;
-        let every = every.max(2);
         every / 2 + (x % u64::from(every)) as u32
     }
 
@@ -243,6 +246,10 @@ mod tests {
         let mean = gaps.iter().map(|g| f64::from(*g)).sum::<f64>() / gaps.len() as f64;
         assert!((mean - 31.5).abs() < 0.5, "{mean}");
         assert!(gaps.windows(2).any(|w| w[0] != w[1]));
+        assert!(
+            (0..100).all(|_| p.next_gap(1) == 1),
+            "every 1 times every launch"
+        );
     }
 
     #[test]

@@ -201,9 +201,9 @@ pub fn parse_busy_every(v: Option<&str>) -> Result<Option<u32>, String> {
     match v.map(str::trim) {
         None | Some("") => Ok(None),
         Some(s) => match s.parse::<u32>() {
-            Ok(n) if n == 0 || (2..=100_000).contains(&n) => Ok(Some(n)),
+            Ok(n) if n <= 100_000 => Ok(Some(n)),
             _ => Err(format!(
-                "KUBESHARE_HOOK_BUSY_EVERY={s:?} is not 0 or a whole number in 2..=100000; leaving it to gem-schd"
+                "KUBESHARE_HOOK_BUSY_EVERY={s:?} is not a whole number in 0..=100000; leaving it to gem-schd"
             )),
         },
     }
@@ -420,9 +420,10 @@ mod tests {
         assert_eq!(parse_busy_every(None), Ok(None));
         assert_eq!(parse_busy_every(Some("")), Ok(None));
         assert_eq!(parse_busy_every(Some(" 0 ")), Ok(Some(0)));
+        assert_eq!(parse_busy_every(Some("1")), Ok(Some(1)));
         assert_eq!(parse_busy_every(Some("2")), Ok(Some(2)));
         assert_eq!(parse_busy_every(Some("100000")), Ok(Some(100_000)));
-        for bad in ["1", "100001", "-4", "x", "4294967296"] {
+        for bad in ["100001", "-4", "x", "4294967296"] {
             assert!(parse_busy_every(Some(bad)).is_err(), "{bad}");
         }
     }

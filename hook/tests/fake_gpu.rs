@@ -744,6 +744,39 @@ fn fill_logged(log: &std::path::Path) -> (f64, usize) {
     )
 }
 
+/// Each Busy frame's own reading in gem-schd's log: its GPU time over the hold time it fell in.
+fn readings_logged(log: &std::path::Path) -> Vec<f64> {
+    let field = |l: &str, name: &str| -> Option<f64> {
+        let at = l.find(name)? + name.len();
+        l[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    };
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(" busy ") || l.ends_with(" busy"))
+        .filter_map(|l| Some((field(l, "busy_us=")?, field(l, "held_us=")?)))
+        .filter(|(_, held)| *held > 0.0)
+        .map(|(busy, held)| busy / held)
+        .collect()
+}
+
+/// 100 µs kernels with 400 µs of CPU each for 3 s: the GPU waits for the CPU most of the time.
+const LAUNCH_BOUND_3S: [&str; 9] = [
+    "launch",
+    "--kernel-us",
+    "100",
+    "--launch-cpu-us",
+    "400",
+    "--batch",
+    "20",
+    "--seconds",
+    "3",
+];
+
 #[test]
 fn gem_schd_learns_how_busy_a_tenant_keeps_the_gpu_from_its_timed_launches() {
     // With co-running on, gem-schd asks the hook (Options) to time one launch in ~256 with an
@@ -765,18 +798,7 @@ fn gem_schd_learns_how_busy_a_tenant_keeps_the_gpu_from_its_timed_launches() {
         (own, fill, reports)
     };
     let co = ["--co-run-below", "0.6"];
-    // 100 µs kernels with 400 µs of CPU each: the GPU waits for the CPU most of the time.
-    let launch_bound = [
-        "launch",
-        "--kernel-us",
-        "100",
-        "--launch-cpu-us",
-        "400",
-        "--batch",
-        "20",
-        "--seconds",
-        "3",
-    ];
+    let launch_bound = LAUNCH_BOUND_3S;
     let (own, fill, reports) = run(&co, &launch_bound);
     assert!(reports >= 10, "only {reports} Busy frames reached gem-schd");
     assert!(
@@ -819,6 +841,46 @@ fn gem_schd_learns_how_busy_a_tenant_keeps_the_gpu_from_its_timed_launches() {
     assert_eq!(
         reports, 0,
         "Busy frames sent to a gem-schd that does not co-run"
+    );
+}
+
+#[test]
+fn timing_every_launch_reads_each_hold_of_a_launch_bound_tenant() {
+    // KUBESHARE_HOOK_BUSY_EVERY=1 times every launch, so each Busy frame reads its own holds'
+    // GPU time rather than a few samples each standing for its gap: every reading, not only
+    // gem-schd's average over them, is the tenant's busy fraction. (Sampled one in ~256, about
+    // half the same tenant's readings fall within 0.1 of it; its average does.)
+    let _s = serial();
+    let env = Env::new();
+    env.write_config(&[("e", 1.0, 1.0, GIB)]);
+    let (_schd, log) = env.start_schd_debug(&["e"], &["--co-run-below", "0.6"]);
+    let out = env
+        .workload("e", "proc", &LAUNCH_BOUND_3S)
+        .env("KUBESHARE_HOOK_BUSY_EVERY", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "workload failed: {:?}", out.status);
+    let (own, _, _) = busy_fraction(&parse_lines(&out.stdout)[0], 500);
+    let (fill, _) = fill_logged(&log);
+    let readings = readings_logged(&log);
+    let close = readings.iter().filter(|r| (*r - own).abs() <= 0.1).count();
+    eprintln!(
+        "every launch timed: busy {own:.3}, gem-schd's fill {fill:.3}; {close} of {} readings within 0.1 of it",
+        readings.len()
+    );
+    assert!(
+        readings.len() >= 10,
+        "only {} Busy frames reached gem-schd",
+        readings.len()
+    );
+    assert!(
+        close * 10 >= readings.len() * 9,
+        "{close} of {} readings within 0.1 of the tenant's busy {own:.3}: {readings:?}",
+        readings.len()
+    );
+    assert!(
+        (fill - own).abs() <= 0.05,
+        "gem-schd's fill {fill:.3}, the tenant's own measure {own:.3}"
     );
 }
 
