@@ -1017,18 +1017,6 @@ fn an_idle_co_runner_gives_its_co_hold_back_instead_of_renewing_it() {
     );
 }
 
-/// Two tenants of 3 ms kernels, whose drains run past a fifth of the 5 ms min quota: the
-/// hand-overs where gem-schd says Soon.
-const SOON_ARGS: [&str; 7] = [
-    "launch",
-    "--kernel-us",
-    "3000",
-    "--seconds",
-    "4",
-    "--sample-ms",
-    "200",
-];
-
 #[test]
 fn hooks_told_soon_take_their_grants_without_reconnecting() {
     // With gem-schd's --soon, a holder whose drains run long (3 ms kernels, past a fifth of the
@@ -1042,13 +1030,13 @@ fn hooks_told_soon_take_their_grants_without_reconnecting() {
     let (_schd, log) = env.start_schd_debug(&["e", "f"], &["--soon"]);
     let no_gate = [("KUBESHARE_HOOK_GATE_AHEAD_US", "0")];
     let e = Proc(
-        env.workload("e", "proc", &SOON_ARGS)
+        env.workload("e", "proc", &long_drains("200"))
             .envs(no_gate)
             .spawn()
             .unwrap(),
     );
     let f = Proc(
-        env.workload("f", "symbol", &SOON_ARGS)
+        env.workload("f", "symbol", &long_drains("200"))
             .envs(no_gate)
             .spawn()
             .unwrap(),
@@ -1071,9 +1059,9 @@ fn hooks_told_soon_take_their_grants_without_reconnecting() {
     eprintln!(
         "GPU time e {fe:.3}, f {ff:.3}; e's share {share_e:.3}; Soon {told} times; connections {connected:?}"
     );
-    // How many of the hand-overs come from a long drain varies with the machine's load (19
-    // to 40 in 4 s): several are enough to show every one is followed by its grant.
-    assert!(told >= 5, "gem-schd told Soon {told} times:\n{text}");
+    // Most hand-overs come from a long drain (374–403 Soons in 4 s on an idle machine): tens
+    // show that every one is followed by its grant.
+    assert!(told >= 50, "gem-schd told Soon {told} times:\n{text}");
     // One token and one memory connection each, for the whole run.
     assert!(
         connected.iter().all(|n| *n <= 2),
@@ -1099,9 +1087,13 @@ fn hooks_with_a_gate_queue_launches_ahead_of_their_grants() {
     env.write_config(&[("e", 0.5, 0.5, GIB), ("f", 0.5, 0.5, GIB)]);
     let (_schd, log) = env.start_schd_debug(&["e", "f"], &[]);
     let hook_log = env.path().join("f-hook.log");
-    let e = Proc(env.workload("e", "proc", &SOON_ARGS).spawn().unwrap());
+    let e = Proc(
+        env.workload("e", "proc", &long_drains("200"))
+            .spawn()
+            .unwrap(),
+    );
     let f = Proc(
-        env.workload("f", "symbol", &SOON_ARGS)
+        env.workload("f", "symbol", &long_drains("200"))
             .env("KUBESHARE_HOOK_LOG", "debug")
             .stderr(std::fs::File::create(&hook_log).unwrap())
             .spawn()
@@ -1122,7 +1114,8 @@ fn hooks_with_a_gate_queue_launches_ahead_of_their_grants() {
         "GPU time e {fe:.3}, f {ff:.3}; e's share {share_e:.3}; gate pages {gated}; f queued ahead {queued} times, granted so {granted}; connections {connected}"
     );
     assert_eq!(gated, 2, "one gate page per token connection:\n{schd}");
-    assert!(queued >= 5, "f queued ahead {queued} times:\n{hook}");
+    // 120–165 times in 4 s on an idle machine.
+    assert!(queued >= 30, "f queued ahead {queued} times:\n{hook}");
     // The last one may be cut short by the end of the run.
     assert!(
         granted + 1 >= queued,

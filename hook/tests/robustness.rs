@@ -308,15 +308,7 @@ fn launches_queued_behind_a_gate_run_when_gem_schd_dies() {
     let env = Env::new();
     env.write_config(&[("e", 0.5, 0.5, GIB), ("f", 0.5, 0.5, GIB)]);
     let schd = env.start_schd(&["e", "f"]);
-    let args = [
-        "launch",
-        "--kernel-us",
-        "3000",
-        "--seconds",
-        "4",
-        "--sample-ms",
-        "10",
-    ];
+    let args = long_drains("10");
     let e = Proc(env.workload("e", "proc", &args).spawn().unwrap());
     let mut f = env
         .workload("f", "symbol", &args)
@@ -325,8 +317,7 @@ fn launches_queued_behind_a_gate_run_when_gem_schd_dies() {
         .spawn()
         .unwrap();
     let queued = said_on_stderr(&mut f, "launches queue behind the gate");
-    // Past the start-up: the second queueing ahead (there are tens in a run, some runs
-    // only a handful).
+    // Past the start-up: the second queueing ahead (there are over a hundred in a run).
     for n in 0..2 {
         queued
             .recv_timeout(Duration::from_secs(10))

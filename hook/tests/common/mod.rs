@@ -14,6 +14,26 @@ pub const GIB: u64 = 1 << 30;
 pub const MIB: u64 = 1 << 20;
 pub const LOOKUPS: [&str; 3] = ["symbol", "dlsym", "proc"];
 
+/// The workload of two tenants of 3 ms kernels launched 1 ms apart, for 4 s, sampled every
+/// `sample_ms`: their drains run past a fifth of the 5 ms min quota, the hand-overs where
+/// gem-schd says Soon. Their queues grow while they launch, so a quota ends with the thread
+/// launching and the hook's notice says it drains. (Batches launched at once and then
+/// synchronised end most holds in the idle thread's Release instead, which brings no Soon:
+/// 0 to 61 queueings ahead of the gate in 4 s from one run to the next.)
+pub fn long_drains(sample_ms: &'static str) -> [&'static str; 9] {
+    [
+        "launch",
+        "--kernel-us",
+        "3000",
+        "--launch-cpu-us",
+        "1000",
+        "--seconds",
+        "4",
+        "--sample-ms",
+        sample_ms,
+    ]
+}
+
 /// The tests start processes that share one simulated GPU's time: one at a time.
 pub static SERIAL: Mutex<()> = Mutex::new(());
 
