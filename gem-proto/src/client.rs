@@ -256,14 +256,13 @@ impl Client {
     /// running one.
     pub fn wait_grant_spinning(&mut self, spin: Duration) -> Result<u64, ClientError> {
         loop {
-            match self.recv()? {
-                Reply::Grant { quota_us } => return Ok(quota_us),
-                Reply::Soon => {
+            match token_wait(self.recv()?)? {
+                Wait::Grant(quota_us) => return Ok(quota_us),
+                Wait::Soon => {
                     if let Some(quota_us) = self.spin_for_grant(spin)? {
                         return Ok(quota_us);
                     }
                 }
-                other => return Err(unexpected(other)),
             }
         }
     }
@@ -336,11 +335,7 @@ impl Client {
     /// [`Client::wait_grant`], but a [`Reply::Soon`] returns too ([`Wait::Soon`]; the Grant
     /// still follows): a client with a gate page queues work ahead then.
     pub fn wait_grant_or_soon(&mut self) -> Result<Wait, ClientError> {
-        match self.recv()? {
-            Reply::Grant { quota_us } => Ok(Wait::Grant(quota_us)),
-            Reply::Soon => Ok(Wait::Soon),
-            other => Err(unexpected(other)),
-        }
+        token_wait(self.recv()?)
     }
 
     /// The Grant of the TokenRequest sent before, if it has arrived (without waiting; a Soon
@@ -359,11 +354,8 @@ impl Client {
     /// is there yet; another frame is an error as in `wait_grant`.
     fn arrived_wait(&mut self) -> Result<Option<Wait>, ClientError> {
         loop {
-            match self.buffered_reply()? {
-                Some(Reply::Grant { quota_us }) => return Ok(Some(Wait::Grant(quota_us))),
-                Some(Reply::Soon) => return Ok(Some(Wait::Soon)),
-                Some(other) => return Err(unexpected(other)),
-                None => {}
+            if let Some(reply) = self.buffered_reply()? {
+                return token_wait(reply).map(Some);
             }
             match self.read_arrived() {
                 Ok(0) => return Err(ClientError::Closed),
@@ -525,6 +517,15 @@ impl Client {
             };
             self.buf.extend_from_slice(&chunk[..n]);
         }
+    }
+}
+
+/// What a reply to a TokenRequest says: a Grant or a Soon; any other reply is an error.
+fn token_wait(reply: Reply) -> Result<Wait, ClientError> {
+    match reply {
+        Reply::Grant { quota_us } => Ok(Wait::Grant(quota_us)),
+        Reply::Soon => Ok(Wait::Soon),
+        other => Err(unexpected(other)),
     }
 }
 
