@@ -15,7 +15,10 @@ hook, each its own client) and reads each tenant's GPU time from CUPTI's kernel 
 10 s window at its last grant before the timed run's end) and the difference, flagged when
 above 1 pp. Under co-running two contexts' kernel records overlap (each spans the other's time
 slices), so each tenant also gets `gpu_alone` and `max_1s_alone`: its GPU time where no other
-tenant's record overlaps it, the lower bound beside the plain figures' upper bound. A tenant
+tenant's record overlaps it, the lower bound beside the plain figures' upper bound. gem-schd's
+fill of each tenant (`fill_judged`, from the hook's event pairs) goes beside its GPU time over
+the time it was charged for (`gpu_per_charged`), flagged `fill_differs` when 0.05 apart;
+SHARE_NVML=1 adds each tenant's share by NVML's per-process SM utilisation (`nvml_sm`). A tenant
 whose first kernel came late into the timed run is flagged `late_start`; a syncing tenant
 (decode) lists its five slowest steps, each with gem-schd's grants, releases and waits while it
 ran (`slowest_steps`). `targets` judges the project's targets for mixes on the scenarios run
@@ -53,8 +56,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bench import log  # noqa: E402
-from share_bench import (GIB, ShareBench, charged, fills, log_time, pct, sliding_max,  # noqa: E402
-                         union, windows)
+from share_bench import (GIB, ShareBench, charged, fills, log_time, nvml_share,  # noqa: E402
+                         pct, sliding_max, union, windows)
 
 SECONDS = 14
 # Measured from here on: the tenants' first second holds gem-schd's quiet start and warm-up.
@@ -336,7 +339,28 @@ def shared_run(b, clients, raw, key, extra=(), idle=()):
     row["gaps"]["lags"] = handover_lags(res, [c[0] for c in running], SKIP, t1, logf, since)
     # How each client was served: its turns and co-holds, the fills gem-schd judged it by.
     row["grants"] = fills(logf, since)
+    for lbl, *_ in running:
+        f = row[lbl]
+        # gem-schd's fill (the hook's event pairs) beside what the GPU's clock gives for the
+        # same: the tenant's GPU time over the time it was charged for, the last 10 s.
+        judged = row["grants"].get(lbl, {}).get("median")
+        if judged is not None and f.get("charged"):
+            f["fill_judged"] = judged
+            f["gpu_per_charged"] = round(f["gpu_last_10s"] / f["charged"], 3)
+            f["fill_differs"] = abs(judged - f["gpu_per_charged"]) > 0.05
+        f.update(nvml_figure(b, lbl, res[lbl], SKIP, t1))
     return row
+
+
+def nvml_figure(b, lbl, r, t0, t1):
+    """With SHARE_NVML=1, the tenant's share of [t0, t1) s after its start by NVML's
+    per-process SM utilisation (`nvml_sm`; share_bench.sample_nvml): the driver's own
+    per-process figure, beside the GPU time CUPTI's records give."""
+    sm = (getattr(b, "last_clocks", None) or {}).get("nvml_sm_pct") or {}
+    if "start_at" not in r:
+        return {}
+    v = nvml_share(sm, lbl, r["start_at"] + t0, r["start_at"] + t1)
+    return {} if v is None else {"nvml_sm": v}
 
 
 def native(b, raw, works=("gpt", "decode", "conv", "elem", "long", "attn", "matmul", "encoder")):
@@ -346,7 +370,8 @@ def native(b, raw, works=("gpt", "decode", "conv", "elem", "long", "attn", "matm
         r = b.tenants([(w, w, None)], 8)[w]
         raw[f"native_{w}"] = r
         out[w] = {"steps_per_s": round(r["steps"] / 8, 2),
-                  "gpu": round(windows(r["busy"], 1, 7.5, 6.5)[0], 4), **latency(r)}
+                  "gpu": round(windows(r["busy"], 1, 7.5, 6.5)[0], 4), **latency(r),
+                  **nvml_figure(b, w, r, 1, 7.5)}
     return out
 
 
@@ -368,7 +393,8 @@ def colocated(b, raw):
         t1 = SECONDS - 0.5
         out[key] = {lbl: {"steps_per_s": round(res[lbl]["steps"] / SECONDS, 2),
                           "gpu": windows(res[lbl]["busy"], SKIP, t1, t1 - SKIP)[0],
-                          **latency(res[lbl])} for lbl in res}
+                          **latency(res[lbl]), **nvml_figure(b, lbl, res[lbl], SKIP, t1)}
+                    for lbl in res}
     return out
 
 

@@ -302,7 +302,7 @@ def train_capped_infer_free(b, raw, limit=0.5):
     gem-schd's only client (so it runs in turns), inference beside it with no hook, launching
     whenever it likes, in training's turns too (the GPU time-slices the two contexts itself).
     What a policy that lets a light tenant co-run while the heavy one keeps its turns would
-    deliver, and what NVML says each used (SHARE_PMON=1)."""
+    deliver, and what NVML says each used (SHARE_NVML=1)."""
     nat, nati = natives(b)
     with b.schd([("t", limit, limit, 40 * GIB)]):
         r = b.run([("train", ["--mode", "train50"], "t"), ("infer", ["--mode", "infer18"], None)], 20)

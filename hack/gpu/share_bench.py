@@ -1,9 +1,10 @@
 """The machinery under share.py's scenarios: gem-schd started per scenario with a resource
 config, tenants (share_tenant.py) spawned with or without the hook and started together, the
-GPU's clocks and (SHARE_PMON=1) NVML's per-process utilisation sampled while they run, and the
+GPU's clocks and (SHARE_NVML=1) NVML's per-process utilisation sampled while they run, and the
 helpers that turn per-kernel busy intervals into shares per window."""
 
 import contextlib
+import ctypes
 import datetime
 import os
 import re
@@ -66,10 +67,10 @@ class ShareBench(Bench):
             timers = [threading.Timer(start_at + t - time.time(), fn) for t, fn in at]
             for t in timers:
                 t.start()
-            with sample_clocks() as clocks, sample_pmon({p.pid: lbl for lbl, p in procs}) as sm:
+            with sample_clocks() as clocks, sample_nvml({p.pid: lbl for lbl, p in procs}) as sm:
                 res = read_results(procs)
             if sm:
-                clocks["pmon_sm_pct"] = sm
+                clocks["nvml_sm_pct"] = sm
             self.last_clocks = clocks
             return res
 
@@ -96,43 +97,75 @@ def pinned_cpu(label):
     return firsts[(2 * i) % len(firsts)] if firsts else None
 
 
+class NvmlSample(ctypes.Structure):
+    """nvmlProcessUtilizationSample_t."""
+    _fields_ = [("pid", ctypes.c_uint), ("ts_us", ctypes.c_ulonglong), ("sm", ctypes.c_uint),
+                ("mem", ctypes.c_uint), ("enc", ctypes.c_uint), ("dec", ctypes.c_uint)]
+
+
 @contextlib.contextmanager
-def sample_pmon(labels):
-    """With SHARE_PMON=1, NVML's per-process SM utilisation (`nvidia-smi pmon -s u`, one sample a
-    second) of each tenant by its label (`labels`: pid -> label), as p10 / p50 / p90 and the
-    samples: the only per-process GPU-time source when two contexts run at once (the GPU
-    time-slices them itself), so what it says of a co-running pair decides whether a share can
-    be accounted without exclusive turns."""
+def sample_nvml(labels, period=0.05):
+    """With SHARE_NVML=1, NVML's per-process SM utilisation of each tenant by its label
+    (`labels`: pid -> label): nvmlDeviceGetProcessUtilization polled every `period` s for the
+    samples since the last one, as HAMi's limiter reads it. The driver takes a sample per
+    process about every 200 ms (H200, driver 580), so the summary gives each label its samples
+    as [wall time s, SM %] and the median spacing of all samples (`period_s`): a tenant's share
+    of a window is the sum of its SM % × the spacing over the window (`nvml_share`)."""
     summary = {}
-    if os.environ.get("SHARE_PMON") != "1":
+    if os.environ.get("SHARE_NVML") != "1":
         yield summary
         return
-    p = subprocess.Popen(["nvidia-smi", "pmon", "-s", "u", "-d", "1"], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        dev = ctypes.c_void_p()
+        if nvml.nvmlInit_v2() or nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(dev)):
+            raise OSError("nvmlInit or the device handle failed")
+    except OSError as e:
+        summary["error"] = repr(e)
+        yield summary
+        return
+    stop = threading.Event()
+    seen = {}
+
+    def poll():
+        last = ctypes.c_ulonglong(0)
+        while not stop.wait(period):
+            n = ctypes.c_uint(0)
+            # NVML_ERROR_INSUFFICIENT_SIZE (7) with the count when there are new samples.
+            if nvml.nvmlDeviceGetProcessUtilization(dev, None, ctypes.byref(n), last) not in (0, 7):
+                continue
+            if not n.value:
+                continue
+            buf = (NvmlSample * n.value)()
+            if nvml.nvmlDeviceGetProcessUtilization(dev, buf, ctypes.byref(n), last):
+                continue
+            for x in buf[:n.value]:
+                seen.setdefault(x.ts_us, []).append((x.pid, x.sm))
+                last.value = max(last.value, x.ts_us)
+
+    t = threading.Thread(target=poll, daemon=True)
+    t.start()
     try:
         yield summary
     finally:
-        p.send_signal(signal.SIGINT)
-        try:
-            out = p.communicate(timeout=5)[0]
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out = p.communicate()[0]
-        per = {}
-        for line in out.splitlines():
-            f = line.split()
-            if len(f) < 4 or line.startswith("#"):
-                continue
-            try:
-                pid, sm = int(f[1]), f[3]
-            except ValueError:
-                continue
-            if pid in labels and sm != "-":
-                per.setdefault(labels[pid], []).append(float(sm))
-        for lbl, xs in per.items():
-            summary[lbl] = {"p10_p50_p90": [pct(xs, .1), pct(xs, .5), pct(xs, .9)], "samples": xs}
-        if not per:
-            summary["raw_tail"] = out[-400:]
+        stop.set()
+        t.join()
+        nvml.nvmlShutdown()
+        stamps = sorted(seen)
+        gaps = sorted(b - a for a, b in zip(stamps, stamps[1:]))
+        summary["period_s"] = gaps[len(gaps) // 2] / 1e6 if gaps else None
+        for ts in stamps:
+            for pid, sm in seen[ts]:
+                if pid in labels:
+                    summary.setdefault(labels[pid], []).append([ts / 1e6, sm])
+
+
+def nvml_share(summary, label, t0, t1):
+    """The label's share of [t0, t1) (wall time) by NVML's samples (`sample_nvml`), or None."""
+    xs, period = summary.get(label), summary.get("period_s")
+    if not xs or not period or t1 <= t0:
+        return None
+    return round(sum(sm / 100 * period for ts, sm in xs if t0 <= ts < t1) / (t1 - t0), 4)
 
 
 @contextlib.contextmanager
