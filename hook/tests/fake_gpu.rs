@@ -452,6 +452,9 @@ struct CappedRun {
     renewed: usize,
     drained: usize,
     longest_drain_us: u64,
+    /// Hang-ups its hook noticed during a hold: gem-schd ran all along, so each one is a reply
+    /// the hook took for one.
+    hangups: usize,
     busy_us: u64,
     charged_us: u64,
     wall_us: u64,
@@ -513,6 +516,10 @@ fn capped_alone(renew: &str) -> CappedRun {
         renewed: log.lines().filter(|l| l.contains("hold renewed")).count(),
         drained: drains.len(),
         longest_drain_us: drains.iter().copied().max().unwrap_or(0),
+        hangups: log
+            .lines()
+            .filter(|l| l.contains("hung up during a hold"))
+            .count(),
         busy_us: v["busy_us"].as_u64().unwrap(),
         charged_us,
         wall_us: v["wall_us"].as_u64().unwrap(),
@@ -568,6 +575,8 @@ fn a_lone_capped_tenant_renews_its_holds_and_stays_within_its_limit() {
             r.charged_us * 10 >= r.wall_us * 4,
             "{renew}: charged less than 0.4 of the run: {r:?}"
         );
+        // gem-schd was never gone: the hook took none of its replies for a hang-up.
+        assert_eq!(r.hangups, 0, "{renew}: hang-ups noticed: {r:?}");
         // Its holds were used: 0.87–0.95 of the charged time busy here, 0.71 at the least in a
         // debug build beside another build (its CPU, launching, is starved then).
         assert!(
