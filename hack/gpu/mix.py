@@ -18,7 +18,9 @@ slices), so each tenant also gets `gpu_alone` and `max_1s_alone`: its GPU time w
 tenant's record overlaps it, the lower bound beside the plain figures' upper bound. gem-schd's
 fill of each tenant (`fill_judged`, from the hook's event pairs) goes beside its GPU time over
 the time it was charged for (`gpu_per_charged`), flagged `fill_differs` when 0.05 apart;
-SHARE_NVML=1 adds each tenant's share by NVML's per-process SM utilisation (`nvml_sm`). A tenant
+SHARE_NVML=1 adds each tenant's share by NVML's per-process SM utilisation (`nvml_sm`). How far
+each tenant's turns ran past their quotas (its drains, which a neighbour waits for) is
+`drain_past_quota_ms` (p50, p90, max), from gem-schd's log. A tenant
 whose first kernel came late into the timed run is flagged `late_start`; a syncing tenant
 (decode) lists its five slowest steps, each with gem-schd's grants, releases and waits while it
 ran (`slowest_steps`). `targets` judges the project's targets for mixes on the scenarios run
@@ -56,8 +58,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bench import log  # noqa: E402
-from share_bench import (GIB, ShareBench, charged, fills, log_time, nvml_share,  # noqa: E402
-                         pct, sliding_max, union, windows)
+from share_bench import (GIB, ShareBench, charged, drains, fills, log_time,  # noqa: E402
+                         nvml_share, pct, sliding_max, union, windows)
 
 SECONDS = 14
 # Measured from here on: the tenants' first second holds gem-schd's quiet start and warm-up.
@@ -339,8 +341,11 @@ def shared_run(b, clients, raw, key, extra=(), idle=()):
     row["gaps"]["lags"] = handover_lags(res, [c[0] for c in running], SKIP, t1, logf, since)
     # How each client was served: its turns and co-holds, the fills gem-schd judged it by.
     row["grants"] = fills(logf, since)
+    past = drains(logf, since)
     for lbl, *_ in running:
         f = row[lbl]
+        if lbl in past:
+            f["drain_past_quota_ms"] = past[lbl]
         # gem-schd's fill (the hook's event pairs) beside what the GPU's clock gives for the
         # same: the tenant's GPU time over the time it was charged for, the last 10 s.
         judged = row["grants"].get(lbl, {}).get("median")

@@ -320,6 +320,27 @@ def fills(logfile, since=0):
             for c, v in seen.items()}
 
 
+def drains(logfile, since=0):
+    """Per client, how far its turns ran past their quotas, from gem-schd's debug log after byte
+    `since`: the overuse each TokenRequest reported after a turn (its drain: the work queued
+    before the deadline, which a neighbour waits for), as {client: [p50, p90, max] ms}. Co-holds
+    are left out: their drains run beside the holder's kernels."""
+    co, out = {}, {}
+    with open(logfile) as f:
+        f.seek(since)
+        for line in f:
+            line = ANSI.sub("", line)
+            g = re.search(r"grant client=(\S+) .* co=(true|false)", line)
+            if g:
+                co[g.group(1)] = g.group(2) == "true"
+                continue
+            w = re.search(r"waits conn=\d+ client=(\S+) overuse_us=(\d+)", line)
+            if w and co.get(w.group(1)) is False:
+                out.setdefault(w.group(1), []).append(int(w.group(2)) / 1e3)
+    return {c: [round(pct(v, 0.5), 2), round(pct(v, 0.9), 2), round(max(v), 2)]
+            for c, v in out.items()}
+
+
 def pct(v, q):
     v = sorted(v)
     return v[min(len(v) - 1, int(q * len(v)))]
