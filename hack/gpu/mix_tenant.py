@@ -14,7 +14,7 @@ steps done, and for `decode` each token's latency.
 Workloads (kernel sizes from ~30 us to ~25 ms; eager and CUDA graphs; cuBLAS, cuDNN
 convolutions, attention, elementwise):
   elem     chains of elementwise ops on 16M floats (~30-60 us kernels), eager
-  matmul   fp16 batched matmuls (cuBLAS, ~1-2 ms kernels)
+  matmul   fp16 batched matmuls (cuBLAS, four ~0.22 ms kernels a step on an H200)
   conv     torchvision ResNet-18 training steps, batch 256 at 112 px (cuDNN)
   attn     scaled-dot-product attention forward and backward, fp16
   gpt      a small GPT-style training loop (causal self-attention, AdamW), eager
