@@ -7,6 +7,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use kube::Api;
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
@@ -17,7 +18,7 @@ const POLL: Duration = Duration::from_millis(200);
 /// Transient API errors are retried until the deadline.
 pub async fn wait_for<K, F>(api: &Api<K>, name: &str, timeout: Duration, cond: F) -> Result<K>
 where
-    K: Clone + DeserializeOwned + Debug,
+    K: Clone + DeserializeOwned + Serialize + Debug,
     F: Fn(&K) -> bool,
 {
     let start = Instant::now();
@@ -64,15 +65,32 @@ where
     }
 }
 
-/// The debug form, cut to a readable size for error messages.
-fn summarize<K: Debug>(obj: &K) -> String {
-    let mut s = format!("{obj:?}");
-    if s.len() > 2000 {
-        let mut cut = 2000;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
+/// An object for an error message: its status first (what a wait is about), then its spec
+/// and metadata without `managedFields` (which filled the whole message before: a pod's
+/// timeout showed none of its status), cut to a readable size.
+fn summarize<K: Serialize + Debug>(obj: &K) -> String {
+    let s = match serde_json::to_value(obj) {
+        Ok(mut v) => {
+            if let Some(m) = v.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+                m.remove("managedFields");
+            }
+            let part = |k: &str| v.get(k).map(|x| format!("{k}: {x} ")).unwrap_or_default();
+            let s = format!("{}{}{}", part("status"), part("spec"), part("metadata"));
+            if s.is_empty() { format!("{obj:?}") } else { s }
         }
-        s.truncate(cut);
+        Err(_) => format!("{obj:?}"),
+    };
+    cut(s, 2000)
+}
+
+/// `s` cut to at most `max` bytes (on a char boundary), marked with "..." when cut.
+fn cut(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut at = max;
+        while !s.is_char_boundary(at) {
+            at -= 1;
+        }
+        s.truncate(at);
         s.push_str("...");
     }
     s
@@ -115,5 +133,20 @@ mod tests {
         let s = summarize(&long);
         assert!(s.len() <= 2003 + 4);
         assert!(s.ends_with("..."));
+    }
+
+    #[test]
+    fn summarize_puts_the_status_first_and_leaves_managed_fields_out() {
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p70", "managedFields": [{"manager": "x".repeat(5000)}]},
+            "spec": {"containers": [{"name": "main"}]},
+            "status": {"conditions": [{"type": "PodScheduled", "status": "False",
+                                       "reason": "Unschedulable", "message": "no room"}]}
+        }))
+        .unwrap();
+        let s = summarize(&pod);
+        assert!(s.starts_with("status: "), "{s}");
+        assert!(s.contains("no room") && s.contains("p70"), "{s}");
+        assert!(!s.contains("managedFields") && !s.contains("xxxx"), "{s}");
     }
 }
