@@ -232,6 +232,13 @@ async fn enable_dra(r: &Rig) -> Result<Restore> {
     set_template(&ds, with_dra(before["spec"]["template"].clone())?)
         .await
         .context("turning --dra on in the node daemon's DaemonSet")?;
+    // The new daemon runs (its kubelet plugin registered) before any pod asks for a claim: a
+    // slice left by an earlier test's daemon may exist already, so the slice alone does not
+    // say so. (Of two pods created right after the slice was seen, one stayed Pending for the
+    // 120 s of its wait once in CI; why was not in the log.)
+    wait_for(&ds, DAEMONSET, WAIT, rolled_out)
+        .await
+        .context("the node daemon with --dra rolling out")?;
     // The new daemon publishes the node's slice.
     let slices: Api<ResourceSlice> = Api::all(r.client.clone());
     let slice = format!("{}-{DRIVER_NAME}", r.node.name);
