@@ -59,7 +59,7 @@ pub(crate) fn start_idle_thread() {
 /// the hold is over, but only under the token lock: a thread that holds it may be waiting for
 /// the answer to its Renew, which is readable before that thread reads it. (Polled without the
 /// lock, a lone tenant renewing at every quota end through the fake driver took 13–23 of ~340
-/// answers in 4 s for hang-ups, and stopped launches in holds that gem-schd had just renewed.)
+/// answers in 4 s for hang-ups, and could stop launches in a hold gem-schd had just renewed.)
 /// A thread that holds the lock meets a real hang-up in its own exchange.
 fn watch_hangup(dev: usize) {
     let g = gpu(dev);
