@@ -159,6 +159,16 @@ impl Ring {
         self.ratio_x1024 > 2 * RATIO_ONE
     }
 
+    /// The GPU's pace as measured: GPU time per unit of launching time (0: not measured yet).
+    pub fn pace(&self) -> f64 {
+        self.ratio_x1024 as f64 / RATIO_ONE as f64
+    }
+
+    /// The GPU work still queued behind the pending probes, by the measured pace.
+    pub fn queued_gpu_ns(&self) -> u64 {
+        self.pending_gpu_ns()
+    }
+
     /// The GPU time of `launching` ns of launching, by the measured ratio once there is one
     /// (before: the launching time itself).
     fn gpu_ns(&self, launching: u64) -> u64 {

@@ -668,6 +668,26 @@ pub(crate) fn take_grant_queued_ahead(dev: usize) {
     }
 }
 
+/// With the debug log: how late the quota's end was noticed and what the queue-ahead bound
+/// thought was queued then (`ahead.rs`), beside the drain the next request reports, to tell a
+/// late notice, a misjudged pace and work the probes never saw apart.
+fn log_queue_at_quota_end(dev: usize, g: &Gpu, t: &Token) {
+    if !crate::log::enabled(crate::log::DEBUG) {
+        return;
+    }
+    let late_us = precise_ns().saturating_sub(t.grant_ns) / 1000;
+    let late_us = late_us.saturating_sub(t.quota_us);
+    match g.ahead.try_lock() {
+        Ok(r) => debug!(
+            "device {dev}: quota over {late_us} µs ago; queue bound: {} probes pending, ~{} µs of GPU work at a pace of {:.1}",
+            r.pending(),
+            r.queued_gpu_ns() / 1000,
+            r.pace()
+        ),
+        Err(_) => debug!("device {dev}: quota over {late_us} µs ago; queue bound busy"),
+    }
+}
+
 /// After a token request ended without a grant: reconnect (the next round of the caller's
 /// loop) or, under `KUBESHARE_ON_UNREACHABLE=run` with gem-schd hung, run unmanaged for a
 /// while. True when the launch may go now.
@@ -895,6 +915,7 @@ fn awaiting<T>(
 fn end_hold(dev: usize, g: &Gpu, t: &mut Token) -> (u64, u64) {
     g.stop_launches();
     notice_drain(dev, g, t);
+    log_queue_at_quota_end(dev, g, t);
     drain(dev);
     g.holding.store(false, Ordering::Release);
     let used_ns = precise_ns().saturating_sub(t.grant_ns);

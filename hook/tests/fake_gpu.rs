@@ -315,6 +315,11 @@ fn number_after(line: &str, marker: &str) -> Option<u64> {
     line.split(marker).nth(1)?.split(' ').next()?.parse().ok()
 }
 
+/// [`number_after`] for a decimal.
+fn number_after_f(line: &str, marker: &str) -> Option<f64> {
+    line.split(marker).nth(1)?.split(' ').next()?.parse().ok()
+}
+
 #[test]
 fn a_hold_that_expires_while_the_process_thinks_is_given_back_at_its_quota() {
     // e launches 2 ms of work, waits for it, then computes 8 ms on the CPU: its quota under
@@ -423,6 +428,28 @@ fn a_tenant_far_ahead_of_the_gpu_drains_little_past_its_hold() {
     let out = parse_lines(&e.stdout);
     let (fe, _, _) = busy_fraction(&out[0], 1000);
     assert!(fe >= 0.35, "e had the GPU {fe:.3} of the time");
+    // At each quota's end the hook's debug log says what the bound thought was queued: the
+    // pace it measured (the GPU well behind the CPU here: 17–19 on an idle machine, the fake
+    // GPU's kernels running a little past their 100 µs) and the GPU work behind its pending
+    // probes, about the 200 µs bound (165–190 µs).
+    let ends: Vec<(f64, u64)> = log
+        .lines()
+        .filter(|l| l.contains("; queue bound: "))
+        .filter_map(|l| Some((number_after_f(l, "at a pace of ")?, number_after(l, "~")?)))
+        .collect();
+    eprintln!("quota ends (pace, queued µs): {ends:?}");
+    assert!(ends.len() >= 20, "quota ends logged: {}", ends.len());
+    let mut paces: Vec<f64> = ends.iter().map(|e| e.0).collect();
+    paces.sort_by(f64::total_cmp);
+    let pace = paces[paces.len() / 2];
+    assert!(pace >= 4.0, "median pace {pace} of {paces:?}");
+    let mut queued: Vec<u64> = ends.iter().map(|e| e.1).collect();
+    queued.sort_unstable();
+    let q = queued[queued.len() / 2];
+    assert!(
+        q <= 1_000,
+        "median GPU work queued at a quota's end {q} µs of {queued:?}"
+    );
 }
 
 /// Client e alone at (`share`, `share`) running `cuda-workload args` with the hook's debug log
