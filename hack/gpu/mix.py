@@ -83,11 +83,11 @@ class MixBench(ShareBench):
 
     def spawn(self, args, client=None, env=None):
         """A mix_tenant.py process, with the hook and its client's socket directory when
-        `client` is set."""
+        `client` is set (its log at KUBESHARE_HOOK_LOG, `info` by default, into bench.log)."""
         e = dict(os.environ, PYTHONUNBUFFERED="1")
         if client is not None:
             e.update(LD_PRELOAD=self.hook, KUBESHARE_SOCKET_DIR=self.sock_dir(client),
-                     KUBESHARE_HOOK_LOG="info")
+                     KUBESHARE_HOOK_LOG=os.environ.get("KUBESHARE_HOOK_LOG", "info"))
         e.update(getattr(self, "extra_env", None) or {})
         e.update(env or {})
         return subprocess.Popen([sys.executable, os.path.join(HERE, "mix_tenant.py")] + args,
