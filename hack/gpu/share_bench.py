@@ -263,23 +263,32 @@ def burst(ms):
     return ["--mode", "burst", "--burst-ms", str(ms)]
 
 
+def schd_log(logfile, since=0):
+    """gem-schd's log lines after byte `since`, without colour codes."""
+    with open(logfile) as f:
+        f.seek(since)
+        for line in f:
+            yield ANSI.sub("", line)
+
+
+# A grant's debug line: its client and whether it is a co-hold.
+GRANT = re.compile(r"grant client=(\S+) .* co=(true|false)")
+
+
 def charged(logfile, since, client, until=None):
     """gem-schd's charged time of `client` over its 10 s window at its last grant logged after
     byte `since` of the log (the debug line of each grant carries it), as a fraction; with
     `until` (host clock, s), its last grant at or before then (a tenant that outlives its
     neighbours is otherwise read alone)."""
     last = None
-    with open(logfile) as f:
-        f.seek(since)
-        for line in f:
-            line = ANSI.sub("", line)
-            if f"client={client} " in line and " grant" in line:
-                m = re.search(r"usage_us=(\d+)", line)
-                if not m:
-                    continue
-                if until is not None and log_time(line) > until:
-                    break
-                last = int(m.group(1))
+    for line in schd_log(logfile, since):
+        if f"client={client} " in line and " grant" in line:
+            m = re.search(r"usage_us=(\d+)", line)
+            if not m:
+                continue
+            if until is not None and log_time(line) > until:
+                break
+            last = int(m.group(1))
     return None if last is None else round(last / 10e6, 4)
 
 
@@ -294,26 +303,23 @@ def fills(logfile, since=0):
     the hook) after byte `since` of its log, and how many of its grants were co-holds:
     {client: {"last", "median", "reports", "limit_in_force_median", "grants", "co_grants"}}."""
     seen, limits, grants = {}, {}, {}
-    with open(logfile) as f:
-        f.seek(since)
-        for line in f:
-            line = ANSI.sub("", line)
-            g = re.search(r"grant client=(\S+) .* co=(true|false)", line)
-            if g:
-                n = grants.setdefault(g.group(1), [0, 0])
-                n[0] += 1
-                n[1] += g.group(2) == "true"
-            # By field name, not position: a field added to the line (as `earlier_us` was once)
-            # left every fill out of a whole GPU call's results.
-            if "busy_us=" in line and "fill=" in line:
-                kv = dict(re.findall(r"(\w+)=\"?([^\s\"]+)", line))
-                try:
-                    client, fill = kv["client"], float(kv["fill"])
-                except (KeyError, ValueError):
-                    continue
-                seen.setdefault(client, []).append(fill)
-                if kv.get("limit", "").isdigit():
-                    limits.setdefault(client, []).append(int(kv["limit"]))
+    for line in schd_log(logfile, since):
+        g = GRANT.search(line)
+        if g:
+            n = grants.setdefault(g.group(1), [0, 0])
+            n[0] += 1
+            n[1] += g.group(2) == "true"
+        # By field name, not position: a field added to the line (as `earlier_us` was once)
+        # left every fill out of a whole GPU call's results.
+        if "busy_us=" in line and "fill=" in line:
+            kv = dict(re.findall(r"(\w+)=\"?([^\s\"]+)", line))
+            try:
+                client, fill = kv["client"], float(kv["fill"])
+            except (KeyError, ValueError):
+                continue
+            seen.setdefault(client, []).append(fill)
+            if kv.get("limit", "").isdigit():
+                limits.setdefault(client, []).append(int(kv["limit"]))
     return {c: {"last": v[-1], "median": pct(v, 0.5), "reports": len(v),
                 "limit_in_force_median": pct(limits[c], 0.5) if limits.get(c) else None,
                 "grants": grants.get(c, [0, 0])[0], "co_grants": grants.get(c, [0, 0])[1]}
@@ -326,17 +332,14 @@ def drains(logfile, since=0):
     before the deadline, which a neighbour waits for), as {client: [p50, p90, max] ms}. Co-holds
     are left out: their drains run beside the holder's kernels."""
     co, out = {}, {}
-    with open(logfile) as f:
-        f.seek(since)
-        for line in f:
-            line = ANSI.sub("", line)
-            g = re.search(r"grant client=(\S+) .* co=(true|false)", line)
-            if g:
-                co[g.group(1)] = g.group(2) == "true"
-                continue
-            w = re.search(r"waits conn=\d+ client=(\S+) overuse_us=(\d+)", line)
-            if w and co.get(w.group(1)) is False:
-                out.setdefault(w.group(1), []).append(int(w.group(2)) / 1e3)
+    for line in schd_log(logfile, since):
+        g = GRANT.search(line)
+        if g:
+            co[g.group(1)] = g.group(2) == "true"
+            continue
+        w = re.search(r"waits conn=\d+ client=(\S+) overuse_us=(\d+)", line)
+        if w and co.get(w.group(1)) is False:
+            out.setdefault(w.group(1), []).append(int(w.group(2)) / 1e3)
     return {c: [round(pct(v, 0.5), 2), round(pct(v, 0.9), 2), round(max(v), 2)]
             for c, v in out.items()}
 
