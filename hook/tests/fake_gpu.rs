@@ -311,12 +311,7 @@ fn beside_a_busy_neighbour(e_args: &[&str]) -> (std::process::Output, Vec<serde_
 }
 
 /// The number right after `marker` in a hook log line.
-fn number_after(line: &str, marker: &str) -> Option<u64> {
-    line.split(marker).nth(1)?.split(' ').next()?.parse().ok()
-}
-
-/// [`number_after`] for a decimal.
-fn number_after_f(line: &str, marker: &str) -> Option<f64> {
+fn number_after<T: std::str::FromStr>(line: &str, marker: &str) -> Option<T> {
     line.split(marker).nth(1)?.split(' ').next()?.parse().ok()
 }
 
@@ -348,7 +343,7 @@ fn a_hold_that_expires_while_the_process_thinks_is_given_back_at_its_quota() {
     let mut reported = Vec::new();
     for l in log.lines() {
         if l.contains("hold expired") {
-            let used = number_after(l, "released after ");
+            let used: Option<u64> = number_after(l, "released after ");
             let quota = number_after(l, "of a ");
             expired.extend(used.zip(quota));
             owed = used.zip(quota).map(|(u, q)| u.saturating_sub(q));
@@ -435,7 +430,7 @@ fn a_tenant_far_ahead_of_the_gpu_drains_little_past_its_hold() {
     let ends: Vec<(f64, u64)> = log
         .lines()
         .filter(|l| l.contains("; queue bound: "))
-        .filter_map(|l| Some((number_after_f(l, "at a pace of ")?, number_after(l, "~")?)))
+        .filter_map(|l| Some((number_after(l, "at a pace of ")?, number_after(l, "~")?)))
         .collect();
     eprintln!("quota ends (pace, queued µs): {ends:?}");
     assert!(ends.len() >= 20, "quota ends logged: {}", ends.len());
