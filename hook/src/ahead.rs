@@ -164,11 +164,6 @@ impl Ring {
         self.ratio_x1024 as f64 / RATIO_ONE as f64
     }
 
-    /// The GPU work still queued behind the pending probes, by the measured pace.
-    pub fn queued_gpu_ns(&self) -> u64 {
-        self.pending_gpu_ns()
-    }
-
     /// The GPU time of `launching` ns of launching, by the measured ratio once there is one
     /// (before: the launching time itself).
     fn gpu_ns(&self, launching: u64) -> u64 {
@@ -191,7 +186,7 @@ impl Ring {
     }
 
     /// The GPU work still queued behind the pending probes, by the measured ratio.
-    fn pending_gpu_ns(&self) -> u64 {
+    pub fn pending_gpu_ns(&self) -> u64 {
         (0..self.len)
             .map(|i| self.gpu_ns(self.launching[(self.head + i) % RING]))
             .fold(0, u64::saturating_add)

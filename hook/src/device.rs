@@ -681,7 +681,7 @@ fn log_queue_at_quota_end(dev: usize, g: &Gpu, t: &Token) {
         Ok(r) => debug!(
             "device {dev}: quota over {late_us} µs ago; queue bound: {} probes pending, ~{} µs of GPU work at a pace of {:.1}",
             r.pending(),
-            r.queued_gpu_ns() / 1000,
+            r.pending_gpu_ns() / 1000,
             r.pace()
         ),
         Err(_) => debug!("device {dev}: quota over {late_us} µs ago; queue bound busy"),
