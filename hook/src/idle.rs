@@ -11,7 +11,7 @@ use crate::config::settings;
 use crate::device::{
     drain, drop_client, exchange_capture_mode, guard, note_refusal, notice_drain, renew, start_hold,
 };
-use crate::state::{gpu, state};
+use crate::state::{gpu, state, try_lock};
 use crate::{debug, info};
 use cuda_abi::*;
 use std::ffi::c_int;
@@ -66,10 +66,8 @@ fn watch_hangup(dev: usize) {
     if !g.holding.load(Ordering::Acquire) {
         return;
     }
-    let _t = match g.token.try_lock() {
-        Ok(t) => t,
-        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-        Err(std::sync::TryLockError::WouldBlock) => return,
+    let Some(_t) = try_lock(&g.token) else {
+        return;
     };
     if !g.holding.load(Ordering::Acquire) {
         return;
@@ -129,10 +127,8 @@ fn release_if_expired(dev: usize) {
     {
         return;
     }
-    let mut t = match g.token.try_lock() {
-        Ok(t) => t,
-        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-        Err(std::sync::TryLockError::WouldBlock) => return, // a launching thread ends it
+    let Some(mut t) = try_lock(&g.token) else {
+        return; // a launching thread ends it
     };
     if !g.holding.load(Ordering::Acquire) {
         return;
@@ -193,10 +189,8 @@ fn release_if_idle(dev: usize, idle_ns: u64) {
         watch_queue(dev, last);
         return;
     }
-    let mut t = match g.token.try_lock() {
-        Ok(t) => t,
-        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-        Err(std::sync::TryLockError::WouldBlock) => return, // a launching thread is at the gate
+    let Some(mut t) = try_lock(&g.token) else {
+        return; // a launching thread is at the gate
     };
     if !g.holding.load(Ordering::Acquire) {
         return;
