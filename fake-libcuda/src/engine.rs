@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 pub enum Job {
     /// A kernel occupying the device for this many microseconds.
     Kernel(u64),
-    /// An event: completes when the work queued before it has run.
-    Marker(Arc<Event>),
+    /// An event's record (its generation): completes the event when the work queued before it
+    /// has run, unless the event was recorded again since.
+    Marker(Arc<Event>, u64),
     /// Holds the queue until the registered host word at `addr` meets `value`
     /// (`CU_STREAM_WAIT_VALUE_GEQ`: `(i32)(word - value) >= 0`).
     WaitWord { addr: usize, value: u32 },
@@ -22,17 +23,23 @@ pub enum Job {
 #[derive(Default)]
 pub struct Event {
     armed: AtomicBool,
+    /// Records so far: as in the driver, only the latest one's completion counts (a record
+    /// still queued behind a wait must not complete a later one).
+    generation: AtomicU64,
     done: Mutex<Option<Instant>>,
     cv: Condvar,
 }
 
 impl Event {
-    /// Recording an event resets it until the queue reaches it.
-    pub fn arm(&self) {
+    /// Recording an event resets it until the queue reaches this record; returns the
+    /// record's generation, for its [`Job::Marker`].
+    pub fn arm(&self) -> u64 {
         self.armed.store(true, Ordering::Release);
-        if let Ok(mut d) = self.done.lock() {
-            *d = None;
-        }
+        let Ok(mut d) = self.done.lock() else {
+            return 0;
+        };
+        *d = None;
+        self.generation.fetch_add(1, Ordering::AcqRel) + 1
     }
     pub fn armed(&self) -> bool {
         self.armed.load(Ordering::Acquire)
@@ -40,8 +47,11 @@ impl Event {
     pub fn done_at(&self) -> Option<Instant> {
         self.done.lock().ok().and_then(|d| *d)
     }
-    fn complete(&self) {
-        if let Ok(mut d) = self.done.lock() {
+    /// The queue reached record `generation`: done, if it is the latest.
+    fn complete(&self, generation: u64) {
+        if let Ok(mut d) = self.done.lock()
+            && self.generation.load(Ordering::Acquire) == generation
+        {
             *d = Some(Instant::now());
         }
         self.cv.notify_all();
@@ -155,7 +165,7 @@ impl Device {
                                 dev.busy_us
                                     .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
                             }
-                            Job::Marker(ev) => ev.complete(),
+                            Job::Marker(ev, generation) => ev.complete(generation),
                             Job::WaitWord { addr, value } => {
                                 // SAFETY: `cuStreamWaitValue32_v2` queues only aligned
                                 // addresses in registered ranges, which their owner keeps

@@ -137,8 +137,8 @@ pub unsafe extern "C" fn cuEventRecord(e: CUevent, s: CUstream) -> CUresult {
         Arc::increment_strong_count(e as *const Event);
         Arc::from_raw(e as *const Event)
     };
-    ev.arm();
-    enqueue(s, Job::Marker(ev))
+    let generation = ev.arm();
+    enqueue(s, Job::Marker(ev, generation))
 }
 
 /// # Safety

@@ -796,6 +796,51 @@ mod tests {
     }
 
     #[test]
+    fn only_an_events_latest_record_completes_it() {
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: a live local out-parameter.
+        unsafe { assert_eq!(cuDevicePrimaryCtxRetain(&mut ctx, 0), 0) };
+        assert_eq!(cuCtxSetCurrent(ctx), 0);
+        let mut e = std::ptr::null_mut();
+        let mut dur: u64 = 30_000;
+        let mut params = [&mut dur as *mut u64 as *mut c_void];
+        let t0 = std::time::Instant::now();
+        // SAFETY: a live out-parameter, then the event the fake made; `params` as in the test
+        // above.
+        unsafe {
+            assert_eq!(cuEventCreate(&mut e, 0), 0);
+            assert_eq!(cuEventRecord(e, std::ptr::null_mut()), 0);
+            let r = cuLaunchKernel(
+                std::ptr::null_mut(),
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            );
+            assert_eq!(r, 0);
+            // Recorded again behind the kernel: the first record, reached at once, is
+            // superseded and must not complete it (the driver's rule).
+            assert_eq!(cuEventRecord(e, std::ptr::null_mut()), 0);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        // SAFETY: the event made above.
+        unsafe {
+            assert_eq!(cuEventQuery(e), CUDA_ERROR_NOT_READY);
+            assert_eq!(cuEventSynchronize(e), 0);
+        }
+        assert!(
+            t0.elapsed().as_millis() >= 30,
+            "done only behind the kernel"
+        );
+    }
+
+    #[test]
     fn memory_is_capped_and_credited() {
         let mut ctx = std::ptr::null_mut();
         // SAFETY: a live local out-parameter.
