@@ -375,9 +375,6 @@ pub fn gate(stream: CUstream) -> Option<crate::timing::Sampling> {
 /// The token gate: returns once a launch on `stream` may go.
 #[inline]
 fn pass(dev: usize, g: &Gpu, stream: CUstream) {
-    if crate::park::enabled() {
-        crate::park::note_stream(g, stream);
-    }
     let now = coarse_ns();
     if now < g.deadline.load(Ordering::Acquire) {
         g.last_launch.store(now, Ordering::Relaxed);
@@ -436,13 +433,6 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
     }
     let events = ring.events;
     let mut made = [0usize; ahead::RING];
-    // Under parking each probe is followed by a wait on the gate word (`park.rs`).
-    let word = if crate::park::enabled() {
-        g.park_word.load(Ordering::Relaxed)
-    } else {
-        0
-    };
-    let (mut after, mut gated) = (ring.after, ring.gated);
     let until_deadline = g
         .deadline_precise
         .load(Ordering::Acquire)
@@ -465,17 +455,7 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
             CUDA_ERROR_NOT_READY => ahead::Done::NotYet,
             _ => ahead::Done::Broken,
         },
-        |s| {
-            if word != 0 {
-                // Parked at the hold's end, the work behind this probe needs no waiting for.
-                return crate::park::wait_in_hold(events[s], g);
-            }
-            if real!(cuEventSynchronize, events[s] as CUevent) == CUDA_SUCCESS {
-                ahead::Done::Yes
-            } else {
-                ahead::Done::Broken
-            }
-        },
+        |s| real!(cuEventSynchronize, events[s] as CUevent) == CUDA_SUCCESS,
         |s| {
             let mut e = events[s] as CUevent;
             if e.is_null() {
@@ -484,11 +464,7 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
                 }
                 made[s] = e as usize;
             }
-            if real!(cuEventRecord, e, stream) != CUDA_SUCCESS {
-                return false;
-            }
-            gated[s] = word != 0 && crate::park::wait_after_probe(word, stream, &mut after[s]);
-            true
+            real!(cuEventRecord, e, stream) == CUDA_SUCCESS
         },
         precise_ns,
     );
@@ -497,7 +473,6 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
             ring.events[slot] = *e;
         }
     }
-    (ring.after, ring.gated) = (after, gated);
     g.probe_every.store(ring.every_ns(bound), Ordering::Relaxed);
     g.precise_every.store(
         if ring.gpu_behind() { 1 } else { PRECISE_EVERY },
@@ -650,12 +625,7 @@ fn granted(dev: usize, g: &Gpu, t: &mut Token, quota_us: u64, stream: CUstream) 
 /// when it began (`gate::hold_start`).
 fn start_gated_hold(dev: usize, g: &Gpu, t: &mut Token, quota_us: u64) {
     let now = precise_ns();
-    // Work parked at the last hold's end ran from the gate's opening too.
-    let queued = t.ahead.take().is_some() | (std::mem::take(&mut t.parked) != 0);
-    if crate::park::enabled() {
-        let word = crate::gate::device_addr(t).unwrap_or(0);
-        g.park_word.store(word, Ordering::Relaxed);
-    }
+    let queued = t.ahead.take().is_some();
     let mut since = now;
     if let Some(p) = t.client.as_ref().and_then(|c| c.gate()) {
         let at = p.opened_at();
@@ -767,7 +737,6 @@ fn start_hold_from(
     renewed: bool,
 ) -> u64 {
     crate::timing::granted(g);
-    crate::park::new_hold(g);
     t.grant_ns = since_ns;
     t.quota_us = quota_us;
     let renewals = if renewed {
@@ -947,14 +916,7 @@ fn end_hold(dev: usize, g: &Gpu, t: &mut Token) -> (u64, u64) {
     g.stop_launches();
     notice_drain(dev, g, t);
     log_queue_at_quota_end(dev, g, t);
-    if crate::park::park(g, t) {
-        debug!(
-            "device {dev}: quota over {} µs ago; the queue parked behind the gate",
-            (precise_ns().saturating_sub(t.grant_ns) / 1000).saturating_sub(t.quota_us)
-        );
-    } else {
-        drain(dev);
-    }
+    drain(dev);
     g.holding.store(false, Ordering::Release);
     let used_ns = precise_ns().saturating_sub(t.grant_ns);
     t.held_ns += used_ns;
