@@ -121,6 +121,8 @@ pub struct Client {
     out: Vec<u8>,
     hello: HelloInfo,
     gate: Option<GatePage>,
+    /// It sent [`Request::Parks`].
+    parks: bool,
 }
 
 impl Drop for Client {
@@ -162,6 +164,7 @@ impl Client {
                 window_ms: 0,
             },
             gate: None,
+            parks: false,
         };
         c.send(&Request::Hello {
             pid,
@@ -287,6 +290,20 @@ impl Client {
     /// that arrives as the answer to the next request.
     pub fn want_soon(&mut self) -> Result<(), ClientError> {
         self.send(&Request::WantSoon)
+    }
+
+    /// Tell gem-schd this connection parks its queued work at a hold's end
+    /// ([`Request::Parks`]). No reply; a gem-schd older than it refuses it with an Error that
+    /// arrives as the answer to the next request.
+    pub fn parks(&mut self) -> Result<(), ClientError> {
+        self.send(&Request::Parks)?;
+        self.parks = true;
+        Ok(())
+    }
+
+    /// Whether this connection told gem-schd it parks ([`Client::parks`]).
+    pub fn sent_parks(&self) -> bool {
+        self.parks
     }
 
     /// Ask for the connection's gate page ([`Request::WantGate`]): gem-schd answers Gate with

@@ -51,6 +51,7 @@ pub mod kind {
     pub const DRAIN: u8 = 10;
     pub const WANT_SOON: u8 = 11;
     pub const WANT_GATE: u8 = 12;
+    pub const PARKS: u8 = 13;
     /// Server -> client kinds.
     pub const HELLO_OK: u8 = 64;
     pub const GRANT: u8 = 65;
@@ -111,6 +112,12 @@ pub enum Request {
     /// [`Reply::Gate`], which carries the word's page (a sealed memfd) as `SCM_RIGHTS`
     /// ancillary data. Sent once, after WantSoon.
     WantGate,
+    /// At a hold's end this connection stops its queued work behind its gate word (the hook's
+    /// parking) after its Renew is answered Yield, instead of draining it: gem-schd must not
+    /// hand the token on at that notice (the next holder's context running beside the stop
+    /// makes it unreadable), only tell the next client Soon. Sent once, after WantGate got a
+    /// page; no reply.
+    Parks,
 }
 
 /// A frame sent by gem-schd to a client.
@@ -200,6 +207,7 @@ impl Request {
             Request::Drain => kind::DRAIN,
             Request::WantSoon => kind::WANT_SOON,
             Request::WantGate => kind::WANT_GATE,
+            Request::Parks => kind::PARKS,
         }
     }
 
@@ -213,6 +221,7 @@ impl Request {
                 | Request::Busy { .. }
                 | Request::Drain
                 | Request::WantSoon
+                | Request::Parks
         )
     }
 
@@ -244,7 +253,11 @@ impl Request {
                 w.u64(*held_us);
                 w.u64(*earlier_us);
             }
-            Request::Options | Request::Drain | Request::WantSoon | Request::WantGate => {}
+            Request::Options
+            | Request::Drain
+            | Request::WantSoon
+            | Request::WantGate
+            | Request::Parks => {}
         }
         w.finish();
         Ok(())
@@ -286,6 +299,7 @@ impl Request {
             kind::DRAIN => Request::Drain,
             kind::WANT_SOON => Request::WantSoon,
             kind::WANT_GATE => Request::WantGate,
+            kind::PARKS => Request::Parks,
             other => return Err(FrameError::UnknownKind(other)),
         };
         r.end()?;
@@ -706,6 +720,23 @@ mod tests {
             Reply::decode(&[3, 0, 0, 0, 1, 70, 0]),
             Err(FrameError::TrailingBytes {
                 kind: kind::SOON,
+                extra: 1
+            })
+        );
+    }
+
+    #[test]
+    fn parks_layout_is_as_specified() {
+        assert_eq!(Request::Parks.encode().unwrap(), vec![2, 0, 0, 0, 1, 13]);
+        assert!(!Request::Parks.expects_reply());
+        assert_eq!(
+            Request::decode(&[2, 0, 0, 0, 1, 13]).unwrap(),
+            Some((Request::Parks, 6))
+        );
+        assert_eq!(
+            Request::decode(&[3, 0, 0, 0, 1, 13, 0]),
+            Err(FrameError::TrailingBytes {
+                kind: kind::PARKS,
                 extra: 1
             })
         );

@@ -33,6 +33,7 @@ fn request() -> impl Strategy<Value = Request> {
         Just(Request::Drain),
         Just(Request::WantSoon),
         Just(Request::WantGate),
+        Just(Request::Parks),
         any::<u64>().prop_map(|burst_us| Request::Renew { burst_us }),
         (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(busy_us, held_us, earlier_us)| {
             Request::Busy {

@@ -555,6 +555,12 @@ impl Actor {
                     self.give_gate(conn);
                 }
             }
+            // No reply, as Drain.
+            Request::Parks => {
+                if self.said_hello(conn) {
+                    self.core.set_parks(conn);
+                }
+            }
             Request::Drain => {
                 if let Some(c) = self.conns.get(&conn) {
                     debug!(conn, client = %c.client, "drain");

@@ -90,10 +90,11 @@ impl Limits {
     }
 }
 
-/// What the driver said about an event.
+/// What the driver said about an event (a query), or how a wait for one ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Done {
     Yes,
+    /// Not done; for a wait: given up (the hold ended meanwhile, `park.rs`).
     NotYet,
     /// An error (the context went away, ...): forget every probe.
     Broken,
@@ -107,6 +108,11 @@ pub struct Ring {
     pub ctx: usize,
     /// Event handles by slot (0: not created yet).
     pub events: [usize; RING],
+    /// Under parking (`park.rs`): each slot's second event, recorded behind a stream-ordered
+    /// wait on the gate word that follows the probe (0: not created yet), and whether this
+    /// slot's probe was followed by such a wait.
+    pub after: [usize; RING],
+    pub gated: [bool; RING],
     /// Each slot's interval of launching: its start (the previous probe's recording) and how
     /// long the CPU spent launching in it (its waits excluded).
     start_at: [u64; RING],
@@ -120,6 +126,9 @@ pub struct Ring {
     passed_at: Option<u64>,
     /// GPU time per ns of launching, ×1024 (EMA over waits; 0: not measured yet).
     ratio_x1024: u64,
+    /// The slot last dropped as passed (its event done): under parking the wait behind it
+    /// may not have been read yet (`park.rs`).
+    last_passed: Option<usize>,
 }
 
 /// The ratio's fixed-point scale.
@@ -130,6 +139,8 @@ impl Ring {
         Ring {
             ctx: 0,
             events: [0; RING],
+            after: [0; RING],
+            gated: [false; RING],
             start_at: [0; RING],
             launching: [0; RING],
             head: 0,
@@ -137,6 +148,7 @@ impl Ring {
             last_recorded: 0,
             passed_at: None,
             ratio_x1024: 0,
+            last_passed: None,
         }
     }
 
@@ -214,16 +226,41 @@ impl Ring {
         self.len
     }
 
+    /// The pending probes' slots, oldest first.
+    pub fn pending_slots(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.len).map(|i| (self.head + i) % RING)
+    }
+
+    /// The slots whose waits the GPU may still have ahead of it (`park.rs`): the one last
+    /// dropped as passed (its event is done, but not necessarily the wait behind it; any
+    /// earlier one's wait is passed, since the GPU has reached a later probe) unless it was
+    /// recorded again, then the pending ones, oldest first.
+    pub fn unpassed_slots(&self) -> impl Iterator<Item = usize> + '_ {
+        let last = self
+            .last_passed
+            .filter(|l| !self.pending_slots().any(|s| s == *l));
+        last.into_iter().chain(self.pending_slots())
+    }
+
+    /// The GPU stopped at a pending probe's wait until the process's next hold (`park.rs`):
+    /// the probes stay pending (their work is still queued, and the next hold passes them),
+    /// but the GPU's passing of the next one must not be timed from before the stop.
+    pub fn stopped(&mut self) {
+        self.passed_at = None;
+    }
+
     /// Forgets every pending probe (the events stay, for reuse).
     pub fn clear(&mut self) {
         self.len = 0;
         self.passed_at = None;
+        self.last_passed = None;
     }
 
     /// One probe at precise time `now`: drops the probes the GPU has passed, waits (`sync`) for
     /// the oldest pending ones until the GPU work behind them and the interval this probe
     /// closes fit the `limits` (or none is left), learning the GPU's pace from the waits, then
-    /// records a new one (`record(slot)`, false: not recorded). What is queued before the
+    /// records a new one (`record(slot)`, false: not recorded). A wait given up (`Done::NotYet`:
+    /// the hold ended meanwhile) ends the probe, none recorded. What is queued before the
     /// deadline runs before it, so only the bound drains past it: the queue may be a hold's
     /// worth deep early in the hold and narrows to the bound at its end (a bound for the whole
     /// hold kept a two-process client's queues one 0.2 ms kernel deep on an H100, and the GPU
@@ -234,7 +271,7 @@ impl Ring {
         now: u64,
         limits: Limits,
         mut query: impl FnMut(usize) -> Done,
-        mut sync: impl FnMut(usize) -> bool,
+        mut sync: impl FnMut(usize) -> Done,
         mut record: impl FnMut(usize) -> bool,
         mut clock: impl FnMut() -> u64,
     ) -> u64 {
@@ -293,9 +330,14 @@ impl Ring {
                     > bound_ns.saturating_add(slack(t)))
         {
             let slot = self.head;
-            if !sync(slot) {
-                self.clear();
-                return t.saturating_sub(now);
+            match sync(slot) {
+                Done::Yes => {}
+                // The hold is over: its work stays queued behind the pending probes.
+                Done::NotYet => return clock().max(t).saturating_sub(now),
+                Done::Broken => {
+                    self.clear();
+                    return t.saturating_sub(now);
+                }
             }
             self.pop();
             t = clock().max(t);
@@ -316,6 +358,7 @@ impl Ring {
     }
 
     fn pop(&mut self) {
+        self.last_passed = Some(self.head);
         self.head = (self.head + 1) % RING;
         self.len -= 1;
     }
@@ -380,7 +423,7 @@ mod tests {
                 },
                 |s| {
                     clock.set(clock.get().max(self.done_at.borrow()[s]));
-                    true
+                    Done::Yes
                 },
                 |s| {
                     // Done when the GPU has run what was queued before it.
@@ -715,10 +758,76 @@ mod tests {
             u64::MAX / 2,
             Limits::bound(1),
             |_| Done::Broken,
-            |_| true,
+            |_| Done::Yes,
             |_| false,
             || 0,
         );
         assert_eq!(r.pending(), 0);
+    }
+
+    #[test]
+    fn a_wait_given_up_at_the_holds_end_keeps_the_probes_and_records_none() {
+        // Three probes pending over a 1 µs bound: the next probe must wait for the oldest.
+        let mut r = Ring::new();
+        for i in 0..3 {
+            r.probe(
+                i * 10,
+                Limits::bound(1_000_000),
+                |_| Done::NotYet,
+                |_| Done::Yes,
+                |_| true,
+                || i * 10,
+            );
+        }
+        assert_eq!(r.pending(), 3);
+        let mut recorded = false;
+        r.probe(
+            40,
+            Limits::bound(1),
+            |_| Done::NotYet,
+            |_| Done::NotYet,
+            |_| {
+                recorded = true;
+                true
+            },
+            || 50,
+        );
+        assert_eq!(r.pending(), 3, "the probes' work is still queued");
+        assert!(!recorded, "no probe recorded once the hold is over");
+        assert_eq!(r.unpassed_slots().collect::<Vec<_>>(), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn the_last_probe_passed_may_still_have_its_wait_ahead() {
+        let mut r = Ring::new();
+        for i in 0..3 {
+            r.probe(
+                i * 10,
+                Limits::bound(1_000_000),
+                |_| Done::NotYet,
+                |_| Done::Yes,
+                |_| true,
+                || i * 10,
+            );
+        }
+        // The GPU passed the first two probes' events: only the second's wait may be ahead.
+        let mut passed = [true, true, false];
+        r.probe(
+            40,
+            Limits::bound(1_000_000),
+            |s| {
+                if std::mem::take(&mut passed[s]) {
+                    Done::Yes
+                } else {
+                    Done::NotYet
+                }
+            },
+            |_| Done::Yes,
+            |_| true,
+            || 40,
+        );
+        assert_eq!(r.unpassed_slots().collect::<Vec<_>>(), vec![1, 2, 3]);
+        r.clear();
+        assert_eq!(r.unpassed_slots().count(), 0, "all drained");
     }
 }

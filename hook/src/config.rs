@@ -61,6 +61,10 @@ pub struct Settings {
     /// (`KUBESHARE_HOOK_GATE_AHEAD_US`, default 200 µs, as the queue-ahead bound; 0 = no gate
     /// asked for, Soon is spun on as before; see `gate.rs`).
     pub gate_ahead_ns: u64,
+    /// At a hold's end, close the gate word and leave the work queued behind the hold's last
+    /// probes parked on the GPU until the next Grant, instead of draining it
+    /// (`KUBESHARE_HOOK_PARK`, default off; see `park.rs`).
+    pub park: bool,
 }
 
 pub const DEFAULT_IO_TIMEOUT_MS: u64 = 5000;
@@ -275,6 +279,11 @@ pub fn settings() -> &'static Settings {
                 crate::info!("{e}");
                 DEFAULT_GATE_AHEAD_US
             });
+        const PARK: &str = "KUBESHARE_HOOK_PARK";
+        let park = parse_flag(PARK, get(PARK).as_deref(), false).unwrap_or_else(|e| {
+            crate::info!("{e}");
+            false
+        });
         let socket_dir = get(gem_proto::SOCKET_DIR_ENV)
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| gem_proto::DEFAULT_SOCKET_DIR.to_string())
@@ -293,6 +302,7 @@ pub fn settings() -> &'static Settings {
             busy_every,
             soon_spin_ns: soon_spin_us * 1000,
             gate_ahead_ns: gate_ahead_us * 1000,
+            park,
         }
     })
 }

@@ -213,6 +213,7 @@ pub fn connect(dev: usize, purpose: Purpose) -> Option<Client> {
                     ask_options(&uuid, &mut c)?;
                     ask_soon(&mut c)?;
                     ask_gate(&uuid, &mut c)?;
+                    ask_park(&mut c)?;
                 }
                 Ok(c)
             });
@@ -322,6 +323,19 @@ fn ask_gate(uuid: &str, c: &mut Client) -> Result<(), ClientError> {
     }
 }
 
+/// Set once a gem-schd refused Parks (one older than it): not sent again, and holds drain.
+static PARK_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// Tells gem-schd that this connection parks its queue at a hold's end (`park.rs`), when
+/// parking is on and the connection has a gate page: gem-schd then never hands the token on
+/// at its notice. A connection that did not say so never parks.
+fn ask_park(c: &mut Client) -> Result<(), ClientError> {
+    if !crate::park::enabled() || c.gate().is_none() || PARK_REFUSED.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    c.parks()
+}
+
 /// Set once a gem-schd refused Options (one older than it): not asked again.
 static OPTIONS_REFUSED: AtomicBool = AtomicBool::new(false);
 
@@ -375,6 +389,9 @@ pub fn gate(stream: CUstream) -> Option<crate::timing::Sampling> {
 /// The token gate: returns once a launch on `stream` may go.
 #[inline]
 fn pass(dev: usize, g: &Gpu, stream: CUstream) {
+    if crate::park::enabled() {
+        crate::park::note_stream(g, stream);
+    }
     let now = coarse_ns();
     if now < g.deadline.load(Ordering::Acquire) {
         g.last_launch.store(now, Ordering::Relaxed);
@@ -433,6 +450,13 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
     }
     let events = ring.events;
     let mut made = [0usize; ahead::RING];
+    // Under parking each probe is followed by a wait on the gate word (`park.rs`).
+    let word = if crate::park::enabled() {
+        g.park_word.load(Ordering::Relaxed)
+    } else {
+        0
+    };
+    let (mut after, mut gated) = (ring.after, ring.gated);
     let until_deadline = g
         .deadline_precise
         .load(Ordering::Acquire)
@@ -455,7 +479,17 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
             CUDA_ERROR_NOT_READY => ahead::Done::NotYet,
             _ => ahead::Done::Broken,
         },
-        |s| real!(cuEventSynchronize, events[s] as CUevent) == CUDA_SUCCESS,
+        |s| {
+            if word != 0 {
+                // Parked at the hold's end, the work behind this probe needs no waiting for.
+                return crate::park::wait_in_hold(events[s], g);
+            }
+            if real!(cuEventSynchronize, events[s] as CUevent) == CUDA_SUCCESS {
+                ahead::Done::Yes
+            } else {
+                ahead::Done::Broken
+            }
+        },
         |s| {
             let mut e = events[s] as CUevent;
             if e.is_null() {
@@ -464,7 +498,11 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
                 }
                 made[s] = e as usize;
             }
-            real!(cuEventRecord, e, stream) == CUDA_SUCCESS
+            if real!(cuEventRecord, e, stream) != CUDA_SUCCESS {
+                return false;
+            }
+            gated[s] = word != 0 && crate::park::wait_after_probe(word, stream, &mut after[s]);
+            true
         },
         precise_ns,
     );
@@ -473,6 +511,7 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
             ring.events[slot] = *e;
         }
     }
+    (ring.after, ring.gated) = (after, gated);
     g.probe_every.store(ring.every_ns(bound), Ordering::Relaxed);
     g.precise_every.store(
         if ring.gpu_behind() { 1 } else { PRECISE_EVERY },
@@ -510,12 +549,13 @@ fn acquire(dev: usize, stream: CUstream) {
         }
         let (overuse_us, burst_us) = if g.holding.load(Ordering::Acquire) {
             crate::timing::report(g, &mut t);
+            let noticed = precise_ns();
             if let Some(quota_us) = renew(dev, g, &mut t) {
                 start_hold(dev, g, &mut t, quota_us, true);
                 debug!("device {dev}: hold renewed for {quota_us} µs, nothing drained");
                 return;
             }
-            let r = end_hold(dev, g, &mut t);
+            let r = end_hold(dev, g, &mut t, noticed);
             crate::um::on_hold_end(dev);
             r
         } else {
@@ -625,7 +665,12 @@ fn granted(dev: usize, g: &Gpu, t: &mut Token, quota_us: u64, stream: CUstream) 
 /// when it began (`gate::hold_start`).
 fn start_gated_hold(dev: usize, g: &Gpu, t: &mut Token, quota_us: u64) {
     let now = precise_ns();
-    let queued = t.ahead.take().is_some();
+    // Work parked at the last hold's end ran from the gate's opening too.
+    let queued = t.ahead.take().is_some() | (std::mem::take(&mut t.parked) != 0);
+    if crate::park::enabled() {
+        let word = crate::gate::device_addr(t).unwrap_or(0);
+        g.park_word.store(word, Ordering::Relaxed);
+    }
     let mut since = now;
     if let Some(p) = t.client.as_ref().and_then(|c| c.gate()) {
         let at = p.opened_at();
@@ -671,11 +716,11 @@ pub(crate) fn take_grant_queued_ahead(dev: usize) {
 /// With the debug log: how late the quota's end was noticed and what the queue-ahead bound
 /// thought was queued then (`ahead.rs`), beside the drain the next request reports, to tell a
 /// late notice, a misjudged pace and work the probes never saw apart.
-fn log_queue_at_quota_end(dev: usize, g: &Gpu, t: &Token) {
+fn log_queue_at_quota_end(dev: usize, g: &Gpu, t: &Token, noticed: u64) {
     if !crate::log::enabled(crate::log::DEBUG) {
         return;
     }
-    let late_us = precise_ns().saturating_sub(t.grant_ns) / 1000;
+    let late_us = noticed.saturating_sub(t.grant_ns) / 1000;
     let late_us = late_us.saturating_sub(t.quota_us);
     match g.ahead.try_lock() {
         Ok(r) => debug!(
@@ -737,6 +782,7 @@ fn start_hold_from(
     renewed: bool,
 ) -> u64 {
     crate::timing::granted(g);
+    crate::park::new_hold(g);
     t.grant_ns = since_ns;
     t.quota_us = quota_us;
     let renewals = if renewed {
@@ -801,8 +847,8 @@ pub(crate) fn renew(dev: usize, g: &Gpu, t: &mut Token) -> Option<u64> {
 /// the refusal arrives as the answer to whatever this process asked next. From then on the
 /// frame is not sent again: Renew (the hold drains and asks again, as before it), Drain (the
 /// token moves on after the drain, as before it), Busy (gem-schd learns no fill) or WantSoon
-/// (the process blocks for every Grant) or WantGate (no launch queues ahead of a Grant). One
-/// reconnection per frame it lacks.
+/// (the process blocks for every Grant) or WantGate (no launch queues ahead of a Grant) or
+/// Parks (holds drain). One reconnection per frame it lacks.
 pub(crate) fn note_refusal(e: &ClientError) {
     match e.refused_kind() {
         Some(gem_proto::kind::RENEW) => RENEW_REFUSED.store(true, Ordering::Relaxed),
@@ -810,6 +856,7 @@ pub(crate) fn note_refusal(e: &ClientError) {
         Some(gem_proto::kind::BUSY) => crate::timing::refused(),
         Some(gem_proto::kind::WANT_SOON) => SOON_REFUSED.store(true, Ordering::Relaxed),
         Some(gem_proto::kind::WANT_GATE) => GATE_REFUSED.store(true, Ordering::Relaxed),
+        Some(gem_proto::kind::PARKS) => PARK_REFUSED.store(true, Ordering::Relaxed),
         _ => {}
     }
 }
@@ -910,13 +957,21 @@ fn awaiting<T>(
     }
 }
 
-/// Ends a hold whose quota ran out, in the launching thread: tells gem-schd (`notice_drain`),
-/// waits for the queued work and returns (overuse, burst) to report with the next request.
-fn end_hold(dev: usize, g: &Gpu, t: &mut Token) -> (u64, u64) {
+/// Ends a hold whose quota ran out, noticed at `noticed` (precise clock) in the launching
+/// thread: stops launches, tells gem-schd (`notice_drain`), and parks the queued work
+/// (`park.rs`) or waits for it. Returns (overuse, burst) to report with the next request.
+fn end_hold(dev: usize, g: &Gpu, t: &mut Token, noticed: u64) -> (u64, u64) {
     g.stop_launches();
     notice_drain(dev, g, t);
-    log_queue_at_quota_end(dev, g, t);
-    drain(dev);
+    log_queue_at_quota_end(dev, g, t, noticed);
+    if crate::park::park(g, t) {
+        debug!(
+            "device {dev}: quota over {} µs ago; the queue parked behind the gate",
+            (precise_ns().saturating_sub(t.grant_ns) / 1000).saturating_sub(t.quota_us)
+        );
+    } else {
+        drain(dev);
+    }
     g.holding.store(false, Ordering::Release);
     let used_ns = precise_ns().saturating_sub(t.grant_ns);
     t.held_ns += used_ns;

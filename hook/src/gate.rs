@@ -108,6 +108,15 @@ pub(crate) fn hold_back(t: &mut Token, stream: CUstream, now_ns: u64) -> bool {
         Some(a) if a.streams.len() < MAX_STREAMS => {}
         _ => return false,
     }
+    // Behind work parked at the last hold's end (`park.rs`) a launch waits already; a wait of
+    // its own there would be one the parking at this hold's end does not know of.
+    if t.parked == (stream as usize).wrapping_add(1) {
+        if let Some(a) = t.ahead.as_mut() {
+            a.streams.push(key);
+            a.launches += 1;
+        }
+        return true;
+    }
     let Some(word) = device_addr(t) else {
         return false;
     };
@@ -144,7 +153,7 @@ pub fn hold_start(now_ns: u64, stamp: Option<u64>) -> u64 {
 
 /// The device address of the connection's gate word, registering its page with the driver
 /// the first time (portable: valid in every context of the process).
-fn device_addr(t: &mut Token) -> Option<CUdeviceptr> {
+pub(crate) fn device_addr(t: &mut Token) -> Option<CUdeviceptr> {
     let page = t.client.as_ref()?.gate()?;
     let addr = page.addr() as usize;
     if t.gate_addr.0 == addr {

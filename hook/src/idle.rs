@@ -120,10 +120,10 @@ fn next_wake(tick: Duration) -> Duration {
 /// Ends a hold whose quota is over when the process has not launched since: it is blocked in
 /// its own synchronisation or busy on the CPU, and the hold would otherwise last until its next
 /// launch (or the idle release, 10 ms after its work is done), with the next holder waiting and
-/// the GPU idle meanwhile. The queued work is drained first, as at any hand-over; the use,
-/// overrun included, is reported in the Release (gem-schd charges it), and with the next
-/// request, as for a hold a launch ended, the overrun as the overuse (gem-schd learns the
-/// drain from it; the charge it already has) and the quota as the burst.
+/// the GPU idle meanwhile. The queued work is parked (`park.rs`) or drained first, as at any
+/// hand-over; the use, overrun included, is reported in the Release (gem-schd charges it), and
+/// with the next request, as for a hold a launch ended, the overrun as the overuse (gem-schd
+/// learns the drain from it; the charge it already has) and the quota as the burst.
 fn release_if_expired(dev: usize) {
     let g = gpu(dev);
     if !g.holding.load(Ordering::Acquire)
@@ -153,12 +153,19 @@ fn release_if_expired(dev: usize) {
     }
     g.stop_launches();
     notice_drain(dev, g, &mut t);
-    drain(dev);
+    let parked = crate::park::park(g, &mut t);
+    if !parked {
+        drain(dev);
+    }
     g.holding.store(false, Ordering::Release);
     let used_ns = precise_ns().saturating_sub(t.grant_ns);
     t.held_ns += used_ns;
     crate::timing::report(g, &mut t);
     let used_us = used_ns / 1000;
+    if parked {
+        ask_again_parked(dev, g, &mut t, used_us);
+        return;
+    }
     t.idle_burst_us = used_us.min(t.quota_us);
     t.expired_overuse_us = used_us.saturating_sub(t.quota_us);
     if let Some(c) = t.client.as_mut()
@@ -171,6 +178,32 @@ fn release_if_expired(dev: usize) {
     }
     debug!(
         "device {dev}: hold expired without a launch; released after {used_us} µs of a {} µs grant",
+        t.quota_us
+    );
+    crate::um::on_hold_end(dev);
+}
+
+/// An expired hold whose work is parked behind the gate (`park.rs`) asks for the token again
+/// at once instead of releasing it: a thread of the process may be blocked in its own
+/// synchronisation on that work, and nothing else would ask. Launches meanwhile queue behind
+/// the gate as after a Soon, and the Grant is read by a launch or by this thread
+/// (`take_grant_queued_ahead`). The overrun and the quota go with the request, as when a
+/// launch ends a hold.
+fn ask_again_parked(dev: usize, g: &crate::state::Gpu, t: &mut crate::state::Token, used_us: u64) {
+    let overuse_us = used_us.saturating_sub(t.quota_us);
+    let burst_us = used_us.min(t.quota_us);
+    let Some(c) = t.client.as_mut() else { return };
+    if let Err(e) = c.send_token_request(overuse_us, burst_us) {
+        // The connection's page is opened as it goes: the parked work runs.
+        note_refusal(&e);
+        info!("device {dev}: token request after parking failed: {e}; reconnecting");
+        drop_client(&mut t.client, &g.token_fd);
+        return;
+    }
+    let allowance = crate::gate::allowance_ns(g.ahead.try_lock().ok().as_deref());
+    t.ahead = Some(crate::gate::Ahead::new(precise_ns(), allowance, overuse_us));
+    debug!(
+        "device {dev}: hold expired without a launch; parked its queue after {used_us} µs of a {} µs grant and asked again",
         t.quota_us
     );
     crate::um::on_hold_end(dev);

@@ -19,6 +19,7 @@ pub mod idle;
 pub mod log;
 pub mod memory;
 pub mod nvml;
+pub mod park;
 pub mod procaddr;
 pub mod real;
 pub mod state;

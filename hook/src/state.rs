@@ -45,6 +45,11 @@ pub struct Token {
     /// The gate page registered with the driver: its host address and device address
     /// (0, 0: none yet).
     pub gate_addr: (usize, u64),
+    /// The last hold's end left work parked behind the gate (`park.rs`) on this stream (its
+    /// handle + 1; 0: none): the next hold starts when gem-schd opened the gate, as for work
+    /// queued ahead of a Grant, and launches queued ahead on that stream need no wait of their
+    /// own (they are behind the parked one).
+    pub parked: usize,
 }
 
 pub struct MemConn {
@@ -82,6 +87,12 @@ pub struct Gpu {
     /// release (`idle::watch_queue`): one such wait at a time.
     pub queue_watch: AtomicBool,
     pub holding: AtomicBool,
+    /// Under parking (`park.rs`): the first stream launched on in the current hold (its
+    /// handle + 1; 0: none yet), whether another one was too, and the device address of the
+    /// gate word the probes' waits read (0: none).
+    pub hold_stream: AtomicUsize,
+    pub streams_mixed: AtomicBool,
+    pub park_word: AtomicU64,
     /// How many times in a row the hold was renewed (0 after a grant); written under the
     /// token lock, read by the queue-ahead probes, which let the sole allowance stay queued
     /// once it reaches `device::SOLE_AFTER_RENEWALS` (`ahead.rs`).
@@ -173,6 +184,9 @@ impl Gpu {
             drained_at: AtomicU64::new(0),
             queue_watch: AtomicBool::new(false),
             holding: AtomicBool::new(false),
+            hold_stream: AtomicUsize::new(0),
+            streams_mixed: AtomicBool::new(false),
+            park_word: AtomicU64::new(0),
             renewals_in_row: AtomicU32::new(0),
             outstanding: AtomicU64::new(0),
             cap: AtomicU64::new(0),
@@ -187,6 +201,7 @@ impl Gpu {
                 held_ns: 0,
                 ahead: None,
                 gate_addr: (0, 0),
+                parked: 0,
             }),
             mem: Mutex::new(MemConn {
                 client: None,

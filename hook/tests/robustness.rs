@@ -338,20 +338,28 @@ fn launches_queued_behind_a_gate_run_when_gem_schd_dies() {
     }
 }
 
-/// What a gem-schd from before Renew (and Options, Busy, Drain, WantSoon, WantGate) does, over
-/// a real socket: answers Hello, grants every TokenRequest 5 ms, passes memory calls, and
-/// answers a frame it cannot read (a Renew, an Options, a Busy, a Drain, a WantSoon, a
-/// WantGate) with Error{2} and a
-/// hang-up. Records the kinds of the
-/// frames it received. With `two_field_busy` it is one from after Options and Busy but before
-/// Busy's `earlier_us`: it asks for reports (one launch in 8) and takes a Busy of two fields,
-/// refusing a longer one as trailing bytes (and hanging up). With `knows_soon` it is one from
-/// before WantGate only: it answers Options (no reports) and takes WantSoon.
+/// Which older gem-schd [`serve_like_an_old_gem_schd`] plays.
+#[derive(Clone, Copy, PartialEq)]
+enum Old {
+    /// From before Renew (and Options, Busy, Drain, WantSoon, WantGate, Parks).
+    BeforeRenew,
+    /// From after Options and Busy but before Busy's `earlier_us`: it asks for reports (one
+    /// launch in 8) and takes a Busy of two fields, refusing a longer one as trailing bytes.
+    TwoFieldBusy,
+    /// From before WantGate: it answers Options (no reports) and takes WantSoon.
+    BeforeGate,
+    /// From before Parks: it also answers Renew with Yield and gives gate pages, whose word it
+    /// opens before each Grant.
+    BeforeParks,
+}
+
+/// What an older gem-schd (`old`) does, over a real socket: answers Hello, grants every
+/// TokenRequest 5 ms, passes memory calls, and answers a frame it cannot read with Error{2}
+/// and a hang-up. Records the kinds of the frames it received.
 fn serve_like_an_old_gem_schd(
     sock: std::path::PathBuf,
     seen: std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>,
-    two_field_busy: bool,
-    knows_soon: bool,
+    old: Old,
 ) {
     use gem_proto::{Reply, Request, code};
     use std::io::{Read, Write};
@@ -361,6 +369,11 @@ fn serve_like_an_old_gem_schd(
             let Ok(mut s) = stream else { return };
             let seen = seen.clone();
             std::thread::spawn(move || {
+                use std::os::fd::AsRawFd;
+                let two_field_busy = old == Old::TwoFieldBusy;
+                let knows_soon = matches!(old, Old::BeforeGate | Old::BeforeParks);
+                let knows_gate = old == Old::BeforeParks;
+                let mut page: Option<gem_proto::GatePage> = None;
                 let mut buf = Vec::new();
                 let mut chunk = [0u8; 4096];
                 loop {
@@ -375,6 +388,15 @@ fn serve_like_an_old_gem_schd(
                                 ("options", Some(Reply::OptionsOk { busy_every: 0 }))
                             }
                             Request::WantSoon if knows_soon => ("want_soon", None),
+                            Request::Renew { .. } if knows_gate => ("renew", Some(Reply::Yield)),
+                            Request::WantGate if knows_gate => {
+                                let p = page.insert(gem_proto::GatePage::create().unwrap());
+                                let frame = Reply::Gate.encode().unwrap();
+                                gem_proto::gate::send_with_fd(s.as_raw_fd(), &frame, p.fd())
+                                    .unwrap();
+                                seen.lock().unwrap().push("want_gate");
+                                continue;
+                            }
                             Request::Busy { .. } if two_field_busy && used == 22 => ("busy", None),
                             Request::Busy { .. } if two_field_busy => {
                                 seen.lock().unwrap().push("busy3");
@@ -400,6 +422,9 @@ fn serve_like_an_old_gem_schd(
                                 }),
                             ),
                             Request::TokenRequest { .. } => {
+                                if let Some(p) = &page {
+                                    p.open();
+                                }
                                 ("request", Some(Reply::Grant { quota_us: 5000 }))
                             }
                             Request::Renew { .. }
@@ -407,7 +432,8 @@ fn serve_like_an_old_gem_schd(
                             | Request::Options
                             | Request::Drain
                             | Request::WantSoon
-                            | Request::WantGate => {
+                            | Request::WantGate
+                            | Request::Parks => {
                                 let k = req.kind();
                                 seen.lock().unwrap().push(match k {
                                     7 => "renew",
@@ -415,6 +441,7 @@ fn serve_like_an_old_gem_schd(
                                     10 => "drain",
                                     11 => "want_soon",
                                     12 => "want_gate",
+                                    13 => "parks",
                                     _ => "busy",
                                 });
                                 let e = Reply::error(
@@ -461,22 +488,13 @@ fn serve_like_an_old_gem_schd(
 
 /// Runs a 1 s launch loop of client a beside [`serve_like_an_old_gem_schd`], with `env` in its
 /// environment: the kinds of the frames that gem-schd received, once the loop got through.
-fn frames_beside_an_old_gem_schd(
-    two_field_busy: bool,
-    knows_soon: bool,
-    env_vars: &[(&str, &str)],
-) -> Vec<&'static str> {
+fn frames_beside_an_old_gem_schd(old: Old, env_vars: &[(&str, &str)]) -> Vec<&'static str> {
     let _s = serial();
     let env = Env::new();
     let dir = env.client_dir("a");
     std::fs::create_dir_all(&dir).unwrap();
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    serve_like_an_old_gem_schd(
-        dir.join(format!("{GPU}.sock")),
-        seen.clone(),
-        two_field_busy,
-        knows_soon,
-    );
+    serve_like_an_old_gem_schd(dir.join(format!("{GPU}.sock")), seen.clone(), old);
     let run = env
         .workload(
             "a",
@@ -503,7 +521,7 @@ fn a_gem_schd_without_renew_or_options_costs_one_reconnection_each() {
     // them (and WantSoon). The first of each is refused (Error{2}, the connection closed); the
     // hook reconnects and never sends that frame again: TokenRequests from then on, and no
     // Busy reports (nobody asked for them).
-    let seen = frames_beside_an_old_gem_schd(false, false, &[]);
+    let seen = frames_beside_an_old_gem_schd(Old::BeforeRenew, &[]);
     let count = |kind: &str| seen.iter().filter(|k| **k == kind).count();
     assert_eq!(count("renew"), 1, "Renews sent: {seen:?}");
     // Older than Renew, older than Drain: never sent.
@@ -525,7 +543,7 @@ fn a_gem_schd_without_gate_pages_costs_one_reconnection() {
     // The hook beside a gem-schd from before WantGate (it knows Options and WantSoon): the
     // first WantGate is refused and the connection closed; the hook connects again, asks
     // Options and WantSoon as before and no WantGate, and its launches go on.
-    let seen = frames_beside_an_old_gem_schd(false, true, &[]);
+    let seen = frames_beside_an_old_gem_schd(Old::BeforeGate, &[]);
     let count = |kind: &str| seen.iter().filter(|k| **k == kind).count();
     assert_eq!(count("want_gate"), 1, "WantGate frames sent: {seen:?}");
     let first_gate = seen.iter().position(|k| *k == "want_gate").unwrap();
@@ -541,12 +559,33 @@ fn a_gem_schd_without_gate_pages_costs_one_reconnection() {
 }
 
 #[test]
+fn a_gem_schd_without_parks_costs_one_reconnection_and_holds_drain() {
+    // A hook that parks beside a gem-schd from before Parks (it gives gate pages and answers
+    // Renew): the first Parks is refused and the connection closed; the hook connects again
+    // with its gate page and sends no Parks after, so its holds drain (that gem-schd may hand
+    // the token on at a notice), and its launches go on.
+    let seen = frames_beside_an_old_gem_schd(Old::BeforeParks, &[("KUBESHARE_HOOK_PARK", "1")]);
+    let count = |kind: &str| seen.iter().filter(|k| **k == kind).count();
+    assert_eq!(count("parks"), 1, "Parks frames sent: {seen:?}");
+    let first = seen.iter().position(|k| *k == "parks").unwrap();
+    assert!(
+        seen[first..].contains(&"want_gate"),
+        "a gate page asked for again after the refusal: {seen:?}"
+    );
+    let after = requests_after(&seen, "parks");
+    assert!(
+        after >= 50,
+        "token requests after the refusal: {after} of {seen:?}"
+    );
+}
+
+#[test]
 fn a_gem_schd_reading_two_field_busy_costs_one_reconnection() {
     // Version skew in an upgrade or a rollback: a hook whose Busy carries `earlier_us` beside a
     // gem-schd that reads two fields and refuses the third as trailing bytes. The first Busy
     // is refused (the connection closed); the hook reconnects and sends no more Busy, its
     // token requests going on.
-    let seen = frames_beside_an_old_gem_schd(true, false, &[]);
+    let seen = frames_beside_an_old_gem_schd(Old::TwoFieldBusy, &[]);
     let refused = seen.iter().filter(|k| **k == "busy3").count();
     assert_eq!(refused, 1, "three-field Busy frames sent: {seen:?}");
     let after = requests_after(&seen, "busy3");
@@ -561,7 +600,7 @@ fn a_gem_schd_without_drain_costs_a_hook_that_does_not_renew_one_reconnection() 
     // A hook with renewals off tells gem-schd with a Drain that it drains at each quota's end;
     // a gem-schd from before Drain refuses the first (Error{2}, the connection closed), and the
     // hook reconnects and sends no more: its token requests go on as before Drain.
-    let seen = frames_beside_an_old_gem_schd(false, false, &[("KUBESHARE_HOOK_RENEW", "0")]);
+    let seen = frames_beside_an_old_gem_schd(Old::BeforeRenew, &[("KUBESHARE_HOOK_RENEW", "0")]);
     let count = |kind: &str| seen.iter().filter(|k| **k == kind).count();
     assert_eq!(count("drain"), 1, "Drains sent: {seen:?}");
     assert_eq!(count("renew"), 0, "Renews sent: {seen:?}");

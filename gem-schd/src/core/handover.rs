@@ -51,12 +51,24 @@ impl Core {
             .unwrap_or((self.params.min_quota_us / 5).max(1))
     }
 
-    /// Whether a drain notice from `key` may hand the token on, once it counts
-    /// (`notice_counts`): hand-overs at the drain are on and `key`'s drains are short (its
+    /// Whether a drain notice from `key` on `conn` may hand the token on, once it counts
+    /// (`notice_counts`): hand-overs at the drain are on, `key`'s drains are short (its
     /// overrun at most `handover_drain_max`: what the next client runs beside a drain is
-    /// charged to the holder).
-    fn hands_over(&self, key: Key) -> bool {
-        self.hand_over_at_drain && self.drains_short(key)
+    /// charged to the holder), and `conn` does not park (its hook stops the GPU at a wait
+    /// after the notice and can tell where only while no other context runs).
+    fn hands_over(&self, key: Key, conn: ConnId) -> bool {
+        self.hand_over_at_drain
+            && self.drains_short(key)
+            && !self.conns.get(&conn).is_some_and(|c| c.parks)
+    }
+
+    /// `conn` parks its queued work at a hold's end (gem-proto `Parks`): its drain notices
+    /// hand nothing on, they only tell the next client Soon. No reply; an unknown connection
+    /// changes nothing.
+    pub fn set_parks(&mut self, conn: ConnId) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.parks = true;
+        }
     }
 
     /// Whether `key`'s usual drain (its overrun) is at most `handover_drain_max`.
@@ -89,7 +101,7 @@ impl Core {
     /// (`set_soon`): the token comes after the holder's report. `Some(actions)`: handed on
     /// (the grant among them) or told.
     pub(super) fn hand_over(&mut self, now: Micros, key: Key, conn: ConnId) -> Option<Vec<Action>> {
-        let hands_over = self.hands_over(key);
+        let hands_over = self.hands_over(key, conn);
         if !((hands_over || self.soon) && self.notice_counts(key, conn)) {
             return None;
         }

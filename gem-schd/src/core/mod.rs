@@ -256,6 +256,9 @@ struct ConnState {
     /// The history entry of the turn it was last granted, until it reports that turn's end (a
     /// TokenRequest or a Release): a hang-up before then ends the turn (`Core::disconnect`).
     turn: Option<u64>,
+    /// It parks its queued work at a hold's end (gem-proto `Parks`): never handed over from
+    /// at its notice (`handover.rs`).
+    parks: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -597,6 +600,7 @@ impl Core {
                 waiting: false,
                 reported_co: None,
                 turn: None,
+                parks: false,
             },
         );
         Ok(HelloInfo {

@@ -139,6 +139,25 @@ fn with_hand_overs_at_the_drain_off_the_hold_stands_until_the_report() {
     assert_eq!(c.usage_us(t(11), "a"), Some(10 * MS + 400));
 }
 
+#[test]
+fn a_holder_that_parks_is_not_handed_over_from_but_the_next_is_told_soon() {
+    // a's drains are short, but its connection parks: its hook stops the GPU at a wait after
+    // the notice and can tell where only while no other context runs. b is told Soon; the
+    // token goes on at a's report, as for a holder whose drains run long.
+    let mut c = a_holds_b_waits();
+    c.set_soon(true);
+    c.set_parks(1);
+    let acts = c.renew(t(10), 1, 10 * MS);
+    assert_eq!(acts.len(), 2, "{acts:?}");
+    assert_eq!(acts[0], Action::Soon { conns: vec![3] });
+    assert!(is_yield_to(&acts[1], 1), "{acts:?}");
+    assert_eq!(c.holder(), Some("a"));
+    let acts = c.token_request(t(10) + 200, 1, 200, 10 * MS);
+    assert_eq!(grant(&acts).map(|g| g.0), Some("b"), "{acts:?}");
+    // A connection gem-schd does not know changes nothing.
+    c.set_parks(99);
+}
+
 /// `a` holds after a turn whose drain ran 2 ms past its quota, `b` waits; `drain_max` as set
 /// by `Core::set_handover_drain_max`.
 fn a_drained_long_b_waits(drain_max: Option<Micros>) -> Core {
