@@ -816,6 +816,57 @@ fn a_gated_client_is_told_soon_and_its_gate_opens_before_its_grant() {
     ));
 }
 
+/// A holder whose drains are short is handed over from at its notice (the Renew answered
+/// Yield): the waiting client is granted at once. Once the holder's connection said Parks, its
+/// notice only tells that client Soon, and the Grant follows the holder's report. Parks before
+/// Hello is refused like any frame.
+#[test]
+fn a_parking_holder_is_not_handed_over_from_at_its_notice() {
+    for parks in [false, true] {
+        let s = Schd::start(
+            "2\na 0.5 0.5 1000\nb 0.5 0.5 1000\n",
+            &["--quiet-ms", "0", "--min-quota-ms", "2000"],
+        );
+        let mut a = s.connect("a");
+        if parks {
+            let mut early = std::os::unix::net::UnixStream::connect(s.sock("a")).unwrap();
+            early
+                .set_read_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            early.write_all(&Request::Parks.encode().unwrap()).unwrap();
+            assert!(matches!(
+                read_reply(&mut early),
+                Reply::Error {
+                    code: code::PROTOCOL_MISUSE,
+                    ..
+                }
+            ));
+            a.parks().unwrap();
+        }
+        // a's drain (0.2 ms) is short: under a fifth of the min quota, which a notice hands
+        // over from.
+        a.request_token(0, 0).unwrap();
+        a.request_token(200, 0).unwrap();
+        let mut b = s.connect("b");
+        b.want_soon().unwrap();
+        b.want_gate().unwrap();
+        b.send_token_request(0, 0).unwrap();
+        a_yields_to_waiting_b(&s, &mut a);
+        let got = b.wait_grant_or_soon().unwrap();
+        if !parks {
+            assert!(matches!(got, gem_proto::Wait::Grant(_)), "{got:?}");
+            continue;
+        }
+        assert_eq!(got, gem_proto::Wait::Soon);
+        assert!(!b.gate().unwrap().is_open(), "no grant before a's report");
+        a.send_token_request(150, 0).unwrap();
+        assert!(matches!(
+            b.wait_grant_or_soon().unwrap(),
+            gem_proto::Wait::Grant(_)
+        ));
+    }
+}
+
 /// Soon: at a holder's notice that cannot hand the token on (its drains run long), the client
 /// that goes next is told, on a connection that asked with WantSoon only, and its Grant still
 /// follows the holder's report.
