@@ -129,6 +129,10 @@ pub struct Ring {
     /// The slot last dropped as passed (its event done): under parking the wait behind it
     /// may not have been read yet (`park.rs`).
     last_passed: Option<usize>,
+    /// Probes recorded so far, and each slot's number among them (from 1): a wait for the
+    /// queue forgets only the probes recorded before it began ([`Ring::passed_up_to`]).
+    recorded: u64,
+    seq: [u64; RING],
 }
 
 /// The ratio's fixed-point scale.
@@ -149,6 +153,8 @@ impl Ring {
             passed_at: None,
             ratio_x1024: 0,
             last_passed: None,
+            recorded: 0,
+            seq: [0; RING],
         }
     }
 
@@ -246,6 +252,24 @@ impl Ring {
     /// the probes stay pending (their work is still queued, and the next hold passes them),
     /// but the GPU's passing of the next one must not be timed from before the stop.
     pub fn stopped(&mut self) {
+        self.passed_at = None;
+    }
+
+    /// How many probes have been recorded so far: taken before a wait for the whole queue,
+    /// then given to [`Ring::passed_up_to`].
+    pub fn recorded(&self) -> u64 {
+        self.recorded
+    }
+
+    /// The GPU has passed every probe up to the `recorded`th (a wait for the whole queue that
+    /// began then has returned): those are forgotten, later ones stay pending. Forgetting them
+    /// all let a probe recorded by another thread during the wait go unknown, and under parking
+    /// its wait on the gate word with it: a hold's end then closed the word with the GPU bound
+    /// to stop at a wait the ring did not know of (`park.rs`).
+    pub fn passed_up_to(&mut self, recorded: u64) {
+        while self.len > 0 && self.seq[self.head] <= recorded {
+            self.pop();
+        }
         self.passed_at = None;
     }
 
@@ -351,6 +375,8 @@ impl Ring {
                 self.start_at[slot] = self.last_recorded;
                 self.launching[slot] = closing;
                 self.last_recorded = t;
+                self.recorded += 1;
+                self.seq[slot] = self.recorded;
                 self.len += 1;
             }
         }
@@ -795,6 +821,35 @@ mod tests {
         assert_eq!(r.pending(), 3, "the probes' work is still queued");
         assert!(!recorded, "no probe recorded once the hold is over");
         assert_eq!(r.unpassed_slots().collect::<Vec<_>>(), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn a_wait_for_the_queue_forgets_only_the_probes_recorded_before_it() {
+        // Three probes, then a drain begins; another thread records two more during it. When
+        // it returns only the first three are known passed: the two later ones (and, under
+        // parking, their waits on the gate word) stay pending for the hold's end to find.
+        let mut r = Ring::new();
+        let record = |r: &mut Ring, at: u64| {
+            r.probe(
+                at,
+                Limits::bound(1_000_000),
+                |_| Done::NotYet,
+                |_| Done::Yes,
+                |_| true,
+                || at,
+            );
+        };
+        for i in 0..3 {
+            record(&mut r, i * 10);
+        }
+        let before = r.recorded();
+        record(&mut r, 30);
+        record(&mut r, 40);
+        r.passed_up_to(before);
+        assert_eq!(r.pending(), 2);
+        assert_eq!(r.unpassed_slots().collect::<Vec<_>>(), vec![2, 3, 4]);
+        r.passed_up_to(r.recorded());
+        assert_eq!(r.pending(), 0);
     }
 
     #[test]

@@ -120,6 +120,8 @@ fn ctx_device() -> Option<usize> {
 /// (not only the calling thread's: another thread may launch in another context). Done in
 /// relaxed capture mode, so that it cannot invalidate a CUDA-graph capture in another thread.
 pub fn drain(dev: usize) {
+    // The probes recorded from here on may not be waited for (another thread's launches).
+    let recorded = gpu(dev).ahead.try_lock().ok().map(|r| r.recorded());
     let mut mode: c_int = CU_STREAM_CAPTURE_MODE_RELAXED;
     let swapped = exchange_capture_mode(&mut mode) == CUDA_SUCCESS;
     let current = current_ctx();
@@ -144,10 +146,10 @@ pub fn drain(dev: usize) {
     if !done_current && current != 0 && ctx_device() == Some(dev) {
         sync_here();
     }
-    // Every probe is passed now: forget them (the measured pace stays), so the next hold's
-    // first probe does not query each.
-    if let Ok(mut ring) = gpu(dev).ahead.try_lock() {
-        ring.clear();
+    // Every probe recorded before the wait is passed now: forget them (the measured pace
+    // stays), so the next hold's first probe does not query each.
+    if let (Some(recorded), Ok(mut ring)) = (recorded, gpu(dev).ahead.try_lock()) {
+        ring.passed_up_to(recorded);
     }
     if swapped {
         let _ = exchange_capture_mode(&mut mode);
