@@ -724,6 +724,100 @@ mod tests {
         }
     }
 
+    /// One step of [`every_wait_the_gpu_may_not_have_passed_stays_known`].
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// A launch and its probe (with its wait on the gate word behind it) under a queue-ahead
+        /// bound of `bound` × 10 µs: the CPU may wait for older probes first.
+        Probe { bound: u64 },
+        /// The GPU passes this many more probes (their events, and all but the last one's
+        /// wait: it may stop at that one).
+        Gpu(usize),
+        /// A wait for the whole queue on another thread: it notes the probes recorded, the
+        /// launching thread records `meanwhile` more, then the GPU has passed the noted ones.
+        Drain { meanwhile: usize },
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (1u64..=80).prop_map(|bound| Step::Probe { bound }),
+            (0usize..=8).prop_map(Step::Gpu),
+            (0usize..=4).prop_map(|meanwhile| Step::Drain { meanwhile }),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Parking stops the GPU at the first wait it has not passed and must know where that
+        /// is (`park.rs`): under any interleaving of probes, the GPU's progress and waits for
+        /// the whole queue on another thread, every probe whose wait the GPU may not have
+        /// passed is among the ring's unpassed slots, in recording order. (Cleared at each
+        /// wait for the queue, the ring forgot the probes recorded during it.)
+        #[test]
+        fn every_wait_the_gpu_may_not_have_passed_stays_known(
+            steps in proptest::collection::vec(step(), 1..120),
+        ) {
+            use std::cell::Cell;
+            // Probes by recording order (1, 2, ...): their slots, and how far the GPU got.
+            let slot_of = std::cell::RefCell::new(Vec::<usize>::new());
+            let events_passed = Cell::new(0usize);
+            let mut r = Ring::new();
+            let done = |s: usize| {
+                let seq = slot_of.borrow().iter().rposition(|x| *x == s).map(|i| i + 1);
+                if seq.is_some_and(|q| q <= events_passed.get()) { Done::Yes } else { Done::NotYet }
+            };
+            let probe = |r: &mut Ring, bound: u64| {
+                let mut recorded = None;
+                r.probe(
+                    0,
+                    Limits::bound(bound),
+                    done,
+                    |s| {
+                        // The CPU waits for this probe: the GPU gets there.
+                        let seq = slot_of.borrow().iter().rposition(|x| *x == s).unwrap() + 1;
+                        events_passed.set(events_passed.get().max(seq));
+                        Done::Yes
+                    },
+                    |s| {
+                        recorded = Some(s);
+                        true
+                    },
+                    || 0,
+                );
+                if let Some(s) = recorded {
+                    slot_of.borrow_mut().push(s);
+                }
+            };
+            for st in steps {
+                match st {
+                    Step::Probe { bound } => probe(&mut r, bound * 10_000),
+                    Step::Gpu(k) => {
+                        let n = slot_of.borrow().len();
+                        events_passed.set((events_passed.get() + k).min(n));
+                    }
+                    Step::Drain { meanwhile } => {
+                        let noted = r.recorded();
+                        for _ in 0..meanwhile {
+                            probe(&mut r, 800_000);
+                        }
+                        events_passed.set(events_passed.get().max(noted as usize));
+                        r.passed_up_to(noted);
+                    }
+                }
+                // The GPU may stop at the wait of the last probe whose event it passed, and
+                // at any later one: all of them must be known, oldest first (probes in front
+                // of them, passed, cost a query each).
+                let all = slot_of.borrow();
+                let want = &all[events_passed.get().max(1) - 1..];
+                let known: Vec<usize> = r.unpassed_slots().collect();
+                proptest::prop_assert!(
+                    known.ends_with(want),
+                    "known {:?}, the waits the GPU may not have passed {:?}", known, want
+                );
+            }
+        }
+    }
+
     /// The CPU queues 300 µs of GPU work per 100 µs (a probe interval): unbounded, the queue
     /// grows by 200 µs per interval. With a 300 µs bound the CPU waits, and once the ring has
     /// measured the GPU's pace the queue stays within about the bound of GPU time plus an
