@@ -43,6 +43,10 @@ enum Op {
     /// A Busy report of 600 ms held at this fill (in thousandths): enough for the fill to
     /// judge a start of co-running on.
     Fill(usize, u16),
+    /// The connection says it parks its queue at a hold's end (gem-proto `Parks`).
+    Parks(usize),
+    /// The same from the connection last granted a turn.
+    HolderParks,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -65,6 +69,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..200_000u64).prop_map(Op::Advance),
         3 => (0..6usize, 0..60_000u64, 0..60_000u64).prop_map(|(c, b, h)| Op::Busy(c, b, h)),
         1 => (0..6usize, 0..1000u16).prop_map(|(c, f)| Op::Fill(c, f)),
+        1 => (0..6usize).prop_map(Op::Parks),
+        1 => Just(Op::HolderParks),
     ]
 }
 
@@ -118,6 +124,8 @@ struct World {
     /// Connections that said they drain and were handed over from, until they report (a
     /// TokenRequest or a Release) or reconnect: the drain overlaps the next hold.
     draining: HashSet<ConnId>,
+    /// Connections that said they park: never handed over from at their notice.
+    parks: HashSet<ConnId>,
     /// The connection last granted a turn.
     last_turn: Option<ConnId>,
     /// Each configured client's spec.
@@ -400,6 +408,10 @@ impl World {
         }
         prop_assert!(holder.is_some(), "handed on with no holder: {acts:?}");
         prop_assert!(
+            !self.parks.contains(&c),
+            "handed on at the notice of {c}, which parks: {acts:?}"
+        );
+        prop_assert!(
             self.core.holder().is_some() && self.core.holder() != holder,
             "handed from {holder:?} to {:?}",
             self.core.holder()
@@ -618,6 +630,7 @@ fn run_with(
         grants_before: 0,
         trace: Vec::new(),
         draining: HashSet::new(),
+        parks: HashSet::new(),
         last_turn: None,
         configured: init.iter().map(|s| (s.id.clone(), s.clone())).collect(),
         co_seen: HashMap::new(),
@@ -652,6 +665,7 @@ fn run_with(
         let op = match op {
             Op::HolderRenew(b) => Op::Renew(holder_slot, b),
             Op::HolderDrain => Op::Drain(holder_slot),
+            Op::HolderParks => Op::Parks(holder_slot),
             Op::DrainerAsks(o) => match drainer_slot {
                 Some(s) => Op::Request(s, o, 0),
                 None => Op::Advance(o),
@@ -765,7 +779,7 @@ fn run_with(
                 w.handed_over(c, holder.as_deref(), &acts)?;
                 acts
             }
-            Op::HolderRenew(_) | Op::HolderDrain | Op::DrainerAsks(_) => {
+            Op::HolderRenew(_) | Op::HolderDrain | Op::HolderParks | Op::DrainerAsks(_) => {
                 unreachable!("mapped above")
             }
             Op::Reconnect(s) => {
@@ -892,6 +906,12 @@ fn run_with(
                     .core
                     .busy(w.now, w.slots[s].0, held * Micros::from(f) / 1000, held, 0);
                 prop_assert_eq!(r.is_ok(), w.conn_ok(s));
+                vec![]
+            }
+            Op::Parks(s) => {
+                let c = w.slots[s].0;
+                w.core.set_parks(c);
+                w.parks.insert(c);
                 vec![]
             }
         };
