@@ -559,7 +559,7 @@ fn a_gem_schd_without_gate_pages_costs_one_reconnection() {
 }
 
 #[test]
-fn a_gem_schd_without_parks_costs_one_reconnection_and_holds_drain() {
+fn a_gem_schd_without_parks_costs_one_reconnection() {
     // A hook that parks beside a gem-schd from before Parks (it gives gate pages and answers
     // Renew): the first Parks is refused and the connection closed; the hook connects again
     // with its gate page and sends no Parks after, so its holds drain (that gem-schd may hand
