@@ -885,19 +885,25 @@ mod tests {
         assert_eq!(r.pending(), 0);
     }
 
+    /// Records a probe at `at` under a 1 ms bound, with none of the pending ones passed: the
+    /// ring keeps it pending.
+    fn record_probe(r: &mut Ring, at: u64) {
+        r.probe(
+            at,
+            Limits::bound(1_000_000),
+            |_| Done::NotYet,
+            |_| Done::Yes,
+            |_| true,
+            || at,
+        );
+    }
+
     #[test]
     fn a_wait_given_up_at_the_holds_end_keeps_the_probes_and_records_none() {
         // Three probes pending over a 1 µs bound: the next probe must wait for the oldest.
         let mut r = Ring::new();
         for i in 0..3 {
-            r.probe(
-                i * 10,
-                Limits::bound(1_000_000),
-                |_| Done::NotYet,
-                |_| Done::Yes,
-                |_| true,
-                || i * 10,
-            );
+            record_probe(&mut r, i * 10);
         }
         assert_eq!(r.pending(), 3);
         let mut recorded = false;
@@ -923,22 +929,12 @@ mod tests {
         // it returns only the first three are known passed: the two later ones (and, under
         // parking, their waits on the gate word) stay pending for the hold's end to find.
         let mut r = Ring::new();
-        let record = |r: &mut Ring, at: u64| {
-            r.probe(
-                at,
-                Limits::bound(1_000_000),
-                |_| Done::NotYet,
-                |_| Done::Yes,
-                |_| true,
-                || at,
-            );
-        };
         for i in 0..3 {
-            record(&mut r, i * 10);
+            record_probe(&mut r, i * 10);
         }
         let before = r.recorded();
-        record(&mut r, 30);
-        record(&mut r, 40);
+        record_probe(&mut r, 30);
+        record_probe(&mut r, 40);
         r.passed_up_to(before);
         assert_eq!(r.pending(), 2);
         assert_eq!(r.unpassed_slots().collect::<Vec<_>>(), vec![2, 3, 4]);
@@ -950,14 +946,7 @@ mod tests {
     fn the_last_probe_passed_may_still_have_its_wait_ahead() {
         let mut r = Ring::new();
         for i in 0..3 {
-            r.probe(
-                i * 10,
-                Limits::bound(1_000_000),
-                |_| Done::NotYet,
-                |_| Done::Yes,
-                |_| true,
-                || i * 10,
-            );
+            record_probe(&mut r, i * 10);
         }
         // The GPU passed the first two probes' events: only the second's wait may be ahead.
         let mut passed = [true, true, false];

@@ -110,33 +110,36 @@ pub(crate) fn hold_back(t: &mut Token, stream: CUstream, now_ns: u64) -> bool {
     }
     // Behind work parked at the last hold's end (`park.rs`) a launch waits already; a wait of
     // its own there would be one the parking at this hold's end does not know of.
-    if t.parked == (stream as usize).wrapping_add(1) {
-        if let Some(a) = t.ahead.as_mut() {
-            a.streams.push(key);
-            a.launches += 1;
+    if t.parked != (stream as usize).wrapping_add(1) {
+        let Some(word) = device_addr(t) else {
+            return false;
+        };
+        let rc = wait_until_open(stream, word);
+        if rc != CUDA_SUCCESS {
+            BROKEN.store(true, Ordering::Relaxed);
+            info!(
+                "waiting on the gate failed (CUresult {rc}); blocking for each Grant from now on"
+            );
+            return false;
         }
-        return true;
-    }
-    let Some(word) = device_addr(t) else {
-        return false;
-    };
-    let rc = real!(
-        cuStreamWaitValue32_v2,
-        stream,
-        word,
-        1,
-        CU_STREAM_WAIT_VALUE_GEQ
-    );
-    if rc != CUDA_SUCCESS {
-        BROKEN.store(true, Ordering::Relaxed);
-        info!("waiting on the gate failed (CUresult {rc}); blocking for each Grant from now on");
-        return false;
     }
     if let Some(a) = t.ahead.as_mut() {
         a.streams.push(key);
         a.launches += 1;
     }
     true
+}
+
+/// Tells `stream` to wait on the GPU until the gate word at device address `word` is open
+/// (1: set by gem-schd at each Grant, by the hook when it reads one or drops the connection).
+pub(crate) fn wait_until_open(stream: CUstream, word: CUdeviceptr) -> CUresult {
+    real!(
+        cuStreamWaitValue32_v2,
+        stream,
+        word,
+        1,
+        CU_STREAM_WAIT_VALUE_GEQ
+    )
 }
 
 /// When a hold whose Grant was read at `now_ns` began: when gem-schd opened the gate for it

@@ -42,12 +42,7 @@ use std::time::{Duration, Instant};
 
 #[allow(non_upper_case_globals)]
 mod r {
-    crate::slots!(
-        cuStreamWaitValue32_v2,
-        cuEventCreate,
-        cuEventRecord,
-        cuEventQuery,
-    );
+    crate::slots!(cuEventCreate, cuEventRecord, cuEventQuery,);
 }
 
 /// Set once the driver refused a wait or an event: from then on holds drain.
@@ -95,13 +90,7 @@ pub(crate) fn wait_after_probe(word: u64, stream: CUstream, after: &mut usize) -
         }
         *after = e as usize;
     }
-    let rc = real!(
-        cuStreamWaitValue32_v2,
-        stream,
-        word,
-        1,
-        CU_STREAM_WAIT_VALUE_GEQ
-    );
+    let rc = crate::gate::wait_until_open(stream, word);
     if rc != CUDA_SUCCESS {
         BROKEN.store(true, Ordering::Relaxed);
         info!("waiting on the gate behind a probe failed (CUresult {rc}); holds drain from now on");
