@@ -15,6 +15,8 @@
 //! Beside the word, at byte 8, gem-schd stores the grant's time (`CLOCK_MONOTONIC`, ns) before
 //! it sets the word: work queued behind the word runs from then, however late the client
 //! reads the Grant, so the client counts its hold (and the overuse it reports) from then.
+//! At byte 16 it stores whether other clients' work may run on the GPU during that hold
+//! (co-running): a client parks its queue at a hold's end only where none does.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -137,10 +139,25 @@ impl GatePage {
         self.word().store(1, Ordering::Release);
     }
 
-    /// [`GatePage::open`] for a Grant made at `at_ns` (`CLOCK_MONOTONIC`), stored first.
-    pub fn open_at(&self, at_ns: u64) {
+    fn shared_word(&self) -> &AtomicU32 {
+        // SAFETY: byte 16 of a live, page-aligned mapping of at least a page: in bounds and
+        // aligned for u32; only accessed through the atomic.
+        unsafe { &*self.word.as_ptr().cast::<u8>().add(16).cast::<AtomicU32>() }
+    }
+
+    /// [`GatePage::open`] for a Grant made at `at_ns` (`CLOCK_MONOTONIC`), and whether other
+    /// clients' work may run on the GPU during that hold (`shared`), both stored first.
+    pub fn open_at(&self, at_ns: u64, shared: bool) {
         self.stamp().store(at_ns, Ordering::Relaxed);
+        self.shared_word()
+            .store(u32::from(shared), Ordering::Relaxed);
         self.open();
+    }
+
+    /// Whether gem-schd said, at the Grant it last opened the word for, that other clients'
+    /// work may run on the GPU during that hold (false from a gem-schd that does not say).
+    pub fn shared(&self) -> bool {
+        self.shared_word().load(Ordering::Relaxed) != 0
     }
 
     /// When gem-schd last opened the word for a Grant ([`GatePage::open_at`]; 0: never).
@@ -312,11 +329,17 @@ mod tests {
         assert_eq!(&buf[..n], b"x");
         let theirs = GatePage::from_fd(fd.expect("a descriptor came with the byte")).unwrap();
         assert!(!theirs.is_open());
-        mine.open_at(42);
+        assert!(
+            !theirs.shared(),
+            "a page says nothing of sharing before a Grant"
+        );
+        mine.open_at(42, true);
         assert!(theirs.is_open());
-        assert_eq!(theirs.opened_at(), 42);
+        assert_eq!((theirs.opened_at(), theirs.shared()), (42, true));
         theirs.close();
         assert!(!mine.is_open());
+        mine.open_at(43, false);
+        assert_eq!((theirs.opened_at(), theirs.shared()), (43, false));
     }
 
     #[test]

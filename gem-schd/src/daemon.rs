@@ -357,12 +357,13 @@ impl Actor {
                     let usage_us = self.core.usage_us(self.now(), &client).unwrap_or(0);
                     let co = self.core.co_running(&client);
                     let vt_us = self.core.virtual_time_us(&client).unwrap_or(0);
-                    debug!(%client, quota_us, usage_us, vt_us, conns = conns.len(), co, "grant");
+                    let shared = self.core.hold_shared(&client);
+                    debug!(%client, quota_us, usage_us, vt_us, conns = conns.len(), shared, co, "grant");
                     for c in conns {
                         // Before the Grant: the client's work queued behind its gate starts
                         // now, not when its thread has read the Grant.
                         if let Some(gate) = self.conns.get(&c).and_then(|c| c.gate.as_ref()) {
-                            gate.open_at(gem_proto::gate::monotonic_ns());
+                            gate.open_at(gem_proto::gate::monotonic_ns(), shared);
                         }
                         self.send(c, Reply::Grant { quota_us });
                     }

@@ -816,6 +816,29 @@ fn a_gated_client_is_told_soon_and_its_gate_opens_before_its_grant() {
     ));
 }
 
+/// With each Grant gem-schd says, beside the gate word, whether other clients' kernels may run
+/// on the GPU during the hold (a hook then drains rather than parks): with co-running on, an
+/// uncapped client's turns (co-holds start beside them) but not a capped one's; with it off,
+/// none.
+#[test]
+fn the_gate_page_says_whether_other_clients_may_run_beside_the_hold() {
+    for (args, uncapped, capped) in [
+        (&[][..], false, false),
+        (&["--co-run-below", "0.6"][..], true, false),
+    ] {
+        for (client, want) in [("u", uncapped), ("c", capped)] {
+            let s = Schd::start("2\nu 0.5 1.0 1000\nc 0.5 0.5 1000\n", args);
+            let mut x = s.connect(client);
+            x.want_soon().unwrap();
+            x.want_gate().unwrap();
+            x.request_token(0, 0).unwrap();
+            let page = x.gate().expect("a gate page");
+            assert!(page.is_open());
+            assert_eq!(page.shared(), want, "{client} with {args:?}");
+        }
+    }
+}
+
 /// A holder whose drains are short is handed over from at its notice (the Renew answered
 /// Yield): the waiting client is granted at once. Once the holder's connection said Parks, its
 /// notice only tells that client Soon, and the Grant follows the holder's report. Parks before

@@ -23,6 +23,11 @@
 //! only tells the next client Soon: the next holder is granted at this process's report, once
 //! the GPU has stopped.
 //!
+//! For the same reason a hold that gem-schd said may be shared (a co-hold, or a turn that
+//! co-holds may run beside: gem-proto `GatePage::shared`) drains. Parking co-holds beside
+//! decode on an H200, the misjudged stops let a capped encoder's busiest second reach 0.512 of
+//! the GPU at its 0.5 limit.
+//!
 //! Only where it pays and is safe: the queue is deep (at least [`MIN_PROBES`] probes not yet
 //! passed: a shallow queue drains in less time than a stopped GPU costs the process, whose
 //! thread may be blocked on that very work until its next turn), one context, every launch of
@@ -154,6 +159,11 @@ pub fn park(g: &Gpu, t: &mut Token) -> bool {
     else {
         return false;
     };
+    if page.shared() {
+        // Another context may run beside this hold (co-running): where the GPU stopped could
+        // not be told from its time slices.
+        return false;
+    }
     let Ok(mut ring) = g.ahead.lock() else {
         return false;
     };

@@ -301,9 +301,19 @@ fn beside_a_busy_neighbour_with(
     e_args: &[&str],
     e_vars: &[(&str, &str)],
 ) -> (std::process::Output, Vec<serde_json::Value>) {
+    beside_a_busy_neighbour_in(e_args, e_vars, 0.5, &[])
+}
+
+/// [`beside_a_busy_neighbour_with`], e's limit `e_limit` and gem-schd given `schd_args`.
+fn beside_a_busy_neighbour_in(
+    e_args: &[&str],
+    e_vars: &[(&str, &str)],
+    e_limit: f64,
+    schd_args: &[&str],
+) -> (std::process::Output, Vec<serde_json::Value>) {
     let env = Env::new();
-    env.write_config(&[("e", 0.5, 0.5, GIB), ("f", 0.5, 0.5, GIB)]);
-    let _schd = env.start_schd(&["e", "f"]);
+    env.write_config(&[("e", 0.5, e_limit, GIB), ("f", 0.5, 0.5, GIB)]);
+    let _schd = env.start_schd_with(&["e", "f"], schd_args);
     let busy = ["launch", "--kernel-us", "1000", "--seconds", "4"];
     let e = env
         .workload("e", "proc", e_args)
@@ -506,6 +516,27 @@ fn a_tenant_far_ahead_of_the_gpu_parks_its_queue_at_its_holds_ends() {
     assert!(fe >= 0.35, "e had the GPU {fe:.3} of the time");
     let (ff, _, _) = busy_fraction(&f[0], 1000);
     assert!(ff >= 0.4, "f had the GPU {ff:.3} of the time");
+}
+
+#[test]
+fn a_hold_that_others_may_run_beside_drains_instead_of_parking() {
+    // With co-running on, gem-schd tells an uncapped client that co-holds may run beside its
+    // turns (gem-proto `GatePage::shared`). Beside another context the hook could not tell
+    // where the GPU stopped from that context's time slices, so the same tenant as above,
+    // uncapped, drains every hold's end: with the check left out it parked as above.
+    let _s = serial();
+    let (e, _) = beside_a_busy_neighbour_in(
+        &CPU_AHEAD,
+        &[("KUBESHARE_HOOK_PARK", "1")],
+        1.0,
+        &["--co-run-below", "0.6"],
+    );
+    let log = String::from_utf8_lossy(&e.stderr);
+    let count = |what: &str| log.lines().filter(|l| l.contains(what)).count();
+    let ended = count("; queue bound: ");
+    let parked = count("parked behind the gate") + count("parked its queue");
+    assert!(ended >= 20, "quota ends: {ended}");
+    assert_eq!(parked, 0, "{parked} of {ended} quota ends parked the queue");
 }
 
 /// Client e alone at (`share`, `share`) running `cuda-workload args` with the hook's debug log

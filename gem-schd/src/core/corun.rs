@@ -185,6 +185,22 @@ impl Core {
             .is_some_and(|k| self.clients[k].co.hold.is_some())
     }
 
+    /// Whether another client's kernels may run on the GPU during `id`'s hold as granted now:
+    /// it is a co-hold, or co-running is on and the hold is an uncapped client's turn (co-holds
+    /// start beside it) or a co-hold is open (it runs on into the turn; none starts inside a
+    /// capped one). Told to the hook with the Grant (gem-proto `GatePage::shared`): a hook
+    /// parks a hold's queue only where nothing else runs, its test of where the GPU stopped
+    /// being a matter of microseconds that another context's time slices would stretch.
+    pub fn hold_shared(&self, id: &str) -> bool {
+        let Some(c) = self.ids.get(id).and_then(|k| self.clients.get(k)) else {
+            return false;
+        };
+        c.co.hold.is_some()
+            || (self.co_run.below > 0.0
+                && (!c.charged_in_wall_time()
+                    || self.clients.values().any(|o| o.co.hold.is_some())))
+    }
+
     /// The part of `id`'s usage in the window ending at `now` charged for co-holds.
     pub fn co_usage_us(&self, now: Micros, id: &str) -> Option<Micros> {
         let key = *self.ids.get(id)?;

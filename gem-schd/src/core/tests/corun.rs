@@ -1036,3 +1036,37 @@ fn a_co_runner_back_in_turns_waits_a_bounded_time_and_its_lead_is_still_repaid()
         );
     }
 }
+
+#[test]
+fn a_hold_is_shared_where_another_clients_kernels_may_run_beside_it() {
+    // Co-running off: every hold is the GPU's only one.
+    let mut off = Core::new(
+        params(),
+        &[spec("t", 500, 1000, 100), spec("i", 500, 500, 100)],
+        0,
+    );
+    off.hello(1, "t").unwrap();
+    grant(&off.token_request(t(0), 1, 0, 0)).unwrap();
+    assert!(!off.hold_shared("t"));
+    // A capped turn with no co-hold open: none starts inside it.
+    let mut c = pair();
+    fill(&mut c, 1, 0.95);
+    fill(&mut c, 2, 0.3);
+    assert_eq!(grant(&c.token_request(t(0), 1, 0, 0)).unwrap().0, "t");
+    assert_eq!(grant(&c.token_request(t(1), 2, 0, 0)), None);
+    assert!(!c.hold_shared("t"));
+    // i's co-hold, granted as t's turn ends, is shared, and so is t's next turn beside it.
+    let g = c.release(t(4), 1, 0);
+    assert!(c.in_co_hold(2), "{g:?}");
+    assert!(c.hold_shared("i"));
+    assert_eq!(grant(&c.token_request(t(5), 1, 0, 0)).unwrap().0, "t");
+    assert!(c.hold_shared("t"), "a capped turn beside an open co-hold");
+    // An uncapped holder's turn: co-holds start beside it at any time.
+    let mut e = elastic_pair();
+    fill(&mut e, 1, 0.95);
+    fill(&mut e, 2, 0.3);
+    grant(&e.token_request(t(0), 1, 0, 0)).unwrap();
+    assert!(!e.co_running("i"));
+    assert!(e.hold_shared("t"));
+    assert!(!e.hold_shared("nobody"));
+}
