@@ -151,19 +151,39 @@ struct World {
 /// hang-up).
 #[derive(Debug, Default)]
 struct CoSeen {
-    /// The open co-hold: its connections, the start of its current stretch and its last grant
-    /// (a process that joined after the others' last grant had run out, with its grace, started
-    /// a new stretch; the one before it counts as an ended co-hold).
-    open: Option<(HashSet<ConnId>, Micros, Micros)>,
+    /// The open co-hold (a process that joined after the others' last grant had run out, with
+    /// its grace or reported drain, started a new stretch; the one before it counts as an ended
+    /// co-hold).
+    open: Option<OpenCo>,
     /// The ended ones (and ended stretches of the open one): (the end of their time, wall
     /// length as charged, whether the client was capped then).
     ended: Vec<(Micros, Micros, bool)>,
 }
 
-/// The charge of a co-hold's stretch from `start` whose last grant was at `last`, ended at
-/// `now`: its wall length, up to the last grant's quota and the grace.
-fn co_wall(start: Micros, last: Micros, now: Micros, quota_and_grace: Micros) -> Micros {
-    now.min(last + quota_and_grace).saturating_sub(start)
+/// An open co-hold as the observer sees it.
+#[derive(Debug)]
+struct OpenCo {
+    conns: HashSet<ConnId>,
+    /// The start of its current stretch.
+    start: Micros,
+    /// Its last grant.
+    last: Micros,
+    /// The furthest past its quota a process of it reported running (overuse, or a Release's
+    /// use past its grant) in this stretch.
+    past: Micros,
+}
+
+impl OpenCo {
+    /// How far its processes may have run: its last grant's quota, then the grace or the drain
+    /// reported past it, whichever is longer.
+    fn reach(&self, grace: Micros) -> Micros {
+        self.last + CO_QUOTA_US + grace.max(self.past)
+    }
+
+    /// Its charge if it ends at `now`: its wall length, up to its reach.
+    fn wall(&self, now: Micros, grace: Micros) -> Micros {
+        now.min(self.reach(grace)).saturating_sub(self.start)
+    }
 }
 
 impl World {
@@ -267,6 +287,7 @@ impl World {
         let from = self.now.saturating_sub(p.window_us);
         let w_eff = self.now.clamp(1, p.window_us);
         let quota_and_grace = CO_QUOTA_US + p.grace_us;
+        let grace = p.grace_us;
         for id in self.config.iter().filter(|id| self.capped(id)) {
             let seen = self.co_seen.get(id);
             let ended: Vec<_> = seen
@@ -278,10 +299,8 @@ impl World {
                 // The open one's time so far, if it ran to after the window's start.
                 let open = seen
                     .and_then(|s| s.open.as_ref())
-                    .filter(|(_, _, last)| self.now.min(last + quota_and_grace) > from)
-                    .map_or(0, |(_, start, last)| {
-                        co_wall(*start, *last, self.now, quota_and_grace)
-                    });
+                    .filter(|o| self.now.min(o.reach(grace)) > from)
+                    .map_or(0, |o| o.wall(self.now, grace));
                 let expected = ended.iter().map(|(_, ch, _)| ch).sum::<Micros>() + open;
                 let charged = self.core.co_usage_us(self.now, id).unwrap();
                 prop_assert_eq!(charged, expected, "{}'s co-holds charged", id);
@@ -314,44 +333,54 @@ impl World {
 
     /// A co-hold's Grant to `conn` of `client`: it opens the client's co-hold or joins it.
     fn co_join(&mut self, client: &str, conn: ConnId) {
-        let quota_and_grace = CO_QUOTA_US + self.core.params().grace_us;
+        let grace = self.core.params().grace_us;
         let now = self.now;
         let capped = self.capped(client);
         let seen = self.co_seen.entry(client.to_owned()).or_default();
         match &mut seen.open {
-            Some((conns, start, last)) => {
-                conns.insert(conn);
-                if now > *last + quota_and_grace {
-                    let wall = co_wall(*start, *last, now, quota_and_grace);
-                    seen.ended.push((*last + quota_and_grace, wall, capped));
-                    *start = now;
+            Some(o) => {
+                o.conns.insert(conn);
+                if now > o.reach(grace) {
+                    seen.ended
+                        .push((o.reach(grace), o.wall(now, grace), capped));
+                    o.start = now;
+                    o.past = 0;
                 }
-                *last = now;
+                o.last = now;
             }
-            None => seen.open = Some((HashSet::from([conn]), now, now)),
+            None => {
+                seen.open = Some(OpenCo {
+                    conns: HashSet::from([conn]),
+                    start: now,
+                    last: now,
+                    past: 0,
+                })
+            }
         }
     }
 
     /// `conn`'s next frame (or its hang-up) ends its part of its client's co-hold, if it is in
-    /// it; the last one out ends it.
-    fn co_leave(&mut self, conn: ConnId) {
+    /// it, its work having run `past` its quota; the last one out ends it.
+    fn co_leave(&mut self, conn: ConnId, past: Micros) {
         let Some(&(_, i)) = self.slots.iter().find(|s| s.0 == conn) else {
             return;
         };
-        let quota_and_grace = CO_QUOTA_US + self.core.params().grace_us;
+        let grace = self.core.params().grace_us;
         let capped = self.capped(IDS[i]);
         let now = self.now;
         let Some(seen) = self.co_seen.get_mut(IDS[i]) else {
             return;
         };
-        let Some((conns, start, last)) = &mut seen.open else {
+        let Some(o) = &mut seen.open else {
             return;
         };
-        if conns.remove(&conn) && conns.is_empty() {
-            let charge = co_wall(*start, *last, now, quota_and_grace);
-            seen.ended
-                .push((now.min(*last + quota_and_grace), charge, capped));
-            seen.open = None;
+        if o.conns.remove(&conn) {
+            o.past = o.past.max(past);
+            if o.conns.is_empty() {
+                seen.ended
+                    .push((now.min(o.reach(grace)), o.wall(now, grace), capped));
+                seen.open = None;
+            }
         }
     }
 
@@ -677,7 +706,7 @@ fn run_with(
                 let c = w.slots[s].0;
                 w.draining.remove(&c);
                 if w.conn_ok(s) && !w.pending.contains(&c) {
-                    w.co_leave(c);
+                    w.co_leave(c, o);
                     w.overran(c, o);
                 }
                 let was_pending = w.pending.contains(&c);
@@ -697,8 +726,8 @@ fn run_with(
                 let c = w.slots[s].0;
                 w.draining.remove(&c);
                 if w.conn_ok(s) {
-                    w.co_leave(c);
                     let quota = w.quotas.get(&c).copied().unwrap_or(0);
+                    w.co_leave(c, u.saturating_sub(quota));
                     w.overran(c, u.saturating_sub(quota));
                 }
                 w.core.release(w.now, c, u)
@@ -719,7 +748,7 @@ fn run_with(
                     .any(|a| matches!(a, Action::Grant { .. }) && a.answers(c));
                 if granted && w.core.in_co_hold(c) {
                     // A co-hold renewed: its part ended, and a new one is granted.
-                    w.co_leave(c);
+                    w.co_leave(c, 0);
                 }
                 match acts.as_slice() {
                     [Action::Grant { conns, .. }] if w.core.in_co_hold(c) => {
@@ -794,7 +823,7 @@ fn run_with(
                 w.overran(c, usual.max(w.core.params().grace_us));
                 w.pending.remove(&c);
                 w.draining.remove(&c);
-                w.co_leave(c);
+                w.co_leave(c, 0);
                 let acts = w.core.disconnect(w.now, c);
                 let n = w.next_conn;
                 w.next_conn += 1;
@@ -834,7 +863,7 @@ fn run_with(
                 // old limit).
                 let holder = w.core.holder().map(str::to_owned);
                 let window = w.core.params().window_us;
-                let quota_and_grace = CO_QUOTA_US + w.core.params().grace_us;
+                let grace = w.core.params().grace_us;
                 for s in &sp {
                     let Some(old) = w.configured.get(&s.id) else {
                         continue;
@@ -847,9 +876,9 @@ fn run_with(
                     let kept = w.kept.entry(s.id.clone()).or_default();
                     if let Some(seen) = w.co_seen.get_mut(&s.id) {
                         seen.ended.clear();
-                        if let Some((_, start, last)) = &seen.open {
-                            let most = last + quota_and_grace - start;
-                            kept.push((most, last + quota_and_grace + window));
+                        if let Some(o) = &seen.open {
+                            let most = o.reach(grace) - o.start;
+                            kept.push((most, o.reach(grace) + window));
                         }
                     }
                     if holder.as_deref() == Some(s.id.as_str()) {
@@ -950,7 +979,7 @@ fn run_with(
         for c in granted {
             w.grants_before = w.core.grants();
             w.note_fills();
-            w.co_leave(c);
+            w.co_leave(c, 0);
             let acts = w.core.release(w.now, c, 0);
             w.check(acts)?;
         }

@@ -74,6 +74,8 @@ pub(super) struct CoHold {
     start: Micros,
     /// Its latest grant (a connection joining it, a renewal).
     last_grant: Micros,
+    /// The furthest past its quota a process of it reported its work ran (its drain).
+    ran_past_quota: Micros,
 }
 
 /// A client's co-running state.
@@ -267,13 +269,15 @@ impl Core {
     }
 
     /// (end, charge) of `c`'s co-hold `h` if it ends at `now`: its processes ran to `now` or to
-    /// its last grant's quota plus the grace, whichever is first (the hook stops launching at
-    /// the quota's end and drains), and it is charged its wall length to there, for a client
-    /// charged in wall time, else that × its co-holds' fill. Its charge is a piece ending
-    /// there: it slides out of a window no earlier than its time did (an open co-hold counted
-    /// as ending at `now` never left the short pacing window, and its client waited for good).
+    /// its last grant's quota plus the grace or the drain they reported past it, whichever is
+    /// first (the hook stops launching at the quota's end and drains), and it is charged its
+    /// wall length to there, for a client charged in wall time, else that × its co-holds'
+    /// fill. Its charge is a piece ending there: it slides out of a window no earlier than its
+    /// time did (an open co-hold counted as ending at `now` never left the short pacing window,
+    /// and its client waited for good).
     fn co_charge(&self, c: &ClientState, h: &CoHold, now: Micros) -> (Micros, Micros) {
-        let drain = self.co_run.quota_us.saturating_add(self.params.grace_us);
+        let past = self.params.grace_us.max(h.ran_past_quota);
+        let drain = self.co_run.quota_us.saturating_add(past);
         let end = now.min(h.last_grant.saturating_add(drain));
         (end, c.co_charge_of(end.saturating_sub(h.start)))
     }
@@ -394,16 +398,18 @@ impl Core {
     /// Opens (or joins) `key`'s co-hold for `conn` (a client `co_ok` passed): the Grant that
     /// answers it.
     pub(super) fn co_grant(&mut self, now: Micros, key: Key, conn: ConnId) -> Action {
-        let drain = self.co_run.quota_us.saturating_add(self.params.grace_us);
+        let (quota, grace) = (self.co_run.quota_us, self.params.grace_us);
         let mut client = String::new();
         if let Some(c) = self.clients.get_mut(&key) {
             match &mut c.co.hold {
                 Some(h) => {
                     h.conns.push(conn);
-                    let ran_to = h.last_grant.saturating_add(drain);
+                    let past = grace.max(h.ran_past_quota);
+                    let ran_to = h.last_grant.saturating_add(quota.saturating_add(past));
                     let stretch = (now > ran_to).then_some((h.start, ran_to));
                     if stretch.is_some() {
                         h.start = now;
+                        h.ran_past_quota = 0;
                     }
                     h.last_grant = now;
                     if let Some((start, end)) = stretch {
@@ -422,6 +428,7 @@ impl Core {
                         conns: vec![conn],
                         start: now,
                         last_grant: now,
+                        ran_past_quota: 0,
                     })
                 }
             }
@@ -443,19 +450,33 @@ impl Core {
     }
 
     /// `conn` of `key` reports the end of its part of a co-hold (a request, a release, a
-    /// hang-up): when it was the last, the co-hold is charged (`co_charge`). False: `conn` was
-    /// in none.
-    pub(super) fn co_end(&mut self, now: Micros, key: Key, conn: ConnId) -> bool {
+    /// hang-up), its work having run `ran_past_quota` µs past its quota (the overuse a
+    /// TokenRequest reports): when it was the last, the co-hold is charged (`co_charge`).
+    /// False: `conn` was in none.
+    pub(super) fn co_end(
+        &mut self,
+        now: Micros,
+        key: Key,
+        conn: ConnId,
+        ran_past_quota: Micros,
+    ) -> bool {
         let window = self.params.window_us;
-        let Some(c) = self.clients.get(&key) else {
+        let Some(h) = self
+            .clients
+            .get_mut(&key)
+            .and_then(|c| c.co.hold.as_mut())
+            .filter(|h| h.conns.contains(&conn))
+        else {
             return false;
         };
+        // A drain past the grace is GPU time too: charged only to the grace, a capped encoder
+        // draining a deep queue at its co-holds' ends on an H200 had 0.60 of the GPU in a
+        // second at its 0.5 limit.
+        h.ran_past_quota = h.ran_past_quota.max(ran_past_quota);
+        let c = &self.clients[&key];
         let Some(h) = &c.co.hold else {
             return false;
         };
-        if !h.conns.contains(&conn) {
-            return false;
-        }
         let (end, charge) = self.co_charge(c, h, now);
         let Some(c) = self.clients.get_mut(&key) else {
             return false;

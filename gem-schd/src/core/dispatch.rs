@@ -53,7 +53,7 @@ impl Core {
             if !self.co_ok(now, key) {
                 return vec![Action::Yield { conn }];
             }
-            self.co_end(now, key, conn);
+            self.co_end(now, key, conn, 0);
             return vec![self.co_grant(now, key, conn)];
         }
         let sole_holder = self

@@ -637,7 +637,7 @@ impl Core {
             return out;
         }
         self.expire(now);
-        let co_ended = self.co_end(now, key, conn);
+        let co_ended = self.co_end(now, key, conn, overuse_us);
         let turn = self.conns.get_mut(&conn).and_then(|cs| cs.turn.take());
         self.learn_burst(key, burst_us);
         self.learn_overrun(key, overuse_us);
@@ -701,7 +701,9 @@ impl Core {
             Err(_) => return out,
         };
         self.expire(now);
-        if self.co_end(now, key, conn) {
+        // The hook releases once its drain is done: what it used past a co-hold's quota ran.
+        let past = used_us.saturating_sub(self.co_run.quota_us);
+        if self.co_end(now, key, conn, past) {
             self.dispatch(now, &mut out);
             return out;
         }
@@ -759,7 +761,7 @@ impl Core {
             return out;
         };
         self.expire(now);
-        self.co_end(now, key, conn);
+        self.co_end(now, key, conn, 0);
         if let Some(c) = self.clients.get_mut(&key) {
             c.waiting.retain(|x| *x != conn);
             c.conns = c.conns.saturating_sub(1);
