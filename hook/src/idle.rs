@@ -8,9 +8,8 @@
 
 use crate::clock::{coarse_ns, precise_ns};
 use crate::config::settings;
-use crate::device::{
-    drain, drop_client, exchange_capture_mode, guard, note_refusal, notice_drain, renew, start_hold,
-};
+use crate::connect::{drop_client, note_refusal};
+use crate::device::{drain, exchange_capture_mode, guard, notice_drain, renew, start_hold};
 use crate::state::{gpu, state, try_lock};
 use crate::{debug, info};
 use cuda_abi::*;

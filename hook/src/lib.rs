@@ -12,6 +12,7 @@ pub mod ahead;
 pub mod busy;
 pub mod clock;
 pub mod config;
+pub mod connect;
 pub mod device;
 pub mod exports;
 pub mod gate;

@@ -13,7 +13,8 @@
 
 use crate::clock::precise_ns;
 use crate::config::{Unreachable, active, settings};
-use crate::device::{Purpose, connect, drop_client, guard};
+use crate::connect::{Purpose, connect, drop_client};
+use crate::device::guard;
 use crate::state::{Kind, MemConn, Record, gpu, lock, state};
 use crate::{debug, info};
 use cuda_abi::*;

@@ -186,7 +186,7 @@ fn forget(pairs: &mut Pairs) {
 /// Set once a gem-schd refused a Busy frame (one older than it): no more reports.
 static REFUSED: AtomicBool = AtomicBool::new(false);
 
-/// gem-schd does not know Busy (see `device::note_refusal`).
+/// gem-schd does not know Busy (see `connect::note_refusal`).
 pub fn refused() {
     if !REFUSED.swap(true, Ordering::Relaxed) {
         crate::info!("gem-schd does not take Busy reports (an older version); not sending them");
