@@ -149,9 +149,15 @@ impl GatePage {
     /// clients' work may run on the GPU during that hold (`shared`), both stored first.
     pub fn open_at(&self, at_ns: u64, shared: bool) {
         self.stamp().store(at_ns, Ordering::Relaxed);
+        self.set_shared(shared);
+        self.open();
+    }
+
+    /// Says again whether other clients' work may run during the hold (a limit that changed
+    /// during it changes that); read by the client at the hold's end.
+    pub fn set_shared(&self, shared: bool) {
         self.shared_word()
             .store(u32::from(shared), Ordering::Relaxed);
-        self.open();
     }
 
     /// Whether gem-schd said, at the Grant it last opened the word for, that other clients'

@@ -449,6 +449,13 @@ impl Actor {
                 info!(clients = ?ids, ?opportunistic, "resource config reloaded");
                 let acts = self.core.set_config(now, &specs);
                 self.perform(acts);
+                // A limit that changed during a hold changes whether co-holds may start beside
+                // it: a hook reads the word again at its hold's end (the next Grant rewrites it).
+                for c in self.conns.values() {
+                    if let Some(gate) = &c.gate {
+                        gate.set_shared(self.core.hold_shared(&c.client));
+                    }
+                }
                 self.sync_listeners();
                 // Refusals at sockets that are gone are no one's concern any more.
                 self.refused

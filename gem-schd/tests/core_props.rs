@@ -128,6 +128,12 @@ struct World {
     parks: HashSet<ConnId>,
     /// The connection last granted a turn.
     last_turn: Option<ConnId>,
+    /// The client whose turn its gate page says no other client's kernels run beside
+    /// (`Core::hold_shared` false at its grant, or when a config reload said it again).
+    unshared_turn: Option<String>,
+    /// A config reload in the event being checked: gem-schd says again, to every connection,
+    /// whether its hold may be shared.
+    restamp: bool,
     /// Each configured client's spec.
     configured: HashMap<String, ClientSpec>,
     /// Each client's co-holds as granted and ended (see `CoSeen`).
@@ -247,6 +253,28 @@ impl World {
             }
         }
         prop_assert!(granted_clients.len() <= 1, "one holder at a time");
+        if let Some(x) = granted_clients.iter().next() {
+            self.unshared_turn = (!self.core.hold_shared(x)).then(|| x.clone());
+        }
+        if std::mem::take(&mut self.restamp) {
+            self.unshared_turn = self
+                .core
+                .holder()
+                .filter(|h| !self.core.hold_shared(h))
+                .map(str::to_owned);
+        }
+        // A turn told it is not shared has no other client's co-hold beside it while it is the
+        // holder's: a parking hook relies on that to tell where the GPU stopped.
+        if let Some(x) = self.unshared_turn.as_deref()
+            && self.core.holder() == Some(x)
+        {
+            for id in self.config.iter().filter(|id| id.as_str() != x) {
+                prop_assert!(
+                    !self.core.co_running(id),
+                    "{id} co-runs beside {x}'s turn, told it is not shared"
+                );
+            }
+        }
         if let Some(h) = self.core.holder() {
             prop_assert!(self.config.contains(h));
             if let Some(co) = co_after_turn {
@@ -661,6 +689,8 @@ fn run_with(
         draining: HashSet::new(),
         parks: HashSet::new(),
         last_turn: None,
+        unshared_turn: None,
+        restamp: false,
         configured: init.iter().map(|s| (s.id.clone(), s.clone())).collect(),
         co_seen: HashMap::new(),
         overran: HashMap::new(),
@@ -910,6 +940,7 @@ fn run_with(
                     w.limits.insert(s.id.clone(), s.mem_limit);
                 }
                 let acts = w.core.set_config(w.now, &sp);
+                w.restamp = true;
                 // Waiting requests of clients that left are answered with errors.
                 for a in &acts {
                     if let Action::Error { conn, code, .. } = a {

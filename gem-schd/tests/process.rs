@@ -839,6 +839,26 @@ fn the_gate_page_says_whether_other_clients_may_run_beside_the_hold() {
     }
 }
 
+/// A reload that lifts a holder's limit lets co-holds start beside its turn: gem-schd says so
+/// again in the gate page, which the hook reads at the hold's end.
+#[test]
+fn a_reload_that_lifts_the_holders_limit_says_its_hold_may_be_shared() {
+    let s = Schd::start("1\nc 0.5 0.5 1000\n", &["--co-run-below", "0.6"]);
+    let mut x = s.connect("c");
+    x.want_soon().unwrap();
+    x.want_gate().unwrap();
+    x.request_token(0, 0).unwrap();
+    assert!(
+        !x.gate().unwrap().shared(),
+        "a capped turn with nobody beside it"
+    );
+    s.config("1\nc 0.5 1.0 1000\n");
+    wait_for(
+        || x.gate().unwrap().shared(),
+        "the page to say the hold may be shared",
+    );
+}
+
 /// A holder whose drains are short is handed over from at its notice (the Renew answered
 /// Yield): the waiting client is granted at once. Once the holder's connection said Parks, its
 /// notice only tells that client Soon, and the Grant follows the holder's report. Parks before

@@ -1099,3 +1099,20 @@ fn a_co_hold_whose_drain_ran_past_the_grace_is_charged_to_its_end() {
         );
     }
 }
+
+#[test]
+fn a_turn_whose_limit_is_lifted_may_be_shared_from_then_on() {
+    // t's turn, capped, is not shared; a config reload lifts its limit while it holds, and
+    // a light client's co-hold may then start beside it: gem-schd says so again to the
+    // connections' gate pages after a reload (`daemon.rs`).
+    let mut c = pair();
+    fill(&mut c, 1, 0.95);
+    fill(&mut c, 2, 0.3);
+    assert_eq!(grant(&c.token_request(t(0), 1, 0, 0)).unwrap().0, "t");
+    assert!(!c.hold_shared("t"));
+    c.set_config(t(1), &[spec("t", 500, 1000, 100), spec("i", 500, 500, 100)]);
+    assert_eq!(c.holder(), Some("t"));
+    assert!(c.hold_shared("t"));
+    assert_eq!(grant(&c.token_request(t(2), 2, 0, 0)).unwrap().0, "i");
+    assert!(c.in_co_hold(2));
+}
