@@ -78,6 +78,15 @@ pub(super) struct CoHold {
     ran_past_quota: Micros,
 }
 
+impl CoHold {
+    /// How far its processes may have run: its last grant's `quota`, then the `grace` or the
+    /// drain they reported past it, whichever is longer.
+    fn ran_to(&self, quota: Micros, grace: Micros) -> Micros {
+        let past = grace.max(self.ran_past_quota);
+        self.last_grant.saturating_add(quota.saturating_add(past))
+    }
+}
+
 /// A client's co-running state.
 #[derive(Debug, Clone, Default)]
 pub(super) struct CoState {
@@ -276,9 +285,7 @@ impl Core {
     /// time did (an open co-hold counted as ending at `now` never left the short pacing window,
     /// and its client waited for good).
     fn co_charge(&self, c: &ClientState, h: &CoHold, now: Micros) -> (Micros, Micros) {
-        let past = self.params.grace_us.max(h.ran_past_quota);
-        let drain = self.co_run.quota_us.saturating_add(past);
-        let end = now.min(h.last_grant.saturating_add(drain));
+        let end = now.min(h.ran_to(self.co_run.quota_us, self.params.grace_us));
         (end, c.co_charge_of(end.saturating_sub(h.start)))
     }
 
@@ -404,8 +411,7 @@ impl Core {
             match &mut c.co.hold {
                 Some(h) => {
                     h.conns.push(conn);
-                    let past = grace.max(h.ran_past_quota);
-                    let ran_to = h.last_grant.saturating_add(quota.saturating_add(past));
+                    let ran_to = h.ran_to(quota, grace);
                     let stretch = (now > ran_to).then_some((h.start, ran_to));
                     if stretch.is_some() {
                         h.start = now;
