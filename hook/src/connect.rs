@@ -148,7 +148,7 @@ static SOON_REFUSED: AtomicBool = AtomicBool::new(false);
 /// (`note_refusal`), and the connection after it asks no more.
 fn ask_soon(c: &mut Client) -> Result<(), ClientError> {
     let s = settings();
-    if (s.soon_spin_ns == 0 && s.gate_ahead_ns == 0) || SOON_REFUSED.load(Ordering::Relaxed) {
+    if (s.soon_spin_ns == 0 && s.gate_ahead_ns == 0) || refused(gem_proto::kind::WANT_SOON) {
         return Ok(());
     }
     c.want_soon()
@@ -162,8 +162,8 @@ static GATE_REFUSED: AtomicBool = AtomicBool::new(false);
 /// so and the connection goes on without.
 fn ask_gate(uuid: &str, c: &mut Client) -> Result<(), ClientError> {
     if settings().gate_ahead_ns == 0
-        || SOON_REFUSED.load(Ordering::Relaxed)
-        || GATE_REFUSED.load(Ordering::Relaxed)
+        || refused(gem_proto::kind::WANT_SOON)
+        || refused(gem_proto::kind::WANT_GATE)
         || crate::um::enabled()
     {
         return Ok(());
@@ -185,7 +185,7 @@ static PARK_REFUSED: AtomicBool = AtomicBool::new(false);
 /// parking is on and the connection has a gate page: gem-schd then never hands the token on
 /// at its notice. A connection that did not say so never parks.
 fn ask_park(c: &mut Client) -> Result<(), ClientError> {
-    if !crate::park::enabled() || c.gate().is_none() || PARK_REFUSED.load(Ordering::Relaxed) {
+    if !crate::park::enabled() || c.gate().is_none() || refused(gem_proto::kind::PARKS) {
         return Ok(());
     }
     c.parks()
@@ -197,7 +197,7 @@ static OPTIONS_REFUSED: AtomicBool = AtomicBool::new(false);
 /// Asks gem-schd's Options on a new token connection (unless the environment decided them).
 /// A refusal (an older gem-schd, which then hangs up) is remembered: not asked again.
 fn ask_options(uuid: &str, c: &mut Client) -> Result<(), ClientError> {
-    if settings().busy_every.is_some() || OPTIONS_REFUSED.load(Ordering::Relaxed) {
+    if settings().busy_every.is_some() || refused(gem_proto::kind::OPTIONS) {
         return Ok(());
     }
     match c.options() {
@@ -210,7 +210,6 @@ fn ask_options(uuid: &str, c: &mut Client) -> Result<(), ClientError> {
         }
         Err(e) => {
             if e.refused_kind() == Some(gem_proto::kind::OPTIONS) {
-                OPTIONS_REFUSED.store(true, Ordering::Relaxed);
                 info!(
                     "gem-schd for {uuid} does not know Options (an older version): connecting again without"
                 );
@@ -237,11 +236,13 @@ static DRAIN_REFUSED: AtomicBool = AtomicBool::new(false);
 /// A gem-schd older than a frame refuses it (Error{2} "unknown frame kind N") and hangs up;
 /// the refusal arrives as the answer to whatever this process asked next. From then on the
 /// frame is not sent again: Renew (the hold drains and asks again, as before it), Drain (the
-/// token moves on after the drain, as before it), Busy (gem-schd learns no fill) or WantSoon
-/// (the process blocks for every Grant) or WantGate (no launch queues ahead of a Grant) or
-/// Parks (holds drain). One reconnection per frame it lacks.
+/// token moves on after the drain, as before it), Busy (gem-schd learns no fill), Options
+/// (no Busy reports asked for), WantSoon (the process blocks for every Grant), WantGate (no
+/// launch queues ahead of a Grant) or Parks (holds drain). One reconnection per frame it
+/// lacks.
 pub(crate) fn note_refusal(e: &ClientError) {
     match e.refused_kind() {
+        Some(gem_proto::kind::OPTIONS) => OPTIONS_REFUSED.store(true, Ordering::Relaxed),
         Some(gem_proto::kind::RENEW) => RENEW_REFUSED.store(true, Ordering::Relaxed),
         Some(gem_proto::kind::DRAIN) => DRAIN_REFUSED.store(true, Ordering::Relaxed),
         Some(gem_proto::kind::BUSY) => crate::timing::refused(),
@@ -252,7 +253,7 @@ pub(crate) fn note_refusal(e: &ClientError) {
     }
 }
 
-/// Whether an older gem-schd refused frames of `kind` (Renew, Drain): the hook then goes on
+/// Whether an older gem-schd refused frames of `kind` (`note_refusal`): the hook then goes on
 /// as before that frame.
 pub(crate) fn refused(kind: u8) -> bool {
     match kind {
