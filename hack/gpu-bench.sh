@@ -12,7 +12,9 @@
 # --share runs hack/gpu/share.py: the shares table (shares as GPU time, the training and
 # inference pair, reload, two processes, kill -9), or the scenarios named after it.
 # --mix runs hack/gpu/mix.py: mixes of different workloads (capped beside elastic, four at
-# 0.1-0.4, with and without co-running), each tenant's GPU time read from the GPU's clock.
+# 0.1-0.4, with and without co-running), each tenant's GPU time read from the GPU's clock;
+# with MIX_CUPTI naming a CUPTI 13.2 or later (a folder with include/ and lib/, such as
+# nvidia/cu13 from the nvidia-cuda-cupti wheel), from each context's own time slices.
 #
 # DIR (default .device-carry/gemhook) holds libgemhook.so.1 and gem-schd; when missing they are built
 # here (`make hook-release`, which needs cargo). Current figures: docs/benchmarks.md.
@@ -34,7 +36,7 @@ while [ $# -gt 0 ]; do
     --overhead) overhead=1; shift ;;
     --share) share=1; shift; scenarios=("$@"); break ;;
     --mix) mix=1; shift; scenarios=("$@"); break ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -54,6 +56,15 @@ if [ "$share" = 1 ]; then
   exec timeout "${BENCH_TIMEOUT:-560}" python3 hack/gpu/share.py "$art" "$out" "${scenarios[@]}"
 fi
 if [ "$mix" = 1 ]; then
+  if [ -n "${MIX_CUPTI:-}" ]; then
+    # CUPTI 13.2+ (include/, lib/libcupti.so.13): each tenant's GPU time from its own time
+    # slices (hack/gpu/gputrace.cu) instead of torch.profiler's records.
+    lib=$(mktemp -d)/libgputrace.so
+    cupti=$(realpath "$MIX_CUPTI")
+    nvcc -O2 -shared -Xcompiler -fPIC -I "$cupti/include" -o "$lib" hack/gpu/gputrace.cu \
+      -L "$cupti/lib" -l:libcupti.so.13 -Xlinker -rpath="$cupti/lib"
+    export MIX_GPUTRACE=$lib
+  fi
   exec timeout "${BENCH_TIMEOUT:-560}" python3 hack/gpu/mix.py "$art" "$out" "${scenarios[@]}"
 fi
 if [ "$pacing" = 1 ]; then

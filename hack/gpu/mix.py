@@ -17,7 +17,10 @@ above 1 pp. Under co-running, and where a drain runs beside the next holder's ke
 contexts' kernel records overlap (each spans the other's time slices), so each tenant also gets
 `gpu_alone`, `min_5s_alone` and `max_1s_alone`: its GPU time where no other tenant's record
 overlaps it, the lower bound beside the plain figures' upper bound. Floors are judged on the
-lower bound, limits on the upper. gem-schd's
+lower bound, limits on the upper. With MIX_GPUTRACE (gpu-bench.sh builds it from MIX_CUPTI,
+CUPTI 13.2 or later), each tenant's records are cut to its own context's time slices instead
+(slices.py; `reading` "slices", `fit` how the switch records' clock was matched): exact under
+time-slicing, the bounds then agree and no two tenants' time overlaps. gem-schd's
 fill of each tenant (`fill_judged`, from the hook's event pairs) goes beside its GPU time over
 the time it was charged for (`gpu_per_charged`), flagged `fill_differs` when 0.05 apart;
 SHARE_NVML=1 adds each tenant's share by NVML's per-process SM utilisation (`nvml_sm`). How far
@@ -62,6 +65,7 @@ sys.path.insert(0, HERE)
 from bench import log  # noqa: E402
 from share_bench import (GIB, ShareBench, charged, drains, fills, log_time,  # noqa: E402
                          nvml_share, pct, sliding_max, union, windows)
+from slices import own_time  # noqa: E402
 
 SECONDS = 14
 # Measured from here on: the tenants' first second holds gem-schd's quiet start and warm-up.
@@ -97,9 +101,12 @@ class MixBench(ShareBench):
                                 stderr=self.logs, text=True)
 
     def tenants(self, specs, seconds=SECONDS):
-        """specs: [(label, workload, client or None)] run together; results by label."""
-        return self.run([(lbl, ["--work", work], client) for lbl, work, client in specs], seconds,
-                        timeout=seconds + 180)
+        """specs: [(label, workload, client or None)] run together; results by label, each
+        tenant's records cut to its own time slices where it recorded them (slices.py)."""
+        res = self.run([(lbl, ["--work", work], client) for lbl, work, client in specs], seconds,
+                       timeout=seconds + 180)
+        own_time(res)
+        return res
 
 
 def busy_figures(r, t0, t1):
@@ -337,6 +344,12 @@ def shared_run(b, clients, raw, key, extra=(), idle=()):
         # its figures, and its neighbours', are then not those of the mix.
         f["first_kernel_s"] = r["busy"][0][0] if r["busy"] else None
         f["profiler_start_s"] = r.get("profiler_start_s")
+        # "slices": GPU time is the records inside this context's own time slices (exact under
+        # time-slicing); "records": all its records, which overlap a neighbour's slices.
+        f["reading"] = r.get("reading", "records")
+        for k in ("switches", "dropped", "records_s", "held_s", "fit"):
+            if k in r:
+                f[k] = r[k]
         # The process's CPU time over the timed run, a share of one core (what waiting costs it:
         # the hook's spin after a Soon, for one).
         if r.get("cpu_s") is not None:
@@ -462,7 +475,8 @@ def mps_server(b):
         raise RuntimeError("nvidia-cuda-mps-control not found")
     env = dict(os.environ, **extra)
     subprocess.run([ctl, "-d"], env=env, check=True)
-    b.extra_env = extra
+    # MPS clients run side by side, not in time slices: their records are read as they are.
+    b.extra_env = dict(extra, MIX_GPUTRACE="")
     try:
         yield extra
     finally:
@@ -475,7 +489,8 @@ def mps(b, raw):
     out = {}
     with mps_server(b) as extra:
         for key, pct_sm in (("sm50", "50"), ("unrestricted", None)):
-            b.extra_env = dict(extra, **({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": pct_sm} if pct_sm else {}))
+            b.extra_env = dict(extra, MIX_GPUTRACE="",
+                               **({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": pct_sm} if pct_sm else {}))
             specs = [(lbl, ["--work", lbl], None) for lbl in ("gpt", "decode")]
             res = b.run(specs, SECONDS, timeout=SECONDS + 180)
             raw[f"mps_{key}"] = res

@@ -6,7 +6,12 @@ stdin, run for --seconds, print one JSON line.
 GPU time comes from CUPTI's kernel records (through torch.profiler): each kernel's start and
 end as the GPU stamped them, on the host's clock, so that the intervals of different
 processes can be merged (mix.py computes each tenant's busy time and the GPU's busy time over
-any window from them). Nothing here reads gem-schd or the hook: the figures are independent of
+any window from them). Where two contexts share the GPU, the driver time-slices them and each
+one's records also span the other's slices; with MIX_GPUTRACE naming a build of gputrace.cu
+(CUPTI 13.2 or later), the records come from it instead, with the compute engine's context
+switches: the result then also carries `held`, the intervals this context held the engine (on
+the switch records' own clock), and mix.py keeps only the part of the records inside them
+(slices.py). Nothing here reads gem-schd or the hook: the figures are independent of
 what the scheduler charges. The result carries the union of this process's kernel intervals
 as [[start s, end s]] relative to start_at (merged where they touch, to keep it small), the
 steps done, and for `decode` each token's latency.
@@ -24,13 +29,23 @@ convolutions, attention, elementwise):
 """
 
 import argparse
+import ctypes
 import json
+import os
 import sys
+import tempfile
 import time
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+# gputrace's CUPTI (13.2 or later) has to be the process's libcupti.so.13: loaded before torch,
+# whose own, older one would otherwise be bound first and refuse the context-switch records.
+SLICES = (ctypes.CDLL(os.environ["MIX_GPUTRACE"], mode=ctypes.RTLD_GLOBAL)
+          if os.environ.get("MIX_GPUTRACE") else None)
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from slices import held_intervals  # noqa: E402
 
 
 # A step of a syncing workload at least this long is listed with its start time.
@@ -200,13 +215,9 @@ def profiler_clock_offset(res, wall_ns, mono_ns):
     raise SystemExit(f"profiler clock unknown: start {start}, wall {wall_ns}, monotonic {mono_ns}")
 
 
-def kernel_intervals(prof, base_ns, offset_ns):
-    """The union of this process's GPU activity (kernels, copies, sets) from CUPTI's records,
-    as merged [start, end] seconds after `base_ns` (host wall clock, ns); and, for each merged
-    interval that follows an idle gap of at least LAUNCHED_AFTER_GAP_NS, [its start, when the
-    runtime call that launched its first record returned], so that a hand-over's lag splits
-    into the process's wake-up and launch (grant to that return; the hook's gate waits inside
-    the call) and the GPU's part (that return to the kernel's start)."""
+def profiler_spans(prof, offset_ns):
+    """torch.profiler's GPU records as (start, end, correlation) on the host's wall clock (ns),
+    and each runtime call's return by correlation."""
     spans, returned = [], {}
     for e in prof.profiler.kineto_results.events():
         corr = e.correlation_id() if hasattr(e, "correlation_id") else 0
@@ -216,22 +227,79 @@ def kernel_intervals(prof, base_ns, offset_ns):
             continue
         s = e.start_ns() + offset_ns
         spans.append((s, s + e.duration_ns(), corr))
-    spans.sort()
+    return spans, returned
 
-    def rel(ns):
-        return round((ns - base_ns) / 1e9, 7)
 
+class SliceTrace:
+    """gputrace.cu's records in place of torch.profiler's: the same spans and returns, and the
+    intervals this context held the compute engine on the switch records' clock (None where no
+    switch was recorded)."""
+
+    def __init__(self, lib):
+        self.lib = lib
+        fd, self.path = tempfile.mkstemp(prefix="gputrace-")
+        os.close(fd)
+
+    def __enter__(self):
+        rc = self.lib.gt_start()
+        if rc:
+            raise SystemExit(f"gputrace: CUPTI's kernel records could not be enabled ({rc})")
+        return self
+
+    def __exit__(self, *exc):
+        if self.lib.gt_stop(self.path.encode()):
+            raise SystemExit(f"gputrace: could not write {self.path}")
+
+    def read(self):
+        offset, ctx, switches, spans, returned, self.enabled = 0, None, [], [], {}, {}
+        with open(self.path) as f:
+            for line in f:
+                w = line.split()
+                if w[0] == "o":
+                    offset = int(w[1])
+                elif w[0] == "e":
+                    self.enabled[w[1]] = int(w[2])
+                elif w[0] == "c":
+                    ctx = int(w[1])
+                elif w[0] == "d":
+                    self.dropped = int(w[1])
+                elif w[0] == "k":
+                    spans.append((int(w[1]) + offset, int(w[2]) + offset, int(w[3])))
+                elif w[0] == "r":
+                    returned[int(w[1])] = int(w[2]) + offset
+                elif w[0] == "s":
+                    switches.append((int(w[1]) + offset, int(w[2]), int(w[3])))
+        keep = os.environ.get("MIX_GPUTRACE_KEEP")
+        if keep:  # the raw records too, for a look at how a reading came about
+            os.replace(self.path, os.path.join(keep, f"{os.getpid()}.trace"))
+        else:
+            os.unlink(self.path)
+        self.switches = len(switches)
+        return spans, returned, held_intervals(switches, ctx)
+
+
+def kernel_intervals(spans, returned, base_ns):
+    """The union of this process's GPU activity (kernels, copies, sets) from CUPTI's records,
+    as merged [start, end] ns on the host's wall clock, from `base_ns` on; and, for each merged
+    interval that follows an idle gap of at least LAUNCHED_AFTER_GAP_NS, [its start, when the
+    runtime call that launched its first record returned] (seconds after `base_ns`), so that a
+    hand-over's lag splits into the process's wake-up and launch (grant to that return; the
+    hook's gate waits inside the call) and the GPU's part (that return to the kernel's start)."""
     merged, launched = [], []
-    for s, t, corr in spans:
+    for s, t, corr in sorted(spans):
         if t <= base_ns:
             continue  # warm-up, before the timed run
         if merged and s <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], t)
             continue
         if merged and s - merged[-1][1] >= LAUNCHED_AFTER_GAP_NS and corr in returned:
-            launched.append([rel(s), rel(returned[corr])])
+            launched.append([rel(s, base_ns), rel(returned[corr], base_ns)])
         merged.append([s, t])
-    return [[rel(s), rel(t)] for s, t in merged], launched
+    return merged, launched
+
+
+def rel(ns, base_ns):
+    return round((ns - base_ns) / 1e9, 7)
 
 
 def main():
@@ -242,7 +310,6 @@ def main():
     ap.add_argument("--cpu", type=int)
     a = ap.parse_args()
     if a.cpu is not None:
-        import os
         os.sched_setaffinity(0, {a.cpu})
     step = workload(a.work)
     syncs = getattr(step, "syncs", False)
@@ -252,9 +319,10 @@ def main():
     lat, slow, steps = [], [], 0
     from torch.profiler import ProfilerActivity, profile
     wall_ns, mono_ns = time.time_ns(), time.monotonic_ns()
-    # The profiler starts before `ready`, so that however long it takes to start is not spent
+    # The trace starts before `ready`, so that however long it takes to start is not spent
     # inside the timed run (`profiler_start_s` says how long).
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    trace = SliceTrace(SLICES) if SLICES else profile(activities=[ProfilerActivity.CUDA])
+    with trace:
         profiler_start_s = round(time.time() - wall_ns / 1e9, 3)
         emit({"ready": True})
         start_at = json.loads(sys.stdin.readline())["start_at"]
@@ -278,11 +346,21 @@ def main():
                 torch.cuda.synchronize()
         torch.cuda.synchronize()
         cpu_s = round(time.process_time() - cpu0, 3)
-    offset = profiler_clock_offset(prof.profiler.kineto_results, wall_ns, mono_ns)
-    busy, launched = kernel_intervals(prof, base_ns, offset)
+    reading = {"reading": "records"}
+    if SLICES:
+        spans, returned, held = trace.read()
+        records, launched = kernel_intervals(spans, returned, base_ns)
+        reading.update(switches=trace.switches, dropped=trace.dropped, enabled=trace.enabled)
+        if held is not None:
+            # Cut to this context's own slices by mix.py (slices.py), with its neighbours'.
+            reading["held"] = [[rel(s, base_ns), rel(t, base_ns)] for s, t in held]
+    else:
+        offset = profiler_clock_offset(trace.profiler.kineto_results, wall_ns, mono_ns)
+        records, launched = kernel_intervals(*profiler_spans(trace, offset), base_ns)
+    busy = [[rel(s, base_ns), rel(t, base_ns)] for s, t in records]
     emit({"label": a.label, "work": a.work, "steps": steps, "seconds": a.seconds,
           "busy": busy, "launched": launched, "lat_ms": lat, "slow": slow, "cpu_s": cpu_s,
-          "profiler_start_s": profiler_start_s, "start_at": start_at})
+          "profiler_start_s": profiler_start_s, "start_at": start_at, **reading})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,144 @@
+// A tenant's GPU activity and its context's time slices, from CUPTI (13.2 or later for the
+// slices), for hack/gpu/mix_tenant.py: loaded with ctypes in place of torch.profiler.
+//
+// Kernel, copy and set records give when this process's work ran, as the GPU stamped it; but
+// where two contexts share the GPU, the driver time-slices them and a kernel's record also
+// spans the other context's slices. CUPTI's compute-engine context-switch records say when this
+// context was switched in and out, so the part of its records inside its own slices is its GPU
+// time, exact under time-slicing (not under MPS, where clients run side by side). The switch
+// records come on a clock of their own, off by up to milliseconds and drifting: slices.py
+// finds the shift from the records.
+//
+//   nvcc -O2 -shared -Xcompiler -fPIC -I CUPTI/include -o libgputrace.so hack/gpu/gputrace.cu \
+//     -L CUPTI/lib -l:libcupti.so.13 -Xlinker -rpath=CUPTI/lib
+//
+// gt_start() enables the records and returns 0, or the CUPTI error of the kernel records; the
+// context-switch records' own result is in the output (`e ctxsw N`: 0 when on). gt_stop(path)
+// flushes and writes one record a line:
+//   o NS               add to a CUPTI timestamp to get the host's wall clock (CLOCK_REALTIME)
+//   e WHAT CODE        what enabling each kind returned; `e version N`: CUPTI's API version
+//   k START END CORR K  a kernel (K: k), copy (c) or set (s) (CUPTI ns; CORR: its launch's
+//                      correlation id)
+//   r CORR END         a runtime API call's return (CUPTI ns)
+//   s TS OP CTX        context CTX switched in (OP 1) or out (OP 2) of the compute engine
+//   c CTX              the context of this process's kernels
+//   d N                records CUPTI dropped
+#include <cstdio>
+#include <cstdint>
+#include <cstdlib>
+#include <ctime>
+#include <mutex>
+#include <vector>
+#include <cuda.h>
+#include <cupti_activity.h>
+#include <cupti_version.h>
+
+namespace {
+
+struct Span { uint64_t start, end; uint32_t corr; char kind; };
+struct Ret { uint32_t corr; uint64_t end; };
+struct Switch { uint64_t ts; uint32_t op, ctx; };
+
+std::mutex mu;
+std::vector<Span> spans;
+std::vector<Ret> rets;
+std::vector<Switch> switches;
+uint32_t kernel_ctx = 0;
+CUptiResult enabled[5];
+
+void CUPTIAPI want_buffer(uint8_t **buf, size_t *size, size_t *max_records) {
+  *size = 16 << 20;
+  *buf = static_cast<uint8_t *>(aligned_alloc(8, *size));
+  *max_records = 0;
+}
+
+void CUPTIAPI got_buffer(CUcontext, uint32_t, uint8_t *buf, size_t, size_t valid) {
+  std::lock_guard<std::mutex> g(mu);
+  CUpti_Activity *r = nullptr;
+  while (cuptiActivityGetNextRecord(buf, valid, &r) == CUPTI_SUCCESS) {
+    switch (r->kind) {
+      case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
+      case CUPTI_ACTIVITY_KIND_KERNEL: {
+        auto *k = reinterpret_cast<CUpti_ActivityKernel11 *>(r);
+        spans.push_back({k->start, k->end, k->correlationId, 'k'});
+        kernel_ctx = k->contextId;
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMCPY: {
+        auto *m = reinterpret_cast<CUpti_ActivityMemcpy6 *>(r);
+        spans.push_back({m->start, m->end, m->correlationId, 'c'});
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMSET: {
+        auto *m = reinterpret_cast<CUpti_ActivityMemset4 *>(r);
+        spans.push_back({m->start, m->end, m->correlationId, 's'});
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_RUNTIME: {
+        auto *a = reinterpret_cast<CUpti_ActivityAPI *>(r);
+        rets.push_back({a->correlationId, a->end});
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_COMPUTE_ENGINE_CTX_SWITCH: {
+        auto *s = reinterpret_cast<CUpti_ActivityComputeEngineCtxSwitch *>(r);
+        switches.push_back({s->timestamp, static_cast<uint32_t>(s->operationType), s->contextId});
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  free(buf);
+}
+
+// CLOCK_REALTIME minus CUPTI's clock, read where the two reads were closest together.
+int64_t clock_offset() {
+  int64_t best = 0;
+  uint64_t best_gap = UINT64_MAX;
+  for (int i = 0; i < 16; i++) {
+    timespec a{}, b{};
+    uint64_t c = 0;
+    clock_gettime(CLOCK_REALTIME, &a);
+    cuptiGetTimestamp(&c);
+    clock_gettime(CLOCK_REALTIME, &b);
+    uint64_t na = a.tv_sec * 1000000000ull + a.tv_nsec, nb = b.tv_sec * 1000000000ull + b.tv_nsec;
+    if (nb - na < best_gap) {
+      best_gap = nb - na;
+      best = static_cast<int64_t>((na + nb) / 2) - static_cast<int64_t>(c);
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+extern "C" int gt_start() {
+  cuptiActivityRegisterCallbacks(want_buffer, got_buffer);
+  enabled[0] = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+  enabled[1] = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY);
+  enabled[2] = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET);
+  enabled[3] = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME);
+  enabled[4] = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_COMPUTE_ENGINE_CTX_SWITCH);
+  return enabled[0];
+}
+
+extern "C" int gt_stop(const char *path) {
+  cuptiActivityFlushAll(1);
+  int64_t offset = clock_offset();
+  size_t dropped = 0;
+  cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped);
+  FILE *f = fopen(path, "w");
+  if (!f) return -1;
+  std::lock_guard<std::mutex> g(mu);
+  fprintf(f, "o %lld\n", static_cast<long long>(offset));
+  const char *names[5] = {"kernel", "memcpy", "memset", "runtime", "ctxsw"};
+  for (int i = 0; i < 5; i++) fprintf(f, "e %s %d\n", names[i], static_cast<int>(enabled[i]));
+  uint32_t version = 0;
+  cuptiGetVersion(&version);
+  fprintf(f, "e version %u\nc %u\nd %zu\n", version, kernel_ctx, dropped);
+  using ull = unsigned long long;
+  for (auto &s : spans) fprintf(f, "k %llu %llu %u %c\n", (ull)s.start, (ull)s.end, s.corr, s.kind);
+  for (auto &r : rets) fprintf(f, "r %u %llu\n", r.corr, (ull)r.end);
+  for (auto &s : switches) fprintf(f, "s %llu %u %u\n", (ull)s.ts, s.op, s.ctx);
+  return fclose(f) == 0 ? 0 : -1;
+}
