@@ -9,12 +9,13 @@
 // records come on a clock of their own, off by up to milliseconds and drifting: slices.py
 // finds the shift from the records.
 //
-//   nvcc -O2 -shared -Xcompiler -fPIC -I CUPTI/include -o libgputrace.so hack/gpu/gputrace.cu \
-//     -L CUPTI/lib -l:libcupti.so.13 -Xlinker -rpath=CUPTI/lib
+//   nvcc -O2 -shared -Xcompiler -fPIC -I CUPTI/include -o libgputrace.so hack/gpu/gputrace.cu
+//     -L CUPTI/lib -l:libcupti.so.13 -Xlinker -rpath=CUPTI/lib      (one command)
 //
 // gt_start() enables the records and returns 0, or the CUPTI error of the kernel records; the
-// context-switch records' own result is in the output (`e ctxsw N`: 0 when on). gt_stop(path)
-// flushes and writes one record a line:
+// context-switch records' own result is in the output (`e ctxsw N`: 0 when on);
+// gt_start_switches() enables the switch records alone; gt_reset() turns them all off.
+// gt_stop(path) flushes and writes one record a line:
 //   o NS               add to a CUPTI timestamp to get the host's wall clock (CLOCK_REALTIME)
 //   e WHAT CODE        what enabling each kind returned; `e version N`: CUPTI's API version
 //   k START END CORR K  a kernel (K: k), copy (c) or set (s) (CUPTI ns; CORR: its launch's
@@ -44,7 +45,11 @@ std::vector<Span> spans;
 std::vector<Ret> rets;
 std::vector<Switch> switches;
 uint32_t kernel_ctx = 0;
-CUptiResult enabled[5];
+const CUpti_ActivityKind kinds[5] = {
+    CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
+    CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_COMPUTE_ENGINE_CTX_SWITCH};
+CUptiResult enabled[5] = {CUPTI_ERROR_UNKNOWN, CUPTI_ERROR_UNKNOWN, CUPTI_ERROR_UNKNOWN,
+                          CUPTI_ERROR_UNKNOWN, CUPTI_ERROR_UNKNOWN};
 
 void CUPTIAPI want_buffer(uint8_t **buf, size_t *size, size_t *max_records) {
   *size = 16 << 20;
@@ -114,14 +119,19 @@ int64_t clock_offset() {
 
 extern "C" int gt_start() {
   cuptiActivityRegisterCallbacks(want_buffer, got_buffer);
-  enabled[0] = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
-  enabled[1] = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY);
-  enabled[2] = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET);
-  enabled[3] = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME);
-  enabled[4] = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_COMPUTE_ENGINE_CTX_SWITCH);
+  for (int i = 0; i < 5; i++) enabled[i] = cuptiActivityEnable(kinds[i]);
   return enabled[0];
 }
 
+// Only the context-switch records: what a tenant reading its own slices, and nothing else,
+// would pay (hack/gpu/profiler_cost.py).
+extern "C" int gt_start_switches() {
+  cuptiActivityRegisterCallbacks(want_buffer, got_buffer);
+  enabled[4] = cuptiActivityEnable(kinds[4]);
+  return enabled[4];
+}
+
+// Writes the records so far to `path` and forgets them; the records stay on.
 extern "C" int gt_stop(const char *path) {
   cuptiActivityFlushAll(1);
   int64_t offset = clock_offset();
@@ -140,5 +150,21 @@ extern "C" int gt_stop(const char *path) {
   for (auto &s : spans) fprintf(f, "k %llu %llu %u %c\n", (ull)s.start, (ull)s.end, s.corr, s.kind);
   for (auto &r : rets) fprintf(f, "r %u %llu\n", r.corr, (ull)r.end);
   for (auto &s : switches) fprintf(f, "s %llu %u %u\n", (ull)s.ts, s.op, s.ctx);
+  spans.clear();
+  rets.clear();
+  switches.clear();
   return fclose(f) == 0 ? 0 : -1;
+}
+
+// Turns every record off, for a process that reads its records more than one way in turn
+// (profiler_cost.py). The mix harness never calls it: its tenants stop with the records on.
+extern "C" void gt_reset() {
+  for (int i = 0; i < 5; i++)
+    if (enabled[i] == CUPTI_SUCCESS) cuptiActivityDisable(kinds[i]);
+  cuptiActivityFlushAll(1);
+  std::lock_guard<std::mutex> g(mu);
+  spans.clear();
+  rets.clear();
+  switches.clear();
+  for (auto &e : enabled) e = CUPTI_ERROR_UNKNOWN;
 }

@@ -1,37 +1,61 @@
-"""What reading GPU time through torch.profiler costs a tenant: each mix workload's steps/s
-alone, without and with the profiler (CUDA activity only), the loop as mix_tenant.py runs it.
+"""What reading GPU time costs a tenant: each mix workload's steps/s alone, without and with
+torch.profiler (CUDA activity only), the loop as mix_tenant.py runs it; with MIX_GPUTRACE
+(a build of gputrace.cu, as hack/gpu-bench.sh makes from MIX_CUPTI) also with gputrace's
+records as the mix harness takes them (`slices`) and with the context-switch records alone
+(`switches`: what a tenant reading only its own time slices would pay).
 
     python3 hack/gpu/profiler_cost.py [SECONDS] [work ...]
 """
 import json
 import os
 import sys
+import tempfile
 import time
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mix_tenant import workload  # noqa: E402
+from mix_tenant import SLICES, workload  # noqa: E402  (loads gputrace's CUPTI before torch)
+
+import torch  # noqa: E402
 
 
-def run(step, seconds, prof):
+class Records:
+    """One way of reading the GPU's records around a run: `profiler`, `slices`, `switches`."""
+
+    def __init__(self, how):
+        self.how = how
+
+    def __enter__(self):
+        if self.how == "profiler":
+            from torch.profiler import ProfilerActivity, profile
+            self.prof = profile(activities=[ProfilerActivity.CUDA])
+            self.prof.__enter__()
+        elif self.how == "slices":
+            SLICES.gt_start()
+        elif self.how == "switches":
+            SLICES.gt_start_switches()
+
+    def __exit__(self, *exc):
+        if self.how == "profiler":
+            self.prof.__exit__(None, None, None)
+        elif self.how in ("slices", "switches"):
+            with tempfile.NamedTemporaryFile(prefix="gputrace-") as f:
+                SLICES.gt_stop(f.name.encode())
+            SLICES.gt_reset()
+
+
+def run(step, seconds, how=None):
     syncs = getattr(step, "syncs", False)
     steps = 0
-    from torch.profiler import ProfilerActivity, profile
-    ctx = profile(activities=[ProfilerActivity.CUDA]) if prof else None
-    if ctx:
-        ctx.__enter__()
-    end = time.time() + seconds
-    t0 = time.perf_counter()
-    while time.time() < end:
-        step()
-        steps += 1
-        if not syncs and steps % 4 == 0:
-            torch.cuda.synchronize()
-    torch.cuda.synchronize()
-    dt = time.perf_counter() - t0
-    if ctx:
-        ctx.__exit__(None, None, None)
+    with Records(how):
+        end = time.time() + seconds
+        t0 = time.perf_counter()
+        while time.time() < end:
+            step()
+            steps += 1
+            if not syncs and steps % 4 == 0:
+                torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
     return steps / dt
 
 
@@ -44,11 +68,14 @@ def main():
         for _ in range(20):
             step()
         torch.cuda.synchronize()
-        plain = run(step, seconds, False)
-        prof = run(step, seconds, True)
-        plain2 = run(step, seconds, False)
-        out[w] = {"plain": round(plain, 1), "profiled": round(prof, 1), "plain_again": round(plain2, 1),
-                  "profiled_of_plain": round(prof / max(plain, plain2), 3)}
+        plain = run(step, seconds)
+        ways = ["profiler"] + (["slices", "switches"] if SLICES else [])
+        rates = {how: run(step, seconds, how) for how in ways}
+        plain2 = run(step, seconds)
+        out[w] = {"plain": round(plain, 1), "plain_again": round(plain2, 1)}
+        for how, rate in rates.items():
+            out[w][how] = round(rate, 1)
+            out[w][f"{how}_of_plain"] = round(rate / max(plain, plain2), 3)
         print(json.dumps({w: out[w]}), flush=True)
     print(json.dumps(out))
 
