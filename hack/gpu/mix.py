@@ -20,7 +20,10 @@ overlaps it, the lower bound beside the plain figures' upper bound. Floors are j
 lower bound, limits on the upper. With MIX_GPUTRACE (gpu-bench.sh builds it from MIX_CUPTI,
 CUPTI 13.2 or later), each tenant's records are cut to its own context's time slices instead
 (slices.py; `reading` "slices", `fit` how the switch records' clock was matched): exact under
-time-slicing, the bounds then agree and no two tenants' time overlaps. gem-schd's
+time-slicing, the bounds then agree and no two tenants' time overlaps. `holds` splits each
+tenant's turns from its co-holds (gem-schd's log): their wall time, what gem-schd charges a
+capped client, beside its GPU time in them and, read from slices, the time its context held
+the engine in them. gem-schd's
 fill of each tenant (`fill_judged`, from the hook's event pairs) goes beside its GPU time over
 the time it was charged for (`gpu_per_charged`), flagged `fill_differs` when 0.05 apart;
 SHARE_NVML=1 adds each tenant's share by NVML's per-process SM utilisation (`nvml_sm`). How far
@@ -63,9 +66,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bench import log  # noqa: E402
-from share_bench import (GIB, ShareBench, charged, drains, fills, log_time,  # noqa: E402
-                         nvml_share, pct, sliding_max, union, windows)
-from slices import own_time  # noqa: E402
+from share_bench import (GIB, GRANT, ShareBench, charged, drains, fills, log_time,  # noqa: E402
+                         nvml_share, pct, schd_log, sliding_max, union, windows)
+from slices import intersect, own_time  # noqa: E402
 
 SECONDS = 14
 # Measured from here on: the tenants' first second holds gem-schd's quiet start and warm-up.
@@ -223,6 +226,43 @@ def token_events(logfile, since):
     return out
 
 
+# A release's debug line: its client.
+RELEASE = re.compile(r"release conn=\d+ client=(\S+)")
+
+
+def holds(logfile, since):
+    """Per client, its holds in gem-schd's debug log after byte `since`: [(grant, release,
+    co-hold?)] on the host clock (s), a hold ending at the client's next release."""
+    granted, out = {}, {}
+    for line in schd_log(logfile, since):
+        g = GRANT.search(line)
+        if g:
+            granted[g.group(1)] = (log_time(line), g.group(2) == "true")
+            continue
+        r = RELEASE.search(line)
+        if r and r.group(1) in granted:
+            at, co = granted.pop(r.group(1))
+            out.setdefault(r.group(1), []).append((at, log_time(line), co))
+    return out
+
+
+def hold_figures(r, spans, t0, t1):
+    """A tenant's turns and co-holds wholly within [t0, t1) (`spans`: [(grant, release, co)] in
+    s from its start): how many, their wall time (what gem-schd charges a capped client), the
+    time its context held the engine in them (read from slices) and its GPU time in them, s."""
+    def total(intervals):
+        return round(sum(b - a for a, b in intervals), 4)
+    out = {}
+    for kind, co in (("turns", False), ("co_holds", True)):
+        within = [[a, b] for a, b, c in spans if c == co and a >= t0 and b <= t1]
+        f = {"n": len(within), "wall_s": total(within),
+             "gpu_s": total(intersect(r["busy"], within))}
+        if "held" in r:
+            f["held_s"] = total(intersect(r["held"], within))
+        out[kind] = f
+    return out
+
+
 def handover_lags(res, labels, t0, t1, logfile, since):
     """What each hand-over gap (one tenant's last kernel, then another's first) waited for:
     gem-schd's grant to the next tenant (its last before that kernel) against the previous
@@ -365,8 +405,13 @@ def shared_run(b, clients, raw, key, extra=(), idle=()):
     # How each client was served: its turns and co-holds, the fills gem-schd judged it by.
     row["grants"] = fills(logf, since)
     past = drains(logf, since)
+    spans = holds(logf, since)
     for lbl, *_ in running:
         f = row[lbl]
+        r = res[lbl]
+        if lbl in spans and "start_at" in r:
+            mine = [(a - r["start_at"], b - r["start_at"], co) for a, b, co in spans[lbl]]
+            f["holds"] = hold_figures(r, mine, SKIP, t1)
         if lbl in past:
             f["drain_past_quota_ms"] = past[lbl]
         # gem-schd's fill (the hook's event pairs) beside what the GPU's clock gives for the

@@ -25,6 +25,8 @@ INFORMATIVE_NS = 300_000
 # Record starts and ends looked at per second, at most.
 POINTS_PER_WINDOW = 6000
 FOREVER = 1 << 62
+# How far past the timed run a tenant's slices are kept in its results.
+MARGIN_NS = 5_000_000_000
 # Held intervals reaching past this (ns from the run's start) are open-ended: the context held
 # the engine before its first switch record or after its last.
 OPEN_NS = 100_000 * 1_000_000_000
@@ -159,7 +161,8 @@ def to_ns(intervals):
 def own_time(res):
     """For the tenants of one run (results by label, intervals in seconds from its start) that
     carry `held` (their slices on the switch records' clock): their `busy` records cut to their
-    own slices, `reading` "slices". Returns the fit, or None where no tenant carries slices."""
+    own slices, `held` moved onto the records' clock, `reading` "slices". Returns the fit, or
+    None where no tenant carries slices."""
     sliced = {lbl: r for lbl, r in res.items() if r.get("held")}
     if not sliced:
         return None
@@ -183,7 +186,12 @@ def own_time(res):
         r["held_s"] = round(sum(e - s for s, e in intersect(moved, run)) / 1e9, 4)
         r["busy"] = [[round(s / 1e9, 7), round(e / 1e9, 7)] for s, e in own]
         r["reading"] = "slices"
-        del r["held"]
+        # Its slices on the records' clock, for what it held in each of its turns and co-holds
+        # (mix.py); open ends cut to the run and a margin.
+        run_ns = int(r["seconds"] * 1e9)
+        lo, hi = -MARGIN_NS, run_ns + MARGIN_NS
+        r["held"] = [[round(max(s, lo) / 1e9, 7), round(min(e, hi) / 1e9, 7)]
+                     for s, e in moved if e > lo and s < hi]
     fit["outside"] = round(out / max(1, total), 5)
     for r in sliced.values():
         r["fit"] = fit
