@@ -163,7 +163,7 @@ def own_time(res):
     carry `held` (their slices on the switch records' clock): their `busy` records cut to their
     own slices, `held` moved onto the records' clock, `reading` "slices". Returns the fit, or
     None where no tenant carries slices."""
-    sliced = {lbl: r for lbl, r in res.items() if r.get("held")}
+    sliced = {lbl: r for lbl, r in res.items() if r.get("held") and r.get("reading") != "slices"}
     if not sliced:
         return None
     records = {lbl: to_ns(r["busy"]) for lbl, r in sliced.items()}
@@ -182,13 +182,12 @@ def own_time(res):
         own = intersect(records[lbl], moved)
         r["records_s"] = round(sum(e - s for s, e in records[lbl]) / 1e9, 4)
         # How long it held the engine in the timed run, busy or not.
-        run = [(0, int(r["seconds"] * 1e9))]
-        r["held_s"] = round(sum(e - s for s, e in intersect(moved, run)) / 1e9, 4)
+        run_ns = int(r["seconds"] * 1e9)
+        r["held_s"] = round(sum(e - s for s, e in intersect(moved, [(0, run_ns)])) / 1e9, 4)
         r["busy"] = [[round(s / 1e9, 7), round(e / 1e9, 7)] for s, e in own]
         r["reading"] = "slices"
         # Its slices on the records' clock, for what it held in each of its turns and co-holds
         # (mix.py); open ends cut to the run and a margin.
-        run_ns = int(r["seconds"] * 1e9)
         lo, hi = -MARGIN_NS, run_ns + MARGIN_NS
         r["held"] = [[round(max(s, lo) / 1e9, 7), round(min(e, hi) / 1e9, 7)]
                      for s, e in moved if e > lo and s < hi]
