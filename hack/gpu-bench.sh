@@ -36,7 +36,7 @@ while [ $# -gt 0 ]; do
     --overhead) overhead=1; shift ;;
     --share) share=1; shift; scenarios=("$@"); break ;;
     --mix) mix=1; shift; scenarios=("$@"); break ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
