@@ -10,6 +10,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import slices  # noqa: E402
+from share_bench import union  # noqa: E402
 
 MS = 1_000_000
 US = 1_000
@@ -48,12 +49,7 @@ class OwnTime(unittest.TestCase):
         res = {}
         for lbl in rec:
             switched = [(s + shift(s), e + shift(e)) for s, e in held[lbl]]
-            merged = []
-            for s, e in rec[lbl]:
-                if merged and s <= merged[-1][1]:
-                    merged[-1][1] = max(merged[-1][1], e)
-                else:
-                    merged.append([s, e])
+            merged = union(rec[lbl])
             res[lbl] = {"busy": [[s / 1e9, e / 1e9] for s, e in merged],
                         "held": [[s / 1e9, e / 1e9] for s, e in switched], "seconds": 6}
         return rec, held, res, slices.own_time(res)
