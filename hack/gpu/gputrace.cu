@@ -62,8 +62,7 @@ void CUPTIAPI got_buffer(CUcontext, uint32_t, uint8_t *buf, size_t, size_t valid
   CUpti_Activity *r = nullptr;
   while (cuptiActivityGetNextRecord(buf, valid, &r) == CUPTI_SUCCESS) {
     switch (r->kind) {
-      case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
-      case CUPTI_ACTIVITY_KIND_KERNEL: {
+      case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         auto *k = reinterpret_cast<CUpti_ActivityKernel11 *>(r);
         spans.push_back({k->start, k->end, k->correlationId, 'k'});
         kernel_ctx = k->contextId;
