@@ -16,7 +16,9 @@
 //! it sets the word: work queued behind the word runs from then, however late the client
 //! reads the Grant, so the client counts its hold (and the overuse it reports) from then.
 //! At byte 16 it stores whether other clients' work may run on the GPU during that hold
-//! (co-running): a client parks its queue at a hold's end only where none does.
+//! (co-running): a client parks its queue at a hold's end only where none does. At byte 20,
+//! whether another client waited for the token at that Grant: a renewal beside a waiting
+//! client does not mean the client has the GPU to itself.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -145,12 +147,27 @@ impl GatePage {
         unsafe { &*self.word.as_ptr().cast::<u8>().add(16).cast::<AtomicU32>() }
     }
 
-    /// [`GatePage::open`] for a Grant made at `at_ns` (`CLOCK_MONOTONIC`), and whether other
-    /// clients' work may run on the GPU during that hold (`shared`), both stored first.
-    pub fn open_at(&self, at_ns: u64, shared: bool) {
+    fn contended_word(&self) -> &AtomicU32 {
+        // SAFETY: byte 20 of a live, page-aligned mapping of at least a page: in bounds and
+        // aligned for u32; only accessed through the atomic.
+        unsafe { &*self.word.as_ptr().cast::<u8>().add(20).cast::<AtomicU32>() }
+    }
+
+    /// [`GatePage::open`] for a Grant made at `at_ns` (`CLOCK_MONOTONIC`), whether other
+    /// clients' work may run on the GPU during that hold (`shared`) and whether another client
+    /// waited for the token then (`contended`), all stored first.
+    pub fn open_at(&self, at_ns: u64, shared: bool, contended: bool) {
         self.stamp().store(at_ns, Ordering::Relaxed);
         self.set_shared(shared);
+        self.contended_word()
+            .store(u32::from(contended), Ordering::Relaxed);
         self.open();
+    }
+
+    /// Whether another client waited for the token at the Grant gem-schd last opened the word
+    /// for (false from a gem-schd that does not say: it renews a hold only while nobody waits).
+    pub fn contended(&self) -> bool {
+        self.contended_word().load(Ordering::Relaxed) != 0
     }
 
     /// Says again whether other clients' work may run during the hold (a limit that changed
@@ -339,13 +356,20 @@ mod tests {
             !theirs.shared(),
             "a page says nothing of sharing before a Grant"
         );
-        mine.open_at(42, true);
+        assert!(!theirs.contended());
+        mine.open_at(42, true, false);
         assert!(theirs.is_open());
-        assert_eq!((theirs.opened_at(), theirs.shared()), (42, true));
+        assert_eq!(
+            (theirs.opened_at(), theirs.shared(), theirs.contended()),
+            (42, true, false)
+        );
         theirs.close();
         assert!(!mine.is_open());
-        mine.open_at(43, false);
-        assert_eq!((theirs.opened_at(), theirs.shared()), (43, false));
+        mine.open_at(43, false, true);
+        assert_eq!(
+            (theirs.opened_at(), theirs.shared(), theirs.contended()),
+            (43, false, true)
+        );
     }
 
     #[test]

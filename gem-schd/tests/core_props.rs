@@ -47,6 +47,8 @@ enum Op {
     Parks(usize),
     /// The same from the connection last granted a turn.
     HolderParks,
+    /// The connection's Grants say whether another client waited (its gate page).
+    Told(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -71,6 +73,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..6usize, 0..1000u16).prop_map(|(c, f)| Op::Fill(c, f)),
         1 => (0..6usize).prop_map(Op::Parks),
         1 => Just(Op::HolderParks),
+        2 => (0..6usize).prop_map(Op::Told),
     ]
 }
 
@@ -762,16 +765,26 @@ fn run_with(
                 }
                 w.core.release(w.now, c, u)
             }
-            // A renewal goes to the holder alone, with no request of its class or above waiting
-            // (an opportunistic holder gives the token back when a guaranteed client waits),
-            // and answers its Renew; anything else is a Yield (or an error for a connection the
-            // core does not know), with, when others wait, the next client's grant: the holder
-            // drains beside it.
+            // A renewal goes to the holder alone and answers its Renew as its request at this
+            // moment would be answered: granted to it, whoever waits (so an opportunistic holder
+            // is not renewed while a guaranteed client that may go waits). Anything else is a
+            // Yield (or an error for a connection the core does not know), with, when others
+            // wait, the next client's grant: the holder drains beside it.
             Op::Renew(s, b) => {
                 let c = w.slots[s].0;
                 let holder = w.core.holder().map(str::to_owned);
-                let holder_class = holder.as_deref().and_then(|h| w.core.class(h));
                 let waiting = w.waiting_classes();
+                // Who a request now would be granted to (its quota may differ by rounding).
+                let asked: Vec<_> = w
+                    .core
+                    .clone()
+                    .token_request(w.now, c, 0, b)
+                    .into_iter()
+                    .filter_map(|a| match a {
+                        Action::Grant { client, conns, .. } => Some((client, conns)),
+                        _ => None,
+                    })
+                    .collect();
                 let acts = w.core.renew(w.now, c, b);
                 let granted = acts
                     .iter()
@@ -787,9 +800,11 @@ fn run_with(
                         w.pending.insert(c);
                     }
                     [Action::Grant { client, conns, .. }] => {
-                        prop_assert!(
-                            waiting.iter().all(|k| Some(*k) < holder_class),
-                            "renewed ({holder_class:?}) while requests of {waiting:?} waited",
+                        prop_assert_eq!(
+                            &asked,
+                            &vec![(client.clone(), conns.clone())],
+                            "renewed while a request now would be granted otherwise (waiting: {:?})",
+                            waiting
                         );
                         prop_assert_eq!(Some(client), holder.as_ref());
                         prop_assert_eq!(conns, &vec![c]);
@@ -972,6 +987,10 @@ fn run_with(
                 let c = w.slots[s].0;
                 w.core.set_parks(c);
                 w.parks.insert(c);
+                vec![]
+            }
+            Op::Told(s) => {
+                w.core.set_told_contention(w.slots[s].0);
                 vec![]
             }
         };

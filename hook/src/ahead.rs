@@ -32,7 +32,8 @@
 //! contexts at every kernel.
 //!
 //! Both keep the queue shallow for a hand-over that may never come: a process alone on the GPU
-//! renews its holds (gem-schd renews only while nobody waits), and its queue, narrowed to the
+//! renews its holds (beside a waiting client only when that one would not go next, and then
+//! its Grant says so: such a renewal does not count), and its queue, narrowed to the
 //! bound at every renewed deadline and ~0.8 ms deep at most, ran dry at each pause of its CPU:
 //! ResNet-50 training alone at 0.965 of its native rate on an H100, 0.994 with the bound off.
 //! So once a hold has been renewed twice in a row the queue may hold

@@ -549,9 +549,11 @@ fn no_token(dev: usize, g: &Gpu, t: &mut Token, e: NoToken) -> bool {
     false
 }
 
-/// After this many renewals in a row a process is taken to have the GPU to itself (gem-schd
-/// renews only while nobody waits): one renewal can fall in a neighbour's pause between its
-/// requests, two in a row span at least two quotas without a request.
+/// After this many renewals in a row a process is taken to have the GPU to itself: one
+/// renewal can fall in a neighbour's pause between its requests, two in a row span at least two
+/// quotas without a request. A renewal whose Grant says another client waited (gem-proto
+/// `GatePage::contended`: gem-schd renews beside a waiting client that would not go next)
+/// starts the count again.
 const SOLE_AFTER_RENEWALS: u32 = 2;
 
 /// Starts (or, `renewed`, renews) the hold gem-schd granted for `quota_us` from now: the
@@ -578,7 +580,12 @@ fn start_hold_from(
     crate::park::new_hold(g);
     t.grant_ns = since_ns;
     t.quota_us = quota_us;
-    let renewals = if renewed {
+    let contended = t
+        .client
+        .as_ref()
+        .and_then(|c| c.gate())
+        .is_some_and(|p| p.contended());
+    let renewals = if renewed && !contended {
         g.renewals_in_row.load(Ordering::Relaxed).saturating_add(1)
     } else {
         0

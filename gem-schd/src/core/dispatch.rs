@@ -30,17 +30,20 @@ impl Core {
     /// after a hold ended now, would be granted straight back to it: the same books, the
     /// same rules (limit, pacing, quota), decided by running them on a copy. Otherwise
     /// Yield, and nothing changes: the hold stands until the holder, drained, reports with a
-    /// TokenRequest. Only the sole process in the hold, and only while no one else of its class
-    /// or above waits (with others waiting the token moves on or the holder's turn is decided
-    /// by the usual request, and the copy is not made): an opportunistic holder gives the token
-    /// back at this hand-over when a guaranteed client waits (`class.rs`). Not renewed while
-    /// others wait, the Yield is the holder's notice that it drains, and the token may go on at
-    /// once (`handover.rs`).
+    /// TokenRequest. Only the sole process in the hold. Where others wait, it is renewed only
+    /// when none of them would go next (each held back by its limit or pacing, or behind it in
+    /// the ranking) and its Grants say so (`set_told_contention`: a hook takes renewals in a
+    /// row for having the GPU to itself and queues deeper); when one would, the Yield is the
+    /// holder's notice that it drains, and the token may go on at once (`handover.rs`). An
+    /// opportunistic holder is renewed beside a waiting guaranteed client only while that one
+    /// is held back, up to its return (`class.rs`).
     ///
     /// Why: a capped tenant alone is granted min-quota holds back to back (its pacing room is
     /// never larger, ~90 a second at 0.5); each ended with a drain, a round trip and the GPU
     /// idle until the next launches. Renewed, batch-1 inference alone at 0.5 served 5–9 %
-    /// more requests on an H100 (ResNet-50 training: no measurable change).
+    /// more requests on an H100 (ResNet-50 training: no measurable change). The same round
+    /// trip, inside the holder's charged time, cost a GPU-bound tenant at 0.7 beside one at 0.3
+    /// 0.648 of its native rate on an H200 when a waiting neighbour meant Yield (0.674 renewed).
     pub fn renew(&mut self, now: Micros, conn: ConnId, burst_us: Micros) -> Vec<Action> {
         let key = match self.conn_client(conn) {
             Ok(k) => k,
@@ -60,18 +63,20 @@ impl Core {
             .holder
             .as_ref()
             .is_some_and(|h| h.client == key && h.conns == [conn]);
-        let others_wait = self
-            .clients
-            .iter()
-            .any(|(k, c)| *k != key && self.competes_with(key, *k) && !c.waiting.is_empty());
+        let others_wait = self.others_wait_for(key);
         let pending = self.conns.get(&conn).is_some_and(|c| c.waiting);
         if others_wait {
-            // Not renewed: the holder drains now, and the token may go on at once.
-            let mut out = self.hand_over(now, key, conn).unwrap_or_default();
-            out.push(Action::Yield { conn });
-            return out;
+            // Another client goes next: the holder drains now, and the token may go on at
+            // once (or that client is told Soon).
+            let hand_over = self.hand_over(now, key, conn);
+            let told = self.conns.get(&conn).is_some_and(|c| c.told_contention);
+            if hand_over.is_some() || !told {
+                let mut out = hand_over.unwrap_or_default();
+                out.push(Action::Yield { conn });
+                return out;
+            }
         }
-        if !sole_holder || others_wait || pending || self.history.len() > RENEW_MAX_ENTRIES {
+        if !sole_holder || pending || self.history.len() > RENEW_MAX_ENTRIES {
             return vec![Action::Yield { conn }];
         }
         let mut trial = self.clone();
@@ -91,6 +96,27 @@ impl Core {
             // with the token going on at its report
             // (`a_launch_bound_guaranteed_client_keeps_its_request_...` in tests/sim_priority.rs).
             vec![Action::Yield { conn }]
+        }
+    }
+
+    /// Whether a client other than `key`, of its class or above, waits for the token.
+    fn others_wait_for(&self, key: Key) -> bool {
+        self.clients
+            .iter()
+            .any(|(k, c)| *k != key && self.competes_with(key, *k) && !c.waiting.is_empty())
+    }
+
+    /// Whether a client other than `id`, of its class or above, waits for the token now: told
+    /// to the hook with a Grant (gem-proto `GatePage::contended`).
+    pub fn others_wait(&self, id: &str) -> bool {
+        self.ids.get(id).is_some_and(|k| self.others_wait_for(*k))
+    }
+
+    /// `conn`'s Grants say whether another client waited (its gate page): it may be renewed
+    /// beside a waiting client. No reply; an unknown connection changes nothing.
+    pub fn set_told_contention(&mut self, conn: ConnId) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.told_contention = true;
         }
     }
 

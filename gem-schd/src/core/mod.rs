@@ -259,6 +259,10 @@ struct ConnState {
     /// It parks its queued work at a hold's end (gem-proto `Parks`): never handed over from
     /// at its notice (`handover.rs`).
     parks: bool,
+    /// Its Grants say whether another client waited (gem-proto `GatePage::contended`): only
+    /// then is it renewed beside a waiting client (`Core::renew`), so that a hook never takes
+    /// such renewals for having the GPU to itself.
+    told_contention: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -601,6 +605,7 @@ impl Core {
                 reported_co: None,
                 turn: None,
                 parks: false,
+                told_contention: false,
             },
         );
         Ok(HelloInfo {

@@ -157,19 +157,38 @@ fn a_guaranteed_client_held_back_by_its_limit_leaves_its_time_to_opportunistic_o
 }
 
 #[test]
-fn an_opportunistic_holder_is_not_renewed_while_a_held_back_guaranteed_client_waits() {
-    // g (0.5, 0.5) has spent its pacing allowance and waits; o's 10 ms turn ends well before g
-    // may go again. o still gives the token back at its hand-over (no renewal while g waits),
-    // and its next request is granted again, up to g's return.
+fn an_opportunistic_holder_is_renewed_up_to_a_held_back_guaranteed_clients_return() {
+    // g (0.5, 0.5) has spent its pacing allowance and waits; o's turn ends well before g may
+    // go again. A request of o's would be granted straight back, up to g's return, so its
+    // Renew is (o's queue stays, the GPU does not idle for a drain), to the same end.
     let (mut c, mut now) = g_held_back(params());
+    c.set_told_contention(2);
     let back = c.next_wakeup(now).unwrap();
     let o = c.token_request(now, 2, 0, 0);
     let (_, _, q) = grant(&o).unwrap();
     now += q;
     assert!(now + 10 * MS < back);
-    assert_eq!(c.renew(now, 2, q), vec![Action::Yield { conn: 2 }]);
-    let o = c.token_request(now + MS, 2, MS, q);
-    assert_eq!(grant(&o).unwrap().0, "o");
+    let mut asked = c.clone();
+    let by_request =
+        grant(&asked.token_request(now, 2, 0, q)).map(|(w, cs, q)| (w.to_string(), cs, q));
+    let r = c.renew(now, 2, q);
+    let renewed = grant(&r).map(|(w, cs, q)| (w.to_string(), cs, q));
+    assert_eq!(renewed, by_request, "{r:?}");
+    let (who, _, mut rq) = renewed.unwrap();
+    assert_eq!(who, "o");
+    // Renewed turn after turn, never past g's return; then g goes, o asking too.
+    for _ in 0..100 {
+        now += rq;
+        assert!(now <= back);
+        if now == back {
+            break;
+        }
+        rq = grant(&c.renew(now, 2, rq))
+            .and_then(|(w, _, q)| (w == "o").then_some(q))
+            .unwrap();
+    }
+    assert_eq!(now, back);
+    assert_eq!(grant(&c.token_request(now, 2, 0, rq)).unwrap().0, "g");
 }
 
 #[test]

@@ -89,8 +89,9 @@ fn a_drain_notice_hands_the_token_on_without_a_reply() {
 #[test]
 fn a_holder_that_would_go_next_anyway_keeps_its_hold_until_its_report() {
     // b (request 0.02) has used more than its request; a (0.5) is below its own: a goes first
-    // at every hand-over, so at its notice nothing changes (the hold stands, a drains and asks,
-    // and has the token again), as before.
+    // at every hand-over, so its notice hands nothing on, and its Renew is granted straight
+    // back (its queue stays: no drain, no gap on the GPU, though b waits) where its Grants say
+    // that b waits.
     let mut c = Core::new(
         params(),
         &[spec("a", 500, 1000, 100), spec("b", 20, 1000, 100)],
@@ -106,12 +107,28 @@ fn a_holder_that_would_go_next_anyway_keeps_its_hold_until_its_report() {
     }
     assert!(grant(&c.token_request(now, 1, 0, 0)).is_some());
     assert!(grant(&c.token_request(now + MS, 3, 0, 0)).is_none());
-    let acts = c.renew(now + 10 * MS, 1, 10 * MS);
-    assert!(matches!(&acts[..], [a] if is_yield_to(a, 1)), "{acts:?}");
-    assert_eq!(c.holder(), Some("a"));
-    assert!(c.drain(now + 10 * MS, 1).is_empty());
-    let acts = c.token_request(now + 10 * MS + 300, 1, 300, 10 * MS);
+    // A hook with renewals off says Drain: the hold stands, a drains, asks and has the token
+    // again.
+    let mut off = c.clone();
+    assert!(off.drain(now + 10 * MS, 1).is_empty());
+    assert_eq!(off.holder(), Some("a"));
+    let acts = off.token_request(now + 10 * MS + 300, 1, 300, 10 * MS);
     assert_eq!(grant(&acts).map(|g| g.0), Some("a"));
+    // A hook whose Grants do not say that b waits (no gate page) would take renewals in a
+    // row for having the GPU to itself: Yield, and the hold stands until its report.
+    let mut untold = c.clone();
+    let acts = untold.renew(now + 10 * MS, 1, 10 * MS);
+    assert!(matches!(&acts[..], [a] if is_yield_to(a, 1)), "{acts:?}");
+    assert_eq!(untold.holder(), Some("a"));
+    c.set_told_contention(1);
+    let acts = c.renew(now + 10 * MS, 1, 10 * MS);
+    assert_eq!(
+        grant(&acts).map(|g| (g.0, g.1)),
+        Some(("a", vec![1])),
+        "{acts:?}"
+    );
+    assert!(!acts.iter().any(|a| is_yield_to(a, 1)), "{acts:?}");
+    assert_eq!(c.holder(), Some("a"));
 }
 
 #[test]
