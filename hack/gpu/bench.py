@@ -66,8 +66,9 @@ def start_schd(schd_bin, uuid, cfg, tmpl, clients, log, extra=(), env=None):
 
 
 class Bench:
-    def __init__(self, hook, schd, out):
+    def __init__(self, hook, schd, out, schd_args=()):
         self.hook, self.schd_bin, self.out = hook, schd, out
+        self.schd_args = list(schd_args)
         self.uuid = gpu_uuid()
         self.root = tempfile.mkdtemp(prefix="ks-bench-")
         self.logs = open(os.path.join(out, "bench.log"), "a")
@@ -77,7 +78,7 @@ class Bench:
         cfg = os.path.join(self.root, "rc.txt")
         write_config(cfg, clients)
         tmpl = os.path.join(self.root, "pods", "{client}", "{gpu}.sock")
-        return start_schd(self.schd_bin, self.uuid, cfg, tmpl, clients, self.logs)
+        return start_schd(self.schd_bin, self.uuid, cfg, tmpl, clients, self.logs, self.schd_args)
 
     def sock_dir(self, client):
         return os.path.join(self.root, "pods", client)
@@ -173,14 +174,20 @@ def main():
     ap.add_argument("--schd", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--accuracy-seconds", type=float, default=20)
+    ap.add_argument("--only", help="comma-separated steps to run (overhead, accuracy_0.3_0.7, "
+                    "accuracy_0.5_0.5, elasticity, memory, coverage)")
+    ap.add_argument("--schd-arg", action="append", default=[], help="an argument for gem-schd")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    b = Bench(os.path.abspath(args.hook), os.path.abspath(args.schd), args.out)
+    b = Bench(os.path.abspath(args.hook), os.path.abspath(args.schd), args.out, args.schd_arg)
+    only = set(args.only.split(",")) if args.only else None
     log("GPU", b.uuid)
     raw, table, errors = {}, {}, {}
     acc_s = args.accuracy_seconds
 
     def step(name, fn):
+        if only is not None and name not in only:
+            return
         t0 = time.time()
         try:
             fn()
@@ -208,6 +215,10 @@ def main():
             raw[f"overhead_{mode}"] = rates
             table[f"overhead_{mode}_slowdown_pct"] = round(100 * (1 - hk / nat), 2)
     step("overhead", overhead)
+    if "matmul" not in solo:
+        # Overhead not run: the native matmul rate alone, for the shares below.
+        r = b.phase([("matmul-native", "matmul", None)], 5)
+        solo["matmul"] = list(r.values())[0]["rate"]
 
     # 2. Accuracy: request = limit, 0.3/0.7 and 0.5/0.5, matmul bursts.
     def accuracy(x, y):

@@ -14,7 +14,8 @@
 //
 // gt_start() enables the records and returns 0, or the CUPTI error of the kernel records; the
 // context-switch records' own result is in the output (`e ctxsw N`: 0 when on);
-// gt_start_switches() enables the switch records alone; gt_reset() turns them all off.
+// gt_start_switches() enables the switch records alone, gt_start_kernels() the kernel records
+// alone; gt_reset() turns them all off.
 // gt_stop(path) flushes and writes one record a line:
 //   o NS               add to a CUPTI timestamp to get the host's wall clock (CLOCK_REALTIME)
 //   e WHAT CODE        what enabling each kind returned; `e version N`: CUPTI's API version
@@ -128,6 +129,13 @@ extern "C" int gt_start_switches() {
   cuptiActivityRegisterCallbacks(want_buffer, got_buffer);
   enabled[4] = cuptiActivityEnable(kinds[4]);
   return enabled[4];
+}
+
+// Only the kernel records: what a tenant reading its own kernels' GPU time would pay.
+extern "C" int gt_start_kernels() {
+  cuptiActivityRegisterCallbacks(want_buffer, got_buffer);
+  enabled[0] = cuptiActivityEnable(kinds[0]);
+  return enabled[0];
 }
 
 // Writes the records so far to `path` and forgets them; the records stay on.

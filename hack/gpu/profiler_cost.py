@@ -1,8 +1,9 @@
 """What reading GPU time costs a tenant: each mix workload's steps/s alone, without and with
 torch.profiler (CUDA activity only), the loop as mix_tenant.py runs it; with MIX_GPUTRACE
 (a build of gputrace.cu, as hack/gpu-bench.sh makes from MIX_CUPTI) also with gputrace's
-records as the mix harness takes them (`slices`) and with the context-switch records alone
-(`switches`: what a tenant reading only its own time slices would pay).
+records as the mix harness takes them (`slices`), with the context-switch records alone
+(`switches`: what a tenant reading only its own time slices would pay) and with the kernel
+records alone (`kernels`: what a tenant reading its own kernels' GPU time would pay).
 
     python3 hack/gpu/profiler_cost.py [SECONDS] [work ...]
 """
@@ -19,7 +20,8 @@ import torch  # noqa: E402
 
 
 class Records:
-    """One way of reading the GPU's records around a run: `profiler`, `slices`, `switches`."""
+    """One way of reading the GPU's records around a run: `profiler`, `slices`, `switches`,
+    `kernels`."""
 
     def __init__(self, how):
         self.how = how
@@ -33,11 +35,13 @@ class Records:
             SLICES.gt_start()
         elif self.how == "switches":
             SLICES.gt_start_switches()
+        elif self.how == "kernels":
+            SLICES.gt_start_kernels()
 
     def __exit__(self, *exc):
         if self.how == "profiler":
             self.prof.__exit__(None, None, None)
-        elif self.how in ("slices", "switches"):
+        elif self.how in ("slices", "switches", "kernels"):
             with tempfile.NamedTemporaryFile(prefix="gputrace-") as f:
                 SLICES.gt_stop(f.name.encode())
             SLICES.gt_reset()
@@ -69,7 +73,7 @@ def main():
             step()
         torch.cuda.synchronize()
         plain = run(step, seconds)
-        ways = ["profiler"] + (["slices", "switches"] if SLICES else [])
+        ways = ["profiler"] + (["slices", "switches", "kernels"] if SLICES else [])
         rates = {how: run(step, seconds, how) for how in ways}
         plain2 = run(step, seconds)
         out[w] = {"plain": round(plain, 1), "plain_again": round(plain2, 1)}
