@@ -17,8 +17,9 @@
 //! reads the Grant, so the client counts its hold (and the overuse it reports) from then.
 //! At byte 16 it stores whether other clients' work may run on the GPU during that hold
 //! (co-running): a client parks its queue at a hold's end only where none does. At byte 20,
-//! whether another client waited for the token at that Grant: a renewal beside a waiting
-//! client does not mean the client has the GPU to itself.
+//! whether the token is expected to go to another client when that hold ends: a client keeps
+//! its queue short toward such a hold's end, and may let it grow in a renewed hold that is
+//! expected to be renewed again.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -147,27 +148,28 @@ impl GatePage {
         unsafe { &*self.word.as_ptr().cast::<u8>().add(16).cast::<AtomicU32>() }
     }
 
-    fn contended_word(&self) -> &AtomicU32 {
+    fn handover_due_word(&self) -> &AtomicU32 {
         // SAFETY: byte 20 of a live, page-aligned mapping of at least a page: in bounds and
         // aligned for u32; only accessed through the atomic.
         unsafe { &*self.word.as_ptr().cast::<u8>().add(20).cast::<AtomicU32>() }
     }
 
     /// [`GatePage::open`] for a Grant made at `at_ns` (`CLOCK_MONOTONIC`), whether other
-    /// clients' work may run on the GPU during that hold (`shared`) and whether another client
-    /// waited for the token then (`contended`), all stored first.
-    pub fn open_at(&self, at_ns: u64, shared: bool, contended: bool) {
+    /// clients' work may run on the GPU during that hold (`shared`) and whether the token is
+    /// expected to go to another client when it ends (`handover_due`), all stored first.
+    pub fn open_at(&self, at_ns: u64, shared: bool, handover_due: bool) {
         self.stamp().store(at_ns, Ordering::Relaxed);
         self.set_shared(shared);
-        self.contended_word()
-            .store(u32::from(contended), Ordering::Relaxed);
+        self.handover_due_word()
+            .store(u32::from(handover_due), Ordering::Relaxed);
         self.open();
     }
 
-    /// Whether another client waited for the token at the Grant gem-schd last opened the word
-    /// for (false from a gem-schd that does not say: it renews a hold only while nobody waits).
-    pub fn contended(&self) -> bool {
-        self.contended_word().load(Ordering::Relaxed) != 0
+    /// Whether the token is expected to go to another client when the hold gem-schd last
+    /// opened the word for ends (false from a gem-schd that does not say: it renews a hold
+    /// only while nobody waits).
+    pub fn handover_due(&self) -> bool {
+        self.handover_due_word().load(Ordering::Relaxed) != 0
     }
 
     /// Says again whether other clients' work may run during the hold (a limit that changed
@@ -356,18 +358,18 @@ mod tests {
             !theirs.shared(),
             "a page says nothing of sharing before a Grant"
         );
-        assert!(!theirs.contended());
+        assert!(!theirs.handover_due());
         mine.open_at(42, true, false);
         assert!(theirs.is_open());
         assert_eq!(
-            (theirs.opened_at(), theirs.shared(), theirs.contended()),
+            (theirs.opened_at(), theirs.shared(), theirs.handover_due()),
             (42, true, false)
         );
         theirs.close();
         assert!(!mine.is_open());
         mine.open_at(43, false, true);
         assert_eq!(
-            (theirs.opened_at(), theirs.shared(), theirs.contended()),
+            (theirs.opened_at(), theirs.shared(), theirs.handover_due()),
             (43, false, true)
         );
     }

@@ -358,13 +358,13 @@ impl Actor {
                     let co = self.core.co_running(&client);
                     let vt_us = self.core.virtual_time_us(&client).unwrap_or(0);
                     let shared = self.core.hold_shared(&client);
-                    let contended = self.core.others_wait(&client);
-                    debug!(%client, quota_us, usage_us, vt_us, conns = conns.len(), shared, contended, co, "grant");
+                    let handover_due = self.core.handover_due(&client);
+                    debug!(%client, quota_us, usage_us, vt_us, conns = conns.len(), shared, handover_due, co, "grant");
                     for c in conns {
                         // Before the Grant: the client's work queued behind its gate starts
                         // now, not when its thread has read the Grant.
                         if let Some(gate) = self.conns.get(&c).and_then(|c| c.gate.as_ref()) {
-                            gate.open_at(gem_proto::gate::monotonic_ns(), shared, contended);
+                            gate.open_at(gem_proto::gate::monotonic_ns(), shared, handover_due);
                         }
                         self.send(c, Reply::Grant { quota_us });
                     }
@@ -655,7 +655,7 @@ impl Actor {
         match fd {
             Ok(fd) => {
                 debug!(conn, client = %c.client, "gate page given");
-                self.core.set_told_contention(conn);
+                self.core.set_told_handover_due(conn);
                 self.send_with_fd(conn, Reply::Gate, Some(fd));
             }
             Err(e) => {

@@ -47,7 +47,7 @@ enum Op {
     Parks(usize),
     /// The same from the connection last granted a turn.
     HolderParks,
-    /// The connection's Grants say whether another client waited (its gate page).
+    /// The connection's Grants say whether a hand-over is due at its end (its gate page).
     Told(usize),
 }
 
@@ -990,7 +990,7 @@ fn run_with(
                 vec![]
             }
             Op::Told(s) => {
-                w.core.set_told_contention(w.slots[s].0);
+                w.core.set_told_handover_due(w.slots[s].0);
                 vec![]
             }
         };

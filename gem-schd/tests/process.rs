@@ -839,41 +839,56 @@ fn the_gate_page_says_whether_other_clients_may_run_beside_the_hold() {
     }
 }
 
-/// A holder renewed while another client waits that would not go next (b has had more than
-/// its request, a less) is told so in its gate page, so that its hook does not take the
-/// renewal for having the GPU to itself; a connection without a page is not renewed then.
+/// Each Grant says in the gate page whether the token is expected to go to another client at
+/// that hold's end: a turn granted while b waits says so; a renewal beside b, which has had
+/// far more than its request and will not go at the renewed hold's end, does not (its hook
+/// may queue deep). A connection without a page is not renewed beside a waiting client.
 #[test]
-fn a_renewal_beside_a_waiting_client_says_so_in_the_gate_page() {
+fn a_grant_says_in_the_gate_page_whether_a_hand_over_is_due_at_its_end() {
     for gate in [true, false] {
-        let s = Schd::start("2\na 0.5 1.0 1000\nb 0.02 1.0 1000\n", &["--quiet-ms", "0"]);
+        let s = Schd::start(
+            "3\na 0.5 1.0 1000\nb 0.02 1.0 1000\nx 0.4 1.0 1000\n",
+            &["--quiet-ms", "0"],
+        );
         let mut b = s.connect("b");
         b.request_token(0, 0).unwrap();
         // b's work: 30 ms of the token, far past its request so far.
         std::thread::sleep(Duration::from_millis(30));
         b.release(30_000).unwrap();
+        let mut x = s.connect("x");
+        x.request_token(0, 0).unwrap();
         let mut a = s.connect("a");
         if gate {
             a.want_soon().unwrap();
             a.want_gate().unwrap();
         }
-        a.request_token(0, 0).unwrap();
-        if gate {
-            assert!(!a.gate().unwrap().contended(), "nobody waited at a's grant");
-        }
-        let waiter = std::thread::spawn(move || b.request_token(0, 0).map(|_| b));
+        let a_waits = std::thread::spawn(move || a.request_token(0, 0).map(|_| a));
+        s.wait_log(
+            |l| l.contains("token request waits") && l.contains("client=a"),
+            "a's request to wait",
+        );
+        let b_waits = std::thread::spawn(move || b.request_token(0, 0).map(|_| b));
         s.wait_log(
             |l| l.contains("token request waits") && l.contains("client=b"),
             "b's request to wait",
         );
+        x.release(1_000).unwrap();
+        let mut a = a_waits.join().unwrap().unwrap();
+        if gate {
+            assert!(a.gate().unwrap().handover_due(), "b waited at a's grant");
+        }
         let renewed = a.renew(5_000).unwrap();
         if gate {
             assert!(renewed.is_some(), "a, ahead of b, renewed");
-            assert!(a.gate().unwrap().contended(), "the renewal says b waited");
+            assert!(
+                !a.gate().unwrap().handover_due(),
+                "b, far behind, does not go at the renewed hold's end"
+            );
         } else {
-            assert_eq!(renewed, None, "no page to say b waits: Yield");
+            assert_eq!(renewed, None, "no page to say whether b goes: Yield");
         }
         a.release(10_000).unwrap();
-        waiter.join().unwrap().unwrap();
+        b_waits.join().unwrap().unwrap();
     }
 }
 

@@ -549,11 +549,14 @@ fn no_token(dev: usize, g: &Gpu, t: &mut Token, e: NoToken) -> bool {
     false
 }
 
-/// After this many renewals in a row a process is taken to have the GPU to itself: one
+/// After this many renewals in a row a process is taken to keep the GPU for a while: one
 /// renewal can fall in a neighbour's pause between its requests, two in a row span at least two
-/// quotas without a request. A renewal whose Grant says another client waited (gem-proto
-/// `GatePage::contended`: gem-schd renews beside a waiting client that would not go next)
-/// starts the count again.
+/// quotas that nobody else took. A renewal whose Grant says that the token is expected to go to
+/// another client at its end (gem-proto `GatePage::handover_due`) starts the count again, so
+/// the queue narrows toward that end. One beside a waiting client that will not go then (held
+/// back by its limit, or further behind in the ranking) counts: left out, the queue narrowed at
+/// each such deadline, and a GPU-bound tenant at 0.7 beside one at 0.3 (in turns) ran 0.659 of
+/// its native rate on an H200, 0.676 with them counted (same host).
 const SOLE_AFTER_RENEWALS: u32 = 2;
 
 /// Starts (or, `renewed`, renews) the hold gem-schd granted for `quota_us` from now: the
@@ -580,12 +583,12 @@ fn start_hold_from(
     crate::park::new_hold(g);
     t.grant_ns = since_ns;
     t.quota_us = quota_us;
-    let contended = t
+    let handover_due = t
         .client
         .as_ref()
         .and_then(|c| c.gate())
-        .is_some_and(|p| p.contended());
-    let renewals = if renewed && !contended {
+        .is_some_and(|p| p.handover_due());
+    let renewals = if renewed && !handover_due {
         g.renewals_in_row.load(Ordering::Relaxed).saturating_add(1)
     } else {
         0

@@ -32,8 +32,9 @@ impl Core {
     /// Yield, and nothing changes: the hold stands until the holder, drained, reports with a
     /// TokenRequest. Only the sole process in the hold. Where others wait, it is renewed only
     /// when none of them would go next (each held back by its limit or pacing, or behind it in
-    /// the ranking) and its Grants say so (`set_told_contention`: a hook takes renewals in a
-    /// row for having the GPU to itself and queues deeper); when one would, the Yield is the
+    /// the ranking) and its Grants say whether one will at the renewed hold's end
+    /// (`set_told_handover_due`, [`Core::handover_due`]: a hook takes renewals in a row for
+    /// keeping the GPU and queues deeper); when one would, the Yield is the
     /// holder's notice that it drains, and the token may go on at once (`handover.rs`). An
     /// opportunistic holder is renewed beside a waiting guaranteed client only while that one
     /// is held back, up to its return (`class.rs`).
@@ -69,7 +70,7 @@ impl Core {
             // Another client goes next: the holder drains now, and the token may go on at
             // once (or that client is told Soon).
             let hand_over = self.hand_over(now, key, conn);
-            let told = self.conns.get(&conn).is_some_and(|c| c.told_contention);
+            let told = self.conns.get(&conn).is_some_and(|c| c.told_handover_due);
             if hand_over.is_some() || !told {
                 let mut out = hand_over.unwrap_or_default();
                 out.push(Action::Yield { conn });
@@ -89,6 +90,15 @@ impl Core {
         trial.dispatch(now, &mut out);
         if matches!(out.as_slice(), [Action::Grant { conns, .. }] if conns == &[conn]) {
             *self = trial;
+            if others_wait {
+                let due = self
+                    .holder
+                    .as_ref()
+                    .is_some_and(|h| self.next_at_notice(h.quota_end, key, conn).is_some());
+                if let Some(h) = self.holder.as_mut() {
+                    h.handover_due = due;
+                }
+            }
             out
         } else {
             // Not handed on to a client of a lower class either: a launch-bound guaranteed
@@ -106,17 +116,28 @@ impl Core {
             .any(|(k, c)| *k != key && self.competes_with(key, *k) && !c.waiting.is_empty())
     }
 
-    /// Whether a client other than `id`, of its class or above, waits for the token now: told
-    /// to the hook with a Grant (gem-proto `GatePage::contended`).
-    pub fn others_wait(&self, id: &str) -> bool {
-        self.ids.get(id).is_some_and(|k| self.others_wait_for(*k))
+    /// Whether the token is expected to go to another client when `id`'s running hold ends
+    /// (false where `id` holds none): told to the hook with each Grant (gem-proto
+    /// `GatePage::handover_due`), which keeps its queue short toward such a hold's end. For a
+    /// renewal, whether the client that would go next at its quota's end, nothing else
+    /// changing, already waits (so a holder renewed while the waiting client is held back by
+    /// its limit, or behind it in the ranking for longer, keeps its queue deep); for any other
+    /// grant (a co-hold too), whether any other client of its class or above waits.
+    pub fn handover_due(&self, id: &str) -> bool {
+        let Some(&key) = self.ids.get(id) else {
+            return false;
+        };
+        match &self.holder {
+            Some(h) if h.client == key => h.handover_due,
+            _ => self.others_wait_for(key),
+        }
     }
 
-    /// `conn`'s Grants say whether another client waited (its gate page): it may be renewed
-    /// beside a waiting client. No reply; an unknown connection changes nothing.
-    pub fn set_told_contention(&mut self, conn: ConnId) {
+    /// `conn`'s Grants say whether a hand-over is due at the hold's end (its gate page): it may
+    /// be renewed beside a waiting client. No reply; an unknown connection changes nothing.
+    pub fn set_told_handover_due(&mut self, conn: ConnId) {
         if let Some(c) = self.conns.get_mut(&conn) {
-            c.told_contention = true;
+            c.told_handover_due = true;
         }
     }
 
@@ -642,12 +663,14 @@ impl Core {
         *vtime = (*vtime).max(c.pass);
         c.usage_sum += quota;
         c.pass += stride(at_rate(quota, rate_milli), c.spec.request_milli);
+        let handover_due = self.others_wait_for(key);
         self.holder = Some(Hold {
             client: key,
             conns: conns.clone(),
             quota_end,
             seq,
             left_end: 0,
+            handover_due,
         });
         self.grants += 1;
         if self.charge_by_fill {

@@ -121,7 +121,12 @@ impl Core {
     /// holder itself would go next, or no one may, nothing must change: the hold stands until
     /// the report, as before (and the holder's request then decides). `Some((copy, actions))`
     /// when another client is granted on the copy.
-    fn next_at_notice(&self, now: Micros, key: Key, conn: ConnId) -> Option<(Core, Vec<Action>)> {
+    pub(super) fn next_at_notice(
+        &self,
+        now: Micros,
+        key: Key,
+        conn: ConnId,
+    ) -> Option<(Core, Vec<Action>)> {
         let mut trial = self.clone();
         if trial.leave_hold(now, conn, |_| now) {
             trial.asked_again = Some(key);

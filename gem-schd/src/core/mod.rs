@@ -259,10 +259,11 @@ struct ConnState {
     /// It parks its queued work at a hold's end (gem-proto `Parks`): never handed over from
     /// at its notice (`handover.rs`).
     parks: bool,
-    /// Its Grants say whether another client waited (gem-proto `GatePage::contended`): only
-    /// then is it renewed beside a waiting client (`Core::renew`), so that a hook never takes
-    /// such renewals for having the GPU to itself.
-    told_contention: bool,
+    /// Its Grants say whether a hand-over is due at the hold's end (gem-proto
+    /// `GatePage::handover_due`): only then is it renewed beside a waiting client
+    /// (`Core::renew`), so that a hook never takes such renewals for keeping the GPU and queues
+    /// deep into the hand-over.
+    told_handover_due: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -287,6 +288,9 @@ struct Hold {
     /// The latest end reported by a connection that left the hold while others of its client
     /// were still in it (0: none): the entry ends no earlier.
     left_end: Micros,
+    /// Whether the token is expected to go to another client when this hold ends
+    /// ([`Core::handover_due`]).
+    handover_due: bool,
 }
 
 /// The scheduler of one GPU.
@@ -605,7 +609,7 @@ impl Core {
                 reported_co: None,
                 turn: None,
                 parks: false,
-                told_contention: false,
+                told_handover_due: false,
             },
         );
         Ok(HelloInfo {

@@ -287,8 +287,8 @@ impl Sim {
             .enumerate()
             .map(|(i, (spec, pattern))| {
                 core.hello(i as u64, &spec.id).unwrap();
-                // As a hook with a gate page: its Grants say whether another client waited.
-                core.set_told_contention(i as u64);
+                // As a hook with a gate page: its Grants say whether a hand-over is due.
+                core.set_told_handover_due(i as u64);
                 Client {
                     spec,
                     pattern,

@@ -162,7 +162,7 @@ fn an_opportunistic_holder_is_renewed_up_to_a_held_back_guaranteed_clients_retur
     // go again. A request of o's would be granted straight back, up to g's return, so its
     // Renew is (o's queue stays, the GPU does not idle for a drain), to the same end.
     let (mut c, mut now) = g_held_back(params());
-    c.set_told_contention(2);
+    c.set_told_handover_due(2);
     let back = c.next_wakeup(now).unwrap();
     let o = c.token_request(now, 2, 0, 0);
     let (_, _, q) = grant(&o).unwrap();

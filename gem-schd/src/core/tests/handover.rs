@@ -91,7 +91,7 @@ fn a_holder_that_would_go_next_anyway_keeps_its_hold_until_its_report() {
     // b (request 0.02) has used more than its request; a (0.5) is below its own: a goes first
     // at every hand-over, so its notice hands nothing on, and its Renew is granted straight
     // back (its queue stays: no drain, no gap on the GPU, though b waits) where its Grants say
-    // that b waits.
+    // whether b goes at their end.
     let mut c = Core::new(
         params(),
         &[spec("a", 500, 1000, 100), spec("b", 20, 1000, 100)],
@@ -106,6 +106,7 @@ fn a_holder_that_would_go_next_anyway_keeps_its_hold_until_its_report() {
         c.release(now, 3, q);
     }
     assert!(grant(&c.token_request(now, 1, 0, 0)).is_some());
+    assert!(!c.handover_due("a"), "nobody waited at a's grant");
     assert!(grant(&c.token_request(now + MS, 3, 0, 0)).is_none());
     // A hook with renewals off says Drain: the hold stands, a drains, asks and has the token
     // again.
@@ -114,13 +115,14 @@ fn a_holder_that_would_go_next_anyway_keeps_its_hold_until_its_report() {
     assert_eq!(off.holder(), Some("a"));
     let acts = off.token_request(now + 10 * MS + 300, 1, 300, 10 * MS);
     assert_eq!(grant(&acts).map(|g| g.0), Some("a"));
-    // A hook whose Grants do not say that b waits (no gate page) would take renewals in a
-    // row for having the GPU to itself: Yield, and the hold stands until its report.
+    // A hook whose Grants do not say whether b goes at their end (no gate page) would take
+    // renewals in a row for keeping the GPU and queue deep into b's turn: Yield, and the hold
+    // stands until its report.
     let mut untold = c.clone();
     let acts = untold.renew(now + 10 * MS, 1, 10 * MS);
     assert!(matches!(&acts[..], [a] if is_yield_to(a, 1)), "{acts:?}");
     assert_eq!(untold.holder(), Some("a"));
-    c.set_told_contention(1);
+    c.set_told_handover_due(1);
     let acts = c.renew(now + 10 * MS, 1, 10 * MS);
     assert_eq!(
         grant(&acts).map(|g| (g.0, g.1)),
@@ -129,6 +131,55 @@ fn a_holder_that_would_go_next_anyway_keeps_its_hold_until_its_report() {
     );
     assert!(!acts.iter().any(|a| is_yield_to(a, 1)), "{acts:?}");
     assert_eq!(c.holder(), Some("a"));
+    assert!(!c.handover_due("nobody"));
+}
+
+#[test]
+fn a_renewal_says_whether_the_waiting_client_goes_at_its_end() {
+    // b (request 0.02) has had four turns, past its request; a (0.5) is below its own, so it
+    // goes first and is renewed while b waits (246 times here, until a has had its request
+    // over the window), each Grant saying whether b goes at that hold's end, for the hook to
+    // narrow its queue toward it. It says so exactly once, at the last renewal, and b goes at
+    // that end.
+    let mut c = Core::new(
+        params(),
+        &[spec("a", 500, 1000, 100), spec("b", 20, 1000, 100)],
+        0,
+    );
+    c.hello(1, "a").unwrap();
+    c.hello(3, "b").unwrap();
+    c.set_told_handover_due(1);
+    let mut now = t(0);
+    for _ in 0..4 {
+        let (_, _, q) = grant(&c.token_request(now, 3, 0, 0)).unwrap();
+        now += q;
+        c.release(now, 3, q);
+    }
+    let (_, _, mut q) = grant(&c.token_request(now, 1, 0, 0)).unwrap();
+    assert!(grant(&c.token_request(now + 100, 3, 0, 0)).is_none());
+    let mut renewed = 0;
+    loop {
+        let due = c.handover_due("a");
+        now += q;
+        let acts = c.renew(now, 1, q);
+        match grant(&acts) {
+            Some(("a", _, next)) => {
+                assert!(!due, "renewed at the end of a hold said to hand over");
+                renewed += 1;
+                q = next;
+            }
+            _ => {
+                assert!(
+                    due,
+                    "b went at the end of a hold not said to hand over: {acts:?}"
+                );
+                assert_eq!(c.holder(), Some("b"));
+                break;
+            }
+        }
+        assert!(renewed < 1000, "b never goes");
+    }
+    assert!(renewed >= 100, "renewed {renewed} times");
 }
 
 #[test]
