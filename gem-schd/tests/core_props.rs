@@ -808,6 +808,31 @@ fn run_with(
                         );
                         prop_assert_eq!(Some(client), holder.as_ref());
                         prop_assert_eq!(conns, &vec![c]);
+                        // The Grant says whether a hand-over is due at the renewed hold's end:
+                        // nothing else happening, a Renew there is then not granted back, and
+                        // the holder's request there goes to another client only if it was.
+                        let due = w.core.handover_due(client);
+                        let quota = match &acts[0] {
+                            Action::Grant { quota_us, .. } => *quota_us,
+                            _ => unreachable!(),
+                        };
+                        let mut later = w.core.clone();
+                        let again = later.renew(w.now + quota, c, quota);
+                        let renewed_again = matches!(again.as_slice(),
+                            [Action::Grant { client: x, .. }] if x == client);
+                        prop_assert!(
+                            !(due && renewed_again),
+                            "said to hand over, renewed again at its end: {:?}",
+                            again
+                        );
+                        let asked_at_end = w.core.clone().token_request(w.now + quota, c, 0, quota);
+                        prop_assert!(
+                            due || !asked_at_end.iter().any(|a| matches!(a,
+                                Action::Grant { client: x, .. } if x != client)),
+                            "handed over at the end of a renewal not said to: {:?} (a Renew there: {:?})",
+                            asked_at_end,
+                            again
+                        );
                         // What `check` expects of a grant: an answered request.
                         w.pending.insert(c);
                     }

@@ -90,7 +90,7 @@ impl Core {
         trial.dispatch(now, &mut out);
         if matches!(out.as_slice(), [Action::Grant { conns, .. }] if conns == &[conn]) {
             *self = trial;
-            if others_wait {
+            if self.anyone_else_waits(key) {
                 let due = self
                     .holder
                     .as_ref()
@@ -116,20 +116,26 @@ impl Core {
             .any(|(k, c)| *k != key && self.competes_with(key, *k) && !c.waiting.is_empty())
     }
 
-    /// Whether the token is expected to go to another client when `id`'s running hold ends
-    /// (false where `id` holds none): told to the hook with each Grant (gem-proto
-    /// `GatePage::handover_due`), which keeps its queue short toward such a hold's end. For a
-    /// renewal, whether the client that would go next at its quota's end, nothing else
-    /// changing, already waits (so a holder renewed while the waiting client is held back by
-    /// its limit, or behind it in the ranking for longer, keeps its queue deep); for any other
-    /// grant (a co-hold too), whether any other client of its class or above waits.
+    /// Whether a client other than `key`, of any class, waits for the token.
+    fn anyone_else_waits(&self, key: Key) -> bool {
+        self.clients
+            .iter()
+            .any(|(k, c)| *k != key && !c.waiting.is_empty())
+    }
+
+    /// Whether the token is expected to go to another client when `id`'s hold ends: told to
+    /// the hook with each Grant (gem-proto `GatePage::handover_due`), which keeps its queue
+    /// short toward such a hold's end. For a renewal, whether the client that would go next at
+    /// its quota's end, nothing else changing, already waits (so a holder renewed while the
+    /// waiting client is held back by its limit, or behind it in the ranking for longer, keeps
+    /// its queue deep); for any other grant (a co-hold too), whether any other client waits.
     pub fn handover_due(&self, id: &str) -> bool {
         let Some(&key) = self.ids.get(id) else {
             return false;
         };
         match &self.holder {
             Some(h) if h.client == key => h.handover_due,
-            _ => self.others_wait_for(key),
+            _ => self.anyone_else_waits(key),
         }
     }
 
@@ -663,7 +669,7 @@ impl Core {
         *vtime = (*vtime).max(c.pass);
         c.usage_sum += quota;
         c.pass += stride(at_rate(quota, rate_milli), c.spec.request_milli);
-        let handover_due = self.others_wait_for(key);
+        let handover_due = self.anyone_else_waits(key);
         self.holder = Some(Hold {
             client: key,
             conns: conns.clone(),
