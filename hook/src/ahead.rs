@@ -68,7 +68,7 @@ pub const RING: usize = 64;
 
 /// How much GPU work a probe lets stay queued: `bound_ns`, plus the time left in the hold
 /// (`until_deadline_ns`) up to `early_ns` (what is queued before the deadline runs before it),
-/// or plus `sole_ns` when that is more (the process has the GPU to itself: 0 otherwise); and at
+/// or plus `sole_ns` when that is more (the process keeps the GPU: 0 otherwise); and at
 /// least `handover_ns` (the next holder's wake-up runs under it).
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {

@@ -36,9 +36,9 @@ pub struct Settings {
     /// How much more than the bound may be queued while the hold has at least that much time
     /// left, in ns (`KUBESHARE_HOOK_EARLY_AHEAD_US`, default 4 ms; 0 = the bound all hold long).
     pub early_ahead_ns: u64,
-    /// How much GPU work may stay queued, in ns, while the process has the GPU to itself: its
-    /// hold renewed twice in a row (`KUBESHARE_HOOK_SOLE_AHEAD_US`, default 5,000 µs; 0 = the
-    /// bound and the early allowance alone).
+    /// How much GPU work may stay queued, in ns, while the process keeps the GPU: its hold
+    /// renewed twice in a row, no hand-over due (`KUBESHARE_HOOK_SOLE_AHEAD_US`, default
+    /// 5,000 µs; 0 = the bound and the early allowance alone).
     pub sole_ahead_ns: u64,
     /// How much GPU work may stay queued at a hold's end, in ns, when that is more than the
     /// bound (`KUBESHARE_HOOK_HANDOVER_AHEAD_US`, default 0 = the bound): the next holder,
@@ -145,8 +145,8 @@ pub fn parse_early_ahead_us(v: Option<&str>) -> Result<u64, String> {
     parse_queue_us("KUBESHARE_HOOK_EARLY_AHEAD_US", v, DEFAULT_EARLY_AHEAD_US)
 }
 
-/// How much GPU work may stay queued, µs, while the process has the GPU to itself (its hold
-/// renewed twice in a row; `ahead.rs`): the 0.8 ms queue of the bound and the early allowance
+/// How much GPU work may stay queued, µs, while the process keeps the GPU (its hold renewed
+/// twice in a row; `ahead.rs`): the 0.8 ms queue of the bound and the early allowance
 /// cost ResNet-50 training alone 3 pp of its native rate on an H100.
 pub const DEFAULT_SOLE_AHEAD_US: u64 = 5_000;
 
