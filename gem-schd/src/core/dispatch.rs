@@ -117,7 +117,7 @@ impl Core {
     }
 
     /// Whether a client other than `key`, of any class, waits for the token.
-    fn anyone_else_waits(&self, key: Key) -> bool {
+    pub(super) fn anyone_else_waits(&self, key: Key) -> bool {
         self.clients
             .iter()
             .any(|(k, c)| *k != key && !c.waiting.is_empty())
