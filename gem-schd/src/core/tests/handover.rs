@@ -86,12 +86,10 @@ fn a_drain_notice_hands_the_token_on_without_a_reply() {
     assert_eq!(alone.holder(), Some("a"));
 }
 
-#[test]
-fn a_holder_that_would_go_next_anyway_keeps_its_hold_until_its_report() {
-    // b (request 0.02) has used more than its request; a (0.5) is below its own: a goes first
-    // at every hand-over, so its notice hands nothing on, and its Renew is granted straight
-    // back (its queue stays: no drain, no gap on the GPU, though b waits) where its Grants say
-    // whether b goes at their end.
+/// a (conn 1, request 0.5) and b (conn 3, request 0.02) after four turns of b's, each
+/// asked for with `burst` and released at its quota: b is far past its request, a has had
+/// nothing. The time after b's last turn.
+fn b_past_its_request(burst: Micros) -> (Core, Micros) {
     let mut c = Core::new(
         params(),
         &[spec("a", 500, 1000, 100), spec("b", 20, 1000, 100)],
@@ -101,10 +99,20 @@ fn a_holder_that_would_go_next_anyway_keeps_its_hold_until_its_report() {
     c.hello(3, "b").unwrap();
     let mut now = t(0);
     for _ in 0..4 {
-        let (_, _, q) = grant(&c.token_request(now, 3, 0, 10 * MS)).unwrap();
+        let (_, _, q) = grant(&c.token_request(now, 3, 0, burst)).unwrap();
         now += q;
         c.release(now, 3, q);
     }
+    (c, now)
+}
+
+#[test]
+fn a_holder_that_would_go_next_anyway_keeps_its_hold_until_its_report() {
+    // b (request 0.02) has used more than its request; a (0.5) is below its own: a goes first
+    // at every hand-over, so its notice hands nothing on, and its Renew is granted straight
+    // back (its queue stays: no drain, no gap on the GPU, though b waits) where its Grants say
+    // whether b goes at their end.
+    let (mut c, now) = b_past_its_request(10 * MS);
     assert!(grant(&c.token_request(now, 1, 0, 0)).is_some());
     assert!(!c.handover_due("a"), "nobody waited at a's grant");
     assert!(grant(&c.token_request(now + MS, 3, 0, 0)).is_none());
@@ -141,20 +149,8 @@ fn a_renewal_says_whether_the_waiting_client_goes_at_its_end() {
     // over the window), each Grant saying whether b goes at that hold's end, for the hook to
     // narrow its queue toward it. It says so exactly once, at the last renewal, and b goes at
     // that end.
-    let mut c = Core::new(
-        params(),
-        &[spec("a", 500, 1000, 100), spec("b", 20, 1000, 100)],
-        0,
-    );
-    c.hello(1, "a").unwrap();
-    c.hello(3, "b").unwrap();
+    let (mut c, mut now) = b_past_its_request(0);
     c.set_told_handover_due(1);
-    let mut now = t(0);
-    for _ in 0..4 {
-        let (_, _, q) = grant(&c.token_request(now, 3, 0, 0)).unwrap();
-        now += q;
-        c.release(now, 3, q);
-    }
     let (_, _, mut q) = grant(&c.token_request(now, 1, 0, 0)).unwrap();
     assert!(grant(&c.token_request(now + 100, 3, 0, 0)).is_none());
     let mut renewed = 0;
