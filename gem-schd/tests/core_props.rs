@@ -799,7 +799,13 @@ fn run_with(
                         prop_assert_eq!(conns, &vec![c]);
                         w.pending.insert(c);
                     }
-                    [Action::Grant { client, conns, .. }] => {
+                    [
+                        Action::Grant {
+                            client,
+                            conns,
+                            quota_us: quota,
+                        },
+                    ] => {
                         prop_assert_eq!(
                             &asked,
                             &vec![(client.clone(), conns.clone())],
@@ -812,10 +818,7 @@ fn run_with(
                         // nothing else happening, a Renew there is then not granted back, and
                         // the holder's request there goes to another client only if it was.
                         let due = w.core.handover_due(client);
-                        let quota = match &acts[0] {
-                            Action::Grant { quota_us, .. } => *quota_us,
-                            _ => unreachable!(),
-                        };
+                        let quota = *quota;
                         let mut later = w.core.clone();
                         // (No burst learnt on the way: the hook's next one is not known yet.)
                         let again = later.renew(w.now + quota, c, 0);

@@ -109,18 +109,22 @@ impl Core {
         }
     }
 
-    /// Whether a client other than `key`, of its class or above, waits for the token.
-    fn others_wait_for(&self, key: Key) -> bool {
+    /// The clients other than `key`, of any class, that wait for the token.
+    fn others_waiting(&self, key: Key) -> impl Iterator<Item = Key> + '_ {
         self.clients
             .iter()
-            .any(|(k, c)| *k != key && self.competes_with(key, *k) && !c.waiting.is_empty())
+            .filter(move |(k, c)| **k != key && !c.waiting.is_empty())
+            .map(|(k, _)| *k)
+    }
+
+    /// Whether a client other than `key`, of its class or above, waits for the token.
+    fn others_wait_for(&self, key: Key) -> bool {
+        self.others_waiting(key).any(|k| self.competes_with(key, k))
     }
 
     /// Whether a client other than `key`, of any class, waits for the token.
     pub(super) fn anyone_else_waits(&self, key: Key) -> bool {
-        self.clients
-            .iter()
-            .any(|(k, c)| *k != key && !c.waiting.is_empty())
+        self.others_waiting(key).next().is_some()
     }
 
     /// Whether the token is expected to go to another client when `id`'s hold ends: told to

@@ -728,25 +728,28 @@ impl Core {
         }
         if self.holder.as_ref().is_some_and(|h| h.client == key) {
             let ran_out = self.holder.as_ref().is_some_and(|h| now >= h.quota_end);
-            // Had the process asked again instead (its next request is on its way), would
-            // another client have had the token? Then that one goes now: the wait below is for
-            // a request that would win, and one that would not kept the told client (Soon)
-            // waiting 0.5 ms and then gave the holder a double turn the request path refuses
-            // (the last holder goes again only when more than a turn behind): 255 times in a
-            // run of two capped matmul tenants at 0.3 / 0.7 on an H200.
-            let another_goes =
-                self.anyone_else_waits(key) && self.next_at_notice(now, key, conn).is_some();
-            // Before the quota's end this is `now`; in the grace period after it, the
-            // measured use counts (the last burst ran past the quota).
-            let ended = self.leave_hold(now, conn, |e| {
-                e.quota_end.max(e.grant.saturating_add(used_us))
-            });
             // A guaranteed client's next request goes before an opportunistic turn, however
             // its hold ended: with the hook's coarse clock, the idle thread's Release at the
             // deadline arrives a little before the quota's end by gem-schd's, and a launch-bound
             // training loop at (0.5, 0.5) beside opportunistic clients then waited for an
             // opportunistic turn after each of its own and was charged 0.38 (`sim_priority.rs`).
-            if ended && !another_goes && (ran_out || self.released_before_opportunistic(key)) {
+            let may_wait = ran_out || self.released_before_opportunistic(key);
+            // Had the process asked again instead (its next request is on its way), would
+            // another client have had the token? Then that one goes now: the wait below is for
+            // a request that would win, and one that would not kept the told client (Soon)
+            // waiting 0.5 ms and then gave the holder a double turn the request path refuses
+            // (the last holder goes again only when more than a turn behind): 255 times in a
+            // run of two capped matmul tenants at 0.3 / 0.7 on an H200. Decided on a copy, so
+            // only where the token could wait at all.
+            let another_goes = may_wait
+                && self.anyone_else_waits(key)
+                && self.next_at_notice(now, key, conn).is_some();
+            // Before the quota's end this is `now`; in the grace period after it, the
+            // measured use counts (the last burst ran past the quota).
+            let ended = self.leave_hold(now, conn, |e| {
+                e.quota_end.max(e.grant.saturating_add(used_us))
+            });
+            if ended && may_wait && !another_goes {
                 self.reask = Some(Reask {
                     client: key,
                     until: now.saturating_add(REASK_US),
