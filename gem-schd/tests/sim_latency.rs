@@ -344,8 +344,9 @@ fn three_capped_tenants_split_the_gpu_and_stay_within_their_limits_every_second(
 
 /// Renewals (the hook's `Renew` at a deadline, before draining) in the gated pair: gem-schd
 /// renews beside a waiting client only when that one would not go next, so under this
-/// contention the shares and inference's waits are those without them. (With hand-overs at the drain a Renew answered Yield also hands the
-/// token on: off here, to compare the renewals alone; see the test below.)
+/// contention the shares and inference's waits are those without them. (With hand-overs at the
+/// drain a Renew answered Yield also hands the token on: off here, to compare the renewals
+/// alone; see the test below.)
 #[test]
 fn renewals_leave_the_gated_pair_as_it_was() {
     let run = |renew: bool| {
