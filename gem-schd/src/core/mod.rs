@@ -341,6 +341,9 @@ pub struct Core {
     /// The client whose hold just ended with a Release, whose next request the token may wait
     /// for (`dispatch`).
     reask: Option<Reask>,
+    /// The history entry of each class's last turn granted to a client above its request past
+    /// its bound (`Core::overdue_above`; indexed by [`class::index`]).
+    overdue_turn: [Option<u64>; 2],
     /// See [`Core::set_co_run`].
     co_run: CoRunSettings,
     /// See [`Core::set_charge_by_fill`].
@@ -376,6 +379,7 @@ impl Core {
             long_turn_us: 0,
             asked_again: None,
             reask: None,
+            overdue_turn: [None; 2],
             vtime: [0; 2],
             co_run: CoRunSettings::default(),
             charge_by_fill: false,

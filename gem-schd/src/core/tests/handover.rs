@@ -88,13 +88,15 @@ fn a_drain_notice_hands_the_token_on_without_a_reply() {
 
 /// a (conn 1, request 0.5) and b (conn 3, request 0.02) after four turns of b's, each
 /// asked for with `burst` and released at its quota: b is far past its request, a has had
-/// nothing. The time after b's last turn.
+/// nothing. The time after b's last turn. The starvation bound is off: b waits until a is
+/// back at its request, not just a few of a's turns (`overdue_above`).
 fn b_past_its_request(burst: Micros) -> (Core, Micros) {
     let mut c = Core::new(
         params(),
         &[spec("a", 500, 1000, 100), spec("b", 20, 1000, 100)],
         0,
     );
+    c.set_max_wait(0);
     c.hello(1, "a").unwrap();
     c.hello(3, "b").unwrap();
     let mut now = t(0);

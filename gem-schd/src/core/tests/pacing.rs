@@ -262,6 +262,67 @@ fn a_client_back_from_idle_cannot_bank_its_idle_time() {
     assert!(window >= 250 * MS, "b waited only {} ms", window / MS);
 }
 
+/// b (0.4/1.0) ran alone for 600 ms, so it is above its request; then a (0.5/0.5, below its
+/// own) and b both always want the token, each asking again at its quota's end. Returns b's
+/// longest wait for the token over the next 400 ms, and a's share of the time from its first
+/// turn on (in thousandths).
+fn beside_a_client_catching_up(max_wait: Micros) -> (Micros, u64) {
+    let mut c = Core::new(
+        params(),
+        &[spec("a", 500, 500, 0), spec("b", 400, 1000, 0)],
+        0,
+    );
+    c.set_max_wait(max_wait);
+    c.hello(1, "a").unwrap();
+    c.hello(3, "b").unwrap();
+    let mut now = t(0);
+    let mut acts = c.token_request(now, 3, 0, 0);
+    while now < t(600) {
+        let (_, _, q) = grant(&acts).expect("b alone is granted back");
+        now += q;
+        acts = c.token_request(now, 3, 0, q);
+    }
+    let (_, _, mut quota) = grant(&acts).expect("b alone is granted back");
+    let _ = c.token_request(now, 1, 0, 0);
+    let (end, mut holder) = (now + 400 * MS, 3);
+    let (mut b_since, mut longest, mut a_from) = (now, 0, None);
+    while now < end {
+        now += quota;
+        let acts = c.token_request(now, holder, 0, quota);
+        let (who, _, q) = grant(&acts).expect("the other client waits");
+        match (who, holder) {
+            ("a", 3) => {
+                b_since = now;
+                a_from = a_from.or(Some(now));
+            }
+            ("b", 1) => longest = longest.max(now - b_since),
+            _ => {}
+        }
+        (holder, quota) = (if who == "a" { 1 } else { 3 }, q);
+    }
+    if holder == 1 {
+        longest = longest.max(now - b_since);
+    }
+    let a_from = a_from.expect("a had a turn");
+    let a_time = c.usage_us(now, "a").unwrap();
+    (longest, a_time * 1000 / (now - a_from))
+}
+
+#[test]
+fn a_client_above_its_request_waits_boundedly_beside_one_catching_up() {
+    // Without the bound b waits until a is back at its request: 400 ms here.
+    let (off, _) = beside_a_client_catching_up(0);
+    assert!(off >= 300 * MS, "b waited only {} ms", off / MS);
+    // With it, b gets a min-quota turn once a has run R = 4 ms (2 min quotas at s = 0.5)
+    // since b's last one: b waits for one of a's turns.
+    let (on, a_share) = beside_a_client_catching_up(DEFAULT_MAX_WAIT_US);
+    let a_quota = params().base_quota_us;
+    assert!(on <= a_quota, "b waited {} µs", on);
+    // a still catches up faster than its request: 2s / (1 + s) = 2/3 of the time, less the
+    // part of a cycle (a, a, b) cut off at the end.
+    assert!(a_share >= 660, "a's share {a_share}‰");
+}
+
 /// a and b both capped at 0.5 (request 0.5) and always wanting the token, re-asking when
 /// each hold ends (a every 2 ms of its hold, b after 8 ms of work per hold); pacing over
 /// 100 ms, from a start where a was alone for 60 ms (so it is held back by pacing first).
