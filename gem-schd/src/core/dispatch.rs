@@ -378,23 +378,35 @@ impl Core {
             quota = quota.min(self.params.min_quota_us).max(1);
             self.overdue_turn[class::index(class)] =
                 Some(self.first_seq + self.history.len() as u64);
+        } else if let Some(due) = ranked.above_due_in.filter(|_| ranked.starved.is_none()) {
+            // Nor does the catching-up client's turn run far past that client's due time (a
+            // 15 ms turn of a capped GPT training tenant, renewed, kept batch-1 decode
+            // waiting 21 ms on an H200).
+            quota = quota.min(due.max(self.params.min_quota_us)).max(1);
         }
         Served::Granted(self.grant(now, pick.key, quota))
     }
 
-    /// Whether a client above its request, waiting since `since`, goes before those of its
-    /// class below their own, which would otherwise run until they are back at their requests.
-    /// With s the sum of their requests (in thousandths), once it has waited 2 min quotas ×
-    /// max(1, s / (1 − s)), and once the others of the class have run 2s / (1 − s) times the
-    /// length of the last such turn (its overrun included) since it: those below keep at least
-    /// 2s / (1 + s) ≥ s of their class's time while they catch up. The turn is a min quota. Why:
-    /// on an H200 a capped encoder let go by its pacing was renewed 15 times in a row while
-    /// batch-1 decode, above its request, waited 89 ms for one token. Off with the starvation
-    /// bound (`max_wait` 0), and for opportunistic clients beside guaranteed ones: their class
-    /// gets what the other leaves, so one below its request may never catch up, and the bound
-    /// would hand their spare time out by turns (in the simulation, beside a guaranteed
-    /// tenant at 0.5, the opportunistic one at 0.2 took more than the one at 0.3).
-    fn overdue_above(&self, now: Micros, class: ClientClass, s: u64, since: Micros) -> bool {
+    /// How long until a client above its request, waiting since `since`, goes before those of
+    /// its class below their own, which would otherwise run until they are back at their
+    /// requests (0: now; `None`: not before they are). With s the sum of their requests (in
+    /// thousandths), once it has waited 2 min quotas × max(1, s / (1 − s)), and once the others
+    /// of the class have run 2s / (1 − s) times the length of the last such turn (its overrun
+    /// included) since it: those below keep at least 2s / (1 + s) ≥ s of their class's time
+    /// while they catch up. The turn is a min quota. Why: on an H200 a capped encoder let go by
+    /// its pacing was renewed 15 times in a row while batch-1 decode, above its request, waited
+    /// 89 ms for one token. Off with the starvation bound (`max_wait` 0), and for opportunistic
+    /// clients beside guaranteed ones: their class gets what the other leaves, so one below its
+    /// request may never catch up, and the bound would hand their spare time out by turns (in
+    /// the simulation, beside a guaranteed tenant at 0.5, the opportunistic one at 0.2 took
+    /// more than the one at 0.3).
+    fn above_due_in(
+        &self,
+        now: Micros,
+        class: ClientClass,
+        s: u64,
+        since: Micros,
+    ) -> Option<Micros> {
         let s = s.min(1000);
         let beside_guaranteed = class != ClientClass::Guaranteed
             && self
@@ -402,18 +414,14 @@ impl Core {
                 .values()
                 .any(|c| c.spec.class == ClientClass::Guaranteed);
         if self.max_wait_us == 0 || s == 1000 || beside_guaranteed {
-            return false;
+            return None;
         }
         let after = |len: Micros| len.saturating_mul(2 * s) / (1000 - s);
         let wait = after(self.params.min_quota_us).max(2 * self.params.min_quota_us);
-        if now.saturating_sub(since) < wait {
-            return false;
-        }
-        let Some(seq) = self.overdue_turn[class::index(class)] else {
-            return true;
-        };
-        let Some(last) = self.entry(seq) else {
-            return true; // out of the window
+        let to_wait = (since + wait).saturating_sub(now);
+        let seq = self.overdue_turn[class::index(class)];
+        let Some((seq, last)) = seq.and_then(|q| Some((q, self.entry(q)?))) else {
+            return Some(to_wait); // none yet, or out of the window
         };
         let need = after(last.end.saturating_sub(last.start)).max(wait);
         let mut ran: Micros = 0;
@@ -426,11 +434,11 @@ impl Core {
             if e.client != last.client && self.class_of(e.client) == Some(class) {
                 ran = ran.saturating_add(e.end.saturating_sub(e.start));
                 if ran >= need {
-                    return true;
+                    return Some(to_wait);
                 }
             }
         }
-        false
+        Some(to_wait.max(need - ran))
     }
 
     /// Whether `key` may take a turn now, and with how much room: its headroom under its limit
@@ -493,7 +501,7 @@ impl Core {
         // bursts took 0.80 of an elastic pair instead of 0.50).
         let mut starved: Option<(Pick, Micros)> = None;
         // The eligible client above its request waiting longest, and the requests of those
-        // below their own (`overdue_above`).
+        // below their own (`above_due_in`).
         let mut above: Option<(Pick, Micros)> = None;
         let mut below_requests = 0;
         // Clients held back now, and clients eligible again after being held back.
@@ -618,16 +626,20 @@ impl Core {
                 starved = Some((pick, c.waiting_at));
             }
         }
-        let overdue = match (best, above) {
-            (Some((_, Rank::Below { .. })), Some((a, since))) => self
-                .overdue_above(now, class, below_requests, since)
-                .then_some(a),
-            _ => None,
+        let (overdue, above_due_in) = match (best, above) {
+            (Some((_, Rank::Below { .. })), Some((a, since))) => {
+                match self.above_due_in(now, class, below_requests, since) {
+                    Some(0) => (Some(a), None),
+                    due => (None, due),
+                }
+            }
+            _ => (None, None),
         };
         Ranked {
             best: best.map(|(p, _)| p),
             starved: starved.map(|(p, _)| p),
             overdue,
+            above_due_in,
             held_back,
             back,
             repaid,
@@ -802,8 +814,10 @@ struct Ranked {
     /// Waiting longest past the starvation bound (goes before `best`).
     starved: Option<Pick>,
     /// Above its request and waiting past the bound beside `best` catching up
-    /// (`Core::overdue_above`; goes before `best`, after `starved`).
+    /// (`Core::above_due_in`; goes before `best`, after `starved`).
     overdue: Option<Pick>,
+    /// Otherwise, how long until that client goes before `best` (`best`'s turn ends then).
+    above_due_in: Option<Micros>,
     /// Held back by their limit or pacing now.
     held_back: Vec<Key>,
     /// Eligible again after being held back, with their floored virtual time.

@@ -342,7 +342,7 @@ pub struct Core {
     /// for (`dispatch`).
     reask: Option<Reask>,
     /// The history entry of each class's last turn granted to a client above its request past
-    /// its bound (`Core::overdue_above`; indexed by [`class::index`]).
+    /// its bound (`Core::above_due_in`; indexed by [`class::index`]).
     overdue_turn: [Option<u64>; 2],
     /// See [`Core::set_co_run`].
     co_run: CoRunSettings,

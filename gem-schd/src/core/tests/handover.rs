@@ -89,7 +89,7 @@ fn a_drain_notice_hands_the_token_on_without_a_reply() {
 /// a (conn 1, request 0.5) and b (conn 3, request 0.02) after four turns of b's, each
 /// asked for with `burst` and released at its quota: b is far past its request, a has had
 /// nothing. The time after b's last turn. The starvation bound is off: b waits until a is
-/// back at its request, not just a few of a's turns (`overdue_above`).
+/// back at its request, not just a few of a's turns (`above_due_in`).
 fn b_past_its_request(burst: Micros) -> (Core, Micros) {
     let mut c = Core::new(
         params(),

@@ -263,10 +263,10 @@ fn a_client_back_from_idle_cannot_bank_its_idle_time() {
 }
 
 /// b (0.4/1.0) ran alone for 600 ms, so it is above its request; then a (0.5/0.5, below its
-/// own) and b both always want the token, each asking again at its quota's end. Returns b's
-/// longest wait for the token over the next 400 ms, and a's share of the time from its first
-/// turn on (in thousandths).
-fn beside_a_client_catching_up(max_wait: Micros) -> (Micros, u64) {
+/// own) and b both always want the token, each asking again at its quota's end (a reporting
+/// `a_burst` as its burst, or its quota). Returns b's longest wait for the token over the next
+/// 400 ms, and a's share of the time from its first turn on (in thousandths).
+fn beside_a_client_catching_up(max_wait: Micros, a_burst: Option<Micros>) -> (Micros, u64) {
     let mut c = Core::new(
         params(),
         &[spec("a", 500, 500, 0), spec("b", 400, 1000, 0)],
@@ -288,7 +288,8 @@ fn beside_a_client_catching_up(max_wait: Micros) -> (Micros, u64) {
     let (mut b_since, mut longest, mut a_from) = (now, 0, None);
     while now < end {
         now += quota;
-        let acts = c.token_request(now, holder, 0, quota);
+        let burst = if holder == 1 { a_burst } else { None };
+        let acts = c.token_request(now, holder, 0, burst.unwrap_or(quota));
         let (who, _, q) = grant(&acts).expect("the other client waits");
         match (who, holder) {
             ("a", 3) => {
@@ -311,15 +312,20 @@ fn beside_a_client_catching_up(max_wait: Micros) -> (Micros, u64) {
 #[test]
 fn a_client_above_its_request_waits_boundedly_beside_one_catching_up() {
     // Without the bound b waits until a is back at its request: 400 ms here.
-    let (off, _) = beside_a_client_catching_up(0);
+    let (off, _) = beside_a_client_catching_up(0, None);
     assert!(off >= 300 * MS, "b waited only {} ms", off / MS);
     // With it, b gets a min-quota turn once a has run R = 4 ms (2 min quotas at s = 0.5)
     // since b's last one: b waits for one of a's turns.
-    let (on, a_share) = beside_a_client_catching_up(DEFAULT_MAX_WAIT_US);
+    let (on, a_share) = beside_a_client_catching_up(DEFAULT_MAX_WAIT_US, None);
     let a_quota = params().base_quota_us;
     assert!(on <= a_quota, "b waited {} µs", on);
     // a still catches up faster than its request: 2s / (1 + s) = 2/3 of the time, less the
     // part of a cycle (a, a, b) cut off at the end.
+    assert!(a_share >= 660, "a's share {a_share}‰");
+    // a's turns, 30 ms by its bursts, end when b is due: b waits R, or twice its own last
+    // turn (its overrun included), here 4–4.5 ms.
+    let (long, a_share) = beside_a_client_catching_up(DEFAULT_MAX_WAIT_US, Some(30 * MS));
+    assert!(long <= 3 * params().min_quota_us, "b waited {} µs", long);
     assert!(a_share >= 660, "a's share {a_share}‰");
 }
 
