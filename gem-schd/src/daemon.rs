@@ -42,7 +42,7 @@ const INBOX: usize = 4096;
 /// One launch in this many timed for Busy reports, asked of hooks while co-running is on. A
 /// timed launch costs ~6 µs of CPU on an H100: one in 32 added +228–236 ns a launch on
 /// average, one in 256 +43–58 ns, as much as nothing timed (+45–58 ns) in the same A/B
-/// (docs/gpu-benchmarks.md, "sampling at 1 in 256"); batch-1 inference still gets ~10
+/// (docs/hook.md, "How busy a tenant keeps the GPU"); batch-1 inference still gets ~10
 /// samples a co-hold.
 const BUSY_EVERY_FOR_CO_RUN: u32 = 256;
 /// How often the usage report is rewritten.

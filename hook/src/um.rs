@@ -55,7 +55,7 @@ mod r {
 /// The GPU is under memory pressure when the driver reports less than this free: only then
 /// can managed pages have been evicted, and only then do the optimisations pay. Without
 /// pressure, a prefetch of pages that are resident and an emptied cache cost time and save
-/// nothing (measured: docs/gpu-benchmarks.md, "Unified-memory mode").
+/// nothing (measured: docs/benchmarks.md, "Unified-memory mode").
 pub const PRESSURE_FREE_BYTES: u64 = 2 << 30;
 
 /// Per device: whether the last grant found the GPU under memory pressure.

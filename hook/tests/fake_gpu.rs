@@ -244,7 +244,7 @@ fn two_clients_get_their_shares_and_one_clients_processes_share_a_token() {
     // over while a's second process still drained its last batch, which charged a for b's
     // kernels: 0.25–0.29 of the GPU time for 0.30–0.31 of the token time (0.254 in CI); a
     // hold now ends with its last process, and a gets 0.29–0.31, 0.29–0.33 beside CPU hogs.
-    // On a real GPU the pair is within 1–2 pp (docs/gpu-benchmarks.md, "one client, two
+    // On a real GPU the pair is within 1–2 pp (docs/benchmarks.md, "one client, two
     // processes").
     assert!(
         (share_a - 0.3).abs() <= 0.045,
