@@ -90,11 +90,11 @@ impl Core {
         trial.dispatch(now, &mut out);
         if matches!(out.as_slice(), [Action::Grant { conns, .. }] if conns == &[conn]) {
             *self = trial;
-            if self.anyone_else_waits(key) {
-                let due = self
-                    .holder
-                    .as_ref()
-                    .is_some_and(|h| self.next_at_notice(h.quota_end, key, conn).is_some());
+            // The grant set the flag where another client waits; for a renewal it says more:
+            // whether that client goes at the renewed quota's end.
+            let flagged = self.holder.as_ref().filter(|h| h.handover_due);
+            if let Some(end) = flagged.map(|h| h.quota_end) {
+                let due = self.next_at_notice(end, key, conn).is_some();
                 if let Some(h) = self.holder.as_mut() {
                     h.handover_due = due;
                 }
