@@ -6,11 +6,12 @@
 //! queue far more GPU work per ms than the GPU runs: on an H100, ResNet-50 training's drain
 //! past a ~3.4 ms grant was 0.75 ms at the median but 4.8 ms at p90 and up to 14.7 ms, and a
 //! batch-1 inference request beside it waited that whole turn. Here, in the precise stretch of
-//! a hold (docs/hook.md, "The launch gate"), the hook records an event on the launching stream
-//! every [`probe_every`] of launching (100 µs, or half a shorter bound), and keeps at most
-//! `bound / probe_every` pending: before recording another it waits for the oldest. So the GPU never runs
-//! further behind than the work the CPU queued in the bound's worth of its own launching time
-//! (the time it spent waiting does not count), whatever the phase of the program. A bound on
+//! a hold (the whole hold while the bound is on; docs/hook.md, "The launch gate"), the hook
+//! records an event on the launching stream every [`probe_every`] of launching (100 µs, or
+//! half a shorter bound), and keeps at most `bound / probe_every` pending: before recording
+//! another it waits for the oldest. So the GPU never runs further behind than the work the CPU
+//! queued in the bound's worth of its own launching time (the time it spent waiting does not
+//! count), whatever the phase of the program. A bound on
 //! the CPU's clock, not the GPU's: the GPU time queued is the bound times how much faster the
 //! CPU queues work than the GPU runs it (a first attempt bounded the probes' age in wall-clock
 //! time, which let the queue settle at 3.5 ms for a 1 ms bound in the test below). The GPU keeps
@@ -19,11 +20,22 @@
 //! That ratio can be large: ResNet-50 training queues milliseconds of GPU work per 100 µs of
 //! launching, and its drain past a hold stayed at p90 3.4 ms with a 200 µs bound on the
 //! launches alone.
-//! So the ring also measures it: when the CPU waits for a probe, the GPU was busy with the work
-//! before it, and the time between the GPU passing two consecutive probes is the GPU time of
-//! the launching between them. With that ratio the probe interval shrinks (down to
-//! [`MIN_PROBE_EVERY_NS`]) until about half the bound of GPU work lies between two probes, and
-//! the probes kept pending hold about the bound's worth of GPU time.
+//! So the ring also measures it: the probe events are timed, and where a probe was recorded
+//! while the one before it was still pending (its interval's work all queued ahead of the GPU),
+//! the GPU's clock between the two is the GPU time of the launching between them. It is read
+//! whichever way the probe is found passed (a query, a wait, a drain of the whole queue): from
+//! the waits alone (the CPU's clock at each wake-up), a training step's last phase, drained
+//! by the step's own synchronisation, was never measured. With that ratio the probe interval
+//! shrinks (down to [`MIN_PROBE_EVERY_NS`]) until about half the bound of GPU work lies between
+//! two probes, and the probes kept pending hold about the bound's worth of GPU time.
+//!
+//! The ratio is a moving average, and a step's phases differ in pace: on an H200 a
+//! `TransformerEncoder` training step's average read 1.3–2 while its heaviest 0.5 ms windows of
+//! launching ran 15–20, so a queue estimated at 0.4 ms drained in up to 8 ms. With
+//! `KUBESHARE_HOOK_PACE_HOLD_MS` the ring also keeps the largest ratio over
+//! [`PEAK_WINDOW_NS`] of launching, fading by half every that long, and counts the queue at
+//! the larger of the two: the drain stays near the estimate (≤ 5.2 ms for a 5 ms queue
+//! there), but the lighter phases' queue is that much shallower (docs/hook.md).
 //!
 //! The bound is what may drain past the deadline: what is queued before the deadline runs before
 //! it. So with the pace measured, the queue may also hold the time left in the hold, up to
@@ -126,8 +138,22 @@ pub struct Ring {
     /// When the GPU passed the last probe the CPU waited for (None: not known, e.g. the
     /// probe was found done by a query, at some time before).
     passed_at: Option<u64>,
-    /// GPU time per ns of launching, ×1024 (EMA over waits; 0: not measured yet).
+    /// GPU time per ns of launching, ×1024 (0: not measured yet): the larger of `mean_x1024`
+    /// and the held peak, as of the last sample.
     ratio_x1024: u64,
+    /// The ratio's moving average over samples; and the largest ratio over [`PEAK_WINDOW_NS`]
+    /// of launching with when it was measured (it fades by half every `pace_hold_ns`; 0: the
+    /// average alone), and the window being summed.
+    mean_x1024: u64,
+    peak_x1024: u64,
+    peak_at: u64,
+    pub pace_hold_ns: u64,
+    window_gpu: u64,
+    window_cpu: u64,
+    /// Whether each slot's probe was recorded behind another still pending: its interval's
+    /// work was all queued before the GPU reached it, so the GPU time between the previous
+    /// probe and it is that work's alone, with no wait for the CPU in it.
+    behind: [bool; RING],
     /// The slot last dropped as passed (its event done): under parking the wait behind it
     /// may not have been read yet (`park.rs`).
     last_passed: Option<usize>,
@@ -139,6 +165,40 @@ pub struct Ring {
 
 /// The ratio's fixed-point scale.
 const RATIO_ONE: u64 = 1024;
+
+/// The launching over which the held peak pace is measured ([`Ring::pace_hold_ns`]).
+pub const PEAK_WINDOW_NS: u64 = 500_000;
+
+fn ratio_x1024(gpu: u64, cpu: u64) -> u64 {
+    (u128::from(gpu) * u128::from(RATIO_ONE) / u128::from(cpu.max(1))).min(u128::from(u32::MAX))
+        as u64
+}
+
+/// `peak` faded by half for every `half_life` of `age` (linearly between halvings).
+fn faded(peak: u64, age: u64, half_life: u64) -> u64 {
+    let half_life = half_life.max(1);
+    let halvings = age / half_life;
+    if halvings >= 64 {
+        return 0;
+    }
+    let at = peak >> halvings;
+    at - (u128::from(at / 2) * u128::from(age % half_life) / u128::from(half_life)) as u64
+}
+
+/// The driver's side of the probes: what the ring asks of the event in a slot. Implemented over
+/// the CUDA driver in `device.rs`, over a simulated GPU in the tests.
+pub trait Events {
+    /// Whether the GPU has passed the slot's event.
+    fn query(&mut self, slot: usize) -> Done;
+    /// Waits until the GPU has passed the slot's event (`Done::NotYet`: given up).
+    fn sync(&mut self, slot: usize) -> Done;
+    /// Records the slot's event on the launching stream; false: not recorded.
+    fn record(&mut self, slot: usize) -> bool;
+    /// The GPU time between two passed events, if the driver can tell.
+    fn elapsed_ns(&mut self, from: usize, to: usize) -> Option<u64>;
+    /// The precise clock, read again after a wait.
+    fn now(&mut self) -> u64;
+}
 
 impl Ring {
     pub const fn new() -> Self {
@@ -154,6 +214,13 @@ impl Ring {
             last_recorded: 0,
             passed_at: None,
             ratio_x1024: 0,
+            mean_x1024: 0,
+            peak_x1024: 0,
+            peak_at: 0,
+            pace_hold_ns: 0,
+            window_gpu: 0,
+            window_cpu: 0,
+            behind: [false; RING],
             last_passed: None,
             recorded: 0,
             seq: [0; RING],
@@ -214,20 +281,69 @@ impl Ring {
 
     /// The CPU waited for the probe in `slot` until `t`: the GPU ran that probe's interval of
     /// launching from when it passed the previous probe (or from the interval's start, if the
-    /// work came later) to `t`.
-    fn learn(&mut self, slot: usize, t: u64) {
-        if let Some(prev) = self.passed_at {
+    /// work came later) to `t`; read on the GPU's clock instead where the events say
+    /// ([`Ring::pass_head`] learned it then).
+    fn learn(&mut self, slot: usize, t: u64, timed: bool) {
+        if let (Some(prev), false) = (self.passed_at, timed) {
             let gpu = t.saturating_sub(prev.max(self.start_at[slot]));
-            let cpu = self.launching[slot].max(1);
-            let sample = (u128::from(gpu) * u128::from(RATIO_ONE) / u128::from(cpu))
-                .min(u128::from(u32::MAX)) as u64;
-            self.ratio_x1024 = if self.ratio_x1024 == 0 {
-                sample
-            } else {
-                (3 * self.ratio_x1024 + sample) / 4
-            };
+            self.sample(gpu, self.launching[slot], t);
         }
         self.passed_at = Some(t);
+    }
+
+    /// One measurement of the pace, `gpu` ns of GPU time for `cpu` ns of launching, at `t`:
+    /// into the moving average and, while held, the peak.
+    fn sample(&mut self, gpu: u64, cpu: u64, t: u64) {
+        let sample = ratio_x1024(gpu, cpu);
+        self.mean_x1024 = if self.mean_x1024 == 0 {
+            sample
+        } else {
+            (3 * self.mean_x1024 + sample) / 4
+        };
+        self.ratio_x1024 = self.mean_x1024;
+        if self.pace_hold_ns == 0 {
+            return;
+        }
+        // The peak is taken over windows of launching, not single intervals: one long kernel
+        // in a 10 µs interval would otherwise hold the queue to a probe's worth for a while.
+        self.window_gpu = self.window_gpu.saturating_add(gpu);
+        self.window_cpu = self.window_cpu.saturating_add(cpu);
+        let held = faded(
+            self.peak_x1024,
+            t.saturating_sub(self.peak_at),
+            self.pace_hold_ns,
+        );
+        if self.window_cpu >= PEAK_WINDOW_NS {
+            let window = ratio_x1024(self.window_gpu, self.window_cpu);
+            (self.window_gpu, self.window_cpu) = (0, 0);
+            if window >= held {
+                (self.peak_x1024, self.peak_at) = (window, t);
+            }
+        }
+        self.ratio_x1024 = self.ratio_x1024.max(faded(
+            self.peak_x1024,
+            t.saturating_sub(self.peak_at),
+            self.pace_hold_ns,
+        ));
+    }
+
+    /// The GPU has passed the oldest pending probe: forget it, and learn the pace from the GPU
+    /// time since the probe before it (`Events::elapsed_ns`) where its interval was all queued
+    /// ahead of the GPU. True when that was learned. So the pace is measured whichever way the
+    /// probe is found passed: by a query, a wait, or a drain of the whole queue, where a
+    /// training step's heavy last phase, drained by its own synchronisation, was never
+    /// measured by the waits alone.
+    fn pass_head(&mut self, t: u64, elapsed: &mut impl FnMut(usize, usize) -> Option<u64>) -> bool {
+        let slot = self.head;
+        let prev = self
+            .last_passed
+            .filter(|p| self.behind[slot] && self.seq[*p] + 1 == self.seq[slot]);
+        let gpu = prev.and_then(|p| elapsed(p, slot));
+        if let Some(gpu) = gpu {
+            self.sample(gpu, self.launching[slot], t);
+        }
+        self.pop();
+        gpu.is_some()
     }
 
     pub fn pending(&self) -> usize {
@@ -264,13 +380,19 @@ impl Ring {
     }
 
     /// The GPU has passed every probe up to the `recorded`th (a wait for the whole queue that
-    /// began then has returned): those are forgotten, later ones stay pending. Forgetting them
+    /// began then has returned, at `t`): those are forgotten, later ones stay pending, and the
+    /// pace is learned from them ([`Ring::pass_head`]). Forgetting them
     /// all let a probe recorded by another thread during the wait go unknown, and under parking
     /// its wait on the gate word with it: a hold's end then closed the word with the GPU bound
     /// to stop at a wait the ring did not know of (`park.rs`).
-    pub fn passed_up_to(&mut self, recorded: u64) {
+    pub fn passed_up_to(
+        &mut self,
+        recorded: u64,
+        t: u64,
+        mut elapsed: impl FnMut(usize, usize) -> Option<u64>,
+    ) {
         while self.len > 0 && self.seq[self.head] <= recorded {
-            self.pop();
+            self.pass_head(t, &mut elapsed);
         }
         self.passed_at = None;
     }
@@ -282,30 +404,22 @@ impl Ring {
         self.last_passed = None;
     }
 
-    /// One probe at precise time `now`: drops the probes the GPU has passed, waits (`sync`) for
-    /// the oldest pending ones until the GPU work behind them and the interval this probe
-    /// closes fit the `limits` (or none is left), learning the GPU's pace from the waits, then
-    /// records a new one (`record(slot)`, false: not recorded). A wait given up (`Done::NotYet`:
+    /// One probe at precise time `now`: drops the probes the GPU has passed, waits
+    /// ([`Events::sync`]) for the oldest pending ones until the GPU work behind them and the
+    /// interval this probe closes fit the `limits` (or none is left), learning the GPU's pace
+    /// as probes are passed, then records a new one ([`Events::record`]). A wait given up (`Done::NotYet`:
     /// the hold ended meanwhile) ends the probe, none recorded. What is queued before the
     /// deadline runs before it, so only the bound drains past it: the queue may be a hold's
     /// worth deep early in the hold and narrows to the bound at its end (a bound for the whole
     /// hold kept a two-process client's queues one 0.2 ms kernel deep on an H100, and the GPU
     /// switched between its two contexts at every kernel: 0.31–0.35 of the GPU for 0.4 of the
-    /// token time). `clock` reads the time again after a wait. Returns how long it waited.
-    pub fn probe(
-        &mut self,
-        now: u64,
-        limits: Limits,
-        mut query: impl FnMut(usize) -> Done,
-        mut sync: impl FnMut(usize) -> Done,
-        mut record: impl FnMut(usize) -> bool,
-        mut clock: impl FnMut() -> u64,
-    ) -> u64 {
+    /// token time). Returns how long it waited.
+    pub fn probe(&mut self, now: u64, limits: Limits, ev: &mut impl Events) -> u64 {
         while self.len > 0 {
-            match query(self.head) {
+            match ev.query(self.head) {
                 Done::Yes => {
                     self.passed_at = None;
-                    self.pop();
+                    self.pass_head(now, &mut |a, b| ev.elapsed_ns(a, b));
                 }
                 Done::NotYet => break,
                 Done::Broken => {
@@ -356,22 +470,23 @@ impl Ring {
                     > bound_ns.saturating_add(slack(t)))
         {
             let slot = self.head;
-            match sync(slot) {
+            match ev.sync(slot) {
                 Done::Yes => {}
                 // The hold is over: its work stays queued behind the pending probes.
-                Done::NotYet => return clock().max(t).saturating_sub(now),
+                Done::NotYet => return ev.now().max(t).saturating_sub(now),
                 Done::Broken => {
                     self.clear();
                     return t.saturating_sub(now);
                 }
             }
-            self.pop();
-            t = clock().max(t);
-            self.learn(slot, t);
+            t = ev.now().max(t);
+            let timed = self.pass_head(t, &mut |a, b| ev.elapsed_ns(a, b));
+            self.learn(slot, t, timed);
         }
         if self.len < RING {
             let slot = (self.head + self.len) % RING;
-            if record(slot) {
+            if ev.record(slot) {
+                self.behind[slot] = self.len > 0;
                 // The launching this probe closes: since the last probe, the wait excluded,
                 // at most an interval (a pause between launches is not launching).
                 self.start_at[slot] = self.last_recorded;
@@ -414,6 +529,47 @@ mod tests {
     use super::*;
     use std::cell::{Cell, RefCell};
 
+    /// The driver's side from closures, with no timing (`elapsed_ns` is never known).
+    struct Fns<Q, S, R, C>(Q, S, R, C);
+
+    impl<Q, S, R, C> Events for Fns<Q, S, R, C>
+    where
+        Q: FnMut(usize) -> Done,
+        S: FnMut(usize) -> Done,
+        R: FnMut(usize) -> bool,
+        C: FnMut() -> u64,
+    {
+        fn query(&mut self, slot: usize) -> Done {
+            (self.0)(slot)
+        }
+        fn sync(&mut self, slot: usize) -> Done {
+            (self.1)(slot)
+        }
+        fn record(&mut self, slot: usize) -> bool {
+            (self.2)(slot)
+        }
+        fn elapsed_ns(&mut self, _: usize, _: usize) -> Option<u64> {
+            None
+        }
+        fn now(&mut self) -> u64 {
+            (self.3)()
+        }
+    }
+
+    impl Ring {
+        fn probe_with(
+            &mut self,
+            now: u64,
+            limits: Limits,
+            query: impl FnMut(usize) -> Done,
+            sync: impl FnMut(usize) -> Done,
+            record: impl FnMut(usize) -> bool,
+            clock: impl FnMut() -> u64,
+        ) -> u64 {
+            self.probe(now, limits, &mut Fns(query, sync, record, clock))
+        }
+    }
+
     /// A simulated GPU that runs, in order, what a CPU queues at `ratio` ns of GPU work per ns
     /// of launching, and the ring's probes on it.
     struct Sim {
@@ -421,7 +577,7 @@ mod tests {
         /// When the GPU has run everything queued so far.
         gpu_free: Cell<u64>,
         done_at: RefCell<[u64; RING]>,
-        ratio: u64,
+        ratio: Cell<u64>,
     }
 
     impl Sim {
@@ -430,7 +586,7 @@ mod tests {
                 clock: Cell::new(0),
                 gpu_free: Cell::new(0),
                 done_at: RefCell::new([u64::MAX; RING]),
-                ratio,
+                ratio: Cell::new(ratio),
             }
         }
 
@@ -438,33 +594,48 @@ mod tests {
         fn launch_and_probe(&self, r: &mut Ring, every: u64, limits: Limits) -> u64 {
             let (clock, gpu_free) = (&self.clock, &self.gpu_free);
             clock.set(clock.get() + every);
-            gpu_free.set(gpu_free.get().max(clock.get() - every) + self.ratio * every);
-            r.probe(
-                clock.get(),
-                limits,
-                |s| {
-                    if self.done_at.borrow()[s] <= clock.get() {
-                        Done::Yes
-                    } else {
-                        Done::NotYet
-                    }
-                },
-                |s| {
-                    clock.set(clock.get().max(self.done_at.borrow()[s]));
-                    Done::Yes
-                },
-                |s| {
-                    // Done when the GPU has run what was queued before it.
-                    self.done_at.borrow_mut()[s] = gpu_free.get().max(clock.get());
-                    true
-                },
-                || clock.get(),
-            )
+            gpu_free.set(gpu_free.get().max(clock.get() - every) + self.ratio.get() * every);
+            r.probe(clock.get(), limits, &mut &*self)
+        }
+
+        /// The CPU waits for the whole queue (its own synchronisation) and the ring is told.
+        fn drain(&self, r: &mut Ring) {
+            self.clock.set(self.clock.get().max(self.gpu_free.get()));
+            let mut ev = self;
+            r.passed_up_to(r.recorded(), self.clock.get(), |a, b| ev.elapsed_ns(a, b));
         }
 
         /// The GPU work queued and not run yet.
         fn depth(&self) -> u64 {
             self.gpu_free.get().saturating_sub(self.clock.get())
+        }
+    }
+
+    /// The simulated GPU's events, timed on its clock.
+    impl Events for &Sim {
+        fn query(&mut self, slot: usize) -> Done {
+            if self.done_at.borrow()[slot] <= self.clock.get() {
+                Done::Yes
+            } else {
+                Done::NotYet
+            }
+        }
+        fn sync(&mut self, slot: usize) -> Done {
+            self.clock
+                .set(self.clock.get().max(self.done_at.borrow()[slot]));
+            Done::Yes
+        }
+        fn record(&mut self, slot: usize) -> bool {
+            // Done when the GPU has run what was queued before it.
+            self.done_at.borrow_mut()[slot] = self.gpu_free.get().max(self.clock.get());
+            true
+        }
+        fn elapsed_ns(&mut self, from: usize, to: usize) -> Option<u64> {
+            let done = self.done_at.borrow();
+            (done[to] <= self.clock.get()).then(|| done[to].saturating_sub(done[from]))
+        }
+        fn now(&mut self) -> u64 {
+            self.clock.get()
         }
     }
 
@@ -648,6 +819,66 @@ mod tests {
         sim.gpu_free.get().saturating_sub(queued)
     }
 
+    /// A training step's phases differ in pace: here 6 ms of launching at 2 ns of GPU work per
+    /// ns, then 1.5 ms at 10, then the CPU waits for the whole queue (its own synchronisation),
+    /// a sole holder's hold renewed throughout. Returns, over the steps after the first two,
+    /// the deepest queue at the step's end (what drains if its hold ends while it waits) and
+    /// the GPU's idle time while the CPU launched.
+    fn simulate_phases(pace_hold_ns: u64, steps: u32) -> (u64, u64) {
+        let sim = Sim::new(2);
+        let mut alone = Alone::new(5_000_000, 5_000_000, 0, u64::MAX);
+        alone.ring.pace_hold_ns = pace_hold_ns;
+        let (mut deepest, mut idle) = (0, 0);
+        for step in 0..steps {
+            for (ratio, launching) in [(2, 6_000_000), (10, 1_500_000)] {
+                sim.ratio.set(ratio);
+                let end = sim.clock.get() + launching;
+                while sim.clock.get() < end {
+                    let ran_out = sim.gpu_free.get();
+                    let at = sim.clock.get();
+                    alone.launch(&sim);
+                    if step >= 2 {
+                        idle += at.saturating_sub(ran_out);
+                    }
+                }
+            }
+            if step >= 2 {
+                deepest = deepest.max(sim.depth());
+            }
+            sim.drain(&mut alone.ring);
+        }
+        (deepest, idle)
+    }
+
+    /// The moving average of the pace, learned mostly in the longer light phase, lets the heavy
+    /// phase queue several times the sole allowance; holding the peak pace for longer than a
+    /// step keeps the queue near the allowance (the heavy phase measured as the drain passes
+    /// its probes), and the light phase's shallower queue does not run dry.
+    #[test]
+    fn a_held_peak_pace_keeps_a_heavy_phase_near_the_allowance() {
+        let (deepest_mean, idle_mean) = simulate_phases(0, 12);
+        let (deepest_held, idle_held) = simulate_phases(500_000_000, 12);
+        assert!(
+            deepest_mean > 10_000_000,
+            "the average alone queued {deepest_mean} ns at a step's end"
+        );
+        assert!(
+            deepest_held <= 6_000_000,
+            "the held peak queued {deepest_held} ns at a step's end"
+        );
+        assert_eq!((idle_mean, idle_held), (0, 0), "the GPU ran dry");
+    }
+
+    #[test]
+    fn a_peak_fades_by_half_every_half_life() {
+        assert_eq!(faded(1000, 0, 100), 1000);
+        assert_eq!(faded(1000, 50, 100), 750);
+        assert_eq!(faded(1000, 100, 100), 500);
+        assert_eq!(faded(1000, 250, 100), 188);
+        assert_eq!(faded(u64::MAX, u64::MAX, 1), 0);
+        assert_eq!(faded(7, 5, 0), 0, "no half-life: gone at once");
+    }
+
     /// A hold's coarse part queued 30 ms unprobed; in its precise stretch the first wait drains
     /// all of it. That wait measures nothing (no passing before it), and the probe after it
     /// is found passed by a query, so the pace was never learned while every hold went so (a
@@ -770,7 +1001,7 @@ mod tests {
             };
             let probe = |r: &mut Ring, bound: u64| {
                 let mut recorded = None;
-                r.probe(
+                r.probe_with(
                     0,
                     Limits::bound(bound),
                     done,
@@ -803,7 +1034,7 @@ mod tests {
                             probe(&mut r, 800_000);
                         }
                         events_passed.set(events_passed.get().max(noted as usize));
-                        r.passed_up_to(noted);
+                        r.passed_up_to(noted, 0, |_, _| None);
                     }
                 }
                 // The GPU may stop at the wait of the last probe whose event it passed, and
@@ -865,7 +1096,7 @@ mod tests {
     fn a_gpu_that_keeps_up_costs_no_wait_and_a_broken_event_clears_the_ring() {
         let mut r = Ring::new();
         for step in 0..40u64 {
-            let w = r.probe(
+            let w = r.probe_with(
                 step * PROBE_EVERY_NS,
                 Limits::bound(1_000_000),
                 |_| Done::Yes,
@@ -876,7 +1107,7 @@ mod tests {
             assert_eq!(w, 0);
             assert_eq!(r.pending(), 1);
         }
-        r.probe(
+        r.probe_with(
             u64::MAX / 2,
             Limits::bound(1),
             |_| Done::Broken,
@@ -890,7 +1121,7 @@ mod tests {
     /// Records a probe at `at` under a 1 ms bound, with none of the pending ones passed: the
     /// ring keeps it pending.
     fn record_probe(r: &mut Ring, at: u64) {
-        r.probe(
+        r.probe_with(
             at,
             Limits::bound(1_000_000),
             |_| Done::NotYet,
@@ -909,7 +1140,7 @@ mod tests {
         }
         assert_eq!(r.pending(), 3);
         let mut recorded = false;
-        r.probe(
+        r.probe_with(
             40,
             Limits::bound(1),
             |_| Done::NotYet,
@@ -937,10 +1168,10 @@ mod tests {
         let before = r.recorded();
         record_probe(&mut r, 30);
         record_probe(&mut r, 40);
-        r.passed_up_to(before);
+        r.passed_up_to(before, 0, |_, _| None);
         assert_eq!(r.pending(), 2);
         assert_eq!(r.unpassed_slots().collect::<Vec<_>>(), vec![2, 3, 4]);
-        r.passed_up_to(r.recorded());
+        r.passed_up_to(r.recorded(), 0, |_, _| None);
         assert_eq!(r.pending(), 0);
     }
 
@@ -952,7 +1183,7 @@ mod tests {
         }
         // The GPU passed the first two probes' events: only the second's wait may be ahead.
         let mut passed = [true, true, false];
-        r.probe(
+        r.probe_with(
             40,
             Limits::bound(1_000_000),
             |s| {

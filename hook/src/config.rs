@@ -44,6 +44,10 @@ pub struct Settings {
     /// bound (`KUBESHARE_HOOK_HANDOVER_AHEAD_US`, default 0 = the bound): the next holder,
     /// granted when this process stops launching, wakes up and launches while it runs.
     pub handover_ahead_ns: u64,
+    /// How long the largest GPU pace the queue-ahead bound measured keeps counting, in ns: it
+    /// fades by half every this long (`KUBESHARE_HOOK_PACE_HOLD_MS`, default 0 = the moving
+    /// average alone; see `ahead.rs`).
+    pub pace_hold_ns: u64,
     /// At a quota's end, ask gem-schd to renew the hold before draining
     /// (`KUBESHARE_HOOK_RENEW`, default on; `0` = always drain and ask again, as before).
     pub renew: bool,
@@ -170,6 +174,21 @@ pub fn parse_handover_ahead_us(v: Option<&str>) -> Result<u64, String> {
     )
 }
 
+/// Default of [`Settings::pace_hold_ns`], ms.
+pub const DEFAULT_PACE_HOLD_MS: u64 = 0;
+
+pub fn parse_pace_hold_ms(v: Option<&str>) -> Result<u64, String> {
+    match v.map(str::trim) {
+        None | Some("") => Ok(DEFAULT_PACE_HOLD_MS),
+        Some(s) => match s.parse::<u64>() {
+            Ok(n) if n <= 60_000 => Ok(n),
+            _ => Err(format!(
+                "KUBESHARE_HOOK_PACE_HOLD_MS={s:?} is not a whole number of ms in 0..=60000; using {DEFAULT_PACE_HOLD_MS}"
+            )),
+        },
+    }
+}
+
 /// Default of [`Settings::soon_spin_ns`], µs: longer than the usual drains it waits for (the
 /// matmul and encoder tenants' drains were 1.3-1.4 ms at the median on an H200).
 pub const DEFAULT_SOON_SPIN_US: u64 = 2000;
@@ -259,6 +278,11 @@ pub fn settings() -> &'static Settings {
                     crate::info!("{e}");
                     DEFAULT_HANDOVER_AHEAD_US
                 });
+        let pace_hold_ms = parse_pace_hold_ms(get("KUBESHARE_HOOK_PACE_HOLD_MS").as_deref())
+            .unwrap_or_else(|e| {
+                crate::info!("{e}");
+                DEFAULT_PACE_HOLD_MS
+            });
         const RENEW: &str = "KUBESHARE_HOOK_RENEW";
         let renew = parse_flag(RENEW, get(RENEW).as_deref(), true).unwrap_or_else(|e| {
             crate::info!("{e}");
@@ -298,6 +322,7 @@ pub fn settings() -> &'static Settings {
             early_ahead_ns: early_ahead_us * 1000,
             sole_ahead_ns: sole_ahead_us * 1000,
             handover_ahead_ns: handover_ahead_us * 1000,
+            pace_hold_ns: pace_hold_ms * 1_000_000,
             renew,
             busy_every,
             soon_spin_ns: soon_spin_us * 1000,
@@ -384,6 +409,16 @@ mod tests {
         let e = parse_sole_ahead_us(Some("50001")).unwrap_err();
         assert!(e.starts_with("KUBESHARE_HOOK_SOLE_AHEAD_US="), "{e}");
         assert!(parse_sole_ahead_us(Some("5ms")).is_err());
+    }
+
+    #[test]
+    fn pace_hold() {
+        assert_eq!(parse_pace_hold_ms(None), Ok(DEFAULT_PACE_HOLD_MS));
+        assert_eq!(parse_pace_hold_ms(Some(" 200 ")), Ok(200));
+        assert_eq!(parse_pace_hold_ms(Some("60000")), Ok(60_000));
+        let e = parse_pace_hold_ms(Some("60001")).unwrap_err();
+        assert!(e.starts_with("KUBESHARE_HOOK_PACE_HOLD_MS="), "{e}");
+        assert!(parse_pace_hold_ms(Some("-1")).is_err());
     }
 
     #[test]

@@ -55,6 +55,7 @@ mod r {
         cuEventRecord,
         cuEventQuery,
         cuEventSynchronize,
+        cuEventElapsedTime,
     );
 }
 
@@ -144,7 +145,10 @@ pub fn drain(dev: usize) {
     // Every probe recorded before the wait is passed now: forget them (the measured pace
     // stays), so the next hold's first probe does not query each.
     if let (Some(recorded), Ok(mut ring)) = (recorded, gpu(dev).ahead.try_lock()) {
-        ring.passed_up_to(recorded);
+        let events = ring.events;
+        ring.passed_up_to(recorded, precise_ns(), |a, b| {
+            elapsed_ns(events[a], events[b])
+        });
     }
     if swapped {
         let _ = exchange_capture_mode(&mut mode);
@@ -241,70 +245,45 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
         ring.clear();
         ring.ctx = ctx;
     }
-    let events = ring.events;
-    let mut made = [0usize; ahead::RING];
     // Under parking each probe is followed by a wait on the gate word (`park.rs`).
     let word = if crate::park::enabled() {
         g.park_word.load(Ordering::Relaxed)
     } else {
         0
     };
-    let (mut after, mut gated) = (ring.after, ring.gated);
     let until_deadline = g
         .deadline_precise
         .load(Ordering::Acquire)
         .saturating_sub(now);
-    let waited = ring.probe(
-        now,
-        ahead::Limits {
-            bound_ns: bound,
-            until_deadline_ns: until_deadline,
-            early_ns: settings().early_ahead_ns,
-            sole_ns: if g.renewals_in_row.load(Ordering::Relaxed) >= SOLE_AFTER_RENEWALS {
-                settings().sole_ahead_ns
-            } else {
-                0
-            },
-            handover_ns: settings().handover_ahead_ns,
+    ring.pace_hold_ns = settings().pace_hold_ns;
+    let limits = ahead::Limits {
+        bound_ns: bound,
+        until_deadline_ns: until_deadline,
+        early_ns: settings().early_ahead_ns,
+        sole_ns: if g.renewals_in_row.load(Ordering::Relaxed) >= SOLE_AFTER_RENEWALS {
+            settings().sole_ahead_ns
+        } else {
+            0
         },
-        |s| match real!(cuEventQuery, events[s] as CUevent) {
-            CUDA_SUCCESS => ahead::Done::Yes,
-            CUDA_ERROR_NOT_READY => ahead::Done::NotYet,
-            _ => ahead::Done::Broken,
-        },
-        |s| {
-            if word != 0 {
-                // Parked at the hold's end, the work behind this probe needs no waiting for.
-                return crate::park::wait_in_hold(events[s], g);
-            }
-            if real!(cuEventSynchronize, events[s] as CUevent) == CUDA_SUCCESS {
-                ahead::Done::Yes
-            } else {
-                ahead::Done::Broken
-            }
-        },
-        |s| {
-            let mut e = events[s] as CUevent;
-            if e.is_null() {
-                if real!(cuEventCreate, &mut e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS {
-                    return false;
-                }
-                made[s] = e as usize;
-            }
-            if real!(cuEventRecord, e, stream) != CUDA_SUCCESS {
-                return false;
-            }
-            gated[s] = word != 0 && crate::park::wait_after_probe(word, stream, &mut after[s]);
-            true
-        },
-        precise_ns,
-    );
+        handover_ns: settings().handover_ahead_ns,
+    };
+    let mut ev = ProbeEvents {
+        g,
+        stream,
+        word,
+        events: ring.events,
+        made: [0; ahead::RING],
+        after: ring.after,
+        gated: ring.gated,
+    };
+    let waited = ring.probe(now, limits, &mut ev);
+    let made = ev.made;
     for (slot, e) in made.iter().enumerate() {
         if *e != 0 {
             ring.events[slot] = *e;
         }
     }
-    (ring.after, ring.gated) = (after, gated);
+    (ring.after, ring.gated) = (ev.after, ev.gated);
     g.probe_every.store(ring.every_ns(bound), Ordering::Relaxed);
     g.precise_every.store(
         if ring.gpu_behind() { 1 } else { PRECISE_EVERY },
@@ -313,6 +292,77 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
     if waited > 0 {
         g.last_probe.store(now + waited, Ordering::Relaxed);
     }
+}
+
+/// The queue-ahead ring's events (`ahead::Events`) on the driver: made on first use in the
+/// ring's context, timed (the ring reads the GPU time between two passed probes), each followed
+/// under parking by a wait on the gate word.
+struct ProbeEvents<'a> {
+    g: &'a Gpu,
+    stream: CUstream,
+    word: u64,
+    events: [usize; ahead::RING],
+    /// Events made here, for the ring to keep.
+    made: [usize; ahead::RING],
+    after: [usize; ahead::RING],
+    gated: [bool; ahead::RING],
+}
+
+impl ahead::Events for ProbeEvents<'_> {
+    fn query(&mut self, slot: usize) -> ahead::Done {
+        match real!(cuEventQuery, self.events[slot] as CUevent) {
+            CUDA_SUCCESS => ahead::Done::Yes,
+            CUDA_ERROR_NOT_READY => ahead::Done::NotYet,
+            _ => ahead::Done::Broken,
+        }
+    }
+
+    fn sync(&mut self, slot: usize) -> ahead::Done {
+        if self.word != 0 {
+            // Parked at the hold's end, the work behind this probe needs no waiting for.
+            return crate::park::wait_in_hold(self.events[slot], self.g);
+        }
+        if real!(cuEventSynchronize, self.events[slot] as CUevent) == CUDA_SUCCESS {
+            ahead::Done::Yes
+        } else {
+            ahead::Done::Broken
+        }
+    }
+
+    fn record(&mut self, slot: usize) -> bool {
+        let mut e = self.events[slot] as CUevent;
+        if e.is_null() {
+            if real!(cuEventCreate, &mut e, CU_EVENT_DEFAULT) != CUDA_SUCCESS {
+                return false;
+            }
+            self.made[slot] = e as usize;
+            self.events[slot] = e as usize;
+        }
+        if real!(cuEventRecord, e, self.stream) != CUDA_SUCCESS {
+            return false;
+        }
+        self.gated[slot] = self.word != 0
+            && crate::park::wait_after_probe(self.word, self.stream, &mut self.after[slot]);
+        true
+    }
+
+    fn elapsed_ns(&mut self, from: usize, to: usize) -> Option<u64> {
+        elapsed_ns(self.events[from], self.events[to])
+    }
+
+    fn now(&mut self) -> u64 {
+        precise_ns()
+    }
+}
+
+/// The GPU time between two passed timed events (None: not both passed, or not timed).
+fn elapsed_ns(from: usize, to: usize) -> Option<u64> {
+    let mut ms = 0f32;
+    (from != 0
+        && to != 0
+        && real!(cuEventElapsedTime, &mut ms, from as CUevent, to as CUevent) == CUDA_SUCCESS
+        && ms >= 0.0)
+        .then(|| (f64::from(ms) * 1e6) as u64)
 }
 
 pub(crate) fn capturing(stream: CUstream) -> bool {
@@ -606,11 +656,12 @@ fn start_hold_from(
         coarse_resolution_ns(),
         settings().precise_deadline,
     );
-    // While the GPU runs behind this process's CPU (`ahead.rs`), the queue-ahead
-    // bound covers the whole hold: on the coarse clock alone a burst launched in
-    // the hold's first tick queued unprobed (18 ms past a 5 ms grant through the
-    // fake driver), and the CPU has time to spare for the precise reads.
-    if precise != 0 && g.precise_every.load(Ordering::Relaxed) == 1 {
+    // The queue-ahead bound (`ahead.rs`) covers the whole hold: on the coarse clock alone a
+    // burst launched in the hold's first ticks queued unprobed (18 ms past a 5 ms grant
+    // through the fake driver; on an H200, a `TransformerEncoder` training step whose average
+    // pace read below 2 queued 20 ms that way while the probes said 0.7 ms). The precise
+    // stretch costs a launch ~8 ns more.
+    if precise != 0 && settings().max_ahead_ns > 0 {
         coarse = now;
     }
     g.set_deadlines(coarse, precise);

@@ -154,7 +154,11 @@ fn release_if_expired(dev: usize) {
     notice_drain(dev, g, &mut t);
     let parked = crate::park::park(g, &mut t);
     if !parked {
+        let queue = QueueAtBlock::read(g);
         drain(dev);
+        if let Some(q) = queue {
+            q.log(dev);
+        }
     }
     g.holding.store(false, Ordering::Release);
     let used_ns = precise_ns().saturating_sub(t.grant_ns);
@@ -180,6 +184,51 @@ fn release_if_expired(dev: usize) {
         t.quota_us
     );
     crate::um::on_hold_end(dev);
+}
+
+/// With the debug log, at a hold that ends while its process waits: what the queue-ahead bound
+/// (`ahead.rs`) estimated was queued, beside how long the drain took and how long ago the last
+/// launch was, so that the estimate can be checked against the GPU.
+struct QueueAtBlock {
+    at: u64,
+    since_launch_ns: u64,
+    since_probe_ns: u64,
+    pending: usize,
+    estimate_ns: u64,
+    pace: f64,
+    every_launch_precise: bool,
+}
+
+impl QueueAtBlock {
+    fn read(g: &crate::state::Gpu) -> Option<Self> {
+        if !crate::log::enabled(crate::log::DEBUG) {
+            return None;
+        }
+        let r = g.ahead.try_lock().ok()?;
+        let at = precise_ns();
+        Some(QueueAtBlock {
+            at,
+            since_launch_ns: coarse_ns().saturating_sub(g.last_launch.load(Ordering::Relaxed)),
+            since_probe_ns: at.saturating_sub(g.last_probe.load(Ordering::Relaxed)),
+            pending: r.pending(),
+            estimate_ns: r.pending_gpu_ns(),
+            pace: r.pace(),
+            every_launch_precise: g.precise_every.load(Ordering::Relaxed) == 1,
+        })
+    }
+
+    fn log(&self, dev: usize) {
+        debug!(
+            "device {dev}: drained in {} µs at a hold's end while the process waits; last launch {} µs, last probe {} µs before; queue bound: {} probes pending, ~{} µs of GPU work at a pace of {:.2}, precise clock at every launch {}",
+            precise_ns().saturating_sub(self.at) / 1000,
+            self.since_launch_ns / 1000,
+            self.since_probe_ns / 1000,
+            self.pending,
+            self.estimate_ns / 1000,
+            self.pace,
+            self.every_launch_precise
+        );
+    }
 }
 
 /// An expired hold whose work is parked behind the gate (`park.rs`) asks for the token again
