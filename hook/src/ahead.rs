@@ -1,19 +1,18 @@
 //! A bound on how far ahead of the GPU a holder's CPU queues work (`KUBESHARE_HOOK_MAX_AHEAD_US`,
 //! default 200 µs, 0 = off).
 //!
-//! The gate acts at launch time, so everything queued before the deadline runs after it: the
-//! hook drains it at the hand-over, and the next holder waits for it. A framework's CPU can
-//! queue far more GPU work per ms than the GPU runs: on an H100, ResNet-50 training's drain
-//! past a ~3.4 ms grant was 0.75 ms at the median but 4.8 ms at p90 and up to 14.7 ms, and a
-//! batch-1 inference request beside it waited that whole turn. Here, in the precise stretch of
-//! a hold (the whole hold while the bound is on; docs/hook.md, "The launch gate"), the hook
-//! records an event on the launching stream every [`probe_every`] of launching (100 µs, or
-//! half a shorter bound), and keeps at most `bound / probe_every` pending: before recording
-//! another it waits for the oldest. So the GPU never runs further behind than the work the CPU
-//! queued in the bound's worth of its own launching time (the time it spent waiting does not
-//! count), whatever the phase of the program. A bound on
-//! the CPU's clock, not the GPU's: the GPU time queued is the bound times how much faster the
-//! CPU queues work than the GPU runs it (a first attempt bounded the probes' age in wall-clock
+//! The gate acts at launch time, so everything queued before the deadline runs after it: the hook
+//! drains it at the hand-over, and the next holder waits for it. A framework's CPU can queue far
+//! more GPU work per ms than the GPU runs: on an H100, ResNet-50 training's drain past a ~3.4 ms
+//! grant was 0.75 ms at the median but 4.8 ms at p90 and up to 14.7 ms, and a batch-1 inference
+//! request beside it waited that whole turn. Here, in the precise stretch of a hold (the whole hold
+//! while the bound is on; docs/hook.md, "The launch gate"), the hook records an event on the
+//! launching stream every [`probe_every`] of launching (100 µs, or half a shorter bound), and keeps
+//! at most `bound / probe_every` pending: before recording another it waits for the oldest. So the
+//! GPU never runs further behind than the work the CPU queued in the bound's worth of its own
+//! launching time (the time it spent waiting does not count), whatever the phase of the program. A
+//! bound on the CPU's clock, not the GPU's: the GPU time queued is the bound times how much faster
+//! the CPU queues work than the GPU runs it (a first attempt bounded the probes' age in wall-clock
 //! time, which let the queue settle at 3.5 ms for a 1 ms bound in the test below). The GPU keeps
 //! the pending probes' work queued while the CPU waits, so it does not idle for it.
 //!
@@ -32,9 +31,8 @@
 //! The ratio is a moving average, and a step's phases differ in pace: on an H200 a
 //! `TransformerEncoder` training step's average read 1.3–2 while its heaviest 0.5 ms windows of
 //! launching ran 15–20, so a queue estimated at 0.4 ms drained in up to 8 ms. With
-//! `KUBESHARE_HOOK_PACE_HOLD_MS` the ring also keeps the largest ratio over
-//! [`PEAK_WINDOW_NS`] of launching, fading by half every that long, and counts the queue at
-//! the larger of the two: the drain stays near the estimate (≤ 5.2 ms for a 5 ms queue
+//! `KUBESHARE_HOOK_PACE_HOLD_MS` the ring also keeps the largest ratio over 0.5 ms of launching
+//! (`pace.rs`), fading by half every that long, and counts the queue at the larger of the two: the drain stays near the estimate (≤ 5.2 ms for a 5 ms queue
 //! there), but the lighter phases' queue is that much shallower (docs/hook.md).
 //!
 //! The bound is what may drain past the deadline: what is queued before the deadline runs before
@@ -62,6 +60,8 @@
 //! for its wake-up once a bound's worth has run. The next holder's first kernel waits for the
 //! longer of the two; but where it wakes sooner, the GPU may run its kernels beside the drain,
 //! which is then charged to this process.
+
+use crate::pace::Pace;
 
 /// How often (at launches, precise time) a probe event is recorded, for bounds of 200 µs and
 /// more; shorter bounds probe twice per bound ([`probe_every`]).
@@ -138,18 +138,8 @@ pub struct Ring {
     /// When the GPU passed the last probe the CPU waited for (None: not known, e.g. the
     /// probe was found done by a query, at some time before).
     passed_at: Option<u64>,
-    /// GPU time per ns of launching, ×1024 (0: not measured yet): the larger of `mean_x1024`
-    /// and the held peak, as of the last sample.
-    ratio_x1024: u64,
-    /// The ratio's moving average over samples; and the largest ratio over [`PEAK_WINDOW_NS`]
-    /// of launching with when it was measured (it fades by half every `pace_hold_ns`; 0: the
-    /// average alone), and the window being summed.
-    mean_x1024: u64,
-    peak_x1024: u64,
-    peak_at: u64,
-    pub pace_hold_ns: u64,
-    window_gpu: u64,
-    window_cpu: u64,
+    /// The GPU time per ns of launching, as measured (`pace.rs`).
+    pub pace: Pace,
     /// Whether each slot's probe was recorded behind another still pending: its interval's
     /// work was all queued before the GPU reached it, so the GPU time between the previous
     /// probe and it is that work's alone, with no wait for the CPU in it.
@@ -163,27 +153,8 @@ pub struct Ring {
     seq: [u64; RING],
 }
 
-/// The ratio's fixed-point scale.
-const RATIO_ONE: u64 = 1024;
-
-/// The launching over which the held peak pace is measured ([`Ring::pace_hold_ns`]).
-pub const PEAK_WINDOW_NS: u64 = 500_000;
-
-fn ratio_x1024(gpu: u64, cpu: u64) -> u64 {
-    (u128::from(gpu) * u128::from(RATIO_ONE) / u128::from(cpu.max(1))).min(u128::from(u32::MAX))
-        as u64
-}
-
-/// `peak` faded by half for every `half_life` of `age` (linearly between halvings).
-fn faded(peak: u64, age: u64, half_life: u64) -> u64 {
-    let half_life = half_life.max(1);
-    let halvings = age / half_life;
-    if halvings >= 64 {
-        return 0;
-    }
-    let at = peak >> halvings;
-    at - (u128::from(at / 2) * u128::from(age % half_life) / u128::from(half_life)) as u64
-}
+/// The pace's fixed-point scale.
+const RATIO_ONE: u64 = crate::pace::ONE;
 
 /// The driver's side of the probes: what the ring asks of the event in a slot. Implemented over
 /// the CUDA driver in `device.rs`, over a simulated GPU in the tests.
@@ -213,13 +184,7 @@ impl Ring {
             len: 0,
             last_recorded: 0,
             passed_at: None,
-            ratio_x1024: 0,
-            mean_x1024: 0,
-            peak_x1024: 0,
-            peak_at: 0,
-            pace_hold_ns: 0,
-            window_gpu: 0,
-            window_cpu: 0,
+            pace: Pace::new(),
             behind: [false; RING],
             last_passed: None,
             recorded: 0,
@@ -232,30 +197,25 @@ impl Ring {
     /// [`MIN_PROBE_EVERY_NS`].
     pub fn every_ns(&self, bound_ns: u64) -> u64 {
         let base = probe_every(bound_ns);
-        if self.ratio_x1024 <= RATIO_ONE {
+        if self.pace.x1024() <= RATIO_ONE {
             return base;
         }
-        let want = (u128::from(bound_ns / 2) * u128::from(RATIO_ONE) / u128::from(self.ratio_x1024))
-            as u64;
+        let want = (u128::from(bound_ns / 2) * u128::from(RATIO_ONE)
+            / u128::from(self.pace.x1024())) as u64;
         want.clamp(MIN_PROBE_EVERY_NS.min(base), base)
     }
 
     /// Whether the GPU was measured running behind the CPU (more than twice the launching
     /// time in GPU work): the CPU then has time to spare for reading the clock at every launch.
     pub fn gpu_behind(&self) -> bool {
-        self.ratio_x1024 > 2 * RATIO_ONE
-    }
-
-    /// The GPU's pace as measured: GPU time per unit of launching time (0: not measured yet).
-    pub fn pace(&self) -> f64 {
-        self.ratio_x1024 as f64 / RATIO_ONE as f64
+        self.pace.x1024() > 2 * RATIO_ONE
     }
 
     /// The GPU time of `launching` ns of launching, by the measured ratio once there is one
     /// (before: the launching time itself).
     fn gpu_ns(&self, launching: u64) -> u64 {
-        if self.ratio_x1024 > RATIO_ONE {
-            (u128::from(launching) * u128::from(self.ratio_x1024) / u128::from(RATIO_ONE))
+        if self.pace.x1024() > RATIO_ONE {
+            (u128::from(launching) * u128::from(self.pace.x1024()) / u128::from(RATIO_ONE))
                 .min(u128::from(u64::MAX)) as u64
         } else {
             launching
@@ -265,8 +225,8 @@ impl Ring {
     /// The launching time whose GPU work is `gpu_ns` by the measured ratio (before it is
     /// measured, or while the GPU keeps up with the CPU: `gpu_ns` itself).
     pub fn launching_for(&self, gpu_ns: u64) -> u64 {
-        if self.ratio_x1024 > RATIO_ONE {
-            (u128::from(gpu_ns) * u128::from(RATIO_ONE) / u128::from(self.ratio_x1024)) as u64
+        if self.pace.x1024() > RATIO_ONE {
+            (u128::from(gpu_ns) * u128::from(RATIO_ONE) / u128::from(self.pace.x1024())) as u64
         } else {
             gpu_ns
         }
@@ -286,45 +246,9 @@ impl Ring {
     fn learn(&mut self, slot: usize, t: u64, timed: bool) {
         if let (Some(prev), false) = (self.passed_at, timed) {
             let gpu = t.saturating_sub(prev.max(self.start_at[slot]));
-            self.sample(gpu, self.launching[slot], t);
+            self.pace.sample(gpu, self.launching[slot], t);
         }
         self.passed_at = Some(t);
-    }
-
-    /// One measurement of the pace, `gpu` ns of GPU time for `cpu` ns of launching, at `t`:
-    /// into the moving average and, while held, the peak.
-    fn sample(&mut self, gpu: u64, cpu: u64, t: u64) {
-        let sample = ratio_x1024(gpu, cpu);
-        self.mean_x1024 = if self.mean_x1024 == 0 {
-            sample
-        } else {
-            (3 * self.mean_x1024 + sample) / 4
-        };
-        self.ratio_x1024 = self.mean_x1024;
-        if self.pace_hold_ns == 0 {
-            return;
-        }
-        // The peak is taken over windows of launching, not single intervals: one long kernel
-        // in a 10 µs interval would otherwise hold the queue to a probe's worth for a while.
-        self.window_gpu = self.window_gpu.saturating_add(gpu);
-        self.window_cpu = self.window_cpu.saturating_add(cpu);
-        let held = faded(
-            self.peak_x1024,
-            t.saturating_sub(self.peak_at),
-            self.pace_hold_ns,
-        );
-        if self.window_cpu >= PEAK_WINDOW_NS {
-            let window = ratio_x1024(self.window_gpu, self.window_cpu);
-            (self.window_gpu, self.window_cpu) = (0, 0);
-            if window >= held {
-                (self.peak_x1024, self.peak_at) = (window, t);
-            }
-        }
-        self.ratio_x1024 = self.ratio_x1024.max(faded(
-            self.peak_x1024,
-            t.saturating_sub(self.peak_at),
-            self.pace_hold_ns,
-        ));
     }
 
     /// The GPU has passed the oldest pending probe: forget it, and learn the pace from the GPU
@@ -340,7 +264,7 @@ impl Ring {
             .filter(|p| self.behind[slot] && self.seq[*p] + 1 == self.seq[slot]);
         let gpu = prev.and_then(|p| elapsed(p, slot));
         if let Some(gpu) = gpu {
-            self.sample(gpu, self.launching[slot], t);
+            self.pace.sample(gpu, self.launching[slot], t);
         }
         self.pop();
         gpu.is_some()
@@ -379,12 +303,12 @@ impl Ring {
         self.recorded
     }
 
-    /// The GPU has passed every probe up to the `recorded`th (a wait for the whole queue that
-    /// began then has returned, at `t`): those are forgotten, later ones stay pending, and the
-    /// pace is learned from them ([`Ring::pass_head`]). Forgetting them
-    /// all let a probe recorded by another thread during the wait go unknown, and under parking
-    /// its wait on the gate word with it: a hold's end then closed the word with the GPU bound
-    /// to stop at a wait the ring did not know of (`park.rs`).
+    /// The GPU has passed every probe up to the `recorded`th (a wait for the whole queue that began
+    /// then has returned, at `t`): those are forgotten, later ones stay pending, and the pace is
+    /// learned from them ([`Ring::pass_head`]). Forgetting them all let a probe recorded by another
+    /// thread during the wait go unknown, and under parking its wait on the gate word with it: a
+    /// hold's end then closed the word with the GPU bound to stop at a wait the ring did not know
+    /// of (`park.rs`).
     pub fn passed_up_to(
         &mut self,
         recorded: u64,
@@ -406,14 +330,14 @@ impl Ring {
 
     /// One probe at precise time `now`: drops the probes the GPU has passed, waits
     /// ([`Events::sync`]) for the oldest pending ones until the GPU work behind them and the
-    /// interval this probe closes fit the `limits` (or none is left), learning the GPU's pace
-    /// as probes are passed, then records a new one ([`Events::record`]). A wait given up (`Done::NotYet`:
-    /// the hold ended meanwhile) ends the probe, none recorded. What is queued before the
-    /// deadline runs before it, so only the bound drains past it: the queue may be a hold's
-    /// worth deep early in the hold and narrows to the bound at its end (a bound for the whole
-    /// hold kept a two-process client's queues one 0.2 ms kernel deep on an H100, and the GPU
-    /// switched between its two contexts at every kernel: 0.31–0.35 of the GPU for 0.4 of the
-    /// token time). Returns how long it waited.
+    /// interval this probe closes fit the `limits` (or none is left), learning the GPU's pace as
+    /// probes are passed, then records a new one ([`Events::record`]). A wait given up
+    /// (`Done::NotYet`: the hold ended meanwhile) ends the probe, none recorded. What is queued
+    /// before the deadline runs before it, so only the bound drains past it: the queue may be a
+    /// hold's worth deep early in the hold and narrows to the bound at its end (a bound for the
+    /// whole hold kept a two-process client's queues one 0.2 ms kernel deep on an H100, and the GPU
+    /// switched between its two contexts at every kernel: 0.31–0.35 of the GPU for 0.4 of the token
+    /// time). Returns how long it waited.
     pub fn probe(&mut self, now: u64, limits: Limits, ev: &mut impl Events) -> u64 {
         while self.len > 0 {
             match ev.query(self.head) {
@@ -441,7 +365,7 @@ impl Ring {
         // CPU far ahead is many times deeper than it says (the sole allowance counted so let
         // a process whose GPU turned busy while it was alone queue 5 ms of launching, 20 times
         // that at ResNet-50 training's pace, before its first wait).
-        let paced = self.ratio_x1024 != 0;
+        let paced = self.pace.x1024() != 0;
         let slack = |t: u64| {
             if !paced {
                 0
@@ -465,7 +389,7 @@ impl Ring {
         // whose first wait drained the queue past its deadline could go unmeasured for good).
         while self.len > 0
             && (self.len >= RING
-                || (self.ratio_x1024 == 0 && self.passed_at.is_some())
+                || (self.pace.x1024() == 0 && self.passed_at.is_some())
                 || self.pending_gpu_ns().saturating_add(self.gpu_ns(closing))
                     > bound_ns.saturating_add(slack(t)))
         {
@@ -519,10 +443,10 @@ mod tests {
     fn the_launching_for_some_gpu_work_follows_the_measured_ratio() {
         let mut r = super::Ring::new();
         assert_eq!(r.launching_for(200_000), 200_000, "not measured yet");
-        r.ratio_x1024 = 10 * super::RATIO_ONE;
+        r.pace.set(10 * super::RATIO_ONE);
         assert_eq!(r.launching_for(200_000), 20_000, "a CPU ten times ahead");
         assert_eq!(r.gpu_ns(r.launching_for(200_000)), 200_000);
-        r.ratio_x1024 = super::RATIO_ONE / 2;
+        r.pace.set(super::RATIO_ONE / 2);
         assert_eq!(r.launching_for(200_000), 200_000, "a GPU that keeps up");
     }
 
@@ -827,7 +751,7 @@ mod tests {
     fn simulate_phases(pace_hold_ns: u64, steps: u32) -> (u64, u64) {
         let sim = Sim::new(2);
         let mut alone = Alone::new(5_000_000, 5_000_000, 0, u64::MAX);
-        alone.ring.pace_hold_ns = pace_hold_ns;
+        alone.ring.pace.hold_ns = pace_hold_ns;
         let (mut deepest, mut idle) = (0, 0);
         for step in 0..steps {
             for (ratio, launching) in [(2, 6_000_000), (10, 1_500_000)] {
@@ -869,16 +793,6 @@ mod tests {
         assert_eq!((idle_mean, idle_held), (0, 0), "the GPU ran dry");
     }
 
-    #[test]
-    fn a_peak_fades_by_half_every_half_life() {
-        assert_eq!(faded(1000, 0, 100), 1000);
-        assert_eq!(faded(1000, 50, 100), 750);
-        assert_eq!(faded(1000, 100, 100), 500);
-        assert_eq!(faded(1000, 250, 100), 188);
-        assert_eq!(faded(u64::MAX, u64::MAX, 1), 0);
-        assert_eq!(faded(7, 5, 0), 0, "no half-life: gone at once");
-    }
-
     /// A hold's coarse part queued 30 ms unprobed; in its precise stretch the first wait drains
     /// all of it. That wait measures nothing (no passing before it), and the probe after it
     /// is found passed by a query, so the pace was never learned while every hold went so (a
@@ -896,9 +810,9 @@ mod tests {
         }
         assert!(waited >= 29_000_000, "waited {waited} ns for the queue");
         assert!(
-            r.ratio_x1024 > 4 * RATIO_ONE,
+            r.pace.x1024() > 4 * RATIO_ONE,
             "pace after the first wait: {} / {RATIO_ONE}",
-            r.ratio_x1024
+            r.pace.x1024()
         );
         assert!(r.gpu_behind());
     }

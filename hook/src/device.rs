@@ -255,7 +255,7 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
         .deadline_precise
         .load(Ordering::Acquire)
         .saturating_sub(now);
-    ring.pace_hold_ns = settings().pace_hold_ns;
+    ring.pace.hold_ns = settings().pace_hold_ns;
     let limits = ahead::Limits {
         bound_ns: bound,
         until_deadline_ns: until_deadline,
@@ -272,18 +272,11 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
         stream,
         word,
         events: ring.events,
-        made: [0; ahead::RING],
         after: ring.after,
         gated: ring.gated,
     };
     let waited = ring.probe(now, limits, &mut ev);
-    let made = ev.made;
-    for (slot, e) in made.iter().enumerate() {
-        if *e != 0 {
-            ring.events[slot] = *e;
-        }
-    }
-    (ring.after, ring.gated) = (ev.after, ev.gated);
+    (ring.events, ring.after, ring.gated) = (ev.events, ev.after, ev.gated);
     g.probe_every.store(ring.every_ns(bound), Ordering::Relaxed);
     g.precise_every.store(
         if ring.gpu_behind() { 1 } else { PRECISE_EVERY },
@@ -301,9 +294,8 @@ struct ProbeEvents<'a> {
     g: &'a Gpu,
     stream: CUstream,
     word: u64,
+    /// The ring's events, with those made here, for the ring to keep.
     events: [usize; ahead::RING],
-    /// Events made here, for the ring to keep.
-    made: [usize; ahead::RING],
     after: [usize; ahead::RING],
     gated: [bool; ahead::RING],
 }
@@ -335,7 +327,6 @@ impl ahead::Events for ProbeEvents<'_> {
             if real!(cuEventCreate, &mut e, CU_EVENT_DEFAULT) != CUDA_SUCCESS {
                 return false;
             }
-            self.made[slot] = e as usize;
             self.events[slot] = e as usize;
         }
         if real!(cuEventRecord, e, self.stream) != CUDA_SUCCESS {
@@ -570,7 +561,7 @@ fn log_queue_at_quota_end(dev: usize, g: &Gpu, t: &Token, noticed: u64) {
             "device {dev}: quota over {late_us} µs ago; queue bound: {} probes pending, ~{} µs of GPU work at a pace of {:.1}",
             r.pending(),
             r.pending_gpu_ns() / 1000,
-            r.pace()
+            r.pace.ratio()
         ),
         Err(_) => debug!("device {dev}: quota over {late_us} µs ago; queue bound busy"),
     }

@@ -212,7 +212,7 @@ impl QueueAtBlock {
             since_probe_ns: at.saturating_sub(g.last_probe.load(Ordering::Relaxed)),
             pending: r.pending(),
             estimate_ns: r.pending_gpu_ns(),
-            pace: r.pace(),
+            pace: r.pace.ratio(),
             every_launch_precise: g.precise_every.load(Ordering::Relaxed) == 1,
         })
     }

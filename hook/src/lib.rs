@@ -20,6 +20,7 @@ pub mod idle;
 pub mod log;
 pub mod memory;
 pub mod nvml;
+pub mod pace;
 pub mod park;
 pub mod procaddr;
 pub mod real;
