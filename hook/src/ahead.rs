@@ -29,11 +29,12 @@
 //! two probes, and the probes kept pending hold about the bound's worth of GPU time.
 //!
 //! The ratio is a moving average, and a step's phases differ in pace: on an H200 a
-//! `TransformerEncoder` training step's average read 1.3–2 while its heaviest 0.5 ms windows of
+//! `TransformerEncoder` training step's average read 1.2–2 while its heaviest 0.5 ms windows of
 //! launching ran 15–20, so a queue estimated at 0.4 ms drained in up to 8 ms. With
 //! `KUBESHARE_HOOK_PACE_HOLD_MS` the ring also keeps the largest ratio over 0.5 ms of launching
-//! (`pace.rs`), fading by half every that long, and counts the queue at the larger of the two: the drain stays near the estimate (≤ 5.2 ms for a 5 ms queue
-//! there), but the lighter phases' queue is that much shallower (docs/hook.md).
+//! (`pace.rs`), fading by half every that long, and counts the queue at the larger of the two: the
+//! drain stays near the estimate (≤ 5.2 ms for a 5 ms queue there), but the lighter phases' queue
+//! is that much shallower (docs/hook.md).
 //!
 //! The bound is what may drain past the deadline: what is queued before the deadline runs before
 //! it. So with the pace measured, the queue may also hold the time left in the hold, up to

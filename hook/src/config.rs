@@ -46,7 +46,7 @@ pub struct Settings {
     pub handover_ahead_ns: u64,
     /// How long the largest GPU pace the queue-ahead bound measured keeps counting, in ns: it
     /// fades by half every this long (`KUBESHARE_HOOK_PACE_HOLD_MS`, default 0 = the moving
-    /// average alone; see `ahead.rs`).
+    /// average alone; see `pace.rs`).
     pub pace_hold_ns: u64,
     /// At a quota's end, ask gem-schd to renew the hold before draining
     /// (`KUBESHARE_HOOK_RENEW`, default on; `0` = always drain and ask again, as before).
