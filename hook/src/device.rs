@@ -244,6 +244,8 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
         }
         ring.clear();
         ring.ctx = ctx;
+        // The setting, read once here, not at every probe.
+        ring.pace.hold_ns = settings().pace_hold_ns;
     }
     // Under parking each probe is followed by a wait on the gate word (`park.rs`).
     let word = if crate::park::enabled() {
@@ -255,7 +257,6 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
         .deadline_precise
         .load(Ordering::Acquire)
         .saturating_sub(now);
-    ring.pace.hold_ns = settings().pace_hold_ns;
     let limits = ahead::Limits {
         bound_ns: bound,
         until_deadline_ns: until_deadline,
