@@ -214,6 +214,10 @@ impl World {
                         prop_assert!(self.pending.remove(&c), "grant to {c} without a request");
                         let slot = self.slots.iter().find(|s| s.0 == c).unwrap();
                         prop_assert_eq!(IDS[slot.1], client.as_str());
+                        // (A process joining its client's running hold is no new turn.)
+                        if self.core.in_co_hold(c) || self.core.grants() > self.grants_before {
+                            self.check_capped_apart(&client)?;
+                        }
                         if self.core.in_co_hold(c) {
                             // A co-hold runs beside the holder, granted to a light client
                             // only (its fill may rise before the co-hold ends), its fill as
@@ -358,6 +362,32 @@ impl World {
                 used <= bound,
                 "{id} (limit {limit}) used {used} µs of {w_eff} µs, bound {bound}"
             );
+        }
+        Ok(())
+    }
+
+    /// A grant (a turn or a co-hold) to `client`: if it is capped, no other capped client's
+    /// co-hold may still run (its last grant's quota and grace, or the drain reported past it,
+    /// not yet up), so capped clients, each charged the wall time it holds, never hold at once
+    /// (`core/capped.rs`); a co-hold beside a capped turn is checked in `check`. (A reload
+    /// that caps two clients holding at once leaves them so until their holds end.)
+    fn check_capped_apart(&self, client: &str) -> Result<(), TestCaseError> {
+        if !self.capped(client) {
+            return Ok(());
+        }
+        let grace = self.core.params().grace_us;
+        for (id, seen) in &self.co_seen {
+            if id == client || !self.config.contains(id) || !self.capped(id) {
+                continue;
+            }
+            if let Some(o) = &seen.open {
+                prop_assert!(
+                    o.reach(grace) <= self.now,
+                    "{client} (capped) granted while {id} (capped) co-holds until {}, now {}",
+                    o.reach(grace),
+                    self.now
+                );
+            }
         }
         Ok(())
     }

@@ -40,15 +40,17 @@ impl Core {
 
     /// Whether `id` waits for a turn and may take it now: below its limit over the window and
     /// within its pacing allowance (the checks of the ranking; under full contention of its
-    /// class neither is checked). While a guaranteed client may, no opportunistic one is
-    /// granted a turn.
+    /// class neither is checked), and, if capped, no other capped client's co-hold running
+    /// (`capped.rs`). While a guaranteed client may, no opportunistic one is granted a turn.
     pub fn may_take_turn(&self, now: Micros, id: &str) -> bool {
         let Some(&key) = self.ids.get(id) else {
             return false;
         };
         let c = &self.clients[&key];
         let full = self.fully_contended(c.spec.class, now);
-        self.waits_for_turn(key, c) && self.turn_room(key, c, now, full).is_some()
+        self.waits_for_turn(key, c)
+            && self.turn_room(key, c, now, full).is_some()
+            && self.capped_co_hold_until(key, now).is_none()
     }
 
     pub(super) fn class_of(&self, key: Key) -> Option<ClientClass> {

@@ -81,7 +81,7 @@ pub(super) struct CoHold {
 impl CoHold {
     /// How far its processes may have run: its last grant's `quota`, then the `grace` or the
     /// drain they reported past it, whichever is longer.
-    fn ran_to(&self, quota: Micros, grace: Micros) -> Micros {
+    pub(super) fn ran_to(&self, quota: Micros, grace: Micros) -> Micros {
         let past = grace.max(self.ran_past_quota);
         self.last_grant.saturating_add(quota.saturating_add(past))
     }
@@ -226,14 +226,17 @@ impl Core {
             .map(|k| self.clients[k].boosted_limit_milli())
     }
 
-    /// Whether `key` co-runs rather than takes turns: co-running on, and its fill as judged
-    /// (`judged_fill`) below the threshold. A light client waits for co-holds only
+    /// Whether `key` co-runs rather than takes turns: co-running on, its fill as judged
+    /// (`judged_fill`) below the threshold, and, if it is capped, an uncapped client connected
+    /// to co-run beside (`capped.rs`). A light client waits for co-holds only
     /// (`serve_co_waiters`), never for a turn (`dispatch` passes it over).
     pub(super) fn light(&self, key: Key) -> bool {
         let below = self.co_run.below;
         below > 0.0
             && self.clients.get(&key).is_some_and(|c| {
-                c.spec.limit_milli > 0 && c.judged_fill().is_some_and(|f| f < below)
+                c.spec.limit_milli > 0
+                    && c.judged_fill().is_some_and(|f| f < below)
+                    && (!c.charged_in_wall_time() || self.uncapped_connected())
             })
     }
 
@@ -284,7 +287,7 @@ impl Core {
     /// fill. Its charge is a piece ending there: it slides out of a window no earlier than its
     /// time did (an open co-hold counted as ending at `now` never left the short pacing window,
     /// and its client waited for good).
-    fn co_charge(&self, c: &ClientState, h: &CoHold, now: Micros) -> (Micros, Micros) {
+    pub(super) fn co_charge(&self, c: &ClientState, h: &CoHold, now: Micros) -> (Micros, Micros) {
         let end = now.min(h.ran_to(self.co_run.quota_us, self.params.grace_us));
         (end, c.co_charge_of(end.saturating_sub(h.start)))
     }
@@ -308,8 +311,9 @@ impl Core {
     }
 
     /// Whether a TokenRequest of `key` at `now` is answered with a co-hold: co-running on, the
-    /// client light and not the holder, no capped client holding a turn, and its usage (turns
-    /// and co-holds) below its limit over the window and the pacing window.
+    /// client light and not the holder, no capped client holding a turn, if it is capped no
+    /// other capped client co-holding or waiting ahead of it (`capped.rs`), and its usage
+    /// (turns and co-holds) below its limit over the window and the pacing window.
     pub(super) fn co_ok(&self, now: Micros, key: Key) -> bool {
         // A process of the holder waits for (or joins) its client's hold; an opportunistic
         // client does not co-run beside a guaranteed one (`class.rs`), nor anyone beside a
@@ -318,6 +322,8 @@ impl Core {
             || self.holder.as_ref().is_some_and(|h| h.client == key)
             || self.capped_turn()
             || self.co_waits_for_guaranteed(key)
+            || self.capped_co_hold_until(key, now).is_some()
+            || self.capped_waits_ahead(key, now)
         {
             return false;
         }
@@ -355,15 +361,22 @@ impl Core {
     /// usage below its limit over the window so far and over the pacing window. (A turn's
     /// wake-up waits for room for a min quota and the client's overrun, later than a co-hold
     /// needs: a paced co-runner woke late unless another client's request dispatched.) An
-    /// opportunistic client kept out by a guaranteed one, or any light client kept out by a
-    /// capped holder, has no time of its own: it is served at the event that ends that hold.
+    /// opportunistic client kept out by a guaranteed one, any light client kept out by a
+    /// capped holder and a capped one by a capped client waiting ahead of it have no time of
+    /// their own: each is served at the event that ends that hold or grants that client. One
+    /// kept out by another capped client's co-hold is served at that co-hold's end, or when its
+    /// time is up if its processes never report it.
     pub(super) fn co_ready_at(&self, key: Key, now: Micros) -> Option<Micros> {
-        if self.co_waits_for_guaranteed(key) || self.capped_turn() {
+        if self.co_waits_for_guaranteed(key)
+            || self.capped_turn()
+            || self.capped_waits_ahead(key, now)
+        {
             return None;
         }
         let c = self.clients.get(&key)?;
         let lim = u128::from(c.spec.limit_milli);
         let w = self.window_ready_at(key, now, false)?;
+        let w = w.max(self.capped_co_hold_until(key, now).unwrap_or(w));
         let p = self.pace_window();
         if p == 0 || lim >= 1000 {
             return Some(w);
@@ -383,21 +396,24 @@ impl Core {
     /// slid, a fill changed) get co-holds instead of waiting on for a turn, which would charge
     /// them its wall time and keep their window full: through the fake driver a launch-bound
     /// tenant that once reached its limit took turns from then on (600 turns against 50
-    /// co-holds).
+    /// co-holds). One at a time, the client behind in virtual time first: a co-hold granted
+    /// may keep the next out (`capped.rs`).
     pub(super) fn serve_co_waiters(&mut self, now: Micros, out: &mut Vec<Action>) {
         if self.co_run.below <= 0.0 {
             return;
         }
-        let ready: Vec<Key> = self
+        let mut waiting: Vec<(u128, Key)> = self
             .clients
             .iter()
             .filter(|(_, c)| !c.waiting.is_empty())
-            .map(|(k, _)| *k)
-            .filter(|k| self.co_ok(now, *k))
+            .map(|(k, c)| (c.pass, *k))
             .collect();
-        for key in ready {
-            for conn in self.take_waiting(key) {
-                out.push(self.co_grant(now, key, conn));
+        waiting.sort_unstable();
+        for (_, key) in waiting {
+            if self.co_ok(now, key) {
+                for conn in self.take_waiting(key) {
+                    out.push(self.co_grant(now, key, conn));
+                }
             }
         }
     }

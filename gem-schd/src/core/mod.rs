@@ -934,6 +934,7 @@ fn refusal_action(conn: ConnId, r: Refusal) -> Action {
     }
 }
 
+mod capped;
 mod catch_up;
 mod class;
 mod co_area;

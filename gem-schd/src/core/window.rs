@@ -14,7 +14,7 @@ impl Core {
         }
         let c = self.clients.get(&key)?;
         let w = self.window_ready_at(key, now, self.fully_contended(c.spec.class, now))?;
-        let mut p = now;
+        let mut p = self.capped_co_hold_until(key, now).unwrap_or(now);
         for rule in self.pace_rules(key, c, now) {
             p = p.max(self.pace_ready_at(key, now, rule, self.pace_need(c, rule))?);
         }

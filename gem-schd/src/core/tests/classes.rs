@@ -290,7 +290,12 @@ fn an_opportunistic_turn_beside_a_guaranteed_client_between_requests_is_short() 
 
 #[test]
 fn an_opportunistic_client_does_not_co_run_beside_a_guaranteed_one() {
-    let specs = [spec("g", 500, 500, 100), opportunistic("o", 300, 500)];
+    // (An idle uncapped client connected: the capped `o` may co-run, `capped.rs`.)
+    let specs = [
+        spec("g", 500, 500, 100),
+        opportunistic("o", 300, 500),
+        spec("u", 0, 1000, 100),
+    ];
     let mut c = Core::new(params(), &specs, 0);
     c.set_co_run(CoRunSettings {
         below: 0.6,
@@ -298,6 +303,7 @@ fn an_opportunistic_client_does_not_co_run_beside_a_guaranteed_one() {
     });
     c.hello(1, "g").unwrap();
     c.hello(2, "o").unwrap();
+    c.hello(99, "u").unwrap();
     c.busy(T0, 2, 100 * MS, 600 * MS, 0).unwrap();
     c.busy(T0, 1, 570 * MS, 600 * MS, 0).unwrap();
     assert_eq!(grant(&c.token_request(t(0), 1, 0, 0)).unwrap().0, "g");

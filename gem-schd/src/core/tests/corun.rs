@@ -6,11 +6,14 @@
 use super::*;
 
 /// `t` (conn 1) and `i` (conn 2) at `(request, limit)` in thousandths, co-running below a fill
-/// of 0.6 in co-holds of `quota_us`, gem-schd started at `start`.
+/// of 0.6 in co-holds of `quota_us`, gem-schd started at `start`; beside them an uncapped
+/// client `u` (0, 1.0) connected (conn 99) and idle, so that a capped client may co-run
+/// (`capped.rs`).
 fn t_and_i(p: Params, t_at: (u16, u16), i_at: (u16, u16), quota_us: Micros, start: Micros) -> Core {
     let specs = [
         spec("t", t_at.0, t_at.1, 100),
         spec("i", i_at.0, i_at.1, 100),
+        spec("u", 0, 1000, 100),
     ];
     let mut c = Core::new(p, &specs, start);
     c.set_co_run(CoRunSettings {
@@ -19,6 +22,7 @@ fn t_and_i(p: Params, t_at: (u16, u16), i_at: (u16, u16), quota_us: Micros, star
     });
     c.hello(1, "t").unwrap();
     c.hello(2, "i").unwrap();
+    c.hello(99, "u").unwrap();
     c
 }
 
@@ -261,16 +265,28 @@ fn no_co_hold_beside_a_capped_turn_and_the_light_client_is_served_when_it_ends()
 
 #[test]
 fn a_capped_holder_beside_an_open_co_hold_is_charged_its_whole_turn() {
-    // i's co-hold opens while nobody holds the token; t's turn starts beside it. t (capped) is
-    // charged its turn whole, boosted and credited nothing; an uncapped t is credited what i's
-    // fill took of its turn.
+    // i's co-hold (capped) opens while nobody holds the token. An uncapped t's turn starts
+    // beside it and is credited what i's fill took of it. A capped t waits for the co-hold's
+    // end (`capped.rs`: two capped holds at once are each charged the whole overlap), then is
+    // charged its turn whole, boosted and credited nothing.
     for (t_limit, credited) in [(500, false), (1000, true)] {
         let mut c = t_and_i(params(), (500, t_limit), (500, 500), 20 * MS, 0);
         fill(&mut c, 1, 0.95);
         fill(&mut c, 2, 0.375);
         grant(&c.token_request(t(0), 2, 0, 0)).unwrap();
         assert!(c.co_running("i"));
-        assert_eq!(grant(&c.token_request(t(1), 1, 0, 0)).unwrap().0, "t");
+        let asked = c.token_request(t(1), 1, 0, 0);
+        if credited {
+            assert_eq!(grant(&asked).unwrap().0, "t");
+        } else {
+            assert_eq!(grant(&asked), None, "a capped turn beside a capped co-hold");
+            // Woken when the co-hold's time (its 20 ms quota and the grace) is up, if i never
+            // reports its end; here it does.
+            let up = t(0) + 20 * MS + params().grace_us;
+            assert_eq!(c.next_wakeup(t(1)), Some(up));
+            assert_eq!(grant(&c.release(t(1), 2, MS)).unwrap().0, "t");
+            assert!(!c.co_running("i"));
+        }
         assert_eq!(c.holder(), Some("t"));
         let rate = hold_rate(&c, "t");
         let used = c.usage_us(t(11), "t").unwrap();
@@ -445,8 +461,8 @@ fn a_capped_holder_beside_an_intermittent_co_runner_is_charged_its_turns_whole()
     // gaps), its co-holds filling 0.375 by the hook's samples. Credited what i's fill took of
     // its turns, t's GPU time was what those samples said: on an H200 a tenant capped at 0.5
     // beside co-running attention ran past its limit. Now i is granted no co-hold while t
-    // holds a turn (one opened at the end of t's turn runs on beside the next), and t's turns
-    // count whole: its token time is its usage, within its limit.
+    // holds a turn, t no turn while i's co-hold runs, and t's turns count whole: its token time
+    // is its usage, within its limit.
     let mut c = pair();
     fill(&mut c, 1, 0.95);
     let mut t_until = None;
@@ -521,7 +537,8 @@ fn a_capped_holder_beside_an_intermittent_co_runner_is_charged_its_turns_whole()
         worst <= 0.5 + 0.005,
         "t delivered {worst:.3} at a 0.5 limit"
     );
-    assert!(beside > 100, "i's co-holds never ran on into t's turns");
+    // Capped both, they hold apart (`capped.rs`): i's co-holds never run on into t's turns.
+    assert_eq!(beside, 0, "i co-held beside t's turn");
 }
 
 #[test]
@@ -1055,12 +1072,14 @@ fn a_hold_is_shared_where_another_clients_kernels_may_run_beside_it() {
     assert_eq!(grant(&c.token_request(t(0), 1, 0, 0)).unwrap().0, "t");
     assert_eq!(grant(&c.token_request(t(1), 2, 0, 0)), None);
     assert!(!c.hold_shared("t"));
-    // i's co-hold, granted as t's turn ends, is shared, and so is t's next turn beside it.
+    // i's co-hold, granted as t's turn ends, is shared. t, capped too, takes no turn beside it
+    // (`capped.rs`): its next turn, at the co-hold's end, is its GPU's only hold again.
     let g = c.release(t(4), 1, 0);
     assert!(c.in_co_hold(2), "{g:?}");
     assert!(c.hold_shared("i"));
-    assert_eq!(grant(&c.token_request(t(5), 1, 0, 0)).unwrap().0, "t");
-    assert!(c.hold_shared("t"), "a capped turn beside an open co-hold");
+    assert_eq!(grant(&c.token_request(t(5), 1, 0, 0)), None);
+    assert_eq!(grant(&c.release(t(8), 2, 0)).unwrap().0, "t");
+    assert!(!c.hold_shared("t"));
     // An uncapped holder's turn: co-holds start beside it at any time.
     let mut e = elastic_pair();
     fill(&mut e, 1, 0.95);
@@ -1115,4 +1134,63 @@ fn a_turn_whose_limit_is_lifted_may_be_shared_from_then_on() {
     assert!(c.hold_shared("t"));
     assert_eq!(grant(&c.token_request(t(2), 2, 0, 0)).unwrap().0, "i");
     assert!(c.in_co_hold(2));
+}
+
+#[test]
+fn a_capped_client_co_runs_only_while_an_uncapped_client_is_connected() {
+    // Beside capped clients alone a co-hold would be a turn without a turn's rules: light by
+    // its fill, i takes turns until an uncapped client connects (`capped.rs`).
+    let specs = [
+        spec("t", 500, 500, 100),
+        spec("i", 500, 500, 100),
+        spec("u", 0, 1000, 100),
+    ];
+    let mut c = Core::new(params(), &specs, 0);
+    c.set_co_run(CoRunSettings {
+        below: 0.6,
+        quota_us: 10 * MS,
+    });
+    c.hello(1, "t").unwrap();
+    c.hello(2, "i").unwrap();
+    fill(&mut c, 2, 0.3);
+    assert_eq!(grant(&c.token_request(t(0), 2, 0, 0)).unwrap().0, "i");
+    assert_eq!((c.holder(), c.in_co_hold(2)), (Some("i"), false));
+    c.release(t(2), 2, 2 * MS);
+    c.hello(99, "u").unwrap();
+    assert_eq!(grant(&c.token_request(t(3), 2, 0, 0)).unwrap().0, "i");
+    assert!(c.in_co_hold(2), "light beside a connected uncapped client");
+    c.release(t(5), 2, 2 * MS);
+    c.disconnect(t(6), 99);
+    assert_eq!(grant(&c.token_request(t(7), 2, 0, 0)).unwrap().0, "i");
+    assert_eq!((c.holder(), c.in_co_hold(2)), (Some("i"), false));
+}
+
+#[test]
+fn capped_co_runners_take_the_gpu_one_at_a_time_in_virtual_time_order() {
+    // t and i, both capped and light, beside an idle uncapped client: i's co-hold keeps t out
+    // (`capped.rs`); at i's renewal t, behind it in virtual time, goes first: i is refused
+    // (Yield), and when it asks again t is granted a co-hold and i waits.
+    let mut c = pair();
+    fill(&mut c, 1, 0.3);
+    fill(&mut c, 2, 0.3);
+    assert_eq!(grant(&c.token_request(t(0), 2, 0, 0)).unwrap().0, "i");
+    assert!(c.in_co_hold(2));
+    assert_eq!(
+        grant(&c.token_request(t(1), 1, 0, 0)),
+        None,
+        "t beside i's co-hold"
+    );
+    // Its wake-up: the co-hold's time (10 ms quota and the grace), if i never reports.
+    assert_eq!(
+        c.next_wakeup(t(1)),
+        Some(t(0) + 10 * MS + params().grace_us)
+    );
+    assert_eq!(c.renew(t(10), 2, 0), vec![Action::Yield { conn: 2 }]);
+    let asked = c.token_request(t(11), 2, 0, 0);
+    assert_eq!(grant(&asked).unwrap().0, "t", "{asked:?}");
+    assert!(c.in_co_hold(1) && !c.co_running("i"));
+    // t renews while it is behind i (charged 10 of i's 11 ms so far), not once it is ahead.
+    assert_eq!(grant(&c.renew(t(21), 1, 0)).unwrap().0, "t");
+    assert_eq!(c.renew(t(23), 1, 0), vec![Action::Yield { conn: 1 }]);
+    assert_eq!(grant(&c.token_request(t(24), 1, 0, 0)).unwrap().0, "i");
 }
