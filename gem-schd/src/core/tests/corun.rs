@@ -1146,18 +1146,8 @@ fn a_turn_whose_limit_is_lifted_may_be_shared_from_then_on() {
 fn a_capped_client_co_runs_only_while_an_uncapped_client_is_connected() {
     // Beside capped clients alone a co-hold would be a turn without a turn's rules: light by
     // its fill, i takes turns until an uncapped client connects (`capped.rs`).
-    let specs = [
-        spec("t", 500, 500, 100),
-        spec("i", 500, 500, 100),
-        spec("u", 0, 1000, 100),
-    ];
-    let mut c = Core::new(params(), &specs, 0);
-    c.set_co_run(CoRunSettings {
-        below: 0.6,
-        quota_us: 10 * MS,
-    });
-    c.hello(1, "t").unwrap();
-    c.hello(2, "i").unwrap();
+    let mut c = pair();
+    c.disconnect(0, 99);
     fill(&mut c, 2, 0.3);
     assert_eq!(grant(&c.token_request(t(0), 2, 0, 0)).unwrap().0, "i");
     assert_eq!((c.holder(), c.in_co_hold(2)), (Some("i"), false));
