@@ -461,10 +461,9 @@ impl Core {
             if c.spec.class != class || !self.waits_for_turn(key, c) {
                 continue;
             }
-            // Nor does a capped client take a turn beside another's co-hold (`capped.rs`). It
-            // is not held back by its own limit or pacing there, so it keeps its place in
-            // virtual time (brought up to the others, it lost its catching-up at each co-hold
-            // and fell 7 pp short of its request in the simulation).
+            // Nor does a capped client take a turn beside another's co-hold (`capped.rs`). That
+            // is not its own limit or pacing holding it back: it keeps its place in virtual
+            // time (a client held back comes back no further behind than the lag).
             if self.capped_co_hold_until(key, now).is_some() {
                 continue;
             }
