@@ -99,8 +99,9 @@ pub(super) struct CoState {
     /// Its last grant was a co-hold: it goes on co-running while its co-holds' fill is below
     /// the threshold; after a turn it starts again only if its turns' fill is (`fill.rs`).
     pub(super) co_mode: bool,
-    /// Back in turns from co-holds and maybe ahead of its competitors in virtual time: until
-    /// they catch up it waits a bounded time for a turn (`Core::rank`).
+    /// Back in turns from co-holds and maybe ahead of its competitors in virtual time: it waits
+    /// a bounded time for a turn (`Core::rank`) until a turn of its own finds it within the
+    /// lag of them (`Core::grant`).
     pub(super) repaying: bool,
 }
 

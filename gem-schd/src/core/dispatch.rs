@@ -353,11 +353,6 @@ impl Core {
                 c.blocked = true;
             }
         }
-        for key in &ranked.repaid {
-            if let Some(c) = self.clients.get_mut(key) {
-                c.co.repaying = false;
-            }
-        }
         for (key, pass) in &ranked.back {
             if let Some(c) = self.clients.get_mut(key) {
                 c.blocked = false;
@@ -451,7 +446,7 @@ impl Core {
         let mut above: Option<(Pick, Micros)> = None;
         let mut below_requests = 0;
         // Clients held back now, and clients eligible again after being held back.
-        let (mut held_back, mut back, mut repaid) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut held_back, mut back) = (Vec::new(), Vec::new());
         for (&key, c) in &self.clients {
             // A light client waits for a co-hold, not a turn: its turn, charged wall time,
             // filled the pacing window that its next co-hold needed room in, so it waited,
@@ -552,22 +547,21 @@ impl Core {
             // A client back from co-holds is ahead of its competitors by what it ran beside
             // their turns, charged its fill. They catch up, but not in one run of turns: under
             // full contention (where the bound above does not apply) it goes first after two
-            // min quotas of waiting until they are within the lag. (In one run, batch-1 decode
-            // whose co-holds filled 0.68 at a request of 0.5 waited 110 ms for a turn beside a
-            // capped encoder on an H200; let off its lead instead, the encoder lost 3.5 pp of its
-            // request in `corun.rs`'s unit test.)
+            // min quotas of waiting, until a turn of its own finds it within the lag of them
+            // (`grant`). (In one run, batch-1 decode whose co-holds filled 0.68 at a request of
+            // 0.5 waited 110 ms for a turn beside a capped encoder on an H200; let off its lead
+            // instead, the encoder lost 3.5 pp of its request in `corun.rs`'s unit test.) Judged
+            // at every dispatch instead, the lead came within the lag while the client waited
+            // (the others' turns and drains charged), and it waited on through the rest of
+            // their catching-up: up to 18 ms beside a renewing holder that drains 5 ms, 12 ms
+            // so (`corun.rs`'s unit tests).
             let (mut bound, mut bounded) = (bound, !full);
-            if c.co.co_mode || c.co.repaying {
-                let lead_over = |f: u128| {
-                    pass > f.saturating_add(stride(self.max_lag_us, c.spec.request_milli))
-                };
-                if self.pass_floor(key, now).is_some_and(lead_over) {
-                    if full {
-                        (bound, bounded) = (2 * self.params.min_quota_us, true);
-                    }
-                } else if c.co.repaying {
-                    repaid.push(key);
-                }
+            let lead_over = |f: u128| pass > f.saturating_add(self.lag_stride(c));
+            if full
+                && (c.co.repaying
+                    || (c.co.co_mode && self.pass_floor(key, now).is_some_and(lead_over)))
+            {
+                (bound, bounded) = (2 * self.params.min_quota_us, true);
             }
             if below
                 && bounded
@@ -594,7 +588,6 @@ impl Core {
             above_due_in,
             held_back,
             back,
-            repaid,
         }
     }
 
@@ -672,18 +665,30 @@ impl Core {
         quota
     }
 
+    /// The lag (`set_max_lag`) in `c`'s virtual time.
+    fn lag_stride(&self, c: &ClientState) -> u128 {
+        stride(self.max_lag_us, c.spec.request_milli)
+    }
+
     /// Grants `key` the token for `quota`: its history entry, virtual time and hold.
     fn grant(&mut self, now: Micros, key: Key, quota: Micros) -> Action {
         let seq = self.first_seq + self.history.len() as u64;
+        let within_lag = self.clients.get(&key).is_some_and(|c| {
+            self.pass_floor(key, now)
+                .is_none_or(|f| c.pass <= f.saturating_add(self.lag_stride(c)))
+        });
         let c = self.clients.get_mut(&key).expect("picked from clients");
         c.last_entry = Some(seq);
         // A turn: whether it co-runs again is judged on its turns' fill, from this turn on
         // if it co-ran until now (`Fills::left_co`). A
         // co-runner at its limit is not sent here: it waits and is served a co-hold when
-        // below it again (`serve_co_waiters`).
+        // below it again (`serve_co_waiters`). Back from co-holds it repays its lead with a
+        // bounded wait (`rank`) until a turn of its own finds it within the lag.
         if std::mem::replace(&mut c.co.co_mode, false) {
             c.fill.left_co();
             c.co.repaying = true;
+        } else if within_lag {
+            c.co.repaying = false;
         }
         let client = c.spec.id.clone();
         let conns = self.take_waiting(key);
@@ -774,8 +779,6 @@ struct Ranked {
     held_back: Vec<Key>,
     /// Eligible again after being held back, with their floored virtual time.
     back: Vec<(Key, u128)>,
-    /// Back from co-holds, and no longer more than the lag ahead of their competitors.
-    repaid: Vec<Key>,
 }
 
 /// Gemini's `schd_priority`, as a total order with FIFO tie-break.
