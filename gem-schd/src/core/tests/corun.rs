@@ -1266,7 +1266,7 @@ fn i_waits_beside_a_renewing_holder(period: Micros, drain: Micros) -> (Vec<Micro
             && now >= end
         {
             hold[1] = None;
-            let heavy = ((now - t(1000)) / period).is_multiple_of(2) && now >= t(1000);
+            let heavy = now >= t(1000) && ((now - t(1000)) / period).is_multiple_of(2);
             let f = if heavy { 0.95 } else { 0.72 };
             c.busy(now, 2, ((now - start) as f64 * f) as Micros, now - start, 0)
                 .unwrap();
