@@ -532,7 +532,8 @@ impl Actor {
                     && let Some(c) = self.conns.get(&conn)
                 {
                     let vt_us = self.core.virtual_time_us(&c.client).unwrap_or(0);
-                    debug!(conn, client = %c.client, overuse_us, burst_us, vt_us, "token request waits");
+                    let repaying = self.core.repaying(&c.client).unwrap_or(false);
+                    debug!(conn, client = %c.client, overuse_us, burst_us, vt_us, repaying, "token request waits");
                 }
                 self.perform(acts);
             }

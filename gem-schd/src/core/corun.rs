@@ -190,6 +190,12 @@ impl Core {
             .is_some_and(|k| self.co_holds(k, conn))
     }
 
+    /// Whether `id` is back in turns from co-holds and repaying its lead with a bounded wait
+    /// (`CoState::repaying`): in gem-schd's debug line of a request that waits.
+    pub fn repaying(&self, id: &str) -> Option<bool> {
+        self.ids.get(id).map(|k| self.clients[k].co.repaying)
+    }
+
     /// Whether `id` is in a co-hold now.
     pub fn co_running(&self, id: &str) -> bool {
         self.ids

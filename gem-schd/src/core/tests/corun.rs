@@ -1222,8 +1222,8 @@ fn note_i(
 /// the window at the end: t (0.5, 0.5, its holds filling 0.9) renews at each quota's end and,
 /// refused, drains `drain` before it asks again; i (0.5, 1.0) is heavy (fill 0.95) and light
 /// (0.72) by turns every `period`, co-running below 0.8 in 20 ms co-holds, its turns run to
-/// their quota.
-fn i_waits_beside_a_renewing_holder(period: Micros, drain: Micros) -> (Vec<Micros>, Micros) {
+/// their quota. Also how many 100 µs steps i waited repaying its lead.
+fn i_waits_beside_a_renewing_holder(period: Micros, drain: Micros) -> (Vec<Micros>, Micros, u32) {
     let mut c = t_and_i(Params::default(), (500, 500), (500, 1000), 20 * MS, 0);
     c.set_co_run(CoRunSettings {
         below: 0.8,
@@ -1237,7 +1237,7 @@ fn i_waits_beside_a_renewing_holder(period: Micros, drain: Micros) -> (Vec<Micro
     fill(&mut c, 2, 0.72);
     // Per connection: its hold's (end, start); t's drain's end; since when i waits.
     let mut hold: [Option<(Micros, Micros)>; 2] = [None, None];
-    let (mut draining, mut waits) = (None::<Micros>, Vec::new());
+    let (mut draining, mut waits, mut repaying) = (None::<Micros>, Vec::new(), 0u32);
     let mut now = t(0);
     let mut i_since = Some(now);
     let mut acts = c.token_request(now, 1, 0, 0);
@@ -1283,8 +1283,11 @@ fn i_waits_beside_a_renewing_holder(period: Micros, drain: Micros) -> (Vec<Micro
         }
         acts.extend(c.tick(now));
         note_i(&acts, now, &mut hold, &mut i_since, &mut waits);
+        if i_since.is_some() && c.repaying("i") == Some(true) {
+            repaying += 1;
+        }
     }
-    (waits, c.usage_us(now, "t").unwrap())
+    (waits, c.usage_us(now, "t").unwrap(), repaying)
 }
 
 #[test]
@@ -1296,7 +1299,7 @@ fn a_co_runner_back_in_turns_keeps_its_bound_until_a_turn_finds_it_within_the_la
     // rest of the encoder's catching-up. Here, with the lead judged at every dispatch, i's
     // longest wait was 15–18 ms; judged at i's own turns, 11–12 ms.
     for (period, drain) in [(200 * MS, 5 * MS), (400 * MS, 5 * MS), (200 * MS, MS)] {
-        let (mut waits, t_used) = i_waits_beside_a_renewing_holder(period, drain);
+        let (mut waits, t_used, repaying) = i_waits_beside_a_renewing_holder(period, drain);
         waits.sort_unstable();
         let (n, max) = (waits.len(), *waits.last().unwrap());
         eprintln!(
@@ -1306,6 +1309,7 @@ fn a_co_runner_back_in_turns_keeps_its_bound_until_a_turn_finds_it_within_the_la
             waits[n * 99 / 100]
         );
         assert!(n > 200, "i waited for {n} turns");
+        assert!(repaying > 0, "i never waited repaying its lead");
         assert!(max <= 14 * MS, "i waited {max} µs");
     }
 }
