@@ -556,11 +556,7 @@ impl Core {
             // their catching-up: up to 18 ms beside a renewing holder that drains 5 ms, 12 ms
             // so (`corun.rs`'s unit tests).
             let (mut bound, mut bounded) = (bound, !full);
-            let lead_over = |f: u128| pass > f.saturating_add(self.lag_stride(c));
-            if full
-                && (c.co.repaying
-                    || (c.co.co_mode && self.pass_floor(key, now).is_some_and(lead_over)))
-            {
+            if full && (c.co.repaying || (c.co.co_mode && self.ahead_past_lag(key, c, pass, now))) {
                 (bound, bounded) = (2 * self.params.min_quota_us, true);
             }
             if below
@@ -665,17 +661,21 @@ impl Core {
         quota
     }
 
-    /// The lag (`set_max_lag`) in `c`'s virtual time.
-    fn lag_stride(&self, c: &ClientState) -> u128 {
-        stride(self.max_lag_us, c.spec.request_milli)
+    /// Whether `key` (`c`), at virtual time `pass`, is more than the lag (`set_max_lag`) ahead
+    /// of the others in contention of its class.
+    fn ahead_past_lag(&self, key: Key, c: &ClientState, pass: u128, now: Micros) -> bool {
+        let lag = stride(self.max_lag_us, c.spec.request_milli);
+        self.pass_floor(key, now)
+            .is_some_and(|f| pass > f.saturating_add(lag))
     }
 
     /// Grants `key` the token for `quota`: its history entry, virtual time and hold.
     fn grant(&mut self, now: Micros, key: Key, quota: Micros) -> Action {
         let seq = self.first_seq + self.history.len() as u64;
-        let within_lag = self.clients.get(&key).is_some_and(|c| {
-            self.pass_floor(key, now)
-                .is_none_or(|f| c.pass <= f.saturating_add(self.lag_stride(c)))
+        // Only a repaying client's lead is looked at (a walk of the clients and the recent
+        // history), not every turn's.
+        let repaid = self.clients.get(&key).is_some_and(|c| {
+            c.co.repaying && !c.co.co_mode && !self.ahead_past_lag(key, c, c.pass, now)
         });
         let c = self.clients.get_mut(&key).expect("picked from clients");
         c.last_entry = Some(seq);
@@ -687,7 +687,7 @@ impl Core {
         if std::mem::replace(&mut c.co.co_mode, false) {
             c.fill.left_co();
             c.co.repaying = true;
-        } else if within_lag {
+        } else if repaid {
             c.co.repaying = false;
         }
         let client = c.spec.id.clone();
