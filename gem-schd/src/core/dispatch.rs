@@ -379,6 +379,15 @@ impl Core {
             // waiting 21 ms on an H200).
             quota = quota.min(due.max(self.params.min_quota_us)).max(1);
         }
+        if let Some((waiter, due)) = ranked.bound_due_in
+            && waiter != pick.key
+            && ranked.starved.is_none()
+        {
+            // Nor past a co-runner's short bound (`rank`): renewed a whole min quota 1 ms
+            // before that bound, a capped encoder kept batch-1 decode waiting 17 ms on an
+            // H200. At least a fifth of the min quota, so that a hand-over buys some work.
+            quota = quota.min(due.max(self.params.min_quota_us / 5)).max(1);
+        }
         Served::Granted(self.grant(now, pick.key, quota))
     }
 
@@ -445,6 +454,8 @@ impl Core {
         // below their own (`above_due_in`).
         let mut above: Option<(Pick, Micros)> = None;
         let mut below_requests = 0;
+        // The co-runner repaying its lead (under its short bound) due soonest, and when.
+        let mut bound_due_in: Option<(Key, Micros)> = None;
         // Clients held back now, and clients eligible again after being held back.
         let (mut held_back, mut back) = (Vec::new(), Vec::new());
         for (&key, c) in &self.clients {
@@ -558,6 +569,10 @@ impl Core {
             let (mut bound, mut bounded) = (bound, !full);
             if full && (c.co.repaying || (c.co.co_mode && self.ahead_past_lag(key, c, pass, now))) {
                 (bound, bounded) = (2 * self.params.min_quota_us, true);
+                let due = bound.saturating_sub(waited);
+                if below && due > 0 && bound_due_in.is_none_or(|(_, d)| due < d) {
+                    bound_due_in = Some((key, due));
+                }
             }
             if below
                 && bounded
@@ -582,6 +597,7 @@ impl Core {
             starved: starved.map(|(p, _)| p),
             overdue,
             above_due_in,
+            bound_due_in,
             held_back,
             back,
         }
@@ -775,6 +791,9 @@ struct Ranked {
     overdue: Option<Pick>,
     /// Otherwise, how long until that client goes before `best` (`best`'s turn ends then).
     above_due_in: Option<Micros>,
+    /// A co-runner under its short bound, and how long until it is past it (another client's
+    /// turn ends then).
+    bound_due_in: Option<(Key, Micros)>,
     /// Held back by their limit or pacing now.
     held_back: Vec<Key>,
     /// Eligible again after being held back, with their floored virtual time.

@@ -1222,8 +1222,13 @@ fn note_i(
 /// the window at the end: t (0.5, 0.5, its holds filling 0.9) renews at each quota's end and,
 /// refused, drains `drain` before it asks again; i (0.5, 1.0) is heavy (fill 0.95) and light
 /// (0.72) by turns every `period`, co-running below 0.8 in 20 ms co-holds, its turns run to
-/// their quota. Also how many 100 µs steps i waited repaying its lead.
-fn i_waits_beside_a_renewing_holder(period: Micros, drain: Micros) -> (Vec<Micros>, Micros, u32) {
+/// their quota, and it asks again `think` after a hold ends (its CPU between tokens). Also how
+/// many 100 µs steps i waited repaying its lead.
+fn i_waits_beside_a_renewing_holder(
+    period: Micros,
+    drain: Micros,
+    think: Micros,
+) -> (Vec<Micros>, Micros, u32) {
     let mut c = t_and_i(Params::default(), (500, 500), (500, 1000), 20 * MS, 0);
     c.set_co_run(CoRunSettings {
         below: 0.8,
@@ -1238,6 +1243,8 @@ fn i_waits_beside_a_renewing_holder(period: Micros, drain: Micros) -> (Vec<Micro
     // Per connection: its hold's (end, start); t's drain's end; since when i waits.
     let mut hold: [Option<(Micros, Micros)>; 2] = [None, None];
     let (mut draining, mut waits, mut repaying) = (None::<Micros>, Vec::new(), 0u32);
+    // When i asks for its next turn, and what its hold was.
+    let mut i_asks: Option<(Micros, Micros)> = None;
     let mut now = t(0);
     let mut i_since = Some(now);
     let mut acts = c.token_request(now, 1, 0, 0);
@@ -1277,9 +1284,15 @@ fn i_waits_beside_a_renewing_holder(period: Micros, drain: Micros) -> (Vec<Micro
                 yes
             };
             if !renewed {
-                i_since = Some(now);
-                acts.extend(c.token_request(now, 2, 300, end - start));
+                i_asks = Some((now + think, end - start));
             }
+        }
+        if let Some((at, held)) = i_asks
+            && now >= at
+        {
+            i_asks = None;
+            i_since = Some(now);
+            acts.extend(c.token_request(now, 2, 300, held));
         }
         acts.extend(c.tick(now));
         note_i(&acts, now, &mut hold, &mut i_since, &mut waits);
@@ -1299,7 +1312,7 @@ fn a_co_runner_back_in_turns_keeps_its_bound_until_a_turn_finds_it_within_the_la
     // rest of the encoder's catching-up. Here, with the lead judged at every dispatch, i's
     // longest wait was 15–18 ms; judged at i's own turns, 11–12 ms.
     for (period, drain) in [(200 * MS, 5 * MS), (400 * MS, 5 * MS), (200 * MS, MS)] {
-        let (mut waits, t_used, repaying) = i_waits_beside_a_renewing_holder(period, drain);
+        let (mut waits, t_used, repaying) = i_waits_beside_a_renewing_holder(period, drain, 0);
         waits.sort_unstable();
         let (n, max) = (waits.len(), *waits.last().unwrap());
         eprintln!(
@@ -1311,5 +1324,32 @@ fn a_co_runner_back_in_turns_keeps_its_bound_until_a_turn_finds_it_within_the_la
         assert!(n > 200, "i waited for {n} turns");
         assert!(repaying > 0, "i never waited repaying its lead");
         assert!(max <= 14 * MS, "i waited {max} µs");
+    }
+}
+
+#[test]
+fn a_holders_turn_ends_by_the_time_a_bounded_co_runner_is_due() {
+    // On an H200 batch-1 decode beside a capped encoder, both co-running below 0.8, waited
+    // 17 ms through the encoder's renewals, one of them granted a whole min quota 1 ms before
+    // decode had waited two min quotas (its bound where it repays a lead). Here i asks 1.3–1.6 ms after its
+    // hold ends, so its waits start inside t's turns. t's turns renewed whole, i's longest
+    // wait was 13.6–14.3 ms (p99 10.2–13.4 ms); ended by i's due time, 10.5–10.8 ms (its
+    // bound, then t's 1 ms drain; p99 10.2–10.8 ms). t used 3.80–4.02 s of its window, and
+    // 3.85–4.03 s now.
+    for think in [1300, 1600] {
+        for period in [200 * MS, 400 * MS] {
+            let (mut waits, t_used, repaying) = i_waits_beside_a_renewing_holder(period, MS, think);
+            waits.sort_unstable();
+            let (n, max) = (waits.len(), *waits.last().unwrap());
+            eprintln!(
+                "i asking {think} µs after its hold, its fill flapping every {} ms: {n} waits, p99 {} µs, max {max} µs; t used {t_used} µs of the window",
+                period / MS,
+                waits[n * 99 / 100]
+            );
+            assert!(n > 200, "i waited for {n} turns");
+            assert!(repaying > 0, "i never waited repaying its lead");
+            assert!(max <= 11 * MS, "i waited {max} µs");
+            assert!(t_used >= 3_800 * MS, "t used {t_used} µs");
+        }
     }
 }
