@@ -374,21 +374,27 @@ impl Core {
             self.overdue_turn[class::index(class)] =
                 Some(self.first_seq + self.history.len() as u64);
         } else if let Some(due) = ranked.above_due_in.filter(|_| ranked.starved.is_none()) {
-            // Nor does the catching-up client's turn run far past that client's due time (a
-            // 15 ms turn of a capped GPT training tenant, renewed, kept batch-1 decode
-            // waiting 21 ms on an H200).
-            quota = quota.min(due.max(self.params.min_quota_us)).max(1);
+            // Nor does the catching-up client's turn run past that client's due time (a 15 ms
+            // turn of a capped GPT training tenant, renewed, kept batch-1 decode waiting 21 ms
+            // on an H200; renewed a whole min quota 0.6 ms before decode was due, a capped
+            // encoder kept it waiting 17 ms).
+            quota = quota.min(due.max(self.min_turn_us())).max(1);
         }
         if let Some((waiter, due)) = ranked.bound_due_in
             && waiter != pick.key
             && ranked.starved.is_none()
         {
-            // Nor past a co-runner's short bound (`rank`): renewed a whole min quota 1 ms
-            // before that bound, a capped encoder kept batch-1 decode waiting 17 ms on an
-            // H200. At least a fifth of the min quota, so that a hand-over buys some work.
-            quota = quota.min(due.max(self.params.min_quota_us / 5)).max(1);
+            // Nor past a co-runner's short bound (`rank`).
+            quota = quota.min(due.max(self.min_turn_us())).max(1);
         }
         Served::Granted(self.grant(now, pick.key, quota))
+    }
+
+    /// The shortest turn worth a hand-over (a fifth of the min quota): one that would end
+    /// within it of a waiting client's due time ends at that time instead, and a client due
+    /// within it goes now.
+    fn min_turn_us(&self) -> Micros {
+        (self.params.min_quota_us / 5).max(1)
     }
 
     /// Whether `key` may take a turn now, and with how much room: its headroom under its limit
@@ -568,7 +574,9 @@ impl Core {
             // so (`corun.rs`'s unit tests).
             let (mut bound, mut bounded) = (bound, !full);
             if full && (c.co.repaying || (c.co.co_mode && self.ahead_past_lag(key, c, pass, now))) {
-                (bound, bounded) = (2 * self.params.min_quota_us, true);
+                // Due within the shortest turn worth a hand-over, it goes now.
+                bound = (2 * self.params.min_quota_us).saturating_sub(self.min_turn_us());
+                bounded = true;
                 let due = bound.saturating_sub(waited);
                 if below && due > 0 && bound_due_in.is_none_or(|(_, d)| due < d) {
                     bound_due_in = Some((key, due));
@@ -585,8 +593,9 @@ impl Core {
         }
         let (overdue, above_due_in) = match (best, above) {
             (Some((_, Rank::Below { .. })), Some((a, since))) => {
+                // Due within the shortest turn worth a hand-over, it goes now.
                 match self.above_due_in(now, class, below_requests, since) {
-                    Some(0) => (Some(a), None),
+                    Some(due) if due < self.min_turn_us() => (Some(a), None),
                     due => (None, due),
                 }
             }

@@ -329,6 +329,68 @@ fn a_client_above_its_request_waits_boundedly_beside_one_catching_up() {
     assert!(a_share >= 660, "a's share {a_share}‰");
 }
 
+/// As in `beside_a_client_catching_up`, but b asks `offset` into a's first turn (a re-asks at
+/// each quota's end). How long after its due time (`due` after it asked, or the end of that
+/// turn if later: a turn is not cut short) b was granted its turn (negative: before it).
+fn b_past_its_due_time(offset: Micros, due: Micros) -> i64 {
+    let mut c = Core::new(
+        params(),
+        &[spec("a", 500, 500, 0), spec("b", 400, 1000, 0)],
+        0,
+    );
+    c.set_max_wait(DEFAULT_MAX_WAIT_US);
+    c.hello(1, "a").unwrap();
+    c.hello(3, "b").unwrap();
+    let mut now = t(0);
+    let mut acts = c.token_request(now, 3, 0, 0);
+    while now < t(600) {
+        let (_, _, q) = grant(&acts).expect("b alone is granted back");
+        now += q;
+        acts = c.token_request(now, 3, 0, q);
+    }
+    let (_, _, q) = grant(&acts).unwrap();
+    let _ = c.token_request(now, 1, 0, 0);
+    now += q;
+    let acts = c.release(now, 3, q);
+    let (who, _, mut quota) = grant(&acts).expect("a is granted");
+    assert_eq!(who, "a");
+    let asked = now + offset;
+    let due_at = (asked + due).max(now + quota);
+    assert!(grant(&c.token_request(asked, 3, 0, 0)).is_none());
+    loop {
+        now += quota;
+        let acts = c.token_request(now, 1, 0, quota);
+        match grant(&acts) {
+            Some(("a", _, q)) => quota = q,
+            Some(("b", _, _)) => return now as i64 - due_at as i64,
+            other => panic!("{other:?}"),
+        }
+        assert!(now < asked + 100 * MS, "b still waits");
+    }
+}
+
+#[test]
+fn a_turn_beside_a_client_above_its_request_ends_by_its_due_time() {
+    // b is due after 2 min quotas (4 ms here). A turn of a granted then ends by that time, or,
+    // when b is due within a fifth of a min quota, b goes at once. Granted at least a min
+    // quota instead, a's turn ran up to a min quota past it: b went up to 1.9 ms late here,
+    // and on an H200 batch-1 decode waited 17 ms for one token beside a capped encoder renewed
+    // a whole min quota 0.6 ms before decode was due.
+    let p = params();
+    let due = 2 * p.min_quota_us;
+    let late: Vec<i64> = (0..p.base_quota_us)
+        .step_by(100)
+        .map(|offset| b_past_its_due_time(offset, due))
+        .collect();
+    let (earliest, latest) = (late.iter().min().unwrap(), late.iter().max().unwrap());
+    eprintln!("b granted from {earliest} µs to {latest} µs after its due time");
+    assert!(*latest <= 0, "b went {latest} µs late");
+    assert!(
+        *earliest >= -((p.min_quota_us / 5) as i64),
+        "b went {earliest} µs early"
+    );
+}
+
 /// a and b both capped at 0.5 (request 0.5) and always wanting the token, re-asking when
 /// each hold ends (a every 2 ms of its hold, b after 8 ms of work per hold); pacing over
 /// 100 ms, from a start where a was alone for 60 ms (so it is held back by pacing first).
