@@ -264,6 +264,37 @@ fn no_co_hold_beside_a_capped_turn_and_the_light_client_is_served_when_it_ends()
 }
 
 #[test]
+fn a_capped_holder_is_not_renewed_while_a_light_client_waits_for_a_co_hold() {
+    // A light client is served when the capped turn ends (the test above), so a renewal that
+    // would keep it out is refused; with nobody waiting it is granted.
+    for i_waits in [true, false] {
+        let mut c = t_and_i(params(), (500, 500), (500, 1000), 10 * MS, 0);
+        c.set_told_handover_due(1);
+        fill(&mut c, 1, 0.95);
+        fill(&mut c, 2, 0.3);
+        let (_, _, quota) = grant(&c.token_request(t(0), 1, 0, 0)).unwrap();
+        if i_waits {
+            assert_eq!(grant(&c.token_request(t(1), 2, 0, 0)), None);
+        }
+        let acts = c.renew(t(0) + quota, 1, quota);
+        if !i_waits {
+            assert_eq!(grant(&acts).map(|g| g.0), Some("t"), "{acts:?}");
+            continue;
+        }
+        assert_eq!(acts, vec![Action::Yield { conn: 1 }]);
+        // t drains and reports: i co-runs from there, and t's next request is granted a turn
+        // beside it.
+        let end = t(0) + quota + 2 * MS;
+        assert_eq!(grant(&c.release(end, 1, 2 * MS)).map(|g| g.0), Some("i"));
+        assert!(c.in_co_hold(2));
+        assert_eq!(
+            grant(&c.token_request(end, 1, 0, 0)).map(|g| g.0),
+            Some("t")
+        );
+    }
+}
+
+#[test]
 fn a_capped_holder_beside_an_open_co_hold_is_charged_its_whole_turn() {
     // i's co-hold (capped) opens while nobody holds the token. An uncapped t's turn starts
     // beside it and is credited what i's fill took of it. A capped t waits for the co-hold's
