@@ -262,11 +262,9 @@ fn a_client_back_from_idle_cannot_bank_its_idle_time() {
     assert!(window >= 250 * MS, "b waited only {} ms", window / MS);
 }
 
-/// b (0.4/1.0) ran alone for 600 ms, so it is above its request; then a (0.5/0.5, below its
-/// own) and b both always want the token, each asking again at its quota's end (a reporting
-/// `a_burst` as its burst, or its quota). Returns b's longest wait for the token over the next
-/// 400 ms, and a's share of the time from its first turn on (in thousandths).
-fn beside_a_client_catching_up(max_wait: Micros, a_burst: Option<Micros>) -> (Micros, u64) {
+/// b (0.4/1.0, conn 3) after running alone for 600 ms, so above its request, beside a
+/// (0.5/0.5, conn 1, below its own): the time, and the quota of b's hold then.
+fn b_alone_600_ms(max_wait: Micros) -> (Core, Micros, Micros) {
     let mut c = Core::new(
         params(),
         &[spec("a", 500, 500, 0), spec("b", 400, 1000, 0)],
@@ -282,7 +280,16 @@ fn beside_a_client_catching_up(max_wait: Micros, a_burst: Option<Micros>) -> (Mi
         now += q;
         acts = c.token_request(now, 3, 0, q);
     }
-    let (_, _, mut quota) = grant(&acts).expect("b alone is granted back");
+    let (_, _, quota) = grant(&acts).expect("b alone is granted back");
+    (c, now, quota)
+}
+
+/// After `b_alone_600_ms`, a and b both always want the token, each asking again at its
+/// quota's end (a reporting `a_burst` as its burst, or its quota). Returns b's longest wait for
+/// the token over the next 400 ms, and a's share of the time from its first turn on (in
+/// thousandths).
+fn beside_a_client_catching_up(max_wait: Micros, a_burst: Option<Micros>) -> (Micros, u64) {
+    let (mut c, mut now, mut quota) = b_alone_600_ms(max_wait);
     let _ = c.token_request(now, 1, 0, 0);
     let (end, mut holder) = (now + 400 * MS, 3);
     let (mut b_since, mut longest, mut a_from) = (now, 0, None);
@@ -329,26 +336,11 @@ fn a_client_above_its_request_waits_boundedly_beside_one_catching_up() {
     assert!(a_share >= 660, "a's share {a_share}‰");
 }
 
-/// As in `beside_a_client_catching_up`, but b asks `offset` into a's first turn (a re-asks at
-/// each quota's end). How long after its due time (`due` after it asked, or the end of that
+/// After `b_alone_600_ms`, b's hold ends and a takes a turn; b asks `offset` into it (a re-asks
+/// at each quota's end). How long after its due time (`due` after it asked, or the end of that
 /// turn if later: a turn is not cut short) b was granted its turn (negative: before it).
 fn b_past_its_due_time(offset: Micros, due: Micros) -> i64 {
-    let mut c = Core::new(
-        params(),
-        &[spec("a", 500, 500, 0), spec("b", 400, 1000, 0)],
-        0,
-    );
-    c.set_max_wait(DEFAULT_MAX_WAIT_US);
-    c.hello(1, "a").unwrap();
-    c.hello(3, "b").unwrap();
-    let mut now = t(0);
-    let mut acts = c.token_request(now, 3, 0, 0);
-    while now < t(600) {
-        let (_, _, q) = grant(&acts).expect("b alone is granted back");
-        now += q;
-        acts = c.token_request(now, 3, 0, q);
-    }
-    let (_, _, q) = grant(&acts).unwrap();
+    let (mut c, mut now, q) = b_alone_600_ms(DEFAULT_MAX_WAIT_US);
     let _ = c.token_request(now, 1, 0, 0);
     now += q;
     let acts = c.release(now, 3, q);
