@@ -28,7 +28,9 @@ fill of each tenant (`fill_judged`, from the hook's event pairs) goes beside its
 the time it was charged for (`gpu_per_charged`), flagged `fill_differs` when 0.05 apart;
 SHARE_NVML=1 adds each tenant's share by NVML's per-process SM utilisation (`nvml_sm`). How far
 each tenant's turns ran past their quotas (its drains, which a neighbour waits for) is
-`drain_past_quota_ms` (p50, p90, max), from gem-schd's log. A tenant
+`drain_past_quota_ms` (p50, p90, max), from gem-schd's log, and its waits for the token
+(`waits`: from each request that waits to its grant, p50 / p90 / p99 / max, how many past 10 ms
+and how many waited as a co-runner repaying its lead). A tenant
 whose first kernel came late into the timed run is flagged `late_start`; a syncing tenant
 (decode) lists its five slowest steps, each with gem-schd's grants, releases and waits while it
 ran (`slowest_steps`). `targets` judges the project's targets for mixes on the scenarios run
@@ -228,6 +230,38 @@ def token_events(logfile, since):
 
 # A release's debug line: its client.
 RELEASE = re.compile(r"release conn=\d+ client=(\S+)")
+# A request that waits: its client, and whether it waits as a co-runner repaying its lead.
+WAITS = re.compile(r"token request waits conn=\d+ client=(\S+) .*?(?:repaying=(true|false))?$")
+
+
+def turn_waits(logfile, since, t0, t1):
+    """Per client, its waits for the token in gem-schd's debug log after byte `since`: from a
+    request that waits (a process's first, if several of the client's wait) to the client's next
+    grant, for requests on the host clock in [t0, t1): how many, p50 / p90 / p99 / max in ms,
+    how many past 10 ms, and how many the request line marked `repaying` (a co-runner back in
+    turns, bounded at two min quotas under full contention). What a latency-bound tenant's
+    slowest steps are made of, counted over all its waits rather than its five slowest."""
+    pending, waits = {}, {}
+    for line in schd_log(logfile, since):
+        g = GRANT.search(line)
+        if g:
+            asked = pending.pop(g.group(1), None)
+            if asked is not None:
+                waits.setdefault(g.group(1), []).append((log_time(line) - asked[0], asked[1]))
+            continue
+        w = WAITS.search(line.strip())
+        if w and w.group(1) not in pending:
+            at = log_time(line)
+            if t0 <= at < t1:
+                pending[w.group(1)] = (at, w.group(2) == "true")
+    out = {}
+    for client, v in waits.items():
+        ms = sorted(1e3 * w for w, _ in v)
+        out[client] = {"n": len(ms), "p50_ms": round(pct(ms, 0.5), 2),
+                       "p90_ms": round(pct(ms, 0.9), 2), "p99_ms": round(pct(ms, 0.99), 2),
+                       "max_ms": round(ms[-1], 2), "over_10ms": sum(1 for w in ms if w > 10),
+                       "repaying": sum(1 for _, rep in v if rep)}
+    return out
 
 
 def holds(logfile, since):
@@ -412,6 +446,9 @@ def shared_run(b, clients, raw, key, extra=(), idle=()):
         if lbl in spans and "start_at" in r:
             mine = [(a - r["start_at"], b - r["start_at"], co) for a, b, co in spans[lbl]]
             f["holds"] = hold_figures(r, mine, SKIP, t1)
+            waits = turn_waits(logf, since, r["start_at"] + SKIP, r["start_at"] + t1)
+            if lbl in waits:
+                f["waits"] = waits[lbl]
         if lbl in past:
             f["drain_past_quota_ms"] = past[lbl]
         # gem-schd's fill (the hook's event pairs) beside what the GPU's clock gives for the

@@ -1,4 +1,5 @@
-"""mix.py's split of a tenant's turns from its co-holds, on a made-up gem-schd log.
+"""mix.py's split of a tenant's turns from its co-holds, and its waits for the token, on a
+made-up gem-schd log.
 
     python3 -m unittest hack/gpu/test_mix.py
 """
@@ -58,6 +59,41 @@ class Holds(unittest.TestCase):
         self.assertAlmostEqual(got["turns"]["gpu_s"], 0.002, places=4)
         self.assertAlmostEqual(got["turns"]["held_s"], 0.005, places=4)
         self.assertEqual([co for _, _, co in spans["a"]], [False])
+
+
+class Waits(unittest.TestCase):
+    def test_each_wait_runs_from_the_first_waiting_request_to_the_grant(self):
+        def waits(at, conn, client, repaying):
+            return line(at, f"token request waits conn={conn} client={client} overuse_us=0 "
+                            f"burst_us=5000 vt_us=0 repaying={str(repaying).lower()}")
+        log = [
+            # Before the window judged: left out, though granted inside it.
+            waits(1.990, 1, "d", False),
+            grant(2.001, "d", False),
+            waits(3.000, 1, "d", False),
+            # A second process of d waits too: the wait still runs from the first.
+            waits(3.004, 2, "d", False),
+            grant(3.012, "e", False),
+            grant(3.015, "d", False),
+            waits(3.020, 1, "d", True),
+            grant(3.029, "d", True),
+            # A request line without the field (an older gem-schd): not repaying.
+            line(3.100, "token request waits conn=1 client=d overuse_us=0 burst_us=0 vt_us=0"),
+            grant(3.1005, "d", False),
+            # Still waiting at the end: not counted.
+            waits(3.200, 1, "d", False),
+        ]
+        with tempfile.NamedTemporaryFile("w", suffix=".log") as f:
+            f.writelines(log)
+            f.flush()
+            got = mix.turn_waits(f.name, 0, START + 2.0, START + 13.5)
+        self.assertEqual(set(got), {"d"})
+        d = got["d"]
+        self.assertEqual(d["n"], 3)
+        self.assertEqual(d["repaying"], 1)
+        self.assertEqual(d["over_10ms"], 1)
+        self.assertAlmostEqual(d["max_ms"], 15.0, places=1)
+        self.assertAlmostEqual(d["p50_ms"], 9.0, places=1)
 
 
 if __name__ == "__main__":
