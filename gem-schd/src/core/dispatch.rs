@@ -5,13 +5,18 @@
 use super::window::{at_rate, stride};
 use super::*;
 
-/// A capped client's grant under full contention: the min quota, less its usual drain when
-/// the turn is to include it, never below a fifth of the min quota (a shorter grant would be
+/// The shortest turn worth a hand-over: a fifth of the min quota (a shorter grant would be
 /// mostly hand-over).
+fn min_turn(min_quota_us: Micros) -> Micros {
+    (min_quota_us / 5).max(1)
+}
+
+/// A capped client's grant under full contention: the min quota, less its usual drain when
+/// the turn is to include it, never below `min_turn`.
 pub(super) fn full_turn_grant(min_quota_us: Micros, drain_us: Micros, less_drain: bool) -> Micros {
     let q = min_quota_us.max(1);
     if less_drain {
-        q.saturating_sub(drain_us).max((q / 5).max(1))
+        q.saturating_sub(drain_us).max(min_turn(q))
     } else {
         q
     }
@@ -373,28 +378,29 @@ impl Core {
             quota = quota.min(self.params.min_quota_us).max(1);
             self.overdue_turn[class::index(class)] =
                 Some(self.first_seq + self.history.len() as u64);
-        } else if let Some(due) = ranked.above_due_in.filter(|_| ranked.starved.is_none()) {
-            // Nor does the catching-up client's turn run past that client's due time (a 15 ms
-            // turn of a capped GPT training tenant, renewed, kept batch-1 decode waiting 21 ms
-            // on an H200; renewed a whole min quota 0.6 ms before decode was due, a capped
-            // encoder kept it waiting 17 ms).
-            quota = quota.min(due.max(self.min_turn_us())).max(1);
         }
-        if let Some((waiter, due)) = ranked.bound_due_in
-            && waiter != pick.key
-            && ranked.starved.is_none()
+        // Nor does the turn run past the due time of a client above its request waiting beside
+        // it catching up, or of a co-runner under its short bound (`rank`): a 15 ms turn of a
+        // capped GPT training tenant, renewed, kept batch-1 decode waiting 21 ms on an H200,
+        // and renewed a whole min quota 0.6 ms before decode was due, a capped encoder kept it
+        // waiting 17 ms.
+        let above = ranked.above_due_in.filter(|_| !overdue);
+        let bound = ranked
+            .bound_due_in
+            .filter(|(waiter, _)| *waiter != pick.key)
+            .map(|(_, due)| due);
+        if ranked.starved.is_none()
+            && let Some(due) = above.into_iter().chain(bound).min()
         {
-            // Nor past a co-runner's short bound (`rank`).
             quota = quota.min(due.max(self.min_turn_us())).max(1);
         }
         Served::Granted(self.grant(now, pick.key, quota))
     }
 
-    /// The shortest turn worth a hand-over (a fifth of the min quota): one that would end
-    /// within it of a waiting client's due time ends at that time instead, and a client due
-    /// within it goes now.
+    /// `min_turn` of this core's min quota: a turn that would end within it of a waiting
+    /// client's due time ends at that time instead, and a client due within it goes now.
     fn min_turn_us(&self) -> Micros {
-        (self.params.min_quota_us / 5).max(1)
+        min_turn(self.params.min_quota_us)
     }
 
     /// Whether `key` may take a turn now, and with how much room: its headroom under its limit
