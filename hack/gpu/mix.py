@@ -234,13 +234,14 @@ RELEASE = re.compile(r"release conn=\d+ client=(\S+)")
 WAITS = re.compile(r"token request waits conn=\d+ client=(\S+) .*?(?:repaying=(true|false))?$")
 
 
-def turn_waits(logfile, since, t0, t1):
-    """Per client, its waits for the token in gem-schd's debug log after byte `since`: from a
-    request that waits (a process's first, if several of the client's wait) to the client's next
-    grant, for requests on the host clock in [t0, t1): how many, p50 / p90 / p99 / max in ms,
-    how many past 10 ms, and how many the request line marked `repaying` (a co-runner back in
-    turns, bounded at two min quotas under full contention). What a latency-bound tenant's
-    slowest steps are made of, counted over all its waits rather than its five slowest."""
+def turn_waits(logfile, since, spans):
+    """Per client of `spans` ({client: (t0, t1)}, the host clock), its waits for the token in
+    gem-schd's debug log after byte `since`: from a request in [t0, t1) that waits (a process's
+    first, if several of the client's wait) to the client's next grant: how many, p50 / p90 /
+    p99 / max in ms, how many past 10 ms, and how many the request line marked `repaying` (a
+    co-runner back in turns, bounded at two min quotas under full contention). What a
+    latency-bound tenant's slowest steps are made of, counted over all its waits rather than
+    its five slowest."""
     pending, waits = {}, {}
     for line in schd_log(logfile, since):
         g = GRANT.search(line)
@@ -250,8 +251,9 @@ def turn_waits(logfile, since, t0, t1):
                 waits.setdefault(g.group(1), []).append((log_time(line) - asked[0], asked[1]))
             continue
         w = WAITS.search(line.strip())
-        if w and w.group(1) not in pending:
+        if w and w.group(1) in spans and w.group(1) not in pending:
             at = log_time(line)
+            t0, t1 = spans[w.group(1)]
             if t0 <= at < t1:
                 pending[w.group(1)] = (at, w.group(2) == "true")
     out = {}
@@ -440,15 +442,16 @@ def shared_run(b, clients, raw, key, extra=(), idle=()):
     row["grants"] = fills(logf, since)
     past = drains(logf, since)
     spans = holds(logf, since)
+    waits = turn_waits(logf, since, {lbl: (res[lbl]["start_at"] + SKIP, res[lbl]["start_at"] + t1)
+                                     for lbl, *_ in running if "start_at" in res[lbl]})
     for lbl, *_ in running:
         f = row[lbl]
         r = res[lbl]
         if lbl in spans and "start_at" in r:
             mine = [(a - r["start_at"], b - r["start_at"], co) for a, b, co in spans[lbl]]
             f["holds"] = hold_figures(r, mine, SKIP, t1)
-            waits = turn_waits(logf, since, r["start_at"] + SKIP, r["start_at"] + t1)
-            if lbl in waits:
-                f["waits"] = waits[lbl]
+        if lbl in waits:
+            f["waits"] = waits[lbl]
         if lbl in past:
             f["drain_past_quota_ms"] = past[lbl]
         # gem-schd's fill (the hook's event pairs) beside what the GPU's clock gives for the

@@ -86,7 +86,7 @@ class Waits(unittest.TestCase):
         with tempfile.NamedTemporaryFile("w", suffix=".log") as f:
             f.writelines(log)
             f.flush()
-            got = mix.turn_waits(f.name, 0, START + 2.0, START + 13.5)
+            got = mix.turn_waits(f.name, 0, {"d": (START + 2.0, START + 13.5)})
         self.assertEqual(set(got), {"d"})
         d = got["d"]
         self.assertEqual(d["n"], 3)
