@@ -568,18 +568,20 @@ impl Core {
             // non-preemptible steps a turn after every 50 ms wait, 0.64–0.69 of the GPU
             // beside a 0.5 inference tenant (`inference_beside_training_...` in tests/sim_pacing.rs).
             // A client back from co-holds is ahead of its competitors by what it ran beside
-            // their turns, charged its fill. They catch up, but not in one run of turns: under
-            // full contention (where the bound above does not apply) it goes first after two
-            // min quotas of waiting, until a turn of its own finds it within the lag of them
-            // (`grant`). (In one run, batch-1 decode whose co-holds filled 0.68 at a request of
-            // 0.5 waited 110 ms for a turn beside a capped encoder on an H200; let off its lead
-            // instead, the encoder lost 3.5 pp of its request in `corun.rs`'s unit test.) Judged
-            // at every dispatch instead, the lead came within the lag while the client waited
-            // (the others' turns and drains charged), and it waited on through the rest of
-            // their catching-up: up to 18 ms beside a renewing holder that drains 5 ms, 12 ms
-            // so (`corun.rs`'s unit tests).
+            // their turns, charged its fill. They catch up, but not in one run of turns: it
+            // goes first after two min quotas of waiting, until a turn of its own finds it
+            // within the lag of them (`grant`). (In one run, batch-1 decode whose co-holds
+            // filled 0.68 at a request of 0.5 waited 110 ms for a turn beside a capped encoder
+            // on an H200; let off its lead instead, the encoder lost 3.5 pp of its request in
+            // `corun.rs`'s unit test.) Judged at every dispatch instead, the lead came within
+            // the lag while the client waited (the others' turns and drains charged), and it
+            // waited on through the rest of their catching-up: up to 18 ms beside a renewing
+            // holder that drains 5 ms, 12 ms so (`corun.rs`'s unit tests). This holds whether
+            // or not the class is fully contended: for a window after a capped encoder co-held
+            // (`fully_contended`), decode back from co-holds 159 ms ahead waited 57 ms under
+            // the starvation bound on an H200.
             let (mut bound, mut bounded) = (bound, !full);
-            if full && (c.co.repaying || (c.co.co_mode && self.ahead_past_lag(key, c, pass, now))) {
+            if c.co.repaying || (c.co.co_mode && self.ahead_past_lag(key, c, pass, now)) {
                 // Due within the shortest turn worth a hand-over, it goes now.
                 bound = (2 * self.params.min_quota_us).saturating_sub(self.min_turn_us());
                 bounded = true;
