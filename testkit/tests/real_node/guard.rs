@@ -1,8 +1,8 @@
 //! GPU use that gem-schd does not gate, on the real node: a pod whose process drops
-//! `LD_PRELOAD` (so no hook) gets an `UntrackedGpuProcess` Event within 10 s of its
-//! container starting, from the node daemon's comparison of the fake driver's NVML process
-//! list with gem-schd's clients; a hooked pod beside it does not. Both run under gem-schd's
-//! peer check (the hooked pod's process is served, as every other real-node test shows).
+//! `LD_PRELOAD` (so no hook) gets an `UntrackedGpuProcess` Event while its process runs,
+//! from the node daemon's comparison of the fake driver's NVML process list with gem-schd's
+//! clients; a hooked pod beside it does not. Both run under gem-schd's peer check (the
+//! hooked pod's process is served, as every other real-node test shows).
 
 use super::*;
 use k8s_openapi::api::core::v1::Event;
@@ -55,11 +55,16 @@ async fn a_pod_without_the_hook_is_reported_and_a_hooked_one_is_not() -> Result<
         ("sharedgpu/gpu_limit", "0.2"),
         ("sharedgpu/sched_affinity", "guard"),
     ];
-    let hooked = "cuda-workload launch --kernel-us 1000 --seconds 60; echo DONE; sleep 3600";
-    let bare = "unset LD_PRELOAD; cuda-workload launch --kernel-us 1000 --seconds 60; \
-        echo DONE; sleep 3600";
-    create(&r.pods, &workload_pod("hooked", &labels, hooked)?).await?;
-    create(&r.pods, &workload_pod("bare", &labels, bare)?).await?;
+    // The bare process runs this long: the guard reports a process it sees running.
+    const RUNS_S: i64 = 60;
+    let hooked =
+        format!("cuda-workload launch --kernel-us 1000 --seconds {RUNS_S}; echo DONE; sleep 3600");
+    let bare = format!(
+        "unset LD_PRELOAD; cuda-workload launch --kernel-us 1000 --seconds {RUNS_S}; \
+        echo DONE; sleep 3600"
+    );
+    create(&r.pods, &workload_pod("hooked", &labels, &hooked)?).await?;
+    create(&r.pods, &workload_pod("bare", &labels, &bare)?).await?;
     let hooked_pod = running(&r.pods, "hooked").await?;
     let bare_pod = running(&r.pods, "bare").await?;
     ensure!(gpu_of(&hooked_pod)? == gpu_of(&bare_pod)?, "not on one GPU");
@@ -81,10 +86,13 @@ async fn a_pod_without_the_hook_is_reported_and_a_hooked_one_is_not() -> Result<
     let started = started_at(&bare_pod).context("bare has no start time")?;
     let when = when.context("the event has no time")?;
     let after = when.duration_since(started);
+    // Two checks in a row see it (3 s apart here), so a few seconds is usual; a bound on it
+    // would only measure how loaded the machine is. Before its start the event is not its.
     eprintln!("real node: reported {after:?} after the container started");
     ensure!(
-        after <= k8s_openapi::jiff::SignedDuration::from_secs(10),
-        "reported {after:?} after the start, want within 10 s"
+        after >= k8s_openapi::jiff::SignedDuration::ZERO
+            && after < k8s_openapi::jiff::SignedDuration::from_secs(RUNS_S),
+        "reported {after:?} after the start, want while its process ran ({RUNS_S} s)"
     );
     // The hooked pod ran beside it all along (more than two checks): no such event.
     let hooked_events = events(&r.client, &ns, &hooked_uid).await?;
