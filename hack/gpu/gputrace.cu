@@ -15,7 +15,10 @@
 // gt_start() enables the records and returns 0, or the CUPTI error of the kernel records; the
 // context-switch records' own result is in the output (`e ctxsw N`: 0 when on);
 // gt_start_switches() enables the switch records alone, gt_start_kernels() the kernel records
-// alone; gt_reset() turns them all off.
+// alone; gt_start_switches_every(us) the switch records alone, flushed that often from a
+// thread of their own (what a hook charging its tenant the slices it held would run), and
+// gt_flush_stats() says what the flushes cost and how late the records came;
+// gt_reset() turns them all off.
 // gt_stop(path) flushes and writes one record a line:
 //   o NS               add to a CUPTI timestamp to get the host's wall clock (CLOCK_REALTIME)
 //   e WHAT CODE        what enabling each kind returned; `e version N`: CUPTI's API version
@@ -25,11 +28,15 @@
 //   s TS OP CTX        context CTX switched in (OP 1) or out (OP 2) of the compute engine
 //   c CTX              the context of this process's kernels
 //   d N                records CUPTI dropped
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <ctime>
 #include <mutex>
+#include <thread>
 #include <vector>
 #include <cuda.h>
 #include <cupti_activity.h>
@@ -52,8 +59,19 @@ const CUpti_ActivityKind kinds[5] = {
 CUptiResult enabled[5] = {CUPTI_ERROR_UNKNOWN, CUPTI_ERROR_UNKNOWN, CUPTI_ERROR_UNKNOWN,
                           CUPTI_ERROR_UNKNOWN, CUPTI_ERROR_UNKNOWN};
 
+// Buffers of 16 MiB, or small ones where a thread flushes them often.
+size_t buffer_size = 16 << 20;
+// The periodic flusher (gt_start_switches_every): its thread, what each flush took (ns), and
+// per delivered buffer holding switch records, how long after its newest record it came (ns,
+// CUPTI's clock against the switch records' own: off by up to a few ms, see slices.py).
+std::thread flusher;
+std::atomic<bool> flushing{false};
+// One flush at a time: the flusher's and gt_stop's (not `mu`, which the delivery takes).
+std::mutex flush_mu;
+std::vector<uint64_t> flush_ns, late_ns;
+
 void CUPTIAPI want_buffer(uint8_t **buf, size_t *size, size_t *max_records) {
-  *size = 16 << 20;
+  *size = buffer_size;
   *buf = static_cast<uint8_t *>(aligned_alloc(8, *size));
   *max_records = 0;
 }
@@ -61,6 +79,7 @@ void CUPTIAPI want_buffer(uint8_t **buf, size_t *size, size_t *max_records) {
 void CUPTIAPI got_buffer(CUcontext, uint32_t, uint8_t *buf, size_t, size_t valid) {
   std::lock_guard<std::mutex> g(mu);
   CUpti_Activity *r = nullptr;
+  uint64_t newest = 0;
   while (cuptiActivityGetNextRecord(buf, valid, &r) == CUPTI_SUCCESS) {
     switch (r->kind) {
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
@@ -87,11 +106,17 @@ void CUPTIAPI got_buffer(CUcontext, uint32_t, uint8_t *buf, size_t, size_t valid
       case CUPTI_ACTIVITY_KIND_COMPUTE_ENGINE_CTX_SWITCH: {
         auto *s = reinterpret_cast<CUpti_ActivityComputeEngineCtxSwitch *>(r);
         switches.push_back({s->timestamp, static_cast<uint32_t>(s->operationType), s->contextId});
+        newest = std::max<uint64_t>(newest, s->timestamp);
         break;
       }
       default:
         break;
     }
+  }
+  if (flushing && newest) {
+    uint64_t now = 0;
+    cuptiGetTimestamp(&now);
+    late_ns.push_back(now > newest ? now - newest : 0);
   }
   free(buf);
 }
@@ -131,6 +156,43 @@ extern "C" int gt_start_switches() {
   return enabled[4];
 }
 
+// The switch records alone, flushed every `period_us` from a thread: what a hook reading the
+// slices its tenant held, to charge them, would pay. Small buffers: a forced flush hands back
+// the one being filled, and a new one is taken each time.
+extern "C" int gt_start_switches_every(unsigned period_us) {
+  buffer_size = 64 << 10;
+  cuptiActivityRegisterCallbacks(want_buffer, got_buffer);
+  enabled[4] = cuptiActivityEnable(kinds[4]);
+  flushing = true;
+  flusher = std::thread([period_us] {
+    while (flushing) {
+      std::this_thread::sleep_for(std::chrono::microseconds(period_us));
+      std::unique_lock<std::mutex> one(flush_mu);
+      auto t0 = std::chrono::steady_clock::now();
+      cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+      auto dt = std::chrono::steady_clock::now() - t0;
+      one.unlock();
+      std::lock_guard<std::mutex> g(mu);
+      flush_ns.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count());
+    }
+  });
+  return enabled[4];
+}
+
+// "flushes N flush_us P50 P99 MAX late_ms P50 P90 MAX records N" into `out` (up to `len`).
+extern "C" int gt_flush_stats(char *out, size_t len) {
+  std::lock_guard<std::mutex> g(mu);
+  auto pct = [](std::vector<uint64_t> v, double q) -> double {
+    if (v.empty()) return -1;
+    std::sort(v.begin(), v.end());
+    return static_cast<double>(v[static_cast<size_t>(q * (v.size() - 1))]);
+  };
+  return snprintf(out, len, "flushes %zu flush_us %.1f %.1f %.1f late_ms %.2f %.2f %.2f records %zu",
+                  flush_ns.size(), pct(flush_ns, 0.5) / 1e3, pct(flush_ns, 0.99) / 1e3,
+                  pct(flush_ns, 1.0) / 1e3, pct(late_ns, 0.5) / 1e6, pct(late_ns, 0.9) / 1e6,
+                  pct(late_ns, 1.0) / 1e6, switches.size());
+}
+
 // Only the kernel records: what a tenant reading its own kernels' GPU time would pay.
 extern "C" int gt_start_kernels() {
   cuptiActivityRegisterCallbacks(want_buffer, got_buffer);
@@ -140,7 +202,10 @@ extern "C" int gt_start_kernels() {
 
 // Writes the records so far to `path` and forgets them; the records stay on.
 extern "C" int gt_stop(const char *path) {
-  cuptiActivityFlushAll(1);
+  {
+    std::lock_guard<std::mutex> one(flush_mu);
+    cuptiActivityFlushAll(1);
+  }
   int64_t offset = clock_offset();
   size_t dropped = 0;
   cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped);
@@ -166,6 +231,8 @@ extern "C" int gt_stop(const char *path) {
 // Turns every record off, for a process that reads its records more than one way in turn
 // (profiler_cost.py). The mix harness never calls it: its tenants stop with the records on.
 extern "C" void gt_reset() {
+  if (flushing.exchange(false)) flusher.join();
+  buffer_size = 16 << 20;
   for (int i = 0; i < 5; i++)
     if (enabled[i] == CUPTI_SUCCESS) cuptiActivityDisable(kinds[i]);
   cuptiActivityFlushAll(1);
@@ -173,5 +240,7 @@ extern "C" void gt_reset() {
   spans.clear();
   rets.clear();
   switches.clear();
+  flush_ns.clear();
+  late_ns.clear();
   for (auto &e : enabled) e = CUPTI_ERROR_UNKNOWN;
 }

@@ -4,9 +4,15 @@ torch.profiler (CUDA activity only), the loop as mix_tenant.py runs it; with MIX
 records as the mix harness takes them (`slices`), with the context-switch records alone
 (`switches`: what a tenant reading only its own time slices would pay) and with the kernel
 records alone (`kernels`: what a tenant reading its own kernels' GPU time would pay).
+MIX_COST_WAYS=w1,w2 runs those ways instead; among them `switches_every`, the switch records
+flushed every MIX_FLUSH_US (default 5000) µs from a thread (what a hook charging its tenant the
+slices it held, report by report, would pay), with how long each flush took and how late the
+records came (`switches_every_stats`). Switch records come only where another context shares
+the GPU: run a neighbour beside it.
 
     python3 hack/gpu/profiler_cost.py [SECONDS] [work ...]
 """
+import ctypes
 import json
 import os
 import sys
@@ -19,12 +25,16 @@ from mix_tenant import SLICES, workload  # noqa: E402  (loads gputrace's CUPTI b
 import torch  # noqa: E402
 
 
+FLUSH_US = int(os.environ.get("MIX_FLUSH_US", "5000"))
+
+
 class Records:
     """One way of reading the GPU's records around a run: `profiler`, `slices`, `switches`,
-    `kernels`."""
+    `switches_every`, `kernels`; `stats`, what the flushes cost (`switches_every`)."""
 
     def __init__(self, how):
         self.how = how
+        self.stats = None
 
     def __enter__(self):
         if self.how == "profiler":
@@ -35,22 +45,30 @@ class Records:
             SLICES.gt_start()
         elif self.how == "switches":
             SLICES.gt_start_switches()
+        elif self.how == "switches_every":
+            SLICES.gt_start_switches_every(FLUSH_US)
         elif self.how == "kernels":
             SLICES.gt_start_kernels()
 
     def __exit__(self, *exc):
         if self.how == "profiler":
             self.prof.__exit__(None, None, None)
-        elif self.how in ("slices", "switches", "kernels"):
+        elif self.how in ("slices", "switches", "switches_every", "kernels"):
+            if self.how == "switches_every":
+                buf = ctypes.create_string_buffer(256)
+                SLICES.gt_flush_stats(buf, ctypes.c_size_t(len(buf)))
+                self.stats = buf.value.decode()
             with tempfile.NamedTemporaryFile(prefix="gputrace-") as f:
                 SLICES.gt_stop(f.name.encode())
             SLICES.gt_reset()
 
 
-def run(step, seconds, how=None):
+def run(step, seconds, how=None, stats=None):
+    """Steps a second; with `stats` (a dict), what the flushes cost under `how`."""
     syncs = getattr(step, "syncs", False)
     steps = 0
-    with Records(how):
+    records = Records(how)
+    with records:
         end = time.time() + seconds
         t0 = time.perf_counter()
         while time.time() < end:
@@ -60,6 +78,8 @@ def run(step, seconds, how=None):
                 torch.cuda.synchronize()
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
+    if stats is not None and records.stats:
+        stats[how] = records.stats
     return steps / dt
 
 
@@ -73,13 +93,17 @@ def main():
             step()
         torch.cuda.synchronize()
         plain = run(step, seconds)
-        ways = ["profiler"] + (["slices", "switches", "kernels"] if SLICES else [])
-        rates = {how: run(step, seconds, how) for how in ways}
+        ways = (os.environ["MIX_COST_WAYS"].split(",") if os.environ.get("MIX_COST_WAYS")
+                else ["profiler"] + (["slices", "switches", "kernels"] if SLICES else []))
+        stats = {}
+        rates = {how: run(step, seconds, how, stats) for how in ways}
         plain2 = run(step, seconds)
         out[w] = {"plain": round(plain, 1), "plain_again": round(plain2, 1)}
         for how, rate in rates.items():
             out[w][how] = round(rate, 1)
             out[w][f"{how}_of_plain"] = round(rate / max(plain, plain2), 3)
+        for how, line in stats.items():
+            out[w][f"{how}_stats"] = line
         print(json.dumps({w: out[w]}), flush=True)
     print(json.dumps(out))
 
