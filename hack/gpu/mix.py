@@ -3,6 +3,7 @@
 
     python3 hack/gpu/mix.py ARTIFACT_DIR OUT [scenario ...]
     python3 hack/gpu/mix.py --judge OUT1/mix.json OUT2/mix.json ...   # targets over a run in parts
+    python3 hack/gpu/mix.py --brief OUT1/mix.json ...                  # a line per group of tenants
 
 ARTIFACT_DIR holds libgemhook.so.1 and gem-schd. MIX_SCHD_ARGS adds gem-schd arguments to every
 scenario (e.g. `--charge-by-fill`). MIX_MPS=1 runs every scenario (but `mps`) with its tenants
@@ -683,9 +684,57 @@ def judge(paths):
     return targets(table)
 
 
+def is_tenant(v):
+    return isinstance(v, dict) and ("gpu" in v or "steps_per_s" in v)
+
+
+def tenant_brief(name, t):
+    """One tenant's figures in a few words: GPU time (gem-schd's charge), its rate, decode's
+    p99 / max, its co-holds of its grants, its longest wait for the token."""
+    words = [name]
+    if "gpu" in t:
+        words.append(f"{t['gpu']:.3f}" + (f" ({t['charged']:.3f})" if t.get("charged") is not None else ""))
+    if "lat_p99_ms" in t:
+        words.append(f"p99 {t['lat_p99_ms']:.2f} max {t.get('lat_max_ms', 0):.1f} ms")
+    elif "steps_per_s" in t:
+        words.append(f"{t['steps_per_s']:g}/s")
+    holds = t.get("holds")
+    if holds and holds["co_holds"]["n"]:
+        n = holds["co_holds"]["n"]
+        words.append(f"co {n}/{n + holds['turns']['n']}")
+    if t.get("waits", {}).get("n"):
+        words.append(f"wait max {t['waits']['max_ms']:.1f} ms")
+    return " ".join(words)
+
+
+def brief(table):
+    """A line per group of tenants run together in a mix.json table (a scenario, or one pair
+    of it): each tenant's `tenant_brief`, then the GPU's busy fraction where measured."""
+    lines = []
+    for name, v in table.items():
+        if name.startswith("_") or name == "targets" or not isinstance(v, dict):
+            continue
+        if "error" in v:
+            lines.append(f"{name}: {v['error']}")
+            continue
+        groups = [(name, v)] if any(is_tenant(x) for x in v.values()) else [
+            (f"{name} {k}", x) for k, x in v.items() if isinstance(x, dict)]
+        for label, g in groups:
+            parts = [tenant_brief(k, t) for k, t in g.items() if is_tenant(t)]
+            if "gpu_busy" in g:
+                parts.append(f"busy {g['gpu_busy']:.3f}")
+            lines.append(f"{label}: " + " | ".join(parts))
+    return lines
+
+
 def main():
     if sys.argv[1:2] == ["--judge"]:
         print(json.dumps(judge(sys.argv[2:]), indent=1))
+        return
+    if sys.argv[1:2] == ["--brief"]:
+        for p in sys.argv[2:]:
+            with open(p) as f:
+                print("\n".join(f"{p}: {line}" for line in brief(json.load(f))))
         return
     art, out = sys.argv[1], sys.argv[2]
     which = sys.argv[3:] or ALL

@@ -98,3 +98,25 @@ class Waits(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Brief(unittest.TestCase):
+    def test_a_line_per_group_of_tenants(self):
+        holds = {"turns": {"n": 3}, "co_holds": {"n": 1}}
+        table = {
+            "_gpu": "GPU-x",
+            "capped_elastic": {"gpt+decode": {
+                "gpt": {"gpu": 0.25, "charged": 0.5, "steps_per_s": 21.5, "holds": holds,
+                        "waits": {"n": 4, "max_ms": 12.25}},
+                "decode": {"gpu": 0.3, "charged": 0.6, "lat_p99_ms": 2.5, "lat_max_ms": 11.4},
+                "gpu_busy": 0.55, "gaps": {"switches_per_s": 200.0}}},
+            "four": {"conv": {"gpu": 0.06, "charged": 0.1}, "gpu_busy": 0.88, "gaps": {}},
+            "mps": {"error": "RuntimeError('no server')"},
+            "targets": [{"row": "x"}],
+        }
+        self.assertEqual(mix.brief(table), [
+            "capped_elastic gpt+decode: gpt 0.250 (0.500) 21.5/s co 1/4 wait max 12.2 ms"
+            " | decode 0.300 (0.600) p99 2.50 max 11.4 ms | busy 0.550",
+            "four: conv 0.060 (0.100) | busy 0.880",
+            "mps: RuntimeError('no server')",
+        ])
