@@ -8,7 +8,10 @@ MIX_COST_WAYS=w1,w2 runs those ways instead; among them `switches_every`, the sw
 flushed every MIX_FLUSH_US (default 5000) µs from a thread (what a hook charging its tenant the
 slices it held, report by report, would pay), with how long each flush took and how late the
 records came (`switches_every_stats`). Switch records come only where another context shares
-the GPU: run a neighbour beside it.
+the GPU: run a neighbour beside it, and name one way a run. Between ways the records are turned
+off (gputrace's gt_reset); turning the switch records off while another context ran hung the
+mix's co-located tenants once, and a run of `switches,switches_every` beside a neighbour ran
+past its timeout, where `switches_every` alone ran through.
 
     python3 hack/gpu/profiler_cost.py [SECONDS] [work ...]
 """
