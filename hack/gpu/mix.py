@@ -240,7 +240,7 @@ def turn_waits(logfile, since, spans):
     gem-schd's debug log after byte `since`: from a request in [t0, t1) that waits (a process's
     first, if several of the client's wait) to the client's next grant: how many, p50 / p90 /
     p99 / max in ms, how many past 10 ms, and how many the request line marked `repaying` (a
-    co-runner back in turns, bounded at two min quotas under full contention). What a
+    co-runner back in turns, bounded at two min quotas while it repays its lead). What a
     latency-bound tenant's slowest steps are made of, counted over all its waits rather than
     its five slowest."""
     pending, waits = {}, {}

@@ -1251,8 +1251,11 @@ fn note_i(
 
 /// What `i_waits_beside_a_renewing_holder` saw.
 struct RenewingHolder {
-    /// i's waits for a grant (µs, from its request) after t(1000).
-    waits: Vec<Micros>,
+    /// How many times i waited for a grant after t(1000), and the p99 and longest of those
+    /// waits (µs, from its request).
+    waited: usize,
+    p99: Micros,
+    max: Micros,
     /// t's usage over the window at the end.
     t_used: Micros,
     /// How many 100 µs steps i waited repaying its lead.
@@ -1346,8 +1349,12 @@ fn i_waits_beside_a_renewing_holder(
             repaying += 1;
         }
     }
+    waits.sort_unstable();
+    let waited = waits.len();
     RenewingHolder {
-        waits,
+        waited,
+        p99: waits[waited * 99 / 100],
+        max: *waits.last().expect("i waited"),
         t_used: c.usage_us(now, "t").unwrap(),
         repaying,
         t_co_holds,
@@ -1364,18 +1371,17 @@ fn a_co_runner_back_in_turns_keeps_its_bound_until_a_turn_finds_it_within_the_la
     // longest wait was 15–18 ms; judged at i's own turns, 10–12 ms.
     for (period, drain) in [(200 * MS, 5 * MS), (400 * MS, 5 * MS), (200 * MS, MS)] {
         let RenewingHolder {
-            mut waits,
+            waited: n,
+            p99,
+            max,
             t_used,
             repaying,
             ..
         } = i_waits_beside_a_renewing_holder(period, drain, 0, 0);
-        waits.sort_unstable();
-        let (n, max) = (waits.len(), *waits.last().unwrap());
         eprintln!(
-            "fill flapping every {} ms, t draining {} ms: {n} waits, p99 {} µs, max {max} µs; t used {t_used} µs of the window",
+            "fill flapping every {} ms, t draining {} ms: {n} waits, p99 {p99} µs, max {max} µs; t used {t_used} µs of the window",
             period / MS,
             drain / MS,
-            waits[n * 99 / 100]
         );
         assert!(n > 200, "i waited for {n} turns");
         assert!(repaying > 0, "i never waited repaying its lead");
@@ -1395,17 +1401,16 @@ fn a_holders_turn_ends_by_the_time_a_bounded_co_runner_is_due() {
     for think in [1300, 1600] {
         for period in [200 * MS, 400 * MS] {
             let RenewingHolder {
-                mut waits,
+                waited: n,
+                p99,
+                max,
                 t_used,
                 repaying,
                 ..
             } = i_waits_beside_a_renewing_holder(period, MS, think, 0);
-            waits.sort_unstable();
-            let (n, max) = (waits.len(), *waits.last().unwrap());
             eprintln!(
-                "i asking {think} µs after its hold, its fill flapping every {} ms: {n} waits, p99 {} µs, max {max} µs; t used {t_used} µs of the window",
+                "i asking {think} µs after its hold, its fill flapping every {} ms: {n} waits, p99 {p99} µs, max {max} µs; t used {t_used} µs of the window",
                 period / MS,
-                waits[n * 99 / 100]
             );
             assert!(n > 200, "i waited for {n} turns");
             assert!(repaying > 0, "i never waited repaying its lead");
@@ -1425,16 +1430,15 @@ fn a_co_runner_keeps_its_short_bound_after_a_capped_client_co_held() {
     // full contention only, i's longest wait was 25 ms; with it either way, 14 ms, t using
     // 3.995 s of its window against 3.996 s.
     let RenewingHolder {
-        mut waits,
+        waited: n,
+        p99,
+        max,
         t_used,
         repaying,
         t_co_holds,
     } = i_waits_beside_a_renewing_holder(100 * MS, 5 * MS, 0, t(500));
-    waits.sort_unstable();
-    let (n, max) = (waits.len(), *waits.last().unwrap());
     eprintln!(
-        "t co-held {t_co_holds} times: i waited {n} times, p99 {} µs, max {max} µs; t used {t_used} µs of the window",
-        waits[n * 99 / 100]
+        "t co-held {t_co_holds} times: i waited {n} times, p99 {p99} µs, max {max} µs; t used {t_used} µs of the window"
     );
     assert!(t_co_holds > 0, "t never co-held");
     assert!(n > 200, "i waited for {n} turns");
