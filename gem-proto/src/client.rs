@@ -407,11 +407,18 @@ impl Client {
     }
 
     /// Report how busy this process kept the GPU ([`Request::Busy`]). No reply.
-    pub fn busy(&mut self, busy_us: u64, held_us: u64, earlier_us: u64) -> Result<(), ClientError> {
+    pub fn busy(
+        &mut self,
+        busy_us: u64,
+        held_us: u64,
+        earlier_us: u64,
+        engine_us: Option<u64>,
+    ) -> Result<(), ClientError> {
         self.send(&Request::Busy {
             busy_us,
             held_us,
             earlier_us,
+            engine_us,
         })
     }
 
@@ -665,7 +672,7 @@ mod refusal_tests {
             // Dropped here: the hang-up.
         });
         let mut c = Client::connect(&server.path, 1, "GPU-x").unwrap();
-        c.busy(1, 2, 3).unwrap();
+        c.busy(1, 2, 3, None).unwrap();
         gem_schd.join().unwrap();
         let e = c.send_token_request(0, 0).unwrap_err();
         assert_eq!(e.refused_kind(), Some(crate::kind::BUSY), "{e}");

@@ -92,10 +92,15 @@ pub enum Request {
     /// after the report that ended them). Sent before the frame that ends a hold; no reply.
     /// gem-schd keeps each client's fill (busy / held) per kind of hold. `earlier_us` is
     /// optional on the wire (a frame without it reads as 0), for hooks older than it.
+    /// `engine_us`, also optional (`None`: not measured), is the time this process's contexts
+    /// held the GPU's compute engine since its last report, from CUPTI's context-switch
+    /// records: an upper bound on its GPU time, which gem-schd charges a capped client's
+    /// co-holds by (gem-schd `core/engine.rs`).
     Busy {
         busy_us: u64,
         held_us: u64,
         earlier_us: u64,
+        engine_us: Option<u64>,
     },
     /// What gem-schd wants of this client beyond the basics, asked once per token connection
     /// after Hello: answered with OptionsOk.
@@ -248,10 +253,14 @@ impl Request {
                 busy_us,
                 held_us,
                 earlier_us,
+                engine_us,
             } => {
                 w.u64(*busy_us);
                 w.u64(*held_us);
                 w.u64(*earlier_us);
+                if let Some(e) = engine_us {
+                    w.u64(*e);
+                }
             }
             Request::Options
             | Request::Drain
@@ -294,6 +303,11 @@ impl Request {
                 busy_us: r.u64()?,
                 held_us: r.u64()?,
                 earlier_us: if r.rest.is_empty() { 0 } else { r.u64()? },
+                engine_us: if r.rest.is_empty() {
+                    None
+                } else {
+                    Some(r.u64()?)
+                },
             },
             kind::OPTIONS => Request::Options,
             kind::DRAIN => Request::Drain,
@@ -649,6 +663,7 @@ mod tests {
             busy_us: 258,
             held_us: 1000,
             earlier_us: 3,
+            engine_us: None,
         }
         .encode()
         .unwrap();
@@ -669,19 +684,39 @@ mod tests {
                 Request::Busy {
                     busy_us: 258,
                     held_us: 1000,
-                    earlier_us: 0
+                    earlier_us: 0,
+                    engine_us: None
                 },
                 old.len()
             )))
         );
-        // Part of the third field is truncated; more than three is refused.
+        // Part of the third field is truncated.
         assert_eq!(
             Request::decode(&[
                 22, 0, 0, 0, 1, 8, 2, 1, 0, 0, 0, 0, 0, 0, 0xe8, 3, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0
             ]),
             Err(FrameError::Truncated { kind: kind::BUSY })
         );
-        let mut long = b.clone();
+        // The engine time follows as a fourth field; part of it is truncated, a fifth refused.
+        let with_engine = Request::Busy {
+            busy_us: 258,
+            held_us: 1000,
+            earlier_us: 3,
+            engine_us: Some(700),
+        }
+        .encode()
+        .unwrap();
+        assert_eq!(with_engine.len(), b.len() + 8);
+        assert_eq!(&with_engine[b.len()..], &[0xbc, 2, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(with_engine[0], 34);
+        let mut part = with_engine.clone();
+        part.truncate(part.len() - 3);
+        part[0] -= 3;
+        assert_eq!(
+            Request::decode(&part),
+            Err(FrameError::Truncated { kind: kind::BUSY })
+        );
+        let mut long = with_engine.clone();
         long[0] += 1;
         long.push(0);
         assert_eq!(

@@ -35,13 +35,20 @@ fn request() -> impl Strategy<Value = Request> {
         Just(Request::WantGate),
         Just(Request::Parks),
         any::<u64>().prop_map(|burst_us| Request::Renew { burst_us }),
-        (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(busy_us, held_us, earlier_us)| {
-            Request::Busy {
-                busy_us,
-                held_us,
-                earlier_us,
-            }
-        }),
+        (
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            proptest::option::of(any::<u64>())
+        )
+            .prop_map(|(busy_us, held_us, earlier_us, engine_us)| {
+                Request::Busy {
+                    busy_us,
+                    held_us,
+                    earlier_us,
+                    engine_us,
+                }
+            }),
     ]
 }
 

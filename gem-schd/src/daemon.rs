@@ -583,16 +583,19 @@ impl Actor {
                 busy_us,
                 held_us,
                 earlier_us,
+                engine_us,
             } => {
+                let now = self.now();
                 match self
                     .core
-                    .busy(self.now(), conn, busy_us, held_us, earlier_us)
+                    .busy(now, conn, busy_us, held_us, earlier_us)
+                    .and_then(|()| self.core.engine(now, conn, engine_us, held_us))
                 {
                     Ok(()) => {
                         if let Some(c) = self.conns.get(&conn) {
                             let fill = self.core.fill(&c.client).unwrap_or(f64::NAN);
                             let limit = self.core.limit_in_force(&c.client).unwrap_or(0);
-                            debug!(client = %c.client, busy_us, held_us, fill = %format_args!("{fill:.3}"), limit, "busy");
+                            debug!(client = %c.client, busy_us, held_us, engine_us, fill = %format_args!("{fill:.3}"), limit, "busy");
                         }
                     }
                     // Busy has no reply, but a refused one must not be silent.

@@ -677,7 +677,7 @@ fn busy_reports_need_no_reply_and_set_the_fill() {
     // Three times gem-schd's bound (32 requests in flight per connection).
     for _ in 0..96 {
         a.request_token(0, 0).unwrap();
-        a.busy(1_500, 5_000, 0).unwrap();
+        a.busy(1_500, 5_000, 0, Some(4_000)).unwrap();
         a.release(5_000).unwrap();
     }
     // Still served after three times the bound's worth of Busy frames.

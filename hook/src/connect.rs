@@ -245,6 +245,8 @@ pub(crate) fn note_refusal(e: &ClientError) {
         Some(gem_proto::kind::OPTIONS) => OPTIONS_REFUSED.store(true, Ordering::Relaxed),
         Some(gem_proto::kind::RENEW) => RENEW_REFUSED.store(true, Ordering::Relaxed),
         Some(gem_proto::kind::DRAIN) => DRAIN_REFUSED.store(true, Ordering::Relaxed),
+        // Refused with the engine time: an older gem-schd; without it, older still.
+        Some(gem_proto::kind::BUSY) if crate::cupti::on() => crate::cupti::refused(),
         Some(gem_proto::kind::BUSY) => crate::timing::refused(),
         Some(gem_proto::kind::WANT_SOON) => SOON_REFUSED.store(true, Ordering::Relaxed),
         Some(gem_proto::kind::WANT_GATE) => GATE_REFUSED.store(true, Ordering::Relaxed),

@@ -328,6 +328,7 @@ extern "C" fn child_after_fork() {
             }
         }
     }
+    crate::cupti::forked();
     let fresh: &'static State = Box::leak(Box::new(State::new()));
     STATE.store(fresh as *const State as *mut State, Ordering::Release);
     // No logging here: it reads the environment, whose lock another thread of the parent

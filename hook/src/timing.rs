@@ -30,9 +30,13 @@ static ASKED: AtomicU32 = AtomicU32::new(0);
 /// answer comes with the first connection, after the first launch's countdown).
 const OFF_RECHECK: u32 = 1 << 16;
 
-/// gem-schd's OptionsOk: time one launch in about `busy_every` (0 = none).
+/// gem-schd's OptionsOk: time one launch in about `busy_every` (0 = none). Reports from then
+/// on carry the engine time held too, where CUPTI gives it (`cupti.rs`).
 pub fn asked(busy_every: u32) {
     ASKED.store(busy_every, Ordering::Relaxed);
+    if every() > 0 {
+        crate::cupti::start();
+    }
 }
 
 /// One launch in about this many is timed (0 = none): `KUBESHARE_HOOK_BUSY_EVERY`, or what
@@ -204,7 +208,7 @@ pub fn granted(g: &Gpu) {
 
 /// Before a frame that ends or renews a hold on the token connection: sends gem-schd the
 /// GPU time measured since the last report (of launches in this grant, and late, of earlier
-/// ones) and the hold time it fell in (`Token::held_ns`).
+/// ones), the hold time it fell in (`Token::held_ns`) and the engine time held (`cupti.rs`).
 /// A failed send is left to the frame that follows, which fails the same way.
 pub fn report(g: &Gpu, t: &mut Token) {
     if every() == 0 || REFUSED.load(Ordering::Relaxed) {
@@ -219,10 +223,11 @@ pub fn report(g: &Gpu, t: &mut Token) {
         pairs.take_busy_ns()
     };
     let held_ns = std::mem::take(&mut t.held_ns);
-    if busy_ns == 0 && held_ns == 0 && earlier_ns == 0 {
+    let engine_us = crate::cupti::take_us();
+    if busy_ns == 0 && held_ns == 0 && earlier_ns == 0 && engine_us.unwrap_or(0) == 0 {
         return;
     }
     if let Some(c) = t.client.as_mut() {
-        let _ = c.busy(busy_ns / 1000, held_ns / 1000, earlier_ns / 1000);
+        let _ = c.busy(busy_ns / 1000, held_ns / 1000, earlier_ns / 1000, engine_us);
     }
 }

@@ -38,6 +38,7 @@
 //! business (training lost 29 % of its rate beside co-running inference on an H100 while its
 //! own kernels' events said 8 %: its kernels ran slower) (docs/gem-schd.md, "Co-running").
 
+use super::engine::CoEngine;
 use super::window::stride;
 use super::*;
 
@@ -76,6 +77,8 @@ pub(super) struct CoHold {
     last_grant: Micros,
     /// The furthest past its quota a process of it reported its work ran (its drain).
     ran_past_quota: Micros,
+    /// The engine time its reports said it held (`engine.rs`).
+    pub(super) engine: CoEngine,
 }
 
 impl CoHold {
@@ -103,6 +106,8 @@ pub(super) struct CoState {
     /// a bounded time for a turn (`Core::rank`) until a turn of its own finds it within the
     /// lag of them (`Core::grant`).
     pub(super) repaying: bool,
+    /// Capped: engine time reported and not yet charged (`engine.rs`).
+    pub(super) engine_owed_us: Micros,
 }
 
 impl CoState {
@@ -110,6 +115,7 @@ impl CoState {
     /// (its open co-hold, like its running hold, stays charged).
     pub(super) fn forget_charges(&mut self) {
         self.charges.clear();
+        self.engine_owed_us = 0;
     }
 }
 
@@ -125,14 +131,11 @@ impl ClientState {
         self.spec.limit_milli < 1000
     }
 
-    /// What a co-hold's `wall` µs are charged: the wall time for a capped client, its fill of
-    /// it otherwise.
-    fn co_charge_of(&self, wall: Micros) -> Micros {
-        if self.charged_in_wall_time() {
-            wall
-        } else {
-            (wall as f64 * self.fill.co().unwrap_or(1.0)) as Micros
-        }
+    /// What co-hold `h`'s time from `start` to `end` is charged: for a capped client the
+    /// engine time it held, never more than the wall time (`engine.rs`), otherwise its fill of
+    /// the wall time.
+    fn co_charge_of(&self, h: &CoHold, start: Micros, end: Micros) -> Micros {
+        co_charge(self.charged_in_wall_time(), self.fill.co(), h, start, end)
     }
 
     /// See [`Core::judged_fill`].
@@ -291,12 +294,13 @@ impl Core {
     /// its last grant's quota plus the grace or the drain they reported past it, whichever is
     /// first (the hook stops launching at the quota's end and drains), and it is charged its
     /// wall length to there, for a client charged in wall time, else that × its co-holds'
-    /// fill. Its charge is a piece ending there: it slides out of a window no earlier than its
+    /// fill (capped: at most that, by the engine time it held, `engine.rs`). Its charge is a
+    /// piece ending there: it slides out of a window no earlier than its
     /// time did (an open co-hold counted as ending at `now` never left the short pacing window,
     /// and its client waited for good).
     pub(super) fn co_charge(&self, c: &ClientState, h: &CoHold, now: Micros) -> (Micros, Micros) {
         let end = now.min(h.ran_to(self.co_run.quota_us, self.params.grace_us));
-        (end, c.co_charge_of(end.saturating_sub(h.start)))
+        (end, c.co_charge_of(h, h.start, end))
     }
 
     /// Whether `key` waits for a turn: it has requests waiting and is not light (a light client
@@ -431,26 +435,30 @@ impl Core {
         let (quota, grace) = (self.co_run.quota_us, self.params.grace_us);
         let mut client = String::new();
         if let Some(c) = self.clients.get_mut(&key) {
+            let (capped, fill) = (c.charged_in_wall_time(), c.fill.co());
             match &mut c.co.hold {
                 Some(h) => {
                     h.conns.push(conn);
                     let ran_to = h.ran_to(quota, grace);
                     let stretch = (now > ran_to).then_some((h.start, ran_to));
-                    if stretch.is_some() {
-                        h.start = now;
-                        h.ran_past_quota = 0;
-                    }
-                    h.last_grant = now;
                     if let Some((start, end)) = stretch {
                         // Nothing of it ran since `end`: that gap is not its time, and the
                         // stretch before it is charged as a co-hold that ended there, sliding
                         // out of the window from there (kept with the open co-hold instead, it
                         // came back into the window with each new stretch, and was still
                         // charged a second after a reload had started a new account).
-                        let charge = c.co_charge_of(end.saturating_sub(start));
+                        let charge = co_charge(capped, fill, h, start, end);
+                        let left = h.engine.left_over(start, end);
+                        c.co.engine_owed_us = c.co.engine_owed_us.saturating_add(left);
                         c.co.charges.push_back((end, charge));
                         c.pass = c.pass.saturating_add(stride(charge, c.spec.request_milli));
+                        h.start = now;
+                        h.ran_past_quota = 0;
+                        h.engine = CoEngine::default();
                     }
+                    h.last_grant = now;
+                    // Its processes' reports cannot be told apart: its wall length.
+                    h.engine.set_unmeasured();
                 }
                 None => {
                     c.co.hold = Some(CoHold {
@@ -458,6 +466,7 @@ impl Core {
                         start: now,
                         last_grant: now,
                         ran_past_quota: 0,
+                        engine: CoEngine::default(),
                     })
                 }
             }
@@ -507,6 +516,7 @@ impl Core {
             return false;
         };
         let (end, charge) = self.co_charge(c, h, now);
+        let left = h.engine.left_over(h.start, end);
         let Some(c) = self.clients.get_mut(&key) else {
             return false;
         };
@@ -516,6 +526,7 @@ impl Core {
         h.conns.retain(|x| *x != conn);
         if h.conns.is_empty() {
             c.co.hold = None;
+            c.co.engine_owed_us = c.co.engine_owed_us.saturating_add(left);
             c.co.charges.push_back((end, charge));
             // Its virtual time counts the charge as a turn's does its quota: under full
             // contention turns go by virtual time alone (no limit, no pacing), and a co-runner
@@ -623,6 +634,16 @@ impl Core {
                 .clients
                 .get(&key)
                 .is_some_and(|c| !c.charged_in_wall_time())
+    }
+}
+
+/// See `ClientState::co_charge_of`: `capped` whether the client is charged in wall time, `fill`
+/// its co-holds' fill.
+fn co_charge(capped: bool, fill: Option<f64>, h: &CoHold, start: Micros, end: Micros) -> Micros {
+    if capped {
+        h.engine.charge(start, end)
+    } else {
+        (end.saturating_sub(start) as f64 * fill.unwrap_or(1.0)) as Micros
     }
 }
 

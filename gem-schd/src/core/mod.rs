@@ -940,6 +940,7 @@ mod class;
 mod co_area;
 mod corun;
 mod dispatch;
+mod engine;
 mod fill;
 mod handover;
 mod long_turn;

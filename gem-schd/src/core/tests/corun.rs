@@ -9,7 +9,13 @@ use super::*;
 /// of 0.6 in co-holds of `quota_us`, gem-schd started at `start`; beside them an uncapped
 /// client `u` (0, 1.0) connected (conn 99) and idle, so that a capped client may co-run
 /// (`capped.rs`).
-fn t_and_i(p: Params, t_at: (u16, u16), i_at: (u16, u16), quota_us: Micros, start: Micros) -> Core {
+pub(super) fn t_and_i(
+    p: Params,
+    t_at: (u16, u16),
+    i_at: (u16, u16),
+    quota_us: Micros,
+    start: Micros,
+) -> Core {
     let specs = [
         spec("t", t_at.0, t_at.1, 100),
         spec("i", i_at.0, i_at.1, 100),
@@ -28,7 +34,7 @@ fn t_and_i(p: Params, t_at: (u16, u16), i_at: (u16, u16), quota_us: Micros, star
 
 /// Training-like `t` (0.5, 0.5) and inference-like `i` (0.5, 0.5), both capped (charged in wall
 /// time); conn 1 = t, 2 = i. Co-running below a fill of 0.6.
-fn pair() -> Core {
+pub(super) fn pair() -> Core {
     t_and_i(params(), (500, 500), (500, 500), 10 * MS, 0)
 }
 

@@ -7,6 +7,7 @@ use gem_proto::code;
 mod classes;
 mod contention;
 mod corun;
+mod engine;
 mod handover;
 mod pacing;
 

@@ -1,0 +1,373 @@
+//! Reading CUPTI's compute-engine context-switch records (CUPTI 13.2 or later) for the engine
+//! time this process held (`engine.rs` keeps the books).
+//!
+//! `KUBESHARE_HOOK_CUPTI` names the libcupti to use. It is loaded when the hook is (an ELF
+//! constructor), before the program's own libraries: PyTorch's libcupti.so.13 is older and
+//! refuses the switch records, and under one soname the first one loaded is the one bound.
+//! The records are turned on once gem-schd asks for Busy reports, and flushed every
+//! [`FLUSH_EVERY`] by a thread of their own; they are never turned off while the process runs
+//! (turning them off while another context ran hung a process on an H200).
+//!
+//! CUPTI takes one pair of buffer callbacks per process. A profiler in the program (PyTorch's,
+//! or hack/gpu's gputrace) registers its own through the hook's `cuptiActivityRegisterCallbacks`:
+//! the hook keeps its own registered and passes each buffer on to the program's after reading
+//! its switch records from it, so both see every record. A program that turns the switch
+//! records off or finalizes CUPTI ends the hook's readings: its reports then carry no engine
+//! time and gem-schd charges wall time, as it does for a hook without CUPTI.
+
+use crate::engine::Slices;
+use crate::real::real_dlsym;
+use crate::state::lock;
+use std::ffi::c_void;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
+use std::time::Duration;
+
+/// How often the records are flushed by default (`KUBESHARE_HOOK_CUPTI_FLUSH_MS`): a report
+/// lacks at most about this much of the slices that ended before it (they come with the next
+/// one). A flush cost 0.17 ms (p50) on an H200.
+pub const FLUSH_EVERY: Duration = Duration::from_millis(5);
+
+fn flush_every() -> Duration {
+    std::env::var("KUBESHARE_HOOK_CUPTI_FLUSH_MS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map_or(FLUSH_EVERY, Duration::from_millis)
+}
+/// `CUPTI_ACTIVITY_KIND_COMPUTE_ENGINE_CTX_SWITCH`.
+const KIND_CTX_SWITCH: u32 = 57;
+/// `CUPTI_ACTIVITY_FLAG_FLUSH_FORCED`: hand over the buffers being filled too.
+const FLUSH_FORCED: u32 = 1;
+/// The hook's own buffers (a forced flush hands each one back, mostly empty).
+const BUFFER_BYTES: usize = 64 << 10;
+const BUFFER_ALIGN: usize = 8;
+
+type WantFn = unsafe extern "C" fn(*mut *mut u8, *mut usize, *mut usize);
+type GotFn = unsafe extern "C" fn(*mut c_void, u32, *mut u8, usize, usize);
+type RegisterFn = unsafe extern "C" fn(WantFn, GotFn) -> i32;
+type KindFn = unsafe extern "C" fn(u32) -> i32;
+type FlushFn = unsafe extern "C" fn(u32) -> i32;
+type NextFn = unsafe extern "C" fn(*mut u8, usize, *mut *mut u8) -> i32;
+type TimestampFn = unsafe extern "C" fn(*mut u64) -> i32;
+type FinalizeFn = unsafe extern "C" fn() -> i32;
+
+/// The libcupti loaded from `KUBESHARE_HOOK_CUPTI`.
+static LIB: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Where the readings stand.
+static STATE: AtomicU8 = AtomicU8::new(OFF);
+const OFF: u8 = 0;
+const ON: u8 = 1;
+/// Ended for good (refused, taken off by the program, a forked child, gem-schd too old).
+const ENDED: u8 = 2;
+
+/// The program's own buffer callbacks, once it registered them.
+static THEIRS: Mutex<Option<(WantFn, GotFn)>> = Mutex::new(None);
+/// The hook's own buffers handed to CUPTI and not yet back (addresses).
+static OURS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+static SLICES: Mutex<Option<Slices>> = Mutex::new(None);
+static FLUSHER_STOP: AtomicBool = AtomicBool::new(false);
+
+/// Loads `KUBESHARE_HOOK_CUPTI` as the process's libcupti, before the program's libraries.
+extern "C" fn preload() {
+    let Some(path) = std::env::var_os("KUBESHARE_HOOK_CUPTI") else {
+        return;
+    };
+    let Ok(path) = std::ffi::CString::new(path.into_encoded_bytes()) else {
+        return;
+    };
+    // SAFETY: dlopen with a NUL-terminated path; RTLD_GLOBAL so that the program's
+    // libraries needing libcupti.so.13 bind to this one.
+    let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    LIB.store(h, Ordering::Release);
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static PRELOAD: extern "C" fn() = preload;
+
+/// A CUPTI function of the loaded libcupti, or `None`.
+fn sym<F: Copy>(name: &std::ffi::CStr) -> Option<F> {
+    let h = LIB.load(Ordering::Acquire);
+    let dl = real_dlsym()?;
+    if h.is_null() {
+        return None;
+    }
+    // SAFETY: glibc's dlsym on a live handle with a NUL-terminated name.
+    let p = unsafe { dl(h, name.as_ptr()) };
+    // SAFETY: `F` is the C signature CUPTI's headers give `name` (the callers' types above),
+    // and a function pointer has a data pointer's size on the targets the hook supports.
+    (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
+}
+
+/// Turns the switch records on (once; gem-schd asked for Busy reports), from a thread of their
+/// own, which then flushes them: CUPTI calls into the driver, and the caller may be inside a
+/// driver call the hook wraps.
+pub fn start() {
+    if LIB.load(Ordering::Acquire).is_null()
+        || STATE
+            .compare_exchange(OFF, ON, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+    {
+        return;
+    }
+    if std::thread::Builder::new()
+        .name("gemhook-cupti".into())
+        .spawn(|| {
+            if turn_on() {
+                flush_loop();
+            }
+        })
+        .is_err()
+    {
+        end("no thread to read CUPTI's records");
+    }
+}
+
+/// Registers the buffer callbacks and turns the switch records on; false (and logged) if not.
+fn turn_on() -> bool {
+    let (Some(register), Some(enable), Some(now)) = (
+        sym::<RegisterFn>(c"cuptiActivityRegisterCallbacks"),
+        sym::<KindFn>(c"cuptiActivityEnable"),
+        sym::<TimestampFn>(c"cuptiGetTimestamp"),
+    ) else {
+        end("libcupti lacks the activity API");
+        return false;
+    };
+    *lock(&SLICES) = Some(Slices::new(timestamp(now)));
+    // SAFETY: CUPTI's registration with two callbacks of the signatures it documents.
+    let r = unsafe { register(want_buffer, got_buffer) };
+    if r != 0 {
+        end(&format!(
+            "registering CUPTI's buffer callbacks failed ({r})"
+        ));
+        return false;
+    }
+    // SAFETY: a plain call with an activity kind.
+    let r = unsafe { enable(KIND_CTX_SWITCH) };
+    if r != 0 {
+        end(&format!(
+            "CUPTI refused the context-switch records ({r}; they need CUPTI 13.2 or later)"
+        ));
+        return false;
+    }
+    // SAFETY: registers a function without arguments, valid for the life of the process.
+    unsafe { libc::atexit(stop_flushing) };
+    crate::info!("engine time from CUPTI's context-switch records");
+    true
+}
+
+/// The readings end for good: reports carry no engine time from now on.
+fn end(why: &str) {
+    if STATE.swap(ENDED, Ordering::AcqRel) != ENDED {
+        crate::info!("no engine time in Busy reports: {why}");
+    }
+}
+
+/// An older gem-schd refused a Busy with engine time: sent without it from now on.
+pub fn refused() {
+    end("gem-schd does not take it (an older version)");
+}
+
+/// In a forked child: its contexts are its own, and no thread flushes for it.
+pub fn forked() {
+    STATE.store(ENDED, Ordering::Release);
+}
+
+/// Whether Busy reports carry engine time.
+pub fn on() -> bool {
+    STATE.load(Ordering::Acquire) == ON
+}
+
+/// The engine time held since the last call, µs; `None` when not read.
+pub fn take_us() -> Option<u64> {
+    if !on() {
+        return None;
+    }
+    let now = timestamp(sym::<TimestampFn>(c"cuptiGetTimestamp")?);
+    let held = lock(&SLICES).as_mut()?.take(now);
+    Some(held / 1000)
+}
+
+fn timestamp(f: TimestampFn) -> u64 {
+    let mut t = 0u64;
+    // SAFETY: writes one u64 to a live local.
+    unsafe { f(&mut t) };
+    t
+}
+
+fn flush_loop() {
+    let Some(flush) = sym::<FlushFn>(c"cuptiActivityFlushAll") else {
+        return end("libcupti lacks cuptiActivityFlushAll");
+    };
+    let every = flush_every();
+    while on() && !FLUSHER_STOP.load(Ordering::Acquire) {
+        std::thread::sleep(every);
+        // SAFETY: a plain call with a flag; the buffers come back through `got_buffer`.
+        unsafe { flush(FLUSH_FORCED) };
+    }
+}
+
+/// At exit: no flush once the program's teardown has begun.
+extern "C" fn stop_flushing() {
+    FLUSHER_STOP.store(true, Ordering::Release);
+}
+
+/// CUPTI asks for a buffer: the program's callback gives it where it registered one.
+unsafe extern "C" fn want_buffer(buf: *mut *mut u8, size: *mut usize, max_records: *mut usize) {
+    let theirs = *lock(&THEIRS);
+    if let Some((want, _)) = theirs {
+        // SAFETY: the program's callback, with CUPTI's own out-parameters.
+        return unsafe { want(buf, size, max_records) };
+    }
+    let layout = std::alloc::Layout::from_size_align(BUFFER_BYTES, BUFFER_ALIGN)
+        .expect("a constant, valid layout");
+    // SAFETY: a layout of non-zero size.
+    let p = unsafe { std::alloc::alloc(layout) };
+    if !p.is_null() {
+        lock(&OURS).push(p as usize);
+    }
+    // SAFETY: CUPTI's out-parameters, valid for the call.
+    unsafe {
+        *buf = p;
+        *size = if p.is_null() { 0 } else { BUFFER_BYTES };
+        *max_records = 0;
+    }
+}
+
+/// CUPTI hands a buffer back: the switch records are read from it, then it goes to the
+/// program's callback, or is freed if it was the hook's.
+unsafe extern "C" fn got_buffer(
+    ctx: *mut c_void,
+    stream: u32,
+    buf: *mut u8,
+    size: usize,
+    valid: usize,
+) {
+    if let Some(next) = sym::<NextFn>(c"cuptiActivityGetNextRecord") {
+        read_switches(next, buf, valid);
+    }
+    let ours = {
+        let mut o = lock(&OURS);
+        o.iter()
+            .position(|p| *p == buf as usize)
+            .map(|i| o.swap_remove(i))
+    };
+    // Copied out: the program's callback runs without the hook's lock held.
+    let theirs = *lock(&THEIRS);
+    if ours.is_some() {
+        let layout = std::alloc::Layout::from_size_align(BUFFER_BYTES, BUFFER_ALIGN)
+            .expect("a constant, valid layout");
+        // SAFETY: allocated in `want_buffer` with this layout, and CUPTI is done with it.
+        unsafe { std::alloc::dealloc(buf, layout) };
+    } else if let Some((_, got)) = theirs {
+        // SAFETY: the program's callback, with the buffer its own `want` gave CUPTI.
+        unsafe { got(ctx, stream, buf, size, valid) };
+    }
+}
+
+/// Books the switch records in `buf` (`valid` bytes of records).
+fn read_switches(next: NextFn, buf: *mut u8, valid: usize) {
+    if buf.is_null() || !on() {
+        return;
+    }
+    let mut switches = Vec::new();
+    let mut r: *mut u8 = std::ptr::null_mut();
+    // SAFETY: CUPTI's iterator over a buffer it handed back, `valid` bytes long; `r` is its
+    // cursor and points at a record while it returns success.
+    while unsafe { next(buf, valid, &mut r) } == 0 && !r.is_null() {
+        // SAFETY: every record starts with its kind (u32). A context-switch record is
+        // { kind u32, contextId u32, timestamp u64, operationType u32, padding u32 }
+        // (cupti_activity.h, CUpti_ActivityComputeEngineCtxSwitch), 8-aligned in the buffer.
+        unsafe {
+            if r.cast::<u32>().read() == KIND_CTX_SWITCH {
+                let ctx = r.add(4).cast::<u32>().read();
+                let ts = r.add(8).cast::<u64>().read();
+                let op = r.add(16).cast::<u32>().read();
+                switches.push((ctx, ts, op));
+            }
+        }
+    }
+    if switches.is_empty() {
+        return;
+    }
+    let at = sym::<TimestampFn>(c"cuptiGetTimestamp").map_or(0, timestamp);
+    if let Some(s) = lock(&SLICES).as_mut() {
+        let newest = switches.iter().map(|(_, ts, _)| *ts).max().unwrap_or(0);
+        for (ctx, ts, op) in switches {
+            s.record(ctx, ts, op);
+        }
+        if at > 0 {
+            s.delivered(newest, at);
+        }
+    }
+}
+
+/// The next libcupti after the hook's, for a program's calls made while the hook holds none.
+fn next_cupti<F: Copy>(name: &std::ffi::CStr) -> Option<F> {
+    if !LIB.load(Ordering::Acquire).is_null() {
+        return sym(name);
+    }
+    let dl = real_dlsym()?;
+    // SAFETY: glibc's dlsym with a pseudo-handle and a NUL-terminated name.
+    let p = unsafe { dl(libc::RTLD_NEXT, name.as_ptr()) };
+    // SAFETY: as in `sym`.
+    (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
+}
+
+/// CUPTI_ERROR_NOT_INITIALIZED: no libcupti to forward to.
+const NOT_INITIALIZED: i32 = 15;
+
+/// The program registers its buffer callbacks: kept, to be served from the hook's once it reads
+/// the records (see the module comment), and registered as asked until then.
+///
+/// # Safety
+/// CUPTI's contract: two callbacks of the documented signatures.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuptiActivityRegisterCallbacks(want: WantFn, got: GotFn) -> i32 {
+    if !LIB.load(Ordering::Acquire).is_null() && STATE.load(Ordering::Acquire) != ENDED {
+        *lock(&THEIRS) = Some((want, got));
+    }
+    if on() {
+        return 0;
+    }
+    match next_cupti::<RegisterFn>(c"cuptiActivityRegisterCallbacks") {
+        // SAFETY: the real function, with the caller's arguments.
+        Some(f) => unsafe { f(want, got) },
+        None => NOT_INITIALIZED,
+    }
+}
+
+/// The program turns a kind of record off: the switch records stay on while the hook reads
+/// them (it never turns them off itself; see the module comment).
+///
+/// # Safety
+/// CUPTI's contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuptiActivityDisable(kind: u32) -> i32 {
+    if kind == KIND_CTX_SWITCH && on() {
+        return 0;
+    }
+    match next_cupti::<KindFn>(c"cuptiActivityDisable") {
+        // SAFETY: the real function, with the caller's argument.
+        Some(f) => unsafe { f(kind) },
+        None => NOT_INITIALIZED,
+    }
+}
+
+/// The program finalizes CUPTI: the hook's readings end with it.
+///
+/// # Safety
+/// CUPTI's contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuptiFinalize() -> i32 {
+    if on() {
+        end("the program finalized CUPTI");
+    }
+    match next_cupti::<FinalizeFn>(c"cuptiFinalize") {
+        // SAFETY: the real function.
+        Some(f) => unsafe { f() },
+        None => NOT_INITIALIZED,
+    }
+}

@@ -1,0 +1,249 @@
+//! The time this process's contexts held the GPU's compute engine, from CUPTI's
+//! context-switch records (`cupti.rs` reads them), reported to gem-schd in Busy frames
+//! (`Busy::engine_us`), which charges a capped co-runner by it instead of its wall time.
+//!
+//! Where the driver time-slices contexts, each switch in (START) and out (END) of a context is a
+//! record, so the sum of a context's slices is an upper bound on its GPU time, and a much closer
+//! one than the wall time of its holds when another context runs beside it. The records come
+//! late (flushed every few ms) and on a clock of their own, 0.1 to a few ms off CUPTI's
+//! timestamp clock and drifting: a slice still open at a report is counted up to an estimate of
+//! now on the records' clock that is never later than now (`Slices::delivered`), and the rest of
+//! it comes with its END record. So the sum reported so far never runs ahead of the records.
+//!
+//! This file is the pure bookkeeping; it is unit-tested without a GPU.
+
+/// Switch-record operations (CUPTI's `CUpti_ComputeEngineCtxSwitchOperationType`).
+pub const SWITCHED_IN: u32 = 1;
+pub const SWITCHED_OUT: u32 = 2;
+
+/// How long a lower bound on the records' clock offset is kept before a fresher one replaces it
+/// (the offset drifts by 3-14 µs a second on H200 hosts).
+const OFFSET_KEPT_NS: u64 = 2_000_000_000;
+
+/// A context's slice that has started and not yet ended.
+#[derive(Debug, Clone, Copy)]
+struct Open {
+    ctx: u32,
+    start: u64,
+    /// What reports already counted of it.
+    counted: u64,
+}
+
+/// The books of the engine time held.
+#[derive(Debug, Default)]
+pub struct Slices {
+    open: Vec<Open>,
+    /// Ended slices' time not yet reported, ns.
+    done: u64,
+    /// When the records were turned on (CUPTI's clock): a context switched out before its first
+    /// switch in held the engine since then at most.
+    since: u64,
+    /// Lower bounds on (records' clock − CUPTI's clock), the newest and the one before,
+    /// each with when it was taken (CUPTI's clock).
+    offset: [Option<(i64, u64)>; 2],
+}
+
+impl Slices {
+    /// Books for records turned on at `since` (CUPTI's clock).
+    pub fn new(since: u64) -> Self {
+        Slices {
+            since,
+            ..Default::default()
+        }
+    }
+
+    /// One switch record: context `ctx` switched in or out (`op`) at `ts` (records' clock).
+    /// Another operation is ignored.
+    pub fn record(&mut self, ctx: u32, ts: u64, op: u32) {
+        let i = self.open.iter().position(|o| o.ctx == ctx);
+        match op {
+            SWITCHED_IN => {
+                // A START without the END before it (a dropped record): the slice ran to here.
+                if let Some(i) = i {
+                    self.close(i, ts);
+                }
+                self.open.push(Open {
+                    ctx,
+                    start: ts,
+                    counted: 0,
+                });
+            }
+            SWITCHED_OUT => match i {
+                Some(i) => self.close(i, ts),
+                // Held since before its first record: since the records were turned on, which
+                // on the records' clock is at most `since` plus the offset.
+                None => {
+                    let since = self.to_records_clock(self.since);
+                    self.done = self.done.saturating_add(ts.saturating_sub(since));
+                }
+            },
+            _ => {}
+        }
+    }
+
+    fn close(&mut self, i: usize, end: u64) {
+        let o = self.open.swap_remove(i);
+        let held = end.saturating_sub(o.start).saturating_sub(o.counted);
+        self.done = self.done.saturating_add(held);
+    }
+
+    /// A buffer whose newest switch record is `newest` (records' clock) came at `at` (CUPTI's
+    /// clock): the record happened before `at`, so `newest − at` is at most the offset between
+    /// the clocks. The largest such bound lately is the estimate (a lower bound).
+    pub fn delivered(&mut self, newest: u64, at: u64) {
+        let bound = (newest as i128 - at as i128).clamp(i64::MIN as i128, i64::MAX as i128) as i64;
+        match &mut self.offset {
+            [Some((b, taken)), _] if at.saturating_sub(*taken) < OFFSET_KEPT_NS => {
+                *b = (*b).max(bound);
+            }
+            o => {
+                o[1] = o[0];
+                o[0] = Some((bound, at));
+            }
+        }
+    }
+
+    /// The offset estimate: the larger of the two latest bounds (0 before any).
+    fn offset(&self) -> i64 {
+        self.offset
+            .iter()
+            .flatten()
+            .map(|(b, _)| *b)
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn to_records_clock(&self, t: u64) -> u64 {
+        (t as i128 + self.offset() as i128).clamp(0, u64::MAX as i128) as u64
+    }
+
+    /// The engine time held since the last call, ns, with slices still open counted up to `now`
+    /// (CUPTI's clock) as the records' clock reads it at most.
+    pub fn take(&mut self, now: u64) -> u64 {
+        let now = self.to_records_clock(now);
+        let mut held = std::mem::take(&mut self.done);
+        for o in &mut self.open {
+            let part = now.saturating_sub(o.start).saturating_sub(o.counted);
+            o.counted = o.counted.saturating_add(part);
+            held = held.saturating_add(part);
+        }
+        held
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn ended_slices_add_up() {
+        let mut s = Slices::new(0);
+        s.record(7, 10 * MS, SWITCHED_IN);
+        s.record(7, 12 * MS, SWITCHED_OUT);
+        s.record(7, 20 * MS, SWITCHED_IN);
+        s.record(7, 23 * MS, SWITCHED_OUT);
+        assert_eq!(s.take(30 * MS), 5 * MS);
+        assert_eq!(s.take(40 * MS), 0);
+    }
+
+    #[test]
+    fn an_open_slice_is_counted_to_now_and_its_rest_at_its_end() {
+        let mut s = Slices::new(0);
+        s.record(7, 10 * MS, SWITCHED_IN);
+        s.delivered(10 * MS, 10 * MS);
+        assert_eq!(s.take(14 * MS), 4 * MS);
+        assert_eq!(s.take(15 * MS), MS);
+        s.record(7, 18 * MS, SWITCHED_OUT);
+        assert_eq!(s.take(19 * MS), 3 * MS);
+    }
+
+    #[test]
+    fn an_open_slice_never_runs_ahead_of_the_records_clock() {
+        // The records' clock reads 2 ms behind CUPTI's: now on it is 2 ms earlier.
+        let mut s = Slices::new(0);
+        s.record(7, 10 * MS, SWITCHED_IN);
+        s.delivered(10 * MS, 12 * MS);
+        assert_eq!(s.take(14 * MS), 2 * MS);
+        s.record(7, 13 * MS, SWITCHED_OUT);
+        assert_eq!(s.take(16 * MS), MS);
+        // Ahead by 3 ms: a slice that started at 20 on the records' clock is at 1 ms at 18.
+        let mut s = Slices::new(0);
+        s.record(7, 20 * MS, SWITCHED_IN);
+        s.delivered(20 * MS, 17 * MS);
+        assert_eq!(s.take(18 * MS), MS);
+    }
+
+    #[test]
+    fn the_offset_is_the_largest_recent_bound() {
+        let mut s = Slices::new(0);
+        s.delivered(10 * MS, 12 * MS);
+        s.delivered(11 * MS, 11 * MS + MS / 2);
+        assert_eq!(s.offset(), -(MS as i64) / 2);
+        // Two seconds on, a new bound starts; the one before still counts once.
+        s.delivered(3000 * MS, 3004 * MS);
+        assert_eq!(s.offset(), -(MS as i64) / 2);
+        s.delivered(6000 * MS, 6004 * MS);
+        assert_eq!(s.offset(), -4 * MS as i64);
+    }
+
+    #[test]
+    fn contexts_are_booked_apart_and_odd_records_cost_nothing() {
+        let mut s = Slices::new(5 * MS);
+        // Switched out first: held since the records were turned on.
+        s.record(1, 8 * MS, SWITCHED_OUT);
+        s.record(2, 10 * MS, SWITCHED_IN);
+        s.record(2, 11 * MS, 0);
+        s.record(1, 11 * MS, SWITCHED_IN);
+        s.record(2, 12 * MS, SWITCHED_OUT);
+        // A second START of context 1: its slice ended there.
+        s.record(1, 13 * MS, SWITCHED_IN);
+        s.record(1, 14 * MS, SWITCHED_OUT);
+        assert_eq!(s.take(0), (3 + 2 + 2 + 1) * MS);
+        // Timestamps at the type's limits saturate, never wrap.
+        s.record(3, u64::MAX, SWITCHED_IN);
+        s.record(3, 0, SWITCHED_OUT);
+        s.delivered(u64::MAX, 0);
+        s.delivered(0, u64::MAX);
+        assert_eq!(s.take(u64::MAX), 0);
+    }
+
+    proptest! {
+        /// Whatever the order of the reports, the engine time reported adds up to the slices'
+        /// total once they have ended, and never more.
+        #[test]
+        fn reports_add_up_to_the_slices(
+            slices in prop::collection::vec((1u64..5_000, 1u64..5_000), 1..50),
+            takes in prop::collection::vec(0u64..50_000, 0..20),
+        ) {
+            let mut s = Slices::new(0);
+            let mut t = 0;
+            let mut events = Vec::new();
+            let mut total = 0;
+            for (gap, len) in slices {
+                t += gap;
+                events.push((t, SWITCHED_IN));
+                t += len;
+                events.push((t, SWITCHED_OUT));
+                total += len;
+            }
+            let end = t;
+            let mut reported = 0;
+            let mut takes = takes;
+            takes.sort();
+            let mut takes = takes.into_iter().peekable();
+            for (ts, op) in events {
+                while let Some(now) = takes.next_if(|n| *n < ts) {
+                    s.delivered(now, now);
+                    reported += s.take(now);
+                    prop_assert!(reported <= total);
+                }
+                s.record(9, ts, op);
+            }
+            reported += s.take(end);
+            prop_assert_eq!(reported, total);
+        }
+    }
+}
