@@ -64,6 +64,11 @@ if [ "$mix" = 1 ]; then
     nvcc -O2 -shared -Xcompiler -fPIC -I "$cupti/include" -o "$lib" hack/gpu/gputrace.cu \
       -L "$cupti/lib" -l:libcupti.so.13 -Xlinker -rpath="$cupti/lib"
     export MIX_GPUTRACE=$lib
+    # With MIX_ENGINE=1 the hook reads its tenant's engine time from the same CUPTI (docs/hook.md).
+    # It costs more than it gains there (docs/benchmarks.md, "Engine time").
+    if [ "${MIX_ENGINE:-0}" = 1 ]; then
+      export KUBESHARE_HOOK_CUPTI=$cupti/lib/libcupti.so.13
+    fi
   fi
   exec timeout "${BENCH_TIMEOUT:-560}" python3 hack/gpu/mix.py "$art" "$out" "${scenarios[@]}"
 fi
