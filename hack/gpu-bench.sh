@@ -66,8 +66,11 @@ if [ "$mix" = 1 ]; then
     export MIX_GPUTRACE=$lib
     # With MIX_ENGINE=1 the hook reads its tenant's engine time from the same CUPTI (docs/hook.md).
     # It costs more than it gains there (docs/benchmarks.md, "Engine time").
+    # Each of its flushes also retires gputrace's buffer: small ones (GPUTRACE_BUFFER_KB)
+    # keep that cheap.
     if [ "${MIX_ENGINE:-0}" = 1 ]; then
       export KUBESHARE_HOOK_CUPTI=$cupti/lib/libcupti.so.13
+      export GPUTRACE_BUFFER_KB=${GPUTRACE_BUFFER_KB:-256}
     fi
   fi
   exec timeout "${BENCH_TIMEOUT:-560}" python3 hack/gpu/mix.py "$art" "$out" "${scenarios[@]}"

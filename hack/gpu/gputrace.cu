@@ -18,7 +18,7 @@
 // alone; gt_start_switches_every(us) the switch records alone, flushed that often from a
 // thread of their own (what a hook charging its tenant the slices it held would run), and
 // gt_flush_stats() says what the flushes cost and how late the records came;
-// gt_reset() turns them all off.
+// gt_reset() turns them all off. Buffers are 16 MiB, or GPUTRACE_BUFFER_KB.
 // gt_stop(path) flushes and writes one record a line:
 //   o NS               add to a CUPTI timestamp to get the host's wall clock (CLOCK_REALTIME)
 //   e WHAT CODE        what enabling each kind returned; `e version N`: CUPTI's API version
@@ -59,8 +59,15 @@ const CUpti_ActivityKind kinds[5] = {
 CUptiResult enabled[5] = {CUPTI_ERROR_UNKNOWN, CUPTI_ERROR_UNKNOWN, CUPTI_ERROR_UNKNOWN,
                           CUPTI_ERROR_UNKNOWN, CUPTI_ERROR_UNKNOWN};
 
-// Buffers of 16 MiB, or small ones where a thread flushes them often.
-size_t buffer_size = 16 << 20;
+// Buffers of 16 MiB, or GPUTRACE_BUFFER_KB, or small ones where a thread flushes them often:
+// under a hook that flushes CUPTI every few ms each flush retires a buffer, and a new 16 MiB one
+// is mapped and faulted in each time.
+size_t default_buffer_size() {
+  const char *v = getenv("GPUTRACE_BUFFER_KB");
+  long kb = v ? atol(v) : 0;
+  return kb > 0 ? static_cast<size_t>(kb) << 10 : static_cast<size_t>(16) << 20;
+}
+size_t buffer_size = default_buffer_size();
 // The periodic flusher (gt_start_switches_every): its thread, what each flush took (ns), and
 // per delivered buffer holding switch records, how long after its newest record it came (ns,
 // CUPTI's clock against the switch records' own: off by up to a few ms, see slices.py).
@@ -232,7 +239,7 @@ extern "C" int gt_stop(const char *path) {
 // (profiler_cost.py). The mix harness never calls it: its tenants stop with the records on.
 extern "C" void gt_reset() {
   if (flushing.exchange(false)) flusher.join();
-  buffer_size = 16 << 20;
+  buffer_size = default_buffer_size();
   for (int i = 0; i < 5; i++)
     if (enabled[i] == CUPTI_SUCCESS) cuptiActivityDisable(kinds[i]);
   cuptiActivityFlushAll(1);

@@ -51,6 +51,7 @@ type FlushFn = unsafe extern "C" fn(u32) -> i32;
 type NextFn = unsafe extern "C" fn(*mut u8, usize, *mut *mut u8) -> i32;
 type TimestampFn = unsafe extern "C" fn(*mut u64) -> i32;
 type FinalizeFn = unsafe extern "C" fn() -> i32;
+type ContextIdFn = unsafe extern "C" fn(*mut c_void, *mut u32) -> i32;
 
 /// The libcupti loaded from `KUBESHARE_HOOK_CUPTI`.
 static LIB: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
@@ -68,6 +69,10 @@ static THEIRS: Mutex<Option<(WantFn, GotFn)>> = Mutex::new(None);
 static OURS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 static SLICES: Mutex<Option<Slices>> = Mutex::new(None);
 static FLUSHER_STOP: AtomicBool = AtomicBool::new(false);
+/// This process's contexts (as the hook noted them) and their CUPTI ids.
+static OWN: Mutex<Vec<(usize, u32)>> = Mutex::new(Vec::new());
+/// Reports made, for the one log line naming the contexts.
+static TAKES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// Loads `KUBESHARE_HOOK_CUPTI` as the process's libcupti, before the program's libraries.
 extern "C" fn preload() {
@@ -185,9 +190,46 @@ pub fn take_us() -> Option<u64> {
     if !on() {
         return None;
     }
+    let own = own_ids()?;
     let now = timestamp(sym::<TimestampFn>(c"cuptiGetTimestamp")?);
-    let held = lock(&SLICES).as_mut()?.take(now);
+    let mut slices = lock(&SLICES);
+    let s = slices.as_mut()?;
+    let held = s.take(now, &own);
+    if TAKES.fetch_add(1, Ordering::Relaxed) == 200 {
+        crate::info!(
+            "engine time: switch records name contexts {:?}; this process's are {own:?}",
+            s.seen()
+        );
+    }
     Some(held / 1000)
+}
+
+/// CUPTI's ids of this process's contexts (the switch records may name other processes'
+/// too); `None`, and the readings end, where the hook lost count of them.
+fn own_ids() -> Option<Vec<u32>> {
+    let contexts = crate::state::contexts();
+    if contexts.len() >= crate::state::MAX_CONTEXTS {
+        end("more contexts than the hook keeps count of");
+        return None;
+    }
+    let mut own = lock(&OWN);
+    own.retain(|(c, _)| contexts.contains(c));
+    for c in contexts {
+        if own.iter().any(|(k, _)| *k == c) {
+            continue;
+        }
+        let get = sym::<ContextIdFn>(c"cuptiGetContextId")?;
+        let mut id = 0u32;
+        // SAFETY: a context the program made current or retained, and a live out-parameter.
+        let r = unsafe { get(c as *mut c_void, &mut id) };
+        if r != 0 {
+            // Its slices could not be told from another process's: none are counted.
+            end(&format!("CUPTI has no id for context {c:#x} ({r})"));
+            return None;
+        }
+        own.push((c, id));
+    }
+    Some(own.iter().map(|(_, id)| *id).collect())
 }
 
 fn timestamp(f: TimestampFn) -> u64 {
@@ -202,10 +244,15 @@ fn flush_loop() {
         return end("libcupti lacks cuptiActivityFlushAll");
     };
     let every = flush_every();
+    // `KUBESHARE_HOOK_CUPTI_FLUSH_FORCED=0`: hand back only the full buffers.
+    let flag = match std::env::var("KUBESHARE_HOOK_CUPTI_FLUSH_FORCED").as_deref() {
+        Ok("0") => 0,
+        _ => FLUSH_FORCED,
+    };
     while on() && !FLUSHER_STOP.load(Ordering::Acquire) {
         std::thread::sleep(every);
         // SAFETY: a plain call with a flag; the buffers come back through `got_buffer`.
-        unsafe { flush(FLUSH_FORCED) };
+        unsafe { flush(flag) };
     }
 }
 

@@ -9,6 +9,8 @@
 //! timestamp clock and drifting: a slice still open at a report is counted up to an estimate of
 //! now on the records' clock that is never later than now (`Slices::delivered`), and the rest of
 //! it comes with its END record. So the sum reported so far never runs ahead of the records.
+//! The records may name other processes' contexts too: only this process's own are counted
+//! (`Slices::take`), each context booked apart.
 //!
 //! This file is the pure bookkeeping; it is unit-tested without a GPU.
 
@@ -33,14 +35,16 @@ struct Open {
 #[derive(Debug, Default)]
 pub struct Slices {
     open: Vec<Open>,
-    /// Ended slices' time not yet reported, ns.
-    done: u64,
+    /// Per context, ended slices' time not yet reported, ns.
+    done: Vec<(u32, u64)>,
     /// When the records were turned on (CUPTI's clock): a context switched out before its first
     /// switch in held the engine since then at most.
     since: u64,
     /// Lower bounds on (records' clock − CUPTI's clock), the newest and the one before,
     /// each with when it was taken (CUPTI's clock).
     offset: [Option<(i64, u64)>; 2],
+    /// The contexts named by records so far (the first few), for the log.
+    seen: Vec<u32>,
 }
 
 impl Slices {
@@ -55,6 +59,9 @@ impl Slices {
     /// One switch record: context `ctx` switched in or out (`op`) at `ts` (records' clock).
     /// Another operation is ignored.
     pub fn record(&mut self, ctx: u32, ts: u64, op: u32) {
+        if self.seen.len() < 8 && !self.seen.contains(&ctx) {
+            self.seen.push(ctx);
+        }
         let i = self.open.iter().position(|o| o.ctx == ctx);
         match op {
             SWITCHED_IN => {
@@ -74,7 +81,7 @@ impl Slices {
                 // on the records' clock is at most `since` plus the offset.
                 None => {
                     let since = self.to_records_clock(self.since);
-                    self.done = self.done.saturating_add(ts.saturating_sub(since));
+                    self.add(ctx, ts.saturating_sub(since));
                 }
             },
             _ => {}
@@ -83,8 +90,14 @@ impl Slices {
 
     fn close(&mut self, i: usize, end: u64) {
         let o = self.open.swap_remove(i);
-        let held = end.saturating_sub(o.start).saturating_sub(o.counted);
-        self.done = self.done.saturating_add(held);
+        self.add(o.ctx, end.saturating_sub(o.start).saturating_sub(o.counted));
+    }
+
+    fn add(&mut self, ctx: u32, held: u64) {
+        match self.done.iter_mut().find(|(c, _)| *c == ctx) {
+            Some((_, d)) => *d = d.saturating_add(held),
+            None => self.done.push((ctx, held)),
+        }
     }
 
     /// A buffer whose newest switch record is `newest` (records' clock) came at `at` (CUPTI's
@@ -103,6 +116,11 @@ impl Slices {
         }
     }
 
+    /// The contexts named by records so far (up to 8).
+    pub fn seen(&self) -> &[u32] {
+        &self.seen
+    }
+
     /// The offset estimate: the larger of the two latest bounds (0 before any).
     fn offset(&self) -> i64 {
         self.offset
@@ -117,12 +135,18 @@ impl Slices {
         (t as i128 + self.offset() as i128).clamp(0, u64::MAX as i128) as u64
     }
 
-    /// The engine time held since the last call, ns, with slices still open counted up to `now`
-    /// (CUPTI's clock) as the records' clock reads it at most.
-    pub fn take(&mut self, now: u64) -> u64 {
+    /// The engine time contexts `own` held since the last call, ns, with slices still open
+    /// counted up to `now` (CUPTI's clock) as the records' clock reads it at most. Other
+    /// contexts' ended slices are dropped.
+    pub fn take(&mut self, now: u64, own: &[u32]) -> u64 {
         let now = self.to_records_clock(now);
-        let mut held = std::mem::take(&mut self.done);
-        for o in &mut self.open {
+        let mut held = 0u64;
+        for (ctx, d) in self.done.drain(..) {
+            if own.contains(&ctx) {
+                held = held.saturating_add(d);
+            }
+        }
+        for o in self.open.iter_mut().filter(|o| own.contains(&o.ctx)) {
             let part = now.saturating_sub(o.start).saturating_sub(o.counted);
             o.counted = o.counted.saturating_add(part);
             held = held.saturating_add(part);
@@ -137,6 +161,26 @@ mod tests {
     use proptest::prelude::*;
 
     const MS: u64 = 1_000_000;
+    /// The contexts of this process in these tests.
+    const OWN: &[u32] = &[1, 2, 3, 7, 9];
+
+    #[test]
+    fn only_the_processs_own_contexts_count() {
+        // Context 5 is another process's: its slices between this one's are not this one's.
+        let mut s = Slices::new(0);
+        s.record(7, 10 * MS, SWITCHED_IN);
+        s.record(7, 12 * MS, SWITCHED_OUT);
+        s.record(5, 12 * MS, SWITCHED_IN);
+        s.record(5, 15 * MS, SWITCHED_OUT);
+        s.record(5, 16 * MS, SWITCHED_IN);
+        assert_eq!(s.take(20 * MS, &[7]), 2 * MS);
+        s.record(5, 21 * MS, SWITCHED_OUT);
+        assert_eq!(s.take(22 * MS, &[7]), 0);
+        // Known later, its time since the last report counts.
+        s.record(5, 23 * MS, SWITCHED_IN);
+        s.record(5, 24 * MS, SWITCHED_OUT);
+        assert_eq!(s.take(25 * MS, &[5, 7]), MS);
+    }
 
     #[test]
     fn ended_slices_add_up() {
@@ -145,8 +189,8 @@ mod tests {
         s.record(7, 12 * MS, SWITCHED_OUT);
         s.record(7, 20 * MS, SWITCHED_IN);
         s.record(7, 23 * MS, SWITCHED_OUT);
-        assert_eq!(s.take(30 * MS), 5 * MS);
-        assert_eq!(s.take(40 * MS), 0);
+        assert_eq!(s.take(30 * MS, OWN), 5 * MS);
+        assert_eq!(s.take(40 * MS, OWN), 0);
     }
 
     #[test]
@@ -154,10 +198,10 @@ mod tests {
         let mut s = Slices::new(0);
         s.record(7, 10 * MS, SWITCHED_IN);
         s.delivered(10 * MS, 10 * MS);
-        assert_eq!(s.take(14 * MS), 4 * MS);
-        assert_eq!(s.take(15 * MS), MS);
+        assert_eq!(s.take(14 * MS, OWN), 4 * MS);
+        assert_eq!(s.take(15 * MS, OWN), MS);
         s.record(7, 18 * MS, SWITCHED_OUT);
-        assert_eq!(s.take(19 * MS), 3 * MS);
+        assert_eq!(s.take(19 * MS, OWN), 3 * MS);
     }
 
     #[test]
@@ -166,14 +210,14 @@ mod tests {
         let mut s = Slices::new(0);
         s.record(7, 10 * MS, SWITCHED_IN);
         s.delivered(10 * MS, 12 * MS);
-        assert_eq!(s.take(14 * MS), 2 * MS);
+        assert_eq!(s.take(14 * MS, OWN), 2 * MS);
         s.record(7, 13 * MS, SWITCHED_OUT);
-        assert_eq!(s.take(16 * MS), MS);
+        assert_eq!(s.take(16 * MS, OWN), MS);
         // Ahead by 3 ms: a slice that started at 20 on the records' clock is at 1 ms at 18.
         let mut s = Slices::new(0);
         s.record(7, 20 * MS, SWITCHED_IN);
         s.delivered(20 * MS, 17 * MS);
-        assert_eq!(s.take(18 * MS), MS);
+        assert_eq!(s.take(18 * MS, OWN), MS);
     }
 
     #[test]
@@ -201,13 +245,13 @@ mod tests {
         // A second START of context 1: its slice ended there.
         s.record(1, 13 * MS, SWITCHED_IN);
         s.record(1, 14 * MS, SWITCHED_OUT);
-        assert_eq!(s.take(0), (3 + 2 + 2 + 1) * MS);
+        assert_eq!(s.take(0, OWN), (3 + 2 + 2 + 1) * MS);
         // Timestamps at the type's limits saturate, never wrap.
         s.record(3, u64::MAX, SWITCHED_IN);
         s.record(3, 0, SWITCHED_OUT);
         s.delivered(u64::MAX, 0);
         s.delivered(0, u64::MAX);
-        assert_eq!(s.take(u64::MAX), 0);
+        assert_eq!(s.take(u64::MAX, OWN), 0);
     }
 
     proptest! {
@@ -237,12 +281,12 @@ mod tests {
             for (ts, op) in events {
                 while let Some(now) = takes.next_if(|n| *n < ts) {
                     s.delivered(now, now);
-                    reported += s.take(now);
+                    reported += s.take(now, OWN);
                     prop_assert!(reported <= total);
                 }
                 s.record(9, ts, op);
             }
-            reported += s.take(end);
+            reported += s.take(end, OWN);
             prop_assert_eq!(reported, total);
         }
     }
