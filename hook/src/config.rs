@@ -69,6 +69,12 @@ pub struct Settings {
     /// probes parked on the GPU until the next Grant, instead of draining it
     /// (`KUBESHARE_HOOK_PARK`, default off; see `park.rs`).
     pub park: bool,
+    /// While the hook reads engine time from CUPTI (`KUBESHARE_HOOK_CUPTI`, see `cupti.rs`),
+    /// flush its records this often (`KUBESHARE_HOOK_CUPTI_FLUSH_MS`, default 5 ms)...
+    pub cupti_flush_ms: u64,
+    /// ... handing back the buffers being filled too (`KUBESHARE_HOOK_CUPTI_FLUSH_FORCED`,
+    /// default on; `0` = only full buffers).
+    pub cupti_flush_forced: bool,
 }
 
 pub const DEFAULT_IO_TIMEOUT_MS: u64 = 5000;
@@ -184,6 +190,21 @@ pub fn parse_pace_hold_ms(v: Option<&str>) -> Result<u64, String> {
             Ok(n) if n <= 60_000 => Ok(n),
             _ => Err(format!(
                 "KUBESHARE_HOOK_PACE_HOLD_MS={s:?} is not a whole number of ms in 0..=60000; using {DEFAULT_PACE_HOLD_MS}"
+            )),
+        },
+    }
+}
+
+/// Default of [`Settings::cupti_flush_ms`].
+pub const DEFAULT_CUPTI_FLUSH_MS: u64 = 5;
+
+pub fn parse_cupti_flush_ms(v: Option<&str>) -> Result<u64, String> {
+    match v.map(str::trim) {
+        None | Some("") => Ok(DEFAULT_CUPTI_FLUSH_MS),
+        Some(s) => match s.parse::<u64>() {
+            Ok(n) if (1..=60_000).contains(&n) => Ok(n),
+            _ => Err(format!(
+                "KUBESHARE_HOOK_CUPTI_FLUSH_MS={s:?} is not a whole number of ms in 1..=60000; using {DEFAULT_CUPTI_FLUSH_MS}"
             )),
         },
     }
@@ -308,6 +329,17 @@ pub fn settings() -> &'static Settings {
             crate::info!("{e}");
             false
         });
+        let cupti_flush_ms = parse_cupti_flush_ms(get("KUBESHARE_HOOK_CUPTI_FLUSH_MS").as_deref())
+            .unwrap_or_else(|e| {
+                crate::info!("{e}");
+                DEFAULT_CUPTI_FLUSH_MS
+            });
+        const FORCED: &str = "KUBESHARE_HOOK_CUPTI_FLUSH_FORCED";
+        let cupti_flush_forced =
+            parse_flag(FORCED, get(FORCED).as_deref(), true).unwrap_or_else(|e| {
+                crate::info!("{e}");
+                true
+            });
         let socket_dir = get(gem_proto::SOCKET_DIR_ENV)
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| gem_proto::DEFAULT_SOCKET_DIR.to_string())
@@ -328,6 +360,8 @@ pub fn settings() -> &'static Settings {
             soon_spin_ns: soon_spin_us * 1000,
             gate_ahead_ns: gate_ahead_us * 1000,
             park,
+            cupti_flush_ms,
+            cupti_flush_forced,
         }
     })
 }
@@ -419,6 +453,16 @@ mod tests {
         let e = parse_pace_hold_ms(Some("60001")).unwrap_err();
         assert!(e.starts_with("KUBESHARE_HOOK_PACE_HOLD_MS="), "{e}");
         assert!(parse_pace_hold_ms(Some("-1")).is_err());
+    }
+
+    #[test]
+    fn cupti_flush() {
+        assert_eq!(parse_cupti_flush_ms(None), Ok(DEFAULT_CUPTI_FLUSH_MS));
+        assert_eq!(parse_cupti_flush_ms(Some(" 50 ")), Ok(50));
+        for bad in ["0", "60001", "-1", "5ms"] {
+            let e = parse_cupti_flush_ms(Some(bad)).unwrap_err();
+            assert!(e.starts_with("KUBESHARE_HOOK_CUPTI_FLUSH_MS="), "{e}");
+        }
     }
 
     #[test]

@@ -5,15 +5,19 @@
 //! constructor), before the program's own libraries: PyTorch's libcupti.so.13 is older and
 //! refuses the switch records, and under one soname the first one loaded is the one bound.
 //! The records are turned on once gem-schd asks for Busy reports, and flushed every
-//! [`FLUSH_EVERY`] by a thread of their own; they are never turned off while the process runs
+//! `KUBESHARE_HOOK_CUPTI_FLUSH_MS` by a thread of their own (a report lacks about that much of
+//! the slices that ended before it; they come with the next one); they are never turned off while the process runs
 //! (turning them off while another context ran hung a process on an H200).
 //!
 //! CUPTI takes one pair of buffer callbacks per process. A profiler in the program (PyTorch's,
 //! or hack/gpu's gputrace) registers its own through the hook's `cuptiActivityRegisterCallbacks`:
 //! the hook keeps its own registered and passes each buffer on to the program's after reading
 //! its switch records from it, so both see every record. A program that turns the switch
-//! records off or finalizes CUPTI ends the hook's readings: its reports then carry no engine
-//! time and gem-schd charges wall time, as it does for a hook without CUPTI.
+//! records off is ignored; one that finalizes CUPTI ends the hook's readings: its reports then
+//! carry no engine time and gem-schd charges wall time, as it does for a hook without CUPTI.
+//!
+//! Measured on H200s this does not pay (docs/benchmarks.md, "Engine time"): each forced flush
+//! costs the tenant GPU time, and unforced ones hand the records back only as buffers fill.
 
 use crate::engine::Slices;
 use crate::real::real_dlsym;
@@ -23,18 +27,6 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
 use std::time::Duration;
 
-/// How often the records are flushed by default (`KUBESHARE_HOOK_CUPTI_FLUSH_MS`): a report
-/// lacks at most about this much of the slices that ended before it (they come with the next
-/// one). A flush cost 0.17 ms (p50) on an H200.
-pub const FLUSH_EVERY: Duration = Duration::from_millis(5);
-
-fn flush_every() -> Duration {
-    std::env::var("KUBESHARE_HOOK_CUPTI_FLUSH_MS")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|ms| *ms > 0)
-        .map_or(FLUSH_EVERY, Duration::from_millis)
-}
 /// `CUPTI_ACTIVITY_KIND_COMPUTE_ENGINE_CTX_SWITCH`.
 const KIND_CTX_SWITCH: u32 = 57;
 /// `CUPTI_ACTIVITY_FLAG_FLUSH_FORCED`: hand over the buffers being filled too.
@@ -243,11 +235,12 @@ fn flush_loop() {
     let Some(flush) = sym::<FlushFn>(c"cuptiActivityFlushAll") else {
         return end("libcupti lacks cuptiActivityFlushAll");
     };
-    let every = flush_every();
-    // `KUBESHARE_HOOK_CUPTI_FLUSH_FORCED=0`: hand back only the full buffers.
-    let flag = match std::env::var("KUBESHARE_HOOK_CUPTI_FLUSH_FORCED").as_deref() {
-        Ok("0") => 0,
-        _ => FLUSH_FORCED,
+    let s = crate::config::settings();
+    let every = Duration::from_millis(s.cupti_flush_ms);
+    let flag = if s.cupti_flush_forced {
+        FLUSH_FORCED
+    } else {
+        0
     };
     while on() && !FLUSHER_STOP.load(Ordering::Acquire) {
         std::thread::sleep(every);

@@ -295,9 +295,9 @@ impl Core {
     /// first (the hook stops launching at the quota's end and drains), and it is charged its
     /// wall length to there, for a client charged in wall time, else that × its co-holds'
     /// fill (capped: at most that, by the engine time it held, `engine.rs`). Its charge is a
-    /// piece ending there: it slides out of a window no earlier than its
-    /// time did (an open co-hold counted as ending at `now` never left the short pacing window,
-    /// and its client waited for good).
+    /// piece ending there: it slides out of a window no earlier than its time did (an open
+    /// co-hold counted as ending at `now` never left the short pacing window, and its client
+    /// waited for good).
     pub(super) fn co_charge(&self, c: &ClientState, h: &CoHold, now: Micros) -> (Micros, Micros) {
         let end = now.min(h.ran_to(self.co_run.quota_us, self.params.grace_us));
         (end, c.co_charge_of(h, h.start, end))

@@ -20,8 +20,8 @@
 //!
 //! So over any stretch the charges are at least the engine time reported, less the ledger
 //! (late slices of the last few ms), and never more than the wall-time rule's. A co-hold with
-//! a report lacking engine time (a hook without CUPTI 13.2, or with its records taken by a
-//! profiler), with none at all, or with more than one process is charged its wall length.
+//! a report lacking engine time (a hook without CUPTI 13.2, or whose readings ended), with none
+//! at all, or with more than one process is charged its wall length.
 
 use super::*;
 
@@ -59,7 +59,8 @@ impl CoEngine {
         self.held_us.saturating_sub(self.charge(start, end))
     }
 
-    /// A second process joined the co-hold: its reports cannot be told apart by process.
+    /// A report in it lacked engine time, or a second process joined it (their reports cannot
+    /// be told apart by process): charged its wall length.
     pub(super) fn set_unmeasured(&mut self) {
         self.unmeasured = true;
     }
@@ -87,7 +88,7 @@ impl Core {
         }
         let owed = &mut c.co.engine_owed_us;
         match (c.co.hold.as_mut().filter(|_| in_co), engine_us) {
-            (Some(h), None) => h.engine.unmeasured = true,
+            (Some(h), None) => h.engine.set_unmeasured(),
             (Some(h), Some(e)) => {
                 h.engine.held_us = h
                     .engine
