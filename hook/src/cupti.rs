@@ -344,14 +344,28 @@ fn read_switches(next: NextFn, buf: *mut u8, valid: usize) {
     }
 }
 
-/// The next libcupti after the hook's, for a program's calls made while the hook holds none.
+/// The program's own libcupti, for its calls made while the hook holds none: the next one in
+/// the global scope, or one loaded in a library's local scope (PyTorch's, which Python loads
+/// with RTLD_LOCAL), found by soname.
 fn next_cupti<F: Copy>(name: &std::ffi::CStr) -> Option<F> {
     if !LIB.load(Ordering::Acquire).is_null() {
         return sym(name);
     }
     let dl = real_dlsym()?;
     // SAFETY: glibc's dlsym with a pseudo-handle and a NUL-terminated name.
-    let p = unsafe { dl(libc::RTLD_NEXT, name.as_ptr()) };
+    let mut p = unsafe { dl(libc::RTLD_NEXT, name.as_ptr()) };
+    for soname in [c"libcupti.so.13", c"libcupti.so.12", c"libcupti.so"] {
+        if !p.is_null() {
+            break;
+        }
+        // SAFETY: RTLD_NOLOAD loads nothing: it returns a library already loaded under this
+        // soname (its reference count raised, never dropped: it stays loaded anyway).
+        let h = unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+        if !h.is_null() {
+            // SAFETY: glibc's dlsym on a live handle with a NUL-terminated name.
+            p = unsafe { dl(h, name.as_ptr()) };
+        }
+    }
     // SAFETY: as in `sym`.
     (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
 }
