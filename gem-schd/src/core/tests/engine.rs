@@ -124,3 +124,60 @@ fn an_engine_report_before_hello_is_refused() {
     let e = c.engine(t(0), 7, Some(MS), MS).unwrap_err();
     assert_eq!(e.code, code::PROTOCOL_MISUSE);
 }
+
+/// A step of i's in the ledger's property: a co-hold `len` ms long whose report said `engine`
+/// ms, or a report in no co-hold (a turn's) of `engine` ms over `held` ms.
+#[derive(Debug, Clone)]
+enum Step {
+    Co { len: Micros, engine: Micros },
+    Turn { engine: Micros, held: Micros },
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        (1..20u64, 0..30u64).prop_map(|(len, engine)| Step::Co { len, engine }),
+        (0..20u64, 0..20u64).prop_map(|(engine, held)| Step::Turn { engine, held }),
+    ]
+}
+
+proptest::proptest! {
+    /// Whatever the order of co-holds and turn reports and however late the engine time comes,
+    /// each co-hold is charged at most its wall length, and the charges, the ledger and the
+    /// turns' held time together cover every µs of engine time reported: a capped client's
+    /// charges never fall below the engine time it held by more than what it still owes.
+    #[test]
+    fn charges_cover_the_engine_time_reported(steps in proptest::collection::vec(step(), 1..25)) {
+        // Within a window (1 s) and below the ledger's cap: nothing slides out.
+        let mut c = i_co_running();
+        c.release(t(0), 2, 0);
+        let (mut now, mut reported, mut turns_held, mut walls) = (t(1), 0, 0, 0);
+        for s in steps {
+            match s {
+                Step::Co { len, engine } => {
+                    if grant(&c.token_request(now, 2, 0, 0)).is_none() || !c.co_running("i") {
+                        break;
+                    }
+                    now += len * MS;
+                    report(&mut c, now, Some(engine), len);
+                    c.release(now, 2, 0);
+                    reported += engine * MS;
+                    walls += len * MS;
+                }
+                Step::Turn { engine, held } => {
+                    report(&mut c, now, Some(engine), held);
+                    reported += engine * MS;
+                    turns_held += held * MS;
+                }
+            }
+            now += MS;
+            let charged = c.co_usage_us(now, "i").unwrap();
+            let owed = c.engine_owed_us("i").unwrap();
+            proptest::prop_assert!(charged <= walls, "charged {charged} of {walls} µs of co-holds");
+            proptest::prop_assert!(
+                charged + owed + turns_held >= reported,
+                "charged {charged} + owed {owed} + turns {turns_held} < reported {reported}"
+            );
+        }
+    }
+}
