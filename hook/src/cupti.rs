@@ -7,7 +7,8 @@
 //! The records are turned on once gem-schd asks for Busy reports, and flushed every
 //! `KUBESHARE_HOOK_CUPTI_FLUSH_MS` by a thread of their own (a report lacks about that much of
 //! the slices that ended before it; they come with the next one); they are never turned off while the process runs
-//! (turning them off while another context ran hung a process on an H200).
+//! (a process that turned them off and on again beside another context hung once on an H200;
+//! the cause was not found).
 //!
 //! CUPTI takes one pair of buffer callbacks per process. A profiler in the program (PyTorch's,
 //! or hack/gpu's gputrace) registers its own through the hook's `cuptiActivityRegisterCallbacks`:
