@@ -37,6 +37,9 @@ cleanup() {
     rm -rf "$RUN"
   else
     echo "with-cluster: exit status $rc; cluster logs kept in $RUN/logs" >&2
+    if (( NODE_MODE )); then
+      echo "with-cluster: the node's logs in $RUN/node/logs, its pods' in $RUN/node/pod-logs" >&2
+    fi
   fi
   exit "$rc"
 }
