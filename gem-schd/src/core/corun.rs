@@ -131,13 +131,6 @@ impl ClientState {
         self.spec.limit_milli < 1000
     }
 
-    /// What co-hold `h`'s time from `start` to `end` is charged: for a capped client the
-    /// engine time it held, never more than the wall time (`engine.rs`), otherwise its fill of
-    /// the wall time.
-    fn co_charge_of(&self, h: &CoHold, start: Micros, end: Micros) -> Micros {
-        co_charge(self.charged_in_wall_time(), self.fill.co(), h, start, end)
-    }
-
     /// See [`Core::judged_fill`].
     pub(super) fn judged_fill(&self) -> Option<f64> {
         if self.co.co_mode {
@@ -300,7 +293,8 @@ impl Core {
     /// waited for good).
     pub(super) fn co_charge(&self, c: &ClientState, h: &CoHold, now: Micros) -> (Micros, Micros) {
         let end = now.min(h.ran_to(self.co_run.quota_us, self.params.grace_us));
-        (end, c.co_charge_of(h, h.start, end))
+        let charge = stretch_charge(c.charged_in_wall_time(), c.fill.co(), h, h.start, end);
+        (end, charge)
     }
 
     /// Whether `key` waits for a turn: it has requests waiting and is not light (a light client
@@ -447,7 +441,7 @@ impl Core {
                         // out of the window from there (kept with the open co-hold instead, it
                         // came back into the window with each new stretch, and was still
                         // charged a second after a reload had started a new account).
-                        let charge = co_charge(capped, fill, h, start, end);
+                        let charge = stretch_charge(capped, fill, h, start, end);
                         let left = h.engine.left_over(start, end);
                         c.co.engine_owed_us = c.co.engine_owed_us.saturating_add(left);
                         c.co.charges.push_back((end, charge));
@@ -637,9 +631,17 @@ impl Core {
     }
 }
 
-/// See `ClientState::co_charge_of`: `capped` whether the client is charged in wall time, `fill`
-/// its co-holds' fill.
-fn co_charge(capped: bool, fill: Option<f64>, h: &CoHold, start: Micros, end: Micros) -> Micros {
+/// What co-hold `h`'s time from `start` to `end` is charged: for a capped client (`capped`:
+/// charged in wall time) the engine time it held, never more than the wall time
+/// (`engine.rs`), otherwise its co-holds' `fill` of the wall time. A free function: a new
+/// stretch is charged while its co-hold is borrowed from the client.
+fn stretch_charge(
+    capped: bool,
+    fill: Option<f64>,
+    h: &CoHold,
+    start: Micros,
+    end: Micros,
+) -> Micros {
     if capped {
         h.engine.charge(start, end)
     } else {
