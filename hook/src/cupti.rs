@@ -85,17 +85,34 @@ extern "C" fn preload() {
 #[unsafe(link_section = ".init_array")]
 static PRELOAD: extern "C" fn() = preload;
 
-/// A CUPTI function of the loaded libcupti, or `None`.
-fn sym<F: Copy>(name: &std::ffi::CStr) -> Option<F> {
-    let h = LIB.load(Ordering::Acquire);
-    let dl = real_dlsym()?;
-    if h.is_null() {
-        return None;
-    }
-    // SAFETY: glibc's dlsym on a live handle with a NUL-terminated name.
-    let p = unsafe { dl(h, name.as_ptr()) };
-    // SAFETY: `F` is the C signature CUPTI's headers give `name` (the callers' types above),
-    // and a function pointer has a data pointer's size on the targets the hook supports.
+/// The libcupti the hook loaded (null: none), for `real::Lib::Cupti`.
+pub fn lib() -> *mut c_void {
+    LIB.load(Ordering::Acquire)
+}
+
+/// The CUPTI functions the hook calls, each looked up once in the libcupti it loaded.
+mod r {
+    use crate::real::{Lib, Slot};
+    pub static REGISTER: Slot = Slot::of(Lib::Cupti, "cuptiActivityRegisterCallbacks\0");
+    pub static ENABLE: Slot = Slot::of(Lib::Cupti, "cuptiActivityEnable\0");
+    pub static DISABLE: Slot = Slot::of(Lib::Cupti, "cuptiActivityDisable\0");
+    pub static FLUSH: Slot = Slot::of(Lib::Cupti, "cuptiActivityFlushAll\0");
+    pub static NEXT: Slot = Slot::of(Lib::Cupti, "cuptiActivityGetNextRecord\0");
+    pub static TIMESTAMP: Slot = Slot::of(Lib::Cupti, "cuptiGetTimestamp\0");
+    pub static CONTEXT_ID: Slot = Slot::of(Lib::Cupti, "cuptiGetContextId\0");
+    pub static FINALIZE: Slot = Slot::of(Lib::Cupti, "cuptiFinalize\0");
+}
+
+/// Slot `s`'s function as `F`, or `None` where the loaded libcupti lacks it (or none is).
+fn sym<F: Copy>(s: &crate::real::Slot) -> Option<F> {
+    as_fn(s.get())
+}
+
+/// `p` as the function type `F`, or `None` for null.
+fn as_fn<F: Copy>(p: *mut c_void) -> Option<F> {
+    // SAFETY: every caller's `F` is the C signature CUPTI's headers give the function `p` was
+    // looked up by (the types above), and a function pointer has a data pointer's size on the
+    // targets the hook supports.
     (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
 }
 
@@ -126,9 +143,9 @@ pub fn start() {
 /// Registers the buffer callbacks and turns the switch records on; false (and logged) if not.
 fn turn_on() -> bool {
     let (Some(register), Some(enable), Some(now)) = (
-        sym::<RegisterFn>(c"cuptiActivityRegisterCallbacks"),
-        sym::<KindFn>(c"cuptiActivityEnable"),
-        sym::<TimestampFn>(c"cuptiGetTimestamp"),
+        sym::<RegisterFn>(&r::REGISTER),
+        sym::<KindFn>(&r::ENABLE),
+        sym::<TimestampFn>(&r::TIMESTAMP),
     ) else {
         end("libcupti lacks the activity API");
         return false;
@@ -184,7 +201,7 @@ pub fn take_us() -> Option<u64> {
         return None;
     }
     let own = own_ids()?;
-    let now = timestamp(sym::<TimestampFn>(c"cuptiGetTimestamp")?);
+    let now = timestamp(sym::<TimestampFn>(&r::TIMESTAMP)?);
     let mut slices = lock(&SLICES);
     let s = slices.as_mut()?;
     let held = s.take(now, &own);
@@ -211,7 +228,7 @@ fn own_ids() -> Option<Vec<u32>> {
         if own.iter().any(|(k, _)| *k == c) {
             continue;
         }
-        let get = sym::<ContextIdFn>(c"cuptiGetContextId")?;
+        let get = sym::<ContextIdFn>(&r::CONTEXT_ID)?;
         let mut id = 0u32;
         // SAFETY: a context the program made current or retained, and a live out-parameter.
         let r = unsafe { get(c as *mut c_void, &mut id) };
@@ -233,7 +250,7 @@ fn timestamp(f: TimestampFn) -> u64 {
 }
 
 fn flush_loop() {
-    let Some(flush) = sym::<FlushFn>(c"cuptiActivityFlushAll") else {
+    let Some(flush) = sym::<FlushFn>(&r::FLUSH) else {
         return end("libcupti lacks cuptiActivityFlushAll");
     };
     let s = crate::config::settings();
@@ -286,7 +303,7 @@ unsafe extern "C" fn got_buffer(
     size: usize,
     valid: usize,
 ) {
-    if let Some(next) = sym::<NextFn>(c"cuptiActivityGetNextRecord") {
+    if let Some(next) = sym::<NextFn>(&r::NEXT) {
         read_switches(next, buf, valid);
     }
     let ours = {
@@ -333,7 +350,7 @@ fn read_switches(next: NextFn, buf: *mut u8, valid: usize) {
     if switches.is_empty() {
         return;
     }
-    let at = sym::<TimestampFn>(c"cuptiGetTimestamp").map_or(0, timestamp);
+    let at = sym::<TimestampFn>(&r::TIMESTAMP).map_or(0, timestamp);
     if let Some(s) = lock(&SLICES).as_mut() {
         let newest = switches.iter().map(|(_, ts, _)| *ts).max().unwrap_or(0);
         for (ctx, ts, op) in switches {
@@ -348,11 +365,12 @@ fn read_switches(next: NextFn, buf: *mut u8, valid: usize) {
 /// The program's own libcupti, for its calls made while the hook holds none: the next one in
 /// the global scope, or one loaded in a library's local scope (PyTorch's, which Python loads
 /// with RTLD_LOCAL), found by soname.
-fn next_cupti<F: Copy>(name: &std::ffi::CStr) -> Option<F> {
+fn next_cupti<F: Copy>(s: &crate::real::Slot) -> Option<F> {
     if !LIB.load(Ordering::Acquire).is_null() {
-        return sym(name);
+        return sym(s);
     }
     let dl = real_dlsym()?;
+    let name = s.name();
     // SAFETY: glibc's dlsym with a pseudo-handle and a NUL-terminated name.
     let mut p = unsafe { dl(libc::RTLD_NEXT, name.as_ptr()) };
     for soname in [c"libcupti.so.13", c"libcupti.so.12", c"libcupti.so"] {
@@ -367,8 +385,7 @@ fn next_cupti<F: Copy>(name: &std::ffi::CStr) -> Option<F> {
             p = unsafe { dl(h, name.as_ptr()) };
         }
     }
-    // SAFETY: as in `sym`.
-    (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
+    as_fn(p)
 }
 
 /// CUPTI_ERROR_NOT_INITIALIZED: no libcupti to forward to.
@@ -387,7 +404,7 @@ pub unsafe extern "C" fn cuptiActivityRegisterCallbacks(want: WantFn, got: GotFn
     if on() {
         return 0;
     }
-    match next_cupti::<RegisterFn>(c"cuptiActivityRegisterCallbacks") {
+    match next_cupti::<RegisterFn>(&r::REGISTER) {
         // SAFETY: the real function, with the caller's arguments.
         Some(f) => unsafe { f(want, got) },
         None => NOT_INITIALIZED,
@@ -404,7 +421,7 @@ pub unsafe extern "C" fn cuptiActivityDisable(kind: u32) -> i32 {
     if kind == KIND_CTX_SWITCH && on() {
         return 0;
     }
-    match next_cupti::<KindFn>(c"cuptiActivityDisable") {
+    match next_cupti::<KindFn>(&r::DISABLE) {
         // SAFETY: the real function, with the caller's argument.
         Some(f) => unsafe { f(kind) },
         None => NOT_INITIALIZED,
@@ -420,7 +437,7 @@ pub unsafe extern "C" fn cuptiFinalize() -> i32 {
     if on() {
         end("the program finalized CUPTI");
     }
-    match next_cupti::<FinalizeFn>(c"cuptiFinalize") {
+    match next_cupti::<FinalizeFn>(&r::FINALIZE) {
         // SAFETY: the real function.
         Some(f) => unsafe { f() },
         None => NOT_INITIALIZED,

@@ -72,6 +72,8 @@ fn open_lib(cache: &AtomicPtr<c_void>, soname: &CStr) -> *mut c_void {
 pub enum Lib {
     Cuda,
     Nvml,
+    /// The libcupti the hook loaded (`cupti.rs`, `KUBESHARE_HOOK_CUPTI`).
+    Cupti,
 }
 
 /// A real driver function, looked up by its exported name on first use.
@@ -97,6 +99,11 @@ impl Slot {
         }
     }
 
+    /// The function's exported name.
+    pub fn name(&self) -> &CStr {
+        CStr::from_bytes_with_nul(self.name.as_bytes()).unwrap_or(c"")
+    }
+
     /// The real function's address, or null when the driver lacks it.
     #[inline]
     pub fn get(&self) -> *mut c_void {
@@ -112,6 +119,7 @@ impl Slot {
         let lib = match self.lib {
             Lib::Cuda => libcuda(),
             Lib::Nvml => libnvml(),
+            Lib::Cupti => crate::cupti::lib(),
         };
         let (Some(dl), h) = (real_dlsym(), lib) else {
             return std::ptr::null_mut();
