@@ -1270,6 +1270,26 @@ struct RenewingHolder {
     t_co_holds: u32,
 }
 
+impl RenewingHolder {
+    /// Prints the run's figures after `what` and checks what every run must show: i waited
+    /// for more than 200 turns, some while repaying its lead, none longer than `max_wait`.
+    fn check(&self, what: &str, max_wait: Micros) {
+        let RenewingHolder {
+            waited: n,
+            p99,
+            max,
+            t_used,
+            ..
+        } = *self;
+        eprintln!(
+            "{what}: {n} waits, p99 {p99} µs, max {max} µs; t used {t_used} µs of the window"
+        );
+        assert!(n > 200, "i waited for {n} turns");
+        assert!(self.repaying > 0, "i never waited repaying its lead");
+        assert!(max <= max_wait, "i waited {max} µs");
+    }
+}
+
 /// t (0.5, 0.5, its holds filling 0.9, and 0.5 before `t_light_until`) renews at each quota's
 /// end and, refused, drains `drain` before it asks again; i (0.5, 1.0) is heavy (fill 0.95)
 /// and light (0.72) by turns every `period` from t(1000), co-running below 0.8 in 20 ms
@@ -1376,22 +1396,14 @@ fn a_co_runner_back_in_turns_keeps_its_bound_until_a_turn_finds_it_within_the_la
     // rest of the encoder's catching-up. Here, with the lead judged at every dispatch, i's
     // longest wait was 15–18 ms; judged at i's own turns, 10–12 ms.
     for (period, drain) in [(200 * MS, 5 * MS), (400 * MS, 5 * MS), (200 * MS, MS)] {
-        let RenewingHolder {
-            waited: n,
-            p99,
-            max,
-            t_used,
-            repaying,
-            ..
-        } = i_waits_beside_a_renewing_holder(period, drain, 0, 0);
-        eprintln!(
-            "fill flapping every {} ms, t draining {} ms: {n} waits, p99 {p99} µs, max {max} µs; t used {t_used} µs of the window",
-            period / MS,
-            drain / MS,
+        i_waits_beside_a_renewing_holder(period, drain, 0, 0).check(
+            &format!(
+                "fill flapping every {} ms, t draining {} ms",
+                period / MS,
+                drain / MS
+            ),
+            14 * MS,
         );
-        assert!(n > 200, "i waited for {n} turns");
-        assert!(repaying > 0, "i never waited repaying its lead");
-        assert!(max <= 14 * MS, "i waited {max} µs");
     }
 }
 
@@ -1406,22 +1418,15 @@ fn a_holders_turn_ends_by_the_time_a_bounded_co_runner_is_due() {
     // of its window, and 3.77–4.01 s now.
     for think in [1300, 1600] {
         for period in [200 * MS, 400 * MS] {
-            let RenewingHolder {
-                waited: n,
-                p99,
-                max,
-                t_used,
-                repaying,
-                ..
-            } = i_waits_beside_a_renewing_holder(period, MS, think, 0);
-            eprintln!(
-                "i asking {think} µs after its hold, its fill flapping every {} ms: {n} waits, p99 {p99} µs, max {max} µs; t used {t_used} µs of the window",
-                period / MS,
+            let run = i_waits_beside_a_renewing_holder(period, MS, think, 0);
+            run.check(
+                &format!(
+                    "i asking {think} µs after its hold, its fill flapping every {} ms",
+                    period / MS
+                ),
+                11 * MS,
             );
-            assert!(n > 200, "i waited for {n} turns");
-            assert!(repaying > 0, "i never waited repaying its lead");
-            assert!(max <= 11 * MS, "i waited {max} µs");
-            assert!(t_used >= 3_700 * MS, "t used {t_used} µs");
+            assert!(run.t_used >= 3_700 * MS, "t used {} µs", run.t_used);
         }
     }
 }
@@ -1435,20 +1440,8 @@ fn a_co_runner_keeps_its_short_bound_after_a_capped_client_co_held() {
     // a co-runner's two min quotas. Here t co-holds until t(500): with the short bound under
     // full contention only, i's longest wait was 25 ms; with it either way, 14 ms, t using
     // 3.995 s of its window against 3.996 s.
-    let RenewingHolder {
-        waited: n,
-        p99,
-        max,
-        t_used,
-        repaying,
-        t_co_holds,
-    } = i_waits_beside_a_renewing_holder(100 * MS, 5 * MS, 0, t(500));
-    eprintln!(
-        "t co-held {t_co_holds} times: i waited {n} times, p99 {p99} µs, max {max} µs; t used {t_used} µs of the window"
-    );
-    assert!(t_co_holds > 0, "t never co-held");
-    assert!(n > 200, "i waited for {n} turns");
-    assert!(repaying > 0, "i never waited repaying its lead");
-    assert!(max <= 14 * MS, "i waited {max} µs");
-    assert!(t_used >= 3_900 * MS, "t used {t_used} µs");
+    let run = i_waits_beside_a_renewing_holder(100 * MS, 5 * MS, 0, t(500));
+    run.check(&format!("t co-held {} times", run.t_co_holds), 14 * MS);
+    assert!(run.t_co_holds > 0, "t never co-held");
+    assert!(run.t_used >= 3_900 * MS, "t used {} µs", run.t_used);
 }
