@@ -149,7 +149,7 @@ pub fn start() {
 
 /// Registers the buffer callbacks and turns the switch records on; false (and logged) if not.
 fn turn_on() -> bool {
-    let (Some(register), Some(enable), Some(now)) = (
+    let (Some(register), Some(enable), Some(_)) = (
         sym::<RegisterFn>(&r::REGISTER),
         sym::<KindFn>(&r::ENABLE),
         sym::<TimestampFn>(&r::TIMESTAMP),
@@ -157,7 +157,7 @@ fn turn_on() -> bool {
         end("libcupti lacks the activity API");
         return false;
     };
-    *lock(&SLICES) = Some(Slices::new(timestamp(now)));
+    *lock(&SLICES) = Some(Slices::new());
     // SAFETY: CUPTI's registration with two callbacks of the signatures it documents.
     let r = unsafe { register(want_buffer, got_buffer) };
     if r != 0 {
