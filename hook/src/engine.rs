@@ -325,6 +325,21 @@ mod tests {
         // In all, the slices' 2 + 3 + 6 ms.
     }
 
+    /// The switch records of slices given as (gap before, length), one after the other from 0,
+    /// with the last one's end and the slices' total length.
+    fn switches(slices: &[(u64, u64)]) -> (Vec<(u64, u32)>, u64, u64) {
+        let mut events = Vec::new();
+        let (mut t, mut total) = (0, 0);
+        for &(gap, len) in slices {
+            t += gap;
+            events.push((t, SWITCHED_IN));
+            t += len;
+            events.push((t, SWITCHED_OUT));
+            total += len;
+        }
+        (events, t, total)
+    }
+
     proptest! {
         /// Records that come late: a slice may be counted past its end meanwhile, yet once all
         /// have come the reports add up to the slices (less what is still to be taken back from
@@ -334,15 +349,7 @@ mod tests {
             slices in prop::collection::vec((1u64..5_000, 1u64..5_000), 1..40),
             takes in prop::collection::vec((0u64..100_000, 0u64..10_000), 0..30),
         ) {
-            let mut events = Vec::new();
-            let (mut t, mut total) = (0, 0);
-            for (gap, len) in slices {
-                t += gap;
-                events.push((t, SWITCHED_IN));
-                t += len;
-                events.push((t, SWITCHED_OUT));
-                total += len;
-            }
+            let (events, t, total) = switches(&slices);
             let mut takes = takes;
             takes.sort();
             let mut s = Slices::new();
@@ -377,15 +384,7 @@ mod tests {
             cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
             order in any::<u64>(),
         ) {
-            let mut events = Vec::new();
-            let (mut t, mut total) = (0, 0);
-            for (gap, len) in slices {
-                t += gap;
-                events.push((t, SWITCHED_IN));
-                t += len;
-                events.push((t, SWITCHED_OUT));
-                total += len;
-            }
+            let (events, t, total) = switches(&slices);
             // Cut into buffers, handed back in an order drawn from `order`.
             let mut at: Vec<usize> = cuts.iter().map(|c| c.index(events.len())).collect();
             at.push(events.len());
@@ -431,17 +430,7 @@ mod tests {
             takes in prop::collection::vec(0u64..50_000, 0..20),
         ) {
             let mut s = Slices::new();
-            let mut t = 0;
-            let mut events = Vec::new();
-            let mut total = 0;
-            for (gap, len) in slices {
-                t += gap;
-                events.push((t, SWITCHED_IN));
-                t += len;
-                events.push((t, SWITCHED_OUT));
-                total += len;
-            }
-            let end = t;
+            let (events, end, total) = switches(&slices);
             let mut reported = 0;
             let mut takes = takes;
             takes.sort();
