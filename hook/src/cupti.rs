@@ -19,10 +19,12 @@
 //! So does one that gives CUPTI a clock of its own (PyTorch's profiler does, at the start of
 //! each trace): the records' times then jump from one clock to the other, and slices spanning
 //! the jump read as nothing or as seconds (a GPT training loop under `torch.profiler` on an
-//! H200 reported none in 75 of 402 reports, and 3.28 s in one).
+//! H200 reported none in 75 of 402 reports, and 3.28 s in one, though out-of-order buffers,
+//! which `engine.rs` now handles, may account for part of that).
 //!
-//! Measured on H200s this does not pay (docs/benchmarks.md, "Engine time"): each forced flush
-//! costs the tenant GPU time, and unforced ones hand the records back only as buffers fill.
+//! Measured on H200s it pays little (docs/benchmarks.md, "Engine time"): each forced flush
+//! costs the tenant GPU time, and unforced ones hand the records back only as buffers fill,
+//! which the hook's own buffers, holding switch records alone, do in seconds.
 
 use crate::engine::Slices;
 use crate::real::real_dlsym;
