@@ -723,6 +723,10 @@ def brief(table):
             parts = [tenant_brief(k, t) for k, t in g.items() if is_tenant(t)]
             if "gpu_busy" in g:
                 parts.append(f"busy {g['gpu_busy']:.3f}")
+            faulty = [c for c, x in g.get("grants", {}).items()
+                      if x.get("engine", {}).get("above_wall")]
+            if faulty:
+                parts.append("ENGINE TIME ABOVE WALL TIME: " + ", ".join(sorted(faulty)))
             lines.append(f"{label}: " + " | ".join(parts))
     return lines
 

@@ -301,8 +301,10 @@ def log_time(line):
 def fills(logfile, since=0):
     """Per client, the fills gem-schd logged (its debug `busy` lines, one per Busy report from
     the hook) after byte `since` of its log, and how many of its grants were co-holds:
-    {client: {"last", "median", "reports", "limit_in_force_median", "grants", "co_grants"}}."""
-    seen, limits, grants = {}, {}, {}
+    {client: {"last", "median", "reports", "limit_in_force_median", "grants", "co_grants"}};
+    where its reports carried engine time (the hook's CUPTI readings), also `engine`
+    (`engine_summary`)."""
+    seen, limits, grants, engine = {}, {}, {}, {}
     for line in schd_log(logfile, since):
         g = GRANT.search(line)
         if g:
@@ -320,10 +322,27 @@ def fills(logfile, since=0):
             seen.setdefault(client, []).append(fill)
             if kv.get("limit", "").isdigit():
                 limits.setdefault(client, []).append(int(kv["limit"]))
-    return {c: {"last": v[-1], "median": pct(v, 0.5), "reports": len(v),
-                "limit_in_force_median": pct(limits[c], 0.5) if limits.get(c) else None,
-                "grants": grants.get(c, [0, 0])[0], "co_grants": grants.get(c, [0, 0])[1]}
-            for c, v in seen.items()}
+            if kv.get("engine_us", "").isdigit():
+                engine.setdefault(client, []).append((log_time(line), int(kv["engine_us"])))
+    out = {c: {"last": v[-1], "median": pct(v, 0.5), "reports": len(v),
+               "limit_in_force_median": pct(limits[c], 0.5) if limits.get(c) else None,
+               "grants": grants.get(c, [0, 0])[0], "co_grants": grants.get(c, [0, 0])[1]}
+           for c, v in seen.items()}
+    for c, reports in engine.items():
+        out[c]["engine"] = engine_summary(reports)
+    return out
+
+
+def engine_summary(reports):
+    """A client's engine time reports, [(host clock s, engine_us)]: how many, their sum, the
+    largest, and the wall time they span (first to last). One process's contexts hold the
+    engine one at a time, so a sum above the span (`above_wall`) is a fault of the readings, not
+    a measurement: the books once summed 3,987 s over 17.6 s."""
+    span = reports[-1][0] - reports[0][0]
+    total = sum(e for _, e in reports) / 1e6
+    return {"reports": len(reports), "engine_s": round(total, 3), "span_s": round(span, 3),
+            "largest_ms": round(max(e for _, e in reports) / 1e3, 2),
+            "above_wall": total > span + 0.1}
 
 
 def drains(logfile, since=0):

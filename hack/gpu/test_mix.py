@@ -100,6 +100,31 @@ if __name__ == "__main__":
     unittest.main()
 
 
+class Engine(unittest.TestCase):
+    def test_engine_time_above_the_wall_time_is_flagged(self):
+        def busy(at, client, engine):
+            return line(at, f"busy client={client} busy_us=100 held_us=5000 engine_us={engine} "
+                            "fill=0.500 limit=500")
+        log = [
+            # a: 12 ms of engine time over 20 ms of reports; b: 2 s over 20 ms.
+            busy(3.000, "a", 4000), busy(3.010, "a", 5000), busy(3.020, "a", 3000),
+            busy(3.000, "b", 1000), busy(3.020, "b", 2_000_000),
+            # Without engine time (a hook without CUPTI): no summary.
+            line(3.005, "busy client=c busy_us=100 held_us=5000 fill=0.500 limit=500"),
+        ]
+        with tempfile.NamedTemporaryFile("w", suffix=".log") as f:
+            f.writelines(log)
+            f.flush()
+            got = mix.fills(f.name, 0)
+        self.assertEqual(got["a"]["engine"], {"reports": 3, "engine_s": 0.012, "span_s": 0.02,
+                                              "largest_ms": 5.0, "above_wall": False})
+        self.assertTrue(got["b"]["engine"]["above_wall"])
+        self.assertNotIn("engine", got["c"])
+        group = {"a": {"gpu": 0.2, "charged": 0.5}, "grants": got}
+        self.assertEqual(mix.brief({"pair": group}),
+                         ["pair: a 0.200 (0.500) | ENGINE TIME ABOVE WALL TIME: b"])
+
+
 class Brief(unittest.TestCase):
     def test_a_line_per_group_of_tenants(self):
         holds = {"turns": {"n": 3}, "co_holds": {"n": 1}}

@@ -17,7 +17,7 @@
 //! records are booked in their own order: one older than the newest booked is dropped, and a
 //! switch out with no slice open counts from the context's newest record before it, and nothing
 //! as its first. (Counted from when the records were turned on every time, such switch outs
-//! made a GPT training loop report 3,987 s of engine time in a 20 s run on an H200, up to 69 s
+//! made a GPT training loop report 3,987 s of engine time over 17.6 s on an H200, up to 69 s
 //! at once. Counted so only as a context's first, they still made one report of 3.16 s where
 //! the records came late: the turn-on maps onto the records' clock through a lower bound on the
 //! offset, as early as they are late.) So a reordering costs the books at most the gaps around
