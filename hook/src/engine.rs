@@ -8,8 +8,7 @@
 //! late (flushed every few ms) and on a clock of their own, 0.1 to a few ms off CUPTI's
 //! timestamp clock and drifting: a slice still open at a report is counted up to an estimate of
 //! now on the records' clock that is never later than now (`Slices::delivered`), and the rest of
-//! it comes with its END record. So the sum reported so far never runs ahead of the records.
-//! The records may name other processes' contexts too: only this process's own are counted
+//! it comes with its END record. The records may name other processes' contexts too: only this process's own are counted
 //! (`Slices::take`), each context booked apart.
 //!
 //! Buffers may come back out of order (with flushes that hand back only full buffers, several
@@ -25,8 +24,8 @@
 //! slice's time.
 //!
 //! Where the records come late, a slice counted up to now may have ended already (with flushes
-//! that hand back only full buffers, one report of batch-1 decode read 3.72 s): what was counted
-//! past its switch out is taken back from the next reports.
+//! that hand back only full buffers, one report of batch-1 decode read 3.72 s, likely so): what
+//! was counted past its switch out is taken back from the next reports.
 //!
 //! This file is the pure bookkeeping; it is unit-tested without a GPU.
 
