@@ -80,12 +80,29 @@ pub struct Settings {
 pub const DEFAULT_IO_TIMEOUT_MS: u64 = 5000;
 
 pub fn parse_timeout_ms(v: Option<&str>) -> Result<u64, String> {
+    parse_whole_ms(
+        "KUBESHARE_HOOK_TIMEOUT_MS",
+        v,
+        10..=600_000,
+        DEFAULT_IO_TIMEOUT_MS,
+    )
+}
+
+/// A whole number of ms within `range`; `default` when unset.
+fn parse_whole_ms(
+    name: &str,
+    v: Option<&str>,
+    range: std::ops::RangeInclusive<u64>,
+    default: u64,
+) -> Result<u64, String> {
     match v.map(str::trim) {
-        None | Some("") => Ok(DEFAULT_IO_TIMEOUT_MS),
+        None | Some("") => Ok(default),
         Some(s) => match s.parse::<u64>() {
-            Ok(ms) if (10..=600_000).contains(&ms) => Ok(ms),
+            Ok(ms) if range.contains(&ms) => Ok(ms),
             _ => Err(format!(
-                "KUBESHARE_HOOK_TIMEOUT_MS={s:?} is not a whole number of ms in 10..=600000; using {DEFAULT_IO_TIMEOUT_MS}"
+                "{name}={s:?} is not a whole number of ms in {}..={}; using {default}",
+                range.start(),
+                range.end()
             )),
         },
     }
@@ -184,30 +201,24 @@ pub fn parse_handover_ahead_us(v: Option<&str>) -> Result<u64, String> {
 pub const DEFAULT_PACE_HOLD_MS: u64 = 0;
 
 pub fn parse_pace_hold_ms(v: Option<&str>) -> Result<u64, String> {
-    match v.map(str::trim) {
-        None | Some("") => Ok(DEFAULT_PACE_HOLD_MS),
-        Some(s) => match s.parse::<u64>() {
-            Ok(n) if n <= 60_000 => Ok(n),
-            _ => Err(format!(
-                "KUBESHARE_HOOK_PACE_HOLD_MS={s:?} is not a whole number of ms in 0..=60000; using {DEFAULT_PACE_HOLD_MS}"
-            )),
-        },
-    }
+    parse_whole_ms(
+        "KUBESHARE_HOOK_PACE_HOLD_MS",
+        v,
+        0..=60_000,
+        DEFAULT_PACE_HOLD_MS,
+    )
 }
 
 /// Default of [`Settings::cupti_flush_ms`].
 pub const DEFAULT_CUPTI_FLUSH_MS: u64 = 5;
 
 pub fn parse_cupti_flush_ms(v: Option<&str>) -> Result<u64, String> {
-    match v.map(str::trim) {
-        None | Some("") => Ok(DEFAULT_CUPTI_FLUSH_MS),
-        Some(s) => match s.parse::<u64>() {
-            Ok(n) if (1..=60_000).contains(&n) => Ok(n),
-            _ => Err(format!(
-                "KUBESHARE_HOOK_CUPTI_FLUSH_MS={s:?} is not a whole number of ms in 1..=60000; using {DEFAULT_CUPTI_FLUSH_MS}"
-            )),
-        },
-    }
+    parse_whole_ms(
+        "KUBESHARE_HOOK_CUPTI_FLUSH_MS",
+        v,
+        1..=60_000,
+        DEFAULT_CUPTI_FLUSH_MS,
+    )
 }
 
 /// Default of [`Settings::soon_spin_ns`], µs: longer than the usual drains it waits for (the
@@ -253,93 +264,74 @@ pub fn parse_busy_every(v: Option<&str>) -> Result<Option<u32>, String> {
     }
 }
 
+/// A setting as parsed, or its default where the value was bad: the parser's message says so.
+fn or_logged<T>(parsed: Result<T, String>, default: T) -> T {
+    parsed.unwrap_or_else(|e| {
+        crate::info!("{e}");
+        default
+    })
+}
+
 pub fn settings() -> &'static Settings {
     static S: OnceLock<Settings> = OnceLock::new();
     S.get_or_init(|| {
         let get = |k: &str| std::env::var(k).ok();
-        let on_unreachable = parse_unreachable(get("KUBESHARE_ON_UNREACHABLE").as_deref())
-            .unwrap_or_else(|e| {
-                crate::info!("{e}");
-                Unreachable::Wait
-            });
-        let idle_release_us = parse_idle_ms(get("KUBESHARE_HOOK_IDLE_MS").as_deref())
-            .unwrap_or_else(|e| {
-                crate::info!("{e}");
-                DEFAULT_IDLE_RELEASE_US
-            });
-        let io_timeout_ms = parse_timeout_ms(get("KUBESHARE_HOOK_TIMEOUT_MS").as_deref())
-            .unwrap_or_else(|e| {
-                crate::info!("{e}");
-                DEFAULT_IO_TIMEOUT_MS
-            });
+        let on_unreachable = or_logged(
+            parse_unreachable(get("KUBESHARE_ON_UNREACHABLE").as_deref()),
+            Unreachable::Wait,
+        );
+        let idle_release_us = or_logged(
+            parse_idle_ms(get("KUBESHARE_HOOK_IDLE_MS").as_deref()),
+            DEFAULT_IDLE_RELEASE_US,
+        );
+        let io_timeout_ms = or_logged(
+            parse_timeout_ms(get("KUBESHARE_HOOK_TIMEOUT_MS").as_deref()),
+            DEFAULT_IO_TIMEOUT_MS,
+        );
         const PRECISE: &str = "KUBESHARE_HOOK_PRECISE_DEADLINE";
-        let precise_deadline =
-            parse_flag(PRECISE, get(PRECISE).as_deref(), true).unwrap_or_else(|e| {
-                crate::info!("{e}");
-                true
-            });
-        let max_ahead_us = parse_max_ahead_us(get("KUBESHARE_HOOK_MAX_AHEAD_US").as_deref())
-            .unwrap_or_else(|e| {
-                crate::info!("{e}");
-                DEFAULT_MAX_AHEAD_US
-            });
-        let early_ahead_us = parse_early_ahead_us(get("KUBESHARE_HOOK_EARLY_AHEAD_US").as_deref())
-            .unwrap_or_else(|e| {
-                crate::info!("{e}");
-                DEFAULT_EARLY_AHEAD_US
-            });
-        let sole_ahead_us = parse_sole_ahead_us(get("KUBESHARE_HOOK_SOLE_AHEAD_US").as_deref())
-            .unwrap_or_else(|e| {
-                crate::info!("{e}");
-                DEFAULT_SOLE_AHEAD_US
-            });
-        let handover_ahead_us =
-            parse_handover_ahead_us(get("KUBESHARE_HOOK_HANDOVER_AHEAD_US").as_deref())
-                .unwrap_or_else(|e| {
-                    crate::info!("{e}");
-                    DEFAULT_HANDOVER_AHEAD_US
-                });
-        let pace_hold_ms = parse_pace_hold_ms(get("KUBESHARE_HOOK_PACE_HOLD_MS").as_deref())
-            .unwrap_or_else(|e| {
-                crate::info!("{e}");
-                DEFAULT_PACE_HOLD_MS
-            });
+        let precise_deadline = or_logged(parse_flag(PRECISE, get(PRECISE).as_deref(), true), true);
+        let max_ahead_us = or_logged(
+            parse_max_ahead_us(get("KUBESHARE_HOOK_MAX_AHEAD_US").as_deref()),
+            DEFAULT_MAX_AHEAD_US,
+        );
+        let early_ahead_us = or_logged(
+            parse_early_ahead_us(get("KUBESHARE_HOOK_EARLY_AHEAD_US").as_deref()),
+            DEFAULT_EARLY_AHEAD_US,
+        );
+        let sole_ahead_us = or_logged(
+            parse_sole_ahead_us(get("KUBESHARE_HOOK_SOLE_AHEAD_US").as_deref()),
+            DEFAULT_SOLE_AHEAD_US,
+        );
+        let handover_ahead_us = or_logged(
+            parse_handover_ahead_us(get("KUBESHARE_HOOK_HANDOVER_AHEAD_US").as_deref()),
+            DEFAULT_HANDOVER_AHEAD_US,
+        );
+        let pace_hold_ms = or_logged(
+            parse_pace_hold_ms(get("KUBESHARE_HOOK_PACE_HOLD_MS").as_deref()),
+            DEFAULT_PACE_HOLD_MS,
+        );
         const RENEW: &str = "KUBESHARE_HOOK_RENEW";
-        let renew = parse_flag(RENEW, get(RENEW).as_deref(), true).unwrap_or_else(|e| {
-            crate::info!("{e}");
-            true
-        });
-        let busy_every = parse_busy_every(get("KUBESHARE_HOOK_BUSY_EVERY").as_deref())
-            .unwrap_or_else(|e| {
-                crate::info!("{e}");
-                None
-            });
-        let soon_spin_us = parse_soon_spin_us(get("KUBESHARE_HOOK_SOON_SPIN_US").as_deref())
-            .unwrap_or_else(|e| {
-                crate::info!("{e}");
-                DEFAULT_SOON_SPIN_US
-            });
-        let gate_ahead_us = parse_gate_ahead_us(get("KUBESHARE_HOOK_GATE_AHEAD_US").as_deref())
-            .unwrap_or_else(|e| {
-                crate::info!("{e}");
-                DEFAULT_GATE_AHEAD_US
-            });
+        let renew = or_logged(parse_flag(RENEW, get(RENEW).as_deref(), true), true);
+        let busy_every = or_logged(
+            parse_busy_every(get("KUBESHARE_HOOK_BUSY_EVERY").as_deref()),
+            None,
+        );
+        let soon_spin_us = or_logged(
+            parse_soon_spin_us(get("KUBESHARE_HOOK_SOON_SPIN_US").as_deref()),
+            DEFAULT_SOON_SPIN_US,
+        );
+        let gate_ahead_us = or_logged(
+            parse_gate_ahead_us(get("KUBESHARE_HOOK_GATE_AHEAD_US").as_deref()),
+            DEFAULT_GATE_AHEAD_US,
+        );
         const PARK: &str = "KUBESHARE_HOOK_PARK";
-        let park = parse_flag(PARK, get(PARK).as_deref(), false).unwrap_or_else(|e| {
-            crate::info!("{e}");
-            false
-        });
-        let cupti_flush_ms = parse_cupti_flush_ms(get("KUBESHARE_HOOK_CUPTI_FLUSH_MS").as_deref())
-            .unwrap_or_else(|e| {
-                crate::info!("{e}");
-                DEFAULT_CUPTI_FLUSH_MS
-            });
+        let park = or_logged(parse_flag(PARK, get(PARK).as_deref(), false), false);
+        let cupti_flush_ms = or_logged(
+            parse_cupti_flush_ms(get("KUBESHARE_HOOK_CUPTI_FLUSH_MS").as_deref()),
+            DEFAULT_CUPTI_FLUSH_MS,
+        );
         const FORCED: &str = "KUBESHARE_HOOK_CUPTI_FLUSH_FORCED";
-        let cupti_flush_forced =
-            parse_flag(FORCED, get(FORCED).as_deref(), true).unwrap_or_else(|e| {
-                crate::info!("{e}");
-                true
-            });
+        let cupti_flush_forced = or_logged(parse_flag(FORCED, get(FORCED).as_deref(), true), true);
         let socket_dir = get(gem_proto::SOCKET_DIR_ENV)
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| gem_proto::DEFAULT_SOCKET_DIR.to_string())
