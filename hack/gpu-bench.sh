@@ -65,7 +65,9 @@ if [ "$mix" = 1 ]; then
       -L "$cupti/lib" -l:libcupti.so.13 -Xlinker -rpath="$cupti/lib"
     export MIX_GPUTRACE=$lib
     # With MIX_ENGINE=1 the hook reads its tenant's engine time from the same CUPTI (docs/hook.md).
-    # It costs more than it gains there (docs/benchmarks.md, "Engine time").
+    # With the hook's forced flushes (its default) it costs more than it gains there; unforced
+    # (KUBESHARE_HOOK_CUPTI_FLUSH_FORCED=0) with small buffers it gained a few points
+    # (docs/benchmarks.md, "Engine time").
     # Each of its flushes also retires gputrace's buffer: small ones (GPUTRACE_BUFFER_KB)
     # keep that cheap.
     if [ "${MIX_ENGINE:-0}" = 1 ]; then
