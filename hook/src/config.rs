@@ -75,6 +75,10 @@ pub struct Settings {
     /// ... handing back the buffers being filled too (`KUBESHARE_HOOK_CUPTI_FLUSH_FORCED`,
     /// default on; `0` = only full buffers).
     pub cupti_flush_forced: bool,
+    /// The size of each buffer the hook gives CUPTI for those records, bytes
+    /// (`KUBESHARE_HOOK_CUPTI_BUFFER_KB`, default 64 KiB). Where flushes hand back only full
+    /// buffers, a small one brings the records sooner.
+    pub cupti_buffer_bytes: usize,
 }
 
 pub const DEFAULT_IO_TIMEOUT_MS: u64 = 5000;
@@ -95,12 +99,23 @@ fn parse_whole_ms(
     range: std::ops::RangeInclusive<u64>,
     default: u64,
 ) -> Result<u64, String> {
+    parse_whole(name, "ms", v, range, default)
+}
+
+/// A whole number of `unit` in `range`; `default` when unset or empty.
+fn parse_whole(
+    name: &str,
+    unit: &str,
+    v: Option<&str>,
+    range: std::ops::RangeInclusive<u64>,
+    default: u64,
+) -> Result<u64, String> {
     match v.map(str::trim) {
         None | Some("") => Ok(default),
         Some(s) => match s.parse::<u64>() {
-            Ok(ms) if range.contains(&ms) => Ok(ms),
+            Ok(n) if range.contains(&n) => Ok(n),
             _ => Err(format!(
-                "{name}={s:?} is not a whole number of ms in {}..={}; using {default}",
+                "{name}={s:?} is not a whole number of {unit} in {}..={}; using {default}",
                 range.start(),
                 range.end()
             )),
@@ -211,6 +226,19 @@ pub fn parse_pace_hold_ms(v: Option<&str>) -> Result<u64, String> {
 
 /// Default of [`Settings::cupti_flush_ms`].
 pub const DEFAULT_CUPTI_FLUSH_MS: u64 = 5;
+
+/// Default of [`Settings::cupti_buffer_bytes`], KiB: about 2,700 switch records.
+pub const DEFAULT_CUPTI_BUFFER_KB: u64 = 64;
+
+pub fn parse_cupti_buffer_kb(v: Option<&str>) -> Result<u64, String> {
+    parse_whole(
+        "KUBESHARE_HOOK_CUPTI_BUFFER_KB",
+        "KiB",
+        v,
+        1..=16_384,
+        DEFAULT_CUPTI_BUFFER_KB,
+    )
+}
 
 pub fn parse_cupti_flush_ms(v: Option<&str>) -> Result<u64, String> {
     parse_whole_ms(
@@ -332,6 +360,10 @@ pub fn settings() -> &'static Settings {
         );
         const FORCED: &str = "KUBESHARE_HOOK_CUPTI_FLUSH_FORCED";
         let cupti_flush_forced = or_logged(parse_flag(FORCED, get(FORCED).as_deref(), true), true);
+        let cupti_buffer_kb = or_logged(
+            parse_cupti_buffer_kb(get("KUBESHARE_HOOK_CUPTI_BUFFER_KB").as_deref()),
+            DEFAULT_CUPTI_BUFFER_KB,
+        );
         let socket_dir = get(gem_proto::SOCKET_DIR_ENV)
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| gem_proto::DEFAULT_SOCKET_DIR.to_string())
@@ -354,6 +386,7 @@ pub fn settings() -> &'static Settings {
             park,
             cupti_flush_ms,
             cupti_flush_forced,
+            cupti_buffer_bytes: cupti_buffer_kb as usize * 1024,
         }
     })
 }
@@ -454,6 +487,20 @@ mod tests {
         for bad in ["0", "60001", "-1", "5ms"] {
             let e = parse_cupti_flush_ms(Some(bad)).unwrap_err();
             assert!(e.starts_with("KUBESHARE_HOOK_CUPTI_FLUSH_MS="), "{e}");
+        }
+    }
+
+    #[test]
+    fn cupti_buffer() {
+        assert_eq!(parse_cupti_buffer_kb(None), Ok(DEFAULT_CUPTI_BUFFER_KB));
+        assert_eq!(parse_cupti_buffer_kb(Some(" 8 ")), Ok(8));
+        assert_eq!(parse_cupti_buffer_kb(Some("16384")), Ok(16_384));
+        for bad in ["0", "16385", "-1", "8k", "18446744073709551616"] {
+            let e = parse_cupti_buffer_kb(Some(bad)).unwrap_err();
+            assert!(
+                e.starts_with("KUBESHARE_HOOK_CUPTI_BUFFER_KB=") && e.contains("KiB"),
+                "{e}"
+            );
         }
     }
 

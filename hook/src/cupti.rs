@@ -24,11 +24,13 @@
 //!
 //! Measured on H200s it pays little (docs/benchmarks.md, "Engine time"): each forced flush
 //! costs the tenant GPU time, and unforced ones hand the records back only as buffers fill,
-//! which the hook's own buffers, holding switch records alone, do in seconds.
+//! which the hook's own buffers, holding switch records alone, do in seconds at their default
+//! size (`KUBESHARE_HOOK_CUPTI_BUFFER_KB`).
 
 use crate::engine::Slices;
 use crate::real::real_dlsym;
 use crate::state::lock;
+use std::alloc::Layout;
 use std::ffi::c_void;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
@@ -38,9 +40,6 @@ use std::time::Duration;
 const KIND_CTX_SWITCH: u32 = 57;
 /// `CUPTI_ACTIVITY_FLAG_FLUSH_FORCED`: hand over the buffers being filled too.
 const FLUSH_FORCED: u32 = 1;
-/// The hook's own buffers (a forced flush hands each one back, mostly empty).
-const BUFFER_BYTES: usize = 64 << 10;
-const BUFFER_ALIGN: usize = 8;
 
 type WantFn = unsafe extern "C" fn(*mut *mut u8, *mut usize, *mut usize);
 type GotFn = unsafe extern "C" fn(*mut c_void, u32, *mut u8, usize, usize);
@@ -66,8 +65,8 @@ const ENDED: u8 = 2;
 
 /// The program's own buffer callbacks, once it registered them.
 static THEIRS: Mutex<Option<(WantFn, GotFn)>> = Mutex::new(None);
-/// The hook's own buffers handed to CUPTI and not yet back (addresses).
-static OURS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+/// The hook's own buffers handed to CUPTI and not yet back (address, layout).
+static OURS: Mutex<Vec<(usize, Layout)>> = Mutex::new(Vec::new());
 static SLICES: Mutex<Option<Slices>> = Mutex::new(None);
 static FLUSHER_STOP: AtomicBool = AtomicBool::new(false);
 /// This process's contexts (as the hook noted them) and their CUPTI ids.
@@ -281,24 +280,26 @@ extern "C" fn stop_flushing() {
     FLUSHER_STOP.store(true, Ordering::Release);
 }
 
-/// CUPTI asks for a buffer: the program's callback gives it where it registered one.
+/// CUPTI asks for a buffer: the program's callback gives it where it registered one, else the
+/// hook's, `KUBESHARE_HOOK_CUPTI_BUFFER_KB` long (a forced flush hands each one back mostly
+/// empty, an unforced one only when full: the smaller, the sooner), 8-aligned as CUPTI asks.
 unsafe extern "C" fn want_buffer(buf: *mut *mut u8, size: *mut usize, max_records: *mut usize) {
     let theirs = *lock(&THEIRS);
     if let Some((want, _)) = theirs {
         // SAFETY: the program's callback, with CUPTI's own out-parameters.
         return unsafe { want(buf, size, max_records) };
     }
-    let layout = std::alloc::Layout::from_size_align(BUFFER_BYTES, BUFFER_ALIGN)
-        .expect("a constant, valid layout");
-    // SAFETY: a layout of non-zero size.
+    let layout = Layout::from_size_align(crate::config::settings().cupti_buffer_bytes, 8)
+        .expect("at most 16 MiB, a valid layout");
+    // SAFETY: a layout of non-zero size (the setting is at least 1 KiB).
     let p = unsafe { std::alloc::alloc(layout) };
     if !p.is_null() {
-        lock(&OURS).push(p as usize);
+        lock(&OURS).push((p as usize, layout));
     }
     // SAFETY: CUPTI's out-parameters, valid for the call.
     unsafe {
         *buf = p;
-        *size = if p.is_null() { 0 } else { BUFFER_BYTES };
+        *size = if p.is_null() { 0 } else { layout.size() };
         *max_records = 0;
     }
 }
@@ -318,14 +319,12 @@ unsafe extern "C" fn got_buffer(
     let ours = {
         let mut o = lock(&OURS);
         o.iter()
-            .position(|p| *p == buf as usize)
+            .position(|(p, _)| *p == buf as usize)
             .map(|i| o.swap_remove(i))
     };
     // Copied out: the program's callback runs without the hook's lock held.
     let theirs = *lock(&THEIRS);
-    if ours.is_some() {
-        let layout = std::alloc::Layout::from_size_align(BUFFER_BYTES, BUFFER_ALIGN)
-            .expect("a constant, valid layout");
+    if let Some((_, layout)) = ours {
         // SAFETY: allocated in `want_buffer` with this layout, and CUPTI is done with it.
         unsafe { std::alloc::dealloc(buf, layout) };
     } else if let Some((_, got)) = theirs {
