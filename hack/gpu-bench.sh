@@ -14,7 +14,8 @@
 # --mix runs hack/gpu/mix.py: mixes of different workloads (capped beside elastic, four at
 # 0.1-0.4, with and without co-running), each tenant's GPU time read from the GPU's clock;
 # with MIX_CUPTI naming a CUPTI 13.2 or later (a folder with include/ and lib/, such as
-# nvidia/cu13 from the nvidia-cuda-cupti wheel), from each context's own time slices.
+# nvidia/cu13 from the nvidia-cuda-cupti wheel), from each context's own time slices;
+# with MIX_READING=rates, steps and latencies only (nothing traced).
 #
 # DIR (default .device-carry/gemhook) holds libgemhook.so.1 and gem-schd; when missing they are built
 # here (`make hook-release`, which needs cargo). Current figures: docs/benchmarks.md.
@@ -56,7 +57,13 @@ if [ "$share" = 1 ]; then
   exec timeout "${BENCH_TIMEOUT:-560}" python3 hack/gpu/share.py "$art" "$out" "${scenarios[@]}"
 fi
 if [ "$mix" = 1 ]; then
-  if [ -n "${MIX_CUPTI:-}" ]; then
+  if [ -n "${MIX_CUPTI:-}" ] && [ "${MIX_READING:-}" = rates ]; then
+    # Nothing traced (hack/gpu/mix.py): with MIX_ENGINE=1 the hook reads engine time into its
+    # own buffers (KUBESHARE_HOOK_CUPTI_BUFFER_KB), as it does in a pod without a profiler.
+    if [ "${MIX_ENGINE:-0}" = 1 ]; then
+      export KUBESHARE_HOOK_CUPTI=$(realpath "$MIX_CUPTI")/lib/libcupti.so.13
+    fi
+  elif [ -n "${MIX_CUPTI:-}" ]; then
     # CUPTI 13.2+ (include/, lib/libcupti.so.13): each tenant's GPU time from its own time
     # slices (hack/gpu/gputrace.cu) instead of torch.profiler's records.
     lib=$(mktemp -d)/libgputrace.so

@@ -37,6 +37,9 @@ whose first kernel came late into the timed run is flagged `late_start`; a synci
 ran (`slowest_steps`). `targets` judges the project's targets for mixes on the scenarios run
 (`native`, `colocated` and `mps` give the bars they are judged against when run together).
 Prints one JSON table; OUT/mix.json holds it, and OUT/mix-raw.json every tenant's intervals.
+With MIX_READING=rates the tenants trace nothing: steps, latencies, gem-schd's charges and the
+hook's engine time only, for the hook's own CUPTI buffers, which a tracer's would replace; no
+targets are judged (`_reading`).
 
 Scenarios:
   native          each workload alone, no hook: steps/s, GPU busy fraction, decode latency
@@ -81,6 +84,8 @@ PAIRS = [("gpt", "decode"), ("conv", "elem"), ("long", "attn")]
 # (the slowest first kernel of a run started together, on an H200: 0.14 s, conv).
 LATE_START_S = 0.5
 FOUR = [("conv", 0.1), ("matmul", 0.2), ("elem", 0.3), ("encoder", 0.4)]
+# MIX_READING=rates: the tenants trace nothing (mix_tenant.py), so every GPU-time figure reads 0.
+RATES = "rates: steps and latencies only, no GPU time read"
 
 
 class MixBench(ShareBench):
@@ -431,7 +436,8 @@ def shared_run(b, clients, raw, key, extra=(), idle=()):
         # the hook's spin after a Soon, for one).
         if r.get("cpu_s") is not None:
             f["cpu_cores"] = round(r["cpu_s"] / SECONDS, 3)
-        if f["first_kernel_s"] is None or f["first_kernel_s"] > LATE_START_S:
+        late = f["first_kernel_s"] is None or f["first_kernel_s"] > LATE_START_S
+        if late and f["reading"] != "rates":
             f["late_start"] = True
             log(f"{key}: {lbl}'s first kernel came {f['first_kernel_s']} s into the run")
         row[lbl] = f
@@ -667,7 +673,9 @@ def four_targets(table):
 
 def targets(table):
     """The project's targets for mixes, judged on the scenarios in `table` (one run, one host):
-    [{"row", "target", "measured", "met"}]."""
+    [{"row", "target", "measured", "met"}]; none where no GPU time was read (MIX_READING=rates)."""
+    if table.get("_reading") == RATES:
+        return []
     return pair_targets(table) + four_targets(table)
 
 
@@ -692,11 +700,15 @@ def tenant_brief(name, t):
     """One tenant's figures in a few words: GPU time (gem-schd's charge), its rate, decode's
     p99 / max, its co-holds of its grants, its longest wait for the token."""
     words = [name]
-    if "gpu" in t:
-        words.append(f"{t['gpu']:.3f}" + (f" ({t['charged']:.3f})" if t.get("charged") is not None else ""))
+    charged = f" ({t['charged']:.3f})" if t.get("charged") is not None else ""
+    rates_only = t.get("reading") == "rates"
+    if rates_only:
+        words.append(f"untraced{charged}")
+    elif "gpu" in t:
+        words.append(f"{t['gpu']:.3f}{charged}")
     if "lat_p99_ms" in t:
         words.append(f"p99 {t['lat_p99_ms']:.2f} max {t.get('lat_max_ms', 0):.1f} ms")
-    elif "steps_per_s" in t:
+    if "steps_per_s" in t and (rates_only or "lat_p99_ms" not in t):
         words.append(f"{t['steps_per_s']:g}/s")
     holds = t.get("holds")
     if holds and holds["co_holds"]["n"]:
@@ -748,6 +760,8 @@ def main():
     under_mps = os.environ.get("MIX_MPS") == "1"
     if under_mps:
         table["_mps"] = "every tenant an MPS client, gem-schd's tokens gating its launches"
+    if os.environ.get("MIX_READING") == "rates":
+        table["_reading"] = RATES
     for name in which:
         t0 = time.time()
         try:

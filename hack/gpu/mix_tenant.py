@@ -12,7 +12,10 @@ one's records also span the other's slices; with MIX_GPUTRACE naming a build of 
 switches: the result then also carries `held`, the intervals this context held the engine (on
 the switch records' own clock), and mix.py keeps only the part of the records inside them
 (slices.py). Nothing here reads gem-schd or the hook: the figures are independent of
-what the scheduler charges. The result carries the union of this process's kernel intervals
+what the scheduler charges. With MIX_READING=rates nothing is traced (no records, `reading`
+"rates"): only the steps and latencies, for a run where a tracer in the process would change
+what is measured (the hook's own CUPTI buffers are used only where no tracer registers
+its own). The result carries the union of this process's kernel intervals
 as [[start s, end s]] relative to start_at (merged where they touch, to keep it small), the
 steps done, and for `decode` each token's latency.
 
@@ -29,6 +32,7 @@ convolutions, attention, elementwise):
 """
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -40,6 +44,7 @@ import time
 # whose own, older one would otherwise be bound first and refuse the context-switch records.
 SLICES = (ctypes.CDLL(os.environ["MIX_GPUTRACE"], mode=ctypes.RTLD_GLOBAL)
           if os.environ.get("MIX_GPUTRACE") else None)
+RATES_ONLY = os.environ.get("MIX_READING") == "rates"
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -321,7 +326,12 @@ def main():
     wall_ns, mono_ns = time.time_ns(), time.monotonic_ns()
     # The trace starts before `ready`, so that however long it takes to start is not spent
     # inside the timed run (`profiler_start_s` says how long).
-    trace = SliceTrace(SLICES) if SLICES else profile(activities=[ProfilerActivity.CUDA])
+    if RATES_ONLY:
+        trace = contextlib.nullcontext()
+    elif SLICES:
+        trace = SliceTrace(SLICES)
+    else:
+        trace = profile(activities=[ProfilerActivity.CUDA])
     with trace:
         profiler_start_s = round(time.time() - wall_ns / 1e9, 3)
         emit({"ready": True})
@@ -347,7 +357,10 @@ def main():
         torch.cuda.synchronize()
         cpu_s = round(time.process_time() - cpu0, 3)
     reading = {"reading": "records"}
-    if SLICES:
+    if RATES_ONLY:
+        records, launched = [], []
+        reading = {"reading": "rates"}
+    elif SLICES:
         spans, returned, held = trace.read()
         records, launched = kernel_intervals(spans, returned, base_ns)
         reading.update(switches=trace.switches, dropped=trace.dropped, enabled=trace.enabled)

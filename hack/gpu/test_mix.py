@@ -145,3 +145,21 @@ class Brief(unittest.TestCase):
             "four: conv 0.060 (0.100) | busy 0.880",
             "mps: RuntimeError('no server')",
         ])
+
+
+class RatesOnly(unittest.TestCase):
+    def test_untraced_tenants_give_rates_and_no_targets(self):
+        pair = {"gpt": {"gpu": 0.0, "min_5s": 0.0, "charged": 0.497, "steps_per_s": 23.6,
+                        "request": 0.5, "limit": 0.5, "work": "gpt", "reading": "rates"},
+                "decode": {"gpu": 0.0, "min_5s": 0.0, "charged": 0.6, "steps_per_s": 2500.0,
+                           "lat_p99_ms": 2.5, "lat_max_ms": 11.4, "request": 0.5, "limit": 1.0,
+                           "work": "decode", "reading": "rates"}}
+        table = {"capped_elastic": {"gpt+decode": pair}}
+        # Read as GPU time, the zeros would miss every floor.
+        self.assertTrue(mix.targets(table))
+        table["_reading"] = mix.RATES
+        self.assertEqual(mix.targets(table), [])
+        self.assertEqual(mix.brief(table), [
+            "capped_elastic gpt+decode: gpt untraced (0.497) 23.6/s"
+            " | decode untraced (0.600) p99 2.50 max 11.4 ms 2500/s",
+        ])
