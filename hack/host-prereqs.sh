@@ -2,8 +2,9 @@
 # The host packages `make test` needs besides Rust and Go: tools of the local control plane
 # (jq, openssl, curl, ss, flock, setsid) and of the real node it runs on this machine
 # (containerd, runc, the CNI plugins, umoci and busybox-static for its images, iptables,
-# conntrack, unshare, nsenter, gcc for the static pause binary). Installs the missing ones
-# with apt-get (Debian, Ubuntu). Not root: prints the one command to run as root, and fails.
+# conntrack, unshare, nsenter, gcc for the static pause binary), and numpy for the GPU
+# harness's analysis tests where no python3 has it. Installs the missing ones with apt-get
+# (Debian, Ubuntu). Not root: prints the one command to run as root, and fails.
 # `make host-prereqs` and .ci/run call it; `make test` runs it first.
 #   hack/host-prereqs.sh [--check]     --check: only report, never install
 set -euo pipefail
@@ -21,6 +22,9 @@ for t in "${tools[@]}"; do
 done
 # The real node's bridge network (hack/node.sh) uses the CNI plugins from this package.
 [[ -x /usr/lib/cni/bridge ]] || add containernetworking-plugins
+# The GPU harness's analysis tests (hack/gpu/harness-test.sh) need a python3 with numpy.
+python3 -c 'import numpy' >/dev/null 2>&1 || /usr/bin/python3 -c 'import numpy' >/dev/null 2>&1 ||
+  add python3-numpy
 
 ((${#missing[@]})) || exit 0
 if [[ ${1-} == --check ]]; then

@@ -96,10 +96,6 @@ class Waits(unittest.TestCase):
         self.assertAlmostEqual(d["p50_ms"], 9.0, places=1)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class Engine(unittest.TestCase):
     def test_engine_time_above_the_wall_time_is_flagged(self):
         def busy(at, client, engine):
@@ -163,3 +159,7 @@ class RatesOnly(unittest.TestCase):
             "capped_elastic gpt+decode: gpt untraced (0.497) 23.6/s"
             " | decode untraced (0.600) p99 2.50 max 11.4 ms 2500/s",
         ])
+
+
+if __name__ == "__main__":
+    unittest.main()
