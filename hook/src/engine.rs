@@ -28,10 +28,10 @@
 //! (its switch out sat in a buffer that filled no more while it idled). What was counted past
 //! a switch out stays counted, and no instant of a context is counted twice: its later slices
 //! count only past what was counted. So a late end makes the reports err high, never low, and
-//! they never sum to more than the time that passed. (Taking the excess back from the next reports
-//! would make them err low: gem-schd keeps engine time reported outside a co-hold in a ledger
-//! that the client's turns pay off too, so what a turn paid would be taken back twice, and the
-//! co-holds after it charged less than the engine time they held.)
+//! they never sum to more than the time that passed. (Taking the excess back from the next
+//! reports would make them err low: gem-schd keeps engine time reported outside a co-hold in a
+//! ledger that the client's turns pay off too, so what a turn paid would be taken back twice,
+//! and the co-holds after it charged less than the engine time they held.)
 //!
 //! This file is the pure bookkeeping; it is unit-tested without a GPU.
 
@@ -184,14 +184,11 @@ impl Slices {
                 held = held.saturating_add(d);
             }
         }
-        let open: Vec<Open> = self
-            .open
-            .iter()
-            .filter(|o| own.contains(&o.ctx))
-            .copied()
-            .collect();
-        for o in open {
-            held = held.saturating_add(self.count(o.ctx, o.start, now));
+        for i in 0..self.open.len() {
+            let o = self.open[i];
+            if own.contains(&o.ctx) {
+                held = held.saturating_add(self.count(o.ctx, o.start, now));
+            }
         }
         held
     }
