@@ -43,27 +43,48 @@ pub const SWITCHED_OUT: u32 = 2;
 /// (the offset drifts by 3-14 µs a second on H200 hosts).
 const OFFSET_KEPT_NS: u64 = 2_000_000_000;
 
-/// A context's slice that has started and not yet ended.
+/// One context's books (records' clock).
 #[derive(Debug, Clone, Copy)]
-struct Open {
-    ctx: u32,
-    start: u64,
+struct Context {
+    id: u32,
+    /// Its newest record booked.
+    newest: u64,
+    /// Where its slice started, while one is open.
+    open: Option<u64>,
+    /// Up to when its time is counted: nothing before is counted again.
+    counted_to: u64,
+    /// Its ended slices' time not yet reported, ns.
+    done: u64,
+}
+
+impl Context {
+    /// Counts its time from `from` to `to`, less what was counted of it already.
+    fn count(&mut self, from: u64, to: u64) -> u64 {
+        let from = from.max(self.counted_to);
+        if to <= from {
+            return 0;
+        }
+        self.counted_to = to;
+        to - from
+    }
+
+    /// Its open slice, if any, ended at `end`.
+    fn close(&mut self, end: u64) {
+        if let Some(start) = self.open.take() {
+            let d = self.count(start, end);
+            self.done = self.done.saturating_add(d);
+        }
+    }
 }
 
 /// The books of the engine time held.
 #[derive(Debug, Default)]
 pub struct Slices {
-    open: Vec<Open>,
-    /// Per context, ended slices' time not yet reported, ns.
-    done: Vec<(u32, u64)>,
-    /// Per context, up to when its time is counted (records' clock): nothing before is
-    /// counted again.
-    counted_to: Vec<(u32, u64)>,
+    /// Every context named by a switch record so far.
+    contexts: Vec<Context>,
     /// Lower bounds on (records' clock − CUPTI's clock), the newest and the one before,
     /// each with when it was taken (CUPTI's clock).
     offset: [Option<(i64, u64)>; 2],
-    /// Per context, its newest record booked (records' clock).
-    newest: Vec<(u32, u64)>,
     /// The contexts named by records so far (the first few), for the log.
     seen: Vec<u32>,
 }
@@ -83,59 +104,39 @@ impl Slices {
         if op != SWITCHED_IN && op != SWITCHED_OUT {
             return;
         }
-        let before = match self.newest.iter_mut().find(|(c, _)| *c == ctx) {
-            Some((_, n)) if ts < *n => return,
-            Some((_, n)) => Some(std::mem::replace(n, ts)),
+        let (c, before) = match self.contexts.iter_mut().position(|c| c.id == ctx) {
+            Some(i) => {
+                let c = &mut self.contexts[i];
+                if ts < c.newest {
+                    return;
+                }
+                let before = std::mem::replace(&mut c.newest, ts);
+                (c, Some(before))
+            }
             None => {
-                self.newest.push((ctx, ts));
-                None
+                self.contexts.push(Context {
+                    id: ctx,
+                    newest: ts,
+                    open: None,
+                    counted_to: 0,
+                    done: 0,
+                });
+                (self.contexts.last_mut().expect("just pushed"), None)
             }
         };
-        let i = self.open.iter().position(|o| o.ctx == ctx);
         if op == SWITCHED_IN {
             // A START without the END before it (a dropped record): the slice ran to here.
-            if let Some(i) = i {
-                self.close(i, ts);
-            }
-            self.open.push(Open { ctx, start: ts });
-            return;
-        }
-        match i {
-            Some(i) => self.close(i, ts),
+            c.close(ts);
+            c.open = Some(ts);
+        } else if c.open.is_some() {
+            c.close(ts);
+        } else if let Some(from) = before {
             // Its switch in came in a buffer not yet read, or was lost: held since its record
             // before this one at most. As its first record, held since before the records were
             // turned on, which cannot be told on their clock where they come late: not counted.
-            None => {
-                if let Some(from) = before {
-                    let d = self.count(ctx, from, ts);
-                    add_to(&mut self.done, ctx, d);
-                }
-            }
+            let d = c.count(from, ts);
+            c.done = c.done.saturating_add(d);
         }
-    }
-
-    fn close(&mut self, i: usize, end: u64) {
-        let o = self.open.swap_remove(i);
-        let d = self.count(o.ctx, o.start, end);
-        add_to(&mut self.done, o.ctx, d);
-    }
-
-    /// Counts `ctx`'s time from `from` to `to`, less what was counted of it already.
-    fn count(&mut self, ctx: u32, from: u64, to: u64) -> u64 {
-        let i = match self.counted_to.iter().position(|(c, _)| *c == ctx) {
-            Some(i) => i,
-            None => {
-                self.counted_to.push((ctx, 0));
-                self.counted_to.len() - 1
-            }
-        };
-        let upto = &mut self.counted_to[i].1;
-        let from = from.max(*upto);
-        if to <= from {
-            return 0;
-        }
-        *upto = to;
-        to - from
     }
 
     /// A buffer whose newest switch record is `newest` (records' clock) came at `at` (CUPTI's
@@ -179,26 +180,17 @@ impl Slices {
     pub fn take(&mut self, now: u64, own: &[u32]) -> u64 {
         let now = self.to_records_clock(now);
         let mut held = 0u64;
-        for (ctx, d) in self.done.drain(..) {
-            if own.contains(&ctx) {
-                held = held.saturating_add(d);
+        for c in &mut self.contexts {
+            let done = std::mem::take(&mut c.done);
+            if !own.contains(&c.id) {
+                continue;
             }
-        }
-        for i in 0..self.open.len() {
-            let o = self.open[i];
-            if own.contains(&o.ctx) {
-                held = held.saturating_add(self.count(o.ctx, o.start, now));
+            held = held.saturating_add(done);
+            if let Some(start) = c.open {
+                held = held.saturating_add(c.count(start, now));
             }
         }
         held
-    }
-}
-
-/// Adds `t` to `ctx`'s entry of `book`.
-fn add_to(book: &mut Vec<(u32, u64)>, ctx: u32, t: u64) {
-    match book.iter_mut().find(|(c, _)| *c == ctx) {
-        Some((_, d)) => *d = d.saturating_add(t),
-        None => book.push((ctx, t)),
     }
 }
 
