@@ -57,27 +57,25 @@ if [ "$share" = 1 ]; then
   exec timeout "${BENCH_TIMEOUT:-560}" python3 hack/gpu/share.py "$art" "$out" "${scenarios[@]}"
 fi
 if [ "$mix" = 1 ]; then
-  if [ -n "${MIX_CUPTI:-}" ] && [ "${MIX_READING:-}" = rates ]; then
-    # Nothing traced (hack/gpu/mix.py): with MIX_ENGINE=1 the hook reads engine time into its
-    # own buffers (KUBESHARE_HOOK_CUPTI_BUFFER_KB), as it does in a pod without a profiler.
-    if [ "${MIX_ENGINE:-0}" = 1 ]; then
-      export KUBESHARE_HOOK_CUPTI=$(realpath "$MIX_CUPTI")/lib/libcupti.so.13
-    fi
-  elif [ -n "${MIX_CUPTI:-}" ]; then
-    # CUPTI 13.2+ (include/, lib/libcupti.so.13): each tenant's GPU time from its own time
-    # slices (hack/gpu/gputrace.cu) instead of torch.profiler's records.
-    lib=$(mktemp -d)/libgputrace.so
+  if [ -n "${MIX_CUPTI:-}" ]; then
     cupti=$(realpath "$MIX_CUPTI")
-    nvcc -O2 -shared -Xcompiler -fPIC -I "$cupti/include" -o "$lib" hack/gpu/gputrace.cu \
-      -L "$cupti/lib" -l:libcupti.so.13 -Xlinker -rpath="$cupti/lib"
-    export MIX_GPUTRACE=$lib
-    # With MIX_ENGINE=1 the hook reads its tenant's engine time from the same CUPTI (docs/hook.md).
-    # With the hook's forced flushes (its default) it costs more than it gains there; unforced
-    # (KUBESHARE_HOOK_CUPTI_FLUSH_FORCED=0) with small buffers it gained a few points
-    # (docs/benchmarks.md, "Engine time").
-    # Each of its flushes also retires gputrace's buffer: small ones (GPUTRACE_BUFFER_KB)
-    # keep that cheap.
+    if [ "${MIX_READING:-}" != rates ]; then
+      # CUPTI 13.2+ (include/, lib/libcupti.so.13): each tenant's GPU time from its own time
+      # slices (hack/gpu/gputrace.cu) instead of torch.profiler's records.
+      lib=$(mktemp -d)/libgputrace.so
+      nvcc -O2 -shared -Xcompiler -fPIC -I "$cupti/include" -o "$lib" hack/gpu/gputrace.cu \
+        -L "$cupti/lib" -l:libcupti.so.13 -Xlinker -rpath="$cupti/lib"
+      export MIX_GPUTRACE=$lib
+    fi
     if [ "${MIX_ENGINE:-0}" = 1 ]; then
+      # With MIX_ENGINE=1 the hook reads its tenant's engine time from the same CUPTI
+      # (docs/hook.md); with MIX_READING=rates nothing is traced, so the records go into the
+      # hook's own buffers (KUBESHARE_HOOK_CUPTI_BUFFER_KB), as in a pod without a profiler.
+      # With the hook's forced flushes (its default) it costs more than it gains; unforced
+      # (KUBESHARE_HOOK_CUPTI_FLUSH_FORCED=0) with small buffers it moves GPU time from an
+      # elastic neighbour to the capped tenant (docs/benchmarks.md, "Engine time").
+      # Each of its flushes also retires gputrace's buffer: small ones (GPUTRACE_BUFFER_KB)
+      # keep that cheap.
       export KUBESHARE_HOOK_CUPTI=$cupti/lib/libcupti.so.13
       export GPUTRACE_BUFFER_KB=${GPUTRACE_BUFFER_KB:-256}
     fi
