@@ -112,6 +112,24 @@ fn ctx_device() -> Option<usize> {
         .flatten()
 }
 
+/// The device of context `ctx` (one the program made current or retained), made current on
+/// this thread for the question if it is not; `None` if the driver no longer knows it.
+pub fn context_device(ctx: usize) -> Option<usize> {
+    if DEVICE_COUNT.load(Ordering::Relaxed) == 1 {
+        return Some(0);
+    }
+    if ctx == current_ctx() {
+        return ctx_device();
+    }
+    if real!(cuCtxPushCurrent_v2, ctx as CUcontext) != CUDA_SUCCESS {
+        return None;
+    }
+    let d = ctx_device();
+    let mut popped: CUcontext = std::ptr::null_mut();
+    let _ = real!(cuCtxPopCurrent_v2, &mut popped);
+    d
+}
+
 /// Waits for all work this process queued on device `dev`, in every context it uses there
 /// (not only the calling thread's: another thread may launch in another context). Done in
 /// relaxed capture mode, so that it cannot invalidate a CUDA-graph capture in another thread.
@@ -383,7 +401,7 @@ fn acquire(dev: usize, stream: CUstream) {
             return; // another thread renewed it, or the device runs unmanaged for now
         }
         let (overuse_us, burst_us) = if g.holding.load(Ordering::Acquire) {
-            crate::timing::report(g, &mut t);
+            crate::timing::report(dev, &mut t);
             let noticed = precise_ns();
             if let Some(quota_us) = renew(dev, g, &mut t) {
                 start_hold(dev, g, &mut t, quota_us, true);
@@ -406,7 +424,7 @@ fn acquire(dev: usize, stream: CUstream) {
                 return;
             }
         }
-        crate::timing::report(g, &mut t);
+        crate::timing::report(dev, &mut t);
         let Some(c) = t.client.as_mut() else { continue };
         let asked = precise_ns();
         let gated = crate::gate::usable(c);
@@ -622,6 +640,7 @@ fn start_hold_from(
     renewed: bool,
 ) -> u64 {
     crate::timing::granted(g);
+    crate::cupti::resumed(dev, precise_ns().saturating_sub(since_ns));
     crate::park::new_hold(g);
     t.grant_ns = since_ns;
     t.quota_us = quota_us;
@@ -791,6 +810,8 @@ fn end_hold(dev: usize, g: &Gpu, t: &mut Token, noticed: u64) -> (u64, u64) {
         );
     } else {
         drain(dev);
+        // Nothing of the process runs on the device until its next hold.
+        crate::cupti::idle(dev);
     }
     g.holding.store(false, Ordering::Release);
     let used_ns = precise_ns().saturating_sub(t.grant_ns);

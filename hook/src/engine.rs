@@ -23,15 +23,19 @@
 //! the slices it moved; a context already in when the records were turned on loses its first
 //! slice's time.
 //!
-//! Where the records come late, a slice counted up to now may have ended already: with flushes
-//! that hand back only full buffers, batch-1 decode's first report after idling 5 s read 5.5 s
-//! (its switch out sat in a buffer that filled no more while it idled). What was counted past
-//! a switch out stays counted, and no instant of a context is counted twice: its later slices
-//! count only past what was counted. So a late end makes the reports err high, never low, and
-//! they never sum to more than the time that passed. (Taking the excess back from the next
-//! reports would make them err low: gem-schd keeps engine time reported outside a co-hold in a
-//! ledger that the client's turns pay off too, so what a turn paid would be taken back twice,
-//! and the co-holds after it charged less than the engine time they held.)
+//! An idle context can stay switched in until another one switches in, and that switch out may
+//! come seconds later (with flushes that hand back only full buffers, batch-1 decode's first
+//! report after idling 5 s read 3.2-5.5 s on H200s). So the hook names the spells in which its
+//! process runs nothing on a device (`Slices::idle` at a drained hold's end, `Slices::resumed`
+//! at the next hold), and no record counts time inside one.
+//!
+//! Where the records come late, a slice counted up to now may have ended already. What was
+//! counted past a switch out stays counted, and no instant of a context is counted twice: its
+//! later slices count only past what was counted. So a late end makes the reports err high,
+//! never low, and they never sum to more than the time that passed. (Taking the excess back
+//! from the next reports would make them err low: gem-schd keeps engine time reported outside
+//! a co-hold in a ledger that the client's turns pay off too, so what a turn paid would be
+//! taken back twice, and the co-holds after it charged less than the engine time they held.)
 //!
 //! This file is the pure bookkeeping; it is unit-tested without a GPU.
 
@@ -43,29 +47,55 @@ pub const SWITCHED_OUT: u32 = 2;
 /// (the offset drifts by 3-14 µs a second on H200 hosts).
 const OFFSET_KEPT_NS: u64 = 2_000_000_000;
 
+/// How many idle spells a context keeps (the oldest goes first); a spell ends a few ms to
+/// seconds before the records that close it come.
+const IDLE_KEPT: usize = 8;
+
 /// One context's books (records' clock).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Context {
     id: u32,
-    /// Its newest record booked.
-    newest: u64,
+    /// Its newest record booked (`None`: none yet, it was named idle first).
+    newest: Option<u64>,
     /// Where its slice started, while one is open.
     open: Option<u64>,
     /// Up to when its time is counted: nothing before is counted again.
     counted_to: u64,
     /// Its ended slices' time not yet reported, ns.
     done: u64,
+    /// Spells in which its process ran nothing on the device (`u64::MAX`: not yet over), not
+    /// counted whatever the records say: an idle context may stay switched in.
+    idle: Vec<(u64, u64)>,
 }
 
 impl Context {
-    /// Counts its time from `from` to `to`, less what was counted of it already.
+    fn new(id: u32) -> Self {
+        Context {
+            id,
+            newest: None,
+            open: None,
+            counted_to: 0,
+            done: 0,
+            idle: Vec::new(),
+        }
+    }
+
+    /// Counts its time from `from` to `to`, less what was counted of it already and its idle
+    /// spells.
     fn count(&mut self, from: u64, to: u64) -> u64 {
         let from = from.max(self.counted_to);
         if to <= from {
             return 0;
         }
         self.counted_to = to;
-        to - from
+        let idle: u64 = self
+            .idle
+            .iter()
+            .map(|&(a, b)| b.min(to).saturating_sub(a.max(from)))
+            .sum();
+        // Spells wholly counted past are done with.
+        self.idle.retain(|&(_, b)| b > to);
+        (to - from).saturating_sub(idle)
     }
 
     /// Its open slice, if any, ended at `end`.
@@ -104,26 +134,11 @@ impl Slices {
         if op != SWITCHED_IN && op != SWITCHED_OUT {
             return;
         }
-        let (c, before) = match self.contexts.iter_mut().position(|c| c.id == ctx) {
-            Some(i) => {
-                let c = &mut self.contexts[i];
-                if ts < c.newest {
-                    return;
-                }
-                let before = std::mem::replace(&mut c.newest, ts);
-                (c, Some(before))
-            }
-            None => {
-                self.contexts.push(Context {
-                    id: ctx,
-                    newest: ts,
-                    open: None,
-                    counted_to: 0,
-                    done: 0,
-                });
-                (self.contexts.last_mut().expect("just pushed"), None)
-            }
-        };
+        let c = self.context(ctx);
+        if c.newest.is_some_and(|n| ts < n) {
+            return;
+        }
+        let before = c.newest.replace(ts);
         if op == SWITCHED_IN {
             // A START without the END before it (a dropped record): the slice ran to here.
             c.close(ts);
@@ -136,6 +151,46 @@ impl Slices {
             // turned on, which cannot be told on their clock where they come late: not counted.
             let d = c.count(from, ts);
             c.done = c.done.saturating_add(d);
+        }
+    }
+
+    /// The books of context `ctx`, new ones empty.
+    fn context(&mut self, ctx: u32) -> &mut Context {
+        let i = match self.contexts.iter().position(|c| c.id == ctx) {
+            Some(i) => i,
+            None => {
+                self.contexts.push(Context::new(ctx));
+                self.contexts.len() - 1
+            }
+        };
+        &mut self.contexts[i]
+    }
+
+    /// From `at` (CUPTI's clock) the process runs nothing in contexts `ids`: it released the
+    /// token idle, its queue drained. Until [`Slices::resumed`], their records count nothing,
+    /// not even a slice still open: an idle context can stay switched in until another
+    /// context switches in, and that switch out may come seconds later.
+    pub fn idle(&mut self, at: u64, ids: &[u32]) {
+        let at = self.to_records_clock(at);
+        for &id in ids {
+            let c = self.context(id);
+            if c.idle.last().is_some_and(|&(_, end)| end == u64::MAX) {
+                continue;
+            }
+            if c.idle.len() == IDLE_KEPT {
+                c.idle.remove(0);
+            }
+            c.idle.push((at, u64::MAX));
+        }
+    }
+
+    /// Contexts `ids` may run work again from `at` (CUPTI's clock): their idle spell ends.
+    pub fn resumed(&mut self, at: u64, ids: &[u32]) {
+        let at = self.to_records_clock(at);
+        for c in self.contexts.iter_mut().filter(|c| ids.contains(&c.id)) {
+            if let Some(spell) = c.idle.last_mut().filter(|(_, end)| *end == u64::MAX) {
+                spell.1 = at.max(spell.0);
+            }
         }
     }
 
@@ -174,18 +229,21 @@ impl Slices {
         (t as i128 + self.offset() as i128).clamp(0, u64::MAX as i128) as u64
     }
 
-    /// The engine time contexts `own` held since the last call, ns, with slices still open
-    /// counted up to `now` (CUPTI's clock) as the records' clock reads it at most. Other
-    /// contexts' ended slices are dropped.
-    pub fn take(&mut self, now: u64, own: &[u32]) -> u64 {
+    /// The engine time contexts `ids` held since the last call, ns, with slices still open
+    /// counted up to `now` (CUPTI's clock) as the records' clock reads it at most. The ended
+    /// slices of contexts not the process's (not in `process`) are dropped; those of its other
+    /// contexts (on other devices) wait for their own call.
+    pub fn take(&mut self, now: u64, ids: &[u32], process: &[u32]) -> u64 {
         let now = self.to_records_clock(now);
         let mut held = 0u64;
         for c in &mut self.contexts {
-            let done = std::mem::take(&mut c.done);
-            if !own.contains(&c.id) {
+            if !ids.contains(&c.id) {
+                if !process.contains(&c.id) {
+                    c.done = 0;
+                }
                 continue;
             }
-            held = held.saturating_add(done);
+            held = held.saturating_add(std::mem::take(&mut c.done));
             if let Some(start) = c.open {
                 held = held.saturating_add(c.count(start, now));
             }
@@ -203,6 +261,11 @@ mod tests {
     /// The contexts of this process in these tests.
     const OWN: &[u32] = &[1, 2, 3, 7, 9];
 
+    /// The time contexts `ids` held, all of them the process's.
+    fn take(s: &mut Slices, now: u64, ids: &[u32]) -> u64 {
+        s.take(now, ids, ids)
+    }
+
     #[test]
     fn only_the_processs_own_contexts_count() {
         // Context 5 is another process's: its slices between this one's are not this one's.
@@ -212,13 +275,13 @@ mod tests {
         s.record(5, 12 * MS, SWITCHED_IN);
         s.record(5, 15 * MS, SWITCHED_OUT);
         s.record(5, 16 * MS, SWITCHED_IN);
-        assert_eq!(s.take(20 * MS, &[7]), 2 * MS);
+        assert_eq!(take(&mut s, 20 * MS, &[7]), 2 * MS);
         s.record(5, 21 * MS, SWITCHED_OUT);
-        assert_eq!(s.take(22 * MS, &[7]), 0);
+        assert_eq!(take(&mut s, 22 * MS, &[7]), 0);
         // Known later, its time since the last report counts.
         s.record(5, 23 * MS, SWITCHED_IN);
         s.record(5, 24 * MS, SWITCHED_OUT);
-        assert_eq!(s.take(25 * MS, &[5, 7]), MS);
+        assert_eq!(take(&mut s, 25 * MS, &[5, 7]), MS);
     }
 
     #[test]
@@ -228,8 +291,8 @@ mod tests {
         s.record(7, 12 * MS, SWITCHED_OUT);
         s.record(7, 20 * MS, SWITCHED_IN);
         s.record(7, 23 * MS, SWITCHED_OUT);
-        assert_eq!(s.take(30 * MS, OWN), 5 * MS);
-        assert_eq!(s.take(40 * MS, OWN), 0);
+        assert_eq!(take(&mut s, 30 * MS, OWN), 5 * MS);
+        assert_eq!(take(&mut s, 40 * MS, OWN), 0);
     }
 
     #[test]
@@ -237,10 +300,10 @@ mod tests {
         let mut s = Slices::new();
         s.record(7, 10 * MS, SWITCHED_IN);
         s.delivered(10 * MS, 10 * MS);
-        assert_eq!(s.take(14 * MS, OWN), 4 * MS);
-        assert_eq!(s.take(15 * MS, OWN), MS);
+        assert_eq!(take(&mut s, 14 * MS, OWN), 4 * MS);
+        assert_eq!(take(&mut s, 15 * MS, OWN), MS);
         s.record(7, 18 * MS, SWITCHED_OUT);
-        assert_eq!(s.take(19 * MS, OWN), 3 * MS);
+        assert_eq!(take(&mut s, 19 * MS, OWN), 3 * MS);
     }
 
     #[test]
@@ -249,14 +312,14 @@ mod tests {
         let mut s = Slices::new();
         s.record(7, 10 * MS, SWITCHED_IN);
         s.delivered(10 * MS, 12 * MS);
-        assert_eq!(s.take(14 * MS, OWN), 2 * MS);
+        assert_eq!(take(&mut s, 14 * MS, OWN), 2 * MS);
         s.record(7, 13 * MS, SWITCHED_OUT);
-        assert_eq!(s.take(16 * MS, OWN), MS);
+        assert_eq!(take(&mut s, 16 * MS, OWN), MS);
         // Ahead by 3 ms: a slice that started at 20 on the records' clock is at 1 ms at 18.
         let mut s = Slices::new();
         s.record(7, 20 * MS, SWITCHED_IN);
         s.delivered(20 * MS, 17 * MS);
-        assert_eq!(s.take(18 * MS, OWN), MS);
+        assert_eq!(take(&mut s, 18 * MS, OWN), MS);
     }
 
     #[test]
@@ -284,13 +347,13 @@ mod tests {
         // A second START of context 1: its slice ended there.
         s.record(1, 13 * MS, SWITCHED_IN);
         s.record(1, 14 * MS, SWITCHED_OUT);
-        assert_eq!(s.take(0, OWN), (2 + 2 + 1) * MS);
+        assert_eq!(take(&mut s, 0, OWN), (2 + 2 + 1) * MS);
         // Timestamps at the type's limits saturate, never wrap.
         s.record(3, u64::MAX, SWITCHED_IN);
         s.record(3, 0, SWITCHED_OUT);
         s.delivered(u64::MAX, 0);
         s.delivered(0, u64::MAX);
-        assert_eq!(s.take(u64::MAX, OWN), 0);
+        assert_eq!(take(&mut s, u64::MAX, OWN), 0);
     }
 
     #[test]
@@ -302,8 +365,8 @@ mod tests {
         // 12 ms, not from when the records were turned on, and the late switch in is dropped.
         s.record(7, 23 * MS, SWITCHED_OUT);
         s.record(7, 20 * MS, SWITCHED_IN);
-        assert_eq!(s.take(30 * MS, OWN), (2 + 11) * MS);
-        assert_eq!(s.take(40 * MS, OWN), 0);
+        assert_eq!(take(&mut s, 30 * MS, OWN), (2 + 11) * MS);
+        assert_eq!(take(&mut s, 40 * MS, OWN), 0);
     }
 
     #[test]
@@ -312,7 +375,7 @@ mod tests {
         s.record(7, 10 * MS, SWITCHED_IN);
         s.delivered(10 * MS, 10 * MS);
         // Counted up to 20 ms; the switch out at 12 ms comes after.
-        assert_eq!(s.take(20 * MS, OWN), 10 * MS);
+        assert_eq!(take(&mut s, 20 * MS, OWN), 10 * MS);
         s.record(7, 12 * MS, SWITCHED_OUT);
         // A slice inside what was counted already adds nothing; one across its end, its part
         // past it; later ones, all of their time.
@@ -320,12 +383,71 @@ mod tests {
         s.record(7, 17 * MS, SWITCHED_OUT);
         s.record(7, 19 * MS, SWITCHED_IN);
         s.record(7, 24 * MS, SWITCHED_OUT);
-        assert_eq!(s.take(25 * MS, OWN), 4 * MS);
+        assert_eq!(take(&mut s, 25 * MS, OWN), 4 * MS);
         s.record(7, 30 * MS, SWITCHED_IN);
         s.record(7, 36 * MS, SWITCHED_OUT);
-        assert_eq!(s.take(40 * MS, OWN), 6 * MS);
+        assert_eq!(take(&mut s, 40 * MS, OWN), 6 * MS);
         // In all 20 ms for the slices' 2 + 3 + 5 + 6: high by the 4 ms out between 12 and 20,
         // never low, and never more than the 40 ms that passed.
+    }
+
+    #[test]
+    fn an_idle_spell_counts_nothing_though_its_switch_out_comes_late() {
+        // Batch-1 decode: released idle at 12 ms with its context still in; another context
+        // switched in at 15 ms, but that switch out sits in a buffer until after it resumes.
+        let mut s = Slices::new();
+        s.record(7, 10 * MS, SWITCHED_IN);
+        s.delivered(10 * MS, 10 * MS);
+        assert_eq!(take(&mut s, 12 * MS, OWN), 2 * MS);
+        s.idle(12 * MS, &[7]);
+        s.resumed(5_000 * MS, &[7]);
+        assert_eq!(take(&mut s, 5_000 * MS, OWN), 0);
+        s.record(7, 15 * MS, SWITCHED_OUT);
+        s.record(7, 5_001 * MS, SWITCHED_IN);
+        s.record(7, 5_003 * MS, SWITCHED_OUT);
+        assert_eq!(take(&mut s, 5_004 * MS, OWN), 2 * MS);
+    }
+
+    #[test]
+    fn records_that_come_after_an_idle_spell_count_up_to_it() {
+        let mut s = Slices::new();
+        s.record(7, 2 * MS, SWITCHED_IN);
+        s.record(7, 4 * MS, SWITCHED_OUT);
+        assert_eq!(take(&mut s, 5 * MS, OWN), 2 * MS);
+        // A slice from 6 ms on, its records not yet come when the process goes idle at 8 ms.
+        s.idle(8 * MS, &[7]);
+        s.resumed(20 * MS, &[7]);
+        assert_eq!(take(&mut s, 20 * MS, OWN), 0);
+        s.record(7, 6 * MS, SWITCHED_IN);
+        s.record(7, 11 * MS, SWITCHED_OUT);
+        s.record(7, 21 * MS, SWITCHED_IN);
+        s.record(7, 22 * MS, SWITCHED_OUT);
+        assert_eq!(take(&mut s, 23 * MS, OWN), (2 + 1) * MS);
+        // A spell on a context the records have not named yet holds for it too.
+        s.idle(30 * MS, &[3]);
+        s.resumed(40 * MS, &[3]);
+        s.record(3, 35 * MS, SWITCHED_IN);
+        s.record(3, 42 * MS, SWITCHED_OUT);
+        assert_eq!(take(&mut s, 43 * MS, OWN), 2 * MS);
+    }
+
+    #[test]
+    fn contexts_on_another_device_wait_for_their_own_report() {
+        // Contexts 1 and 2 are this process's, on two devices; 5 is another process's.
+        let mut s = Slices::new();
+        for ctx in [1, 2, 5] {
+            s.record(ctx, 10 * MS, SWITCHED_IN);
+            s.record(ctx, 13 * MS, SWITCHED_OUT);
+        }
+        assert_eq!(s.take(20 * MS, &[1], &[1, 2]), 3 * MS);
+        assert_eq!(s.take(21 * MS, &[1], &[1, 2]), 0);
+        assert_eq!(s.take(22 * MS, &[2, 5], &[1, 2, 5]), 3 * MS);
+        // One device idle: the other's slices still count.
+        s.record(1, 30 * MS, SWITCHED_IN);
+        s.record(2, 30 * MS, SWITCHED_IN);
+        s.idle(30 * MS, &[2]);
+        assert_eq!(s.take(34 * MS, &[1], &[1, 2]), 4 * MS);
+        assert_eq!(s.take(34 * MS, &[2], &[1, 2]), 0);
     }
 
     /// The switch records of slices given as (gap before, length), one after the other from 0,
@@ -367,7 +489,7 @@ mod tests {
                 if next > 0 {
                     s.delivered(events[next - 1].0, now);
                 }
-                reported += s.take(now, OWN);
+                reported += take(&mut s, now, OWN);
                 prop_assert!(reported <= now, "{reported} reported by {now}");
                 // An open slice is counted at most `late` past where it may have ended.
                 ahead += late;
@@ -375,10 +497,60 @@ mod tests {
             for &(ts, op) in &events[next..] {
                 s.record(9, ts, op);
             }
-            reported += s.take(t + 100_000, OWN);
+            reported += take(&mut s, t + 100_000, OWN);
             prop_assert!(reported >= total, "{reported} reported for {total}");
             prop_assert!(reported <= total + ahead, "{reported} for {total}, {ahead} ahead");
             prop_assert!(reported <= t.max(last_now));
+        }
+
+        /// Idle spells between the process's reports: whenever the records come, the time in
+        /// them is never reported, and the slices' time outside them is, once.
+        #[test]
+        fn idle_spells_are_never_reported(
+            slices in prop::collection::vec((1u64..5_000, 1u64..5_000), 1..40),
+            spells in prop::collection::vec((0u64..100_000, 1u64..20_000), 0..6),
+            late in 0u64..30_000,
+        ) {
+            let (events, t, _) = switches(&slices);
+            // Spells apart from each other, sorted.
+            let mut spells = spells;
+            spells.sort();
+            let mut apart: Vec<(u64, u64)> = Vec::new();
+            for (a, len) in spells {
+                if apart.last().is_none_or(|&(_, b)| a > b) {
+                    apart.push((a, a + len));
+                }
+            }
+            let outside = |(from, to): (u64, u64)| -> u64 {
+                let inside: u64 =
+                    apart.iter().map(|&(a, b)| b.min(to).saturating_sub(a.max(from))).sum();
+                (to - from) - inside
+            };
+            let work: u64 = events.chunks(2).map(|p| outside((p[0].0, p[1].0))).sum();
+            // Reports at each spell's ends, records `late` behind them.
+            let mut s = Slices::new();
+            let (mut next, mut reported, mut ahead) = (0, 0, 0);
+            let mut deliver = |s: &mut Slices, now: u64| {
+                while next < events.len() && events[next].0 + late <= now {
+                    s.record(9, events[next].0, events[next].1);
+                    next += 1;
+                }
+                s.delivered(now, now);
+            };
+            for &(a, b) in &apart {
+                deliver(&mut s, a);
+                reported += take(&mut s, a, OWN);
+                ahead += late;
+                s.idle(a, &[9]);
+                deliver(&mut s, b);
+                s.resumed(b, &[9]);
+                reported += take(&mut s, b, OWN);
+            }
+            let end = t.max(apart.last().map_or(0, |s| s.1)) + late;
+            deliver(&mut s, end);
+            reported += take(&mut s, end, OWN);
+            prop_assert!(reported >= work, "{reported} reported for {work}");
+            prop_assert!(reported <= work + ahead, "{reported} for {work}, {ahead} ahead");
         }
 
         /// Buffers handed back in any order: the engine time reported never exceeds the time
@@ -417,10 +589,10 @@ mod tests {
                     newest = newest.max(ts);
                 }
                 s.delivered(newest, newest);
-                reported += s.take(newest, OWN);
+                reported += take(&mut s, newest, OWN);
                 prop_assert!(reported <= newest, "{reported} reported by {newest}");
             }
-            reported += s.take(t, OWN);
+            reported += take(&mut s, t, OWN);
             prop_assert!(reported <= t);
             if in_order {
                 prop_assert_eq!(reported, total);
@@ -443,12 +615,12 @@ mod tests {
             for (ts, op) in events {
                 while let Some(now) = takes.next_if(|n| *n < ts) {
                     s.delivered(now, now);
-                    reported += s.take(now, OWN);
+                    reported += take(&mut s, now, OWN);
                     prop_assert!(reported <= total);
                 }
                 s.record(9, ts, op);
             }
-            reported += s.take(end, OWN);
+            reported += take(&mut s, end, OWN);
             prop_assert_eq!(reported, total);
         }
     }

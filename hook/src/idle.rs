@@ -141,7 +141,7 @@ fn release_if_expired(dev: usize) {
     // nothing launched since: it is idle, not waiting for its work, and renewed it kept the
     // token for as long as it stayed idle (a co-hold every 20 ms, charged and counted as
     // co-running, through a PyTorch tenant's 13 s of profiler teardown on an H200).
-    crate::timing::report(g, &mut t);
+    crate::timing::report(dev, &mut t);
     let idle = g.drained_at.load(Ordering::Relaxed) > g.last_launch.load(Ordering::Relaxed);
     if let Some(quota_us) = (!idle).then(|| renew(dev, g, &mut t)).flatten() {
         start_hold(dev, g, &mut t, quota_us, true);
@@ -163,12 +163,14 @@ fn release_if_expired(dev: usize) {
     g.holding.store(false, Ordering::Release);
     let used_ns = precise_ns().saturating_sub(t.grant_ns);
     t.held_ns += used_ns;
-    crate::timing::report(g, &mut t);
+    crate::timing::report(dev, &mut t);
     let used_us = used_ns / 1000;
     if parked {
         ask_again_parked(dev, g, &mut t, used_us);
         return;
     }
+    // Drained: the process runs nothing on the device until its next hold.
+    crate::cupti::idle(dev);
     t.idle_burst_us = used_us.min(t.quota_us);
     t.expired_overuse_us = used_us.saturating_sub(t.quota_us);
     if let Some(c) = t.client.as_mut()
@@ -295,7 +297,8 @@ fn release_if_idle(dev: usize, idle_ns: u64) {
     g.holding.store(false, Ordering::Release);
     let used_ns = precise_ns().saturating_sub(t.grant_ns);
     t.held_ns += used_ns;
-    crate::timing::report(g, &mut t);
+    crate::timing::report(dev, &mut t);
+    crate::cupti::idle(dev);
     let used_us = used_ns / 1000;
     // A burst that ended by itself is the program's natural burst: gem-schd learns its
     // quota estimate from it (sent with the next request; Release carries no burst).

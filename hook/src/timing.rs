@@ -206,14 +206,16 @@ pub fn granted(g: &Gpu) {
     lock(&g.busy).next_grant();
 }
 
-/// Before a frame that ends or renews a hold on the token connection: sends gem-schd the
-/// GPU time measured since the last report (of launches in this grant, and late, of earlier
-/// ones), the hold time it fell in (`Token::held_ns`) and the engine time held (`cupti.rs`).
+/// Before a frame that ends or renews a hold on device `dev`'s token connection: sends
+/// gem-schd the GPU time measured since the last report (of launches in this grant, and late,
+/// of earlier ones), the hold time it fell in (`Token::held_ns`) and the engine time its
+/// contexts there held (`cupti.rs`).
 /// A failed send is left to the frame that follows, which fails the same way.
-pub fn report(g: &Gpu, t: &mut Token) {
+pub fn report(dev: usize, t: &mut Token) {
     if every() == 0 || REFUSED.load(Ordering::Relaxed) {
         return;
     }
+    let g = crate::state::gpu(dev);
     let (busy_ns, earlier_ns) = {
         let mut pairs = lock(&g.busy);
         harvest(&mut pairs);
@@ -223,7 +225,7 @@ pub fn report(g: &Gpu, t: &mut Token) {
         pairs.take_busy_ns()
     };
     let held_ns = std::mem::take(&mut t.held_ns);
-    let engine_us = crate::cupti::take_us();
+    let engine_us = crate::cupti::take_us(dev);
     if busy_ns == 0 && held_ns == 0 && earlier_ns == 0 && engine_us.unwrap_or(0) == 0 {
         return;
     }
