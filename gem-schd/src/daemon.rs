@@ -588,8 +588,7 @@ impl Actor {
                 let now = self.now();
                 match self
                     .core
-                    .busy(now, conn, busy_us, held_us, earlier_us)
-                    .and_then(|()| self.core.engine(now, conn, engine_us, held_us))
+                    .busy(now, conn, busy_us, held_us, earlier_us, engine_us)
                 {
                     Ok(()) => {
                         if let Some(c) = self.conns.get(&conn) {

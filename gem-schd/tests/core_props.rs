@@ -1047,16 +1047,13 @@ fn run_with(
                 w.core.tick(w.now)
             }
             Op::Busy(s, b, h) => {
-                let r = w.core.busy(w.now, w.slots[s].0, b, h, 0);
+                let r = w.core.busy(w.now, w.slots[s].0, b, h, 0, None);
                 prop_assert_eq!(r.is_ok(), w.conn_ok(s));
                 vec![]
             }
             Op::Engine(s, e, h) => {
                 let conn = w.slots[s].0;
-                let r = w
-                    .core
-                    .busy(w.now, conn, 0, h, 0)
-                    .and_then(|()| w.core.engine(w.now, conn, e, h));
+                let r = w.core.busy(w.now, conn, 0, h, 0, e);
                 prop_assert_eq!(r.is_ok(), w.conn_ok(s));
                 if r.is_ok() && e.is_some() {
                     w.engine_reported.insert(IDS[w.slots[s].1].to_owned());
@@ -1065,9 +1062,14 @@ fn run_with(
             }
             Op::Fill(s, f) => {
                 let held = 600_000;
-                let r = w
-                    .core
-                    .busy(w.now, w.slots[s].0, held * Micros::from(f) / 1000, held, 0);
+                let r = w.core.busy(
+                    w.now,
+                    w.slots[s].0,
+                    held * Micros::from(f) / 1000,
+                    held,
+                    0,
+                    None,
+                );
                 prop_assert_eq!(r.is_ok(), w.conn_ok(s));
                 vec![]
             }

@@ -67,24 +67,23 @@ impl CoEngine {
 }
 
 impl Core {
-    /// The engine time of a Busy report on `conn` at `now` (after [`Core::busy`] took its
-    /// other fields): `engine_us` held since the process's last report (`None`: not measured),
-    /// over `held_us` of holds. Used for capped clients only; see the module comment.
-    pub fn engine(
+    /// The engine time of a Busy report of client `key` at `now` (`in_co`: sent in a co-hold):
+    /// `engine_us` held since the process's last report (`None`: not measured), over `held_us`
+    /// of holds. Used for capped clients only; see the module comment.
+    pub(super) fn book_engine(
         &mut self,
         now: Micros,
-        conn: ConnId,
+        key: Key,
+        in_co: bool,
         engine_us: Option<Micros>,
         held_us: Micros,
-    ) -> Result<(), Refusal> {
-        let key = self.conn_client(conn)?;
-        let in_co = self.co_holds(key, conn);
+    ) {
         let window = self.params.window_us;
         let Some(c) = self.clients.get_mut(&key) else {
-            return Ok(());
+            return;
         };
         if !c.charged_in_wall_time() {
-            return Ok(());
+            return;
         }
         let owed = &mut c.co.engine_owed_us;
         match (c.co.hold.as_mut().filter(|_| in_co), engine_us) {
@@ -101,7 +100,6 @@ impl Core {
         }
         // Engine time beyond a window's length is no reading of this GPU's clock.
         *owed = (*owed).min(window);
-        Ok(())
     }
 
     /// A capped client's engine time reported and not yet charged, in µs.

@@ -539,8 +539,8 @@ impl Core {
         })
     }
 
-    /// Busy{busy, held, earlier} on `conn` at `now`: adds to its client's fill. No reply, no
-    /// dispatch.
+    /// Busy{busy, held, earlier, engine} on `conn` at `now`: adds to its client's fill, and
+    /// books a capped client's engine time (`engine.rs`). No reply, no dispatch.
     pub fn busy(
         &mut self,
         now: Micros,
@@ -548,6 +548,7 @@ impl Core {
         busy_us: Micros,
         held_us: Micros,
         earlier_us: Micros,
+        engine_us: Option<Micros>,
     ) -> Result<(), Refusal> {
         let key = self.conn_client(conn)?;
         // The report precedes the frame that ends or renews the hold it measured.
@@ -565,7 +566,7 @@ impl Core {
         // process's wake-up and its first launch, and at each hand-over the drain (a
         // guaranteed matmul tenant on an H200 read 0.97 by the hook's holds and used 0.83 of
         // its charged time).
-        let held_us = match self.clients.get(&key) {
+        let fill_held_us = match self.clients.get(&key) {
             Some(c) if self.charge_by_fill && !in_co => {
                 self.turn_time_between(key, c.busy_mark, now)
             }
@@ -578,11 +579,12 @@ impl Core {
             if earlier_us > 0 {
                 c.fill.report(earlier_co, earlier_us, 0);
             }
-            c.fill.report(in_co, busy_us, held_us);
+            c.fill.report(in_co, busy_us, fill_held_us);
             if c.co.hold.is_some() || self.charge_by_fill {
                 self.refresh_boost(now);
             }
         }
+        self.book_engine(now, key, in_co, engine_us, held_us);
         Ok(())
     }
 

@@ -625,7 +625,7 @@ impl Sim {
                     Msg::Renew { burst } => self.core.renew(t, i as u64, burst),
                     Msg::Drain => self.core.drain(t, i as u64),
                     Msg::Busy { busy, held } => {
-                        let _ = self.core.busy(t, i as u64, busy, held, 0);
+                        let _ = self.core.busy(t, i as u64, busy, held, 0, None);
                         vec![]
                     }
                 };

@@ -304,8 +304,8 @@ fn an_opportunistic_client_does_not_co_run_beside_a_guaranteed_one() {
     c.hello(1, "g").unwrap();
     c.hello(2, "o").unwrap();
     c.hello(99, "u").unwrap();
-    c.busy(T0, 2, 100 * MS, 600 * MS, 0).unwrap();
-    c.busy(T0, 1, 570 * MS, 600 * MS, 0).unwrap();
+    c.busy(T0, 2, 100 * MS, 600 * MS, 0, None).unwrap();
+    c.busy(T0, 1, 570 * MS, 600 * MS, 0, None).unwrap();
     assert_eq!(grant(&c.token_request(t(0), 1, 0, 0)).unwrap().0, "g");
     // o is light, but g holds the token: o waits, with no wake-up of its own.
     assert!(c.token_request(t(1), 2, 0, 0).is_empty());

@@ -54,7 +54,7 @@ pub(super) fn fill(c: &mut Core, conn: ConnId, fill: f64) {
     let held = 600 * MS;
     // At the start: a report's time only places a fill change on the co-runners' curve,
     // which never goes back (a later change counts from its last point).
-    c.busy(T0, conn, (held as f64 * fill) as Micros, held, 0)
+    c.busy(T0, conn, (held as f64 * fill) as Micros, held, 0, None)
         .unwrap();
 }
 
@@ -419,7 +419,7 @@ fn starting_is_judged_on_the_turns_fill_and_going_on_on_the_co_holds() {
     // A few turns are not enough to judge: 100 ms of them at 0.3, and i still takes turns
     // (a start on a warm-up's holds would stick, judged on co-holds from then on).
     let mut d = elastic_pair();
-    d.busy(T0, 2, 30 * MS, 100 * MS, 0).unwrap();
+    d.busy(T0, 2, 30 * MS, 100 * MS, 0, None).unwrap();
     grant(&d.token_request(t(0), 1, 0, 0)).unwrap();
     assert_eq!(grant(&d.token_request(t(1), 2, 0, 0)), None);
     assert!(!d.co_running("i"));
@@ -546,7 +546,7 @@ fn a_capped_holder_beside_an_intermittent_co_runner_is_charged_its_turns_whole()
                     }
                     _ => {
                         // Its co-holds fill 0.375 of their time.
-                        c.busy(now, 2, 5_625, 15 * MS, 0).unwrap();
+                        c.busy(now, 2, 5_625, 15 * MS, 0, None).unwrap();
                         i_until = Some(now + 15 * MS);
                         i_waits = false;
                     }
@@ -602,7 +602,7 @@ fn a_co_runner_is_held_to_its_limit_while_the_window_is_still_growing() {
                 until = Some(now + 10 * MS);
                 waits = false;
                 co_holds += u32::from(c.co_running("i"));
-                c.busy(now, 2, 3 * MS, 10 * MS, 0).unwrap();
+                c.busy(now, 2, 3 * MS, 10 * MS, 0, None).unwrap();
             }
         }
         let used = c.usage_us(now, "i").unwrap();
@@ -641,7 +641,7 @@ fn turns_and_co_holds_are_paced_together() {
         if conn == 2 {
             let held = 10 * MS;
             let f = if co { 0.95 } else { 0.05 };
-            c.busy(now, 2, (held as f64 * f) as Micros, held, 0)
+            c.busy(now, 2, (held as f64 * f) as Micros, held, 0, None)
                 .unwrap();
         }
     };
@@ -726,7 +726,7 @@ fn time_measured_late_counts_for_the_kind_of_hold_it_was_launched_in() {
     // measured of the turn before (`earlier`): that goes to its turns, not to the co-hold,
     // whose own 2 ms of 10 say 0.2.
     let mut c = i_co_running_beside_t(0.5, t(1));
-    c.busy(t(11), 2, 2 * MS, 10 * MS, 100 * MS).unwrap();
+    c.busy(t(11), 2, 2 * MS, 10 * MS, 100 * MS, None).unwrap();
     let key = c.ids["i"];
     let fills = c.clients[&key].fill;
     let turns = fills.turns().unwrap();
@@ -740,7 +740,7 @@ fn time_measured_late_counts_for_the_kind_of_hold_it_was_launched_in() {
     let co = co.co().unwrap();
     assert!((co - 0.2).abs() < 0.01, "the co-holds' fill {co:.3}");
     // A report with no earlier time changes nothing of the turns'.
-    c.busy(t(21), 2, 2 * MS, 10 * MS, 0).unwrap();
+    c.busy(t(21), 2, 2 * MS, 10 * MS, 0, None).unwrap();
     assert_eq!(c.clients[&key].fill.turns(), Some(turns));
 }
 
@@ -821,7 +821,7 @@ fn a_capped_co_runner_beside_a_capped_holder_keeps_both_within_their_limits() {
         if conn == 2 {
             co_holds += u32::from(co);
             let held = 20 * MS;
-            c.busy(now, 2, held * 58 / 100, held, 0).unwrap();
+            c.busy(now, 2, held * 58 / 100, held, 0, None).unwrap();
         }
     };
     let (mut worst_t, mut worst_i) = (0.0f64, 0.0f64);
@@ -895,7 +895,7 @@ fn a_gpu_bound_client_whose_samples_come_late_stays_heavy() {
         grant(&c.token_request(now, 1, 0, 0)).unwrap();
         now += 5 * MS;
         let busy = if n % 8 == 7 { 36 * MS } else { 0 };
-        c.busy(now, 1, busy, 5 * MS, 0).unwrap();
+        c.busy(now, 1, busy, 5 * MS, 0, None).unwrap();
         grant(&c.release(now, 1, 0));
         now += 10 * MS;
     }
@@ -919,7 +919,7 @@ fn a_gpu_bound_client_does_not_co_run_on_its_start_up_turns() {
     let (mut reports, mut owed, mut co_steps) = (0u32, 0, 0u32);
     let ended = |c: &mut Core, conn, _co, now| {
         if conn == 1 {
-            c.busy(now, 1, 9_500, 10 * MS, 0).unwrap();
+            c.busy(now, 1, 9_500, 10 * MS, 0, None).unwrap();
             return;
         }
         reports += 1;
@@ -936,7 +936,7 @@ fn a_gpu_bound_client_does_not_co_run_on_its_start_up_turns() {
             };
             (busy, held)
         };
-        c.busy(now, 2, busy, held, 0).unwrap();
+        c.busy(now, 2, busy, held, 0, None).unwrap();
     };
     drive(&mut c, t(0), t(2000), ended, |_, holds, _| {
         if holds[1].is_some_and(|(_, co)| co) {
@@ -962,7 +962,7 @@ fn i_steps_after_1s(outlier: bool, i_heavy_from_1s: bool) -> (u32, u32, u32) {
     let mut sent = false;
     let ended = |c: &mut Core, conn, co, now| {
         if conn == 1 {
-            c.busy(now, 1, 9_500, 10 * MS, 0).unwrap();
+            c.busy(now, 1, 9_500, 10 * MS, 0, None).unwrap();
             return;
         }
         let held = now - i_start.get();
@@ -976,7 +976,7 @@ fn i_steps_after_1s(outlier: bool, i_heavy_from_1s: bool) -> (u32, u32, u32) {
         } else {
             held * 30 / 100
         };
-        c.busy(now, 2, busy, held, 0).unwrap();
+        c.busy(now, 2, busy, held, 0, None).unwrap();
     };
     let (mut last, mut in_turns, mut in_co, mut waiting) = (None, 0, 0, 0);
     drive(&mut c, t(0), t(3000), ended, |_, holds, now| {
@@ -1042,12 +1042,12 @@ fn i_longest_wait_after_it_turns_heavy(i_fill: f64) -> (Micros, f64) {
     let i_start = std::cell::Cell::new(T0);
     let ended = |c: &mut Core, conn, _co, now| {
         if conn == 1 {
-            c.busy(now, 1, 4_750, 5 * MS, 0).unwrap();
+            c.busy(now, 1, 4_750, 5 * MS, 0, None).unwrap();
             return;
         }
         let held = now - i_start.get();
         let f = if now >= t(1000) { 0.95 } else { i_fill };
-        c.busy(now, 2, (held as f64 * f) as Micros, held, 0)
+        c.busy(now, 2, (held as f64 * f) as Micros, held, 0, None)
             .unwrap();
     };
     let (mut last, mut waited_since, mut longest, mut t_steps) = (None, None, 0, 0u32);
@@ -1336,8 +1336,15 @@ fn i_waits_beside_a_renewing_holder(
             hold[0] = None;
             t_co_holds += u32::from(c.in_co_hold(1));
             let f = if now < t_light_until { 0.5 } else { 0.9 };
-            c.busy(now, 1, ((now - start) as f64 * f) as Micros, now - start, 0)
-                .unwrap();
+            c.busy(
+                now,
+                1,
+                ((now - start) as f64 * f) as Micros,
+                now - start,
+                0,
+                None,
+            )
+            .unwrap();
             let r = c.renew(now, 1, end - start);
             if r.contains(&Action::Yield { conn: 1 }) {
                 draining = Some(now + drain);
@@ -1350,8 +1357,15 @@ fn i_waits_beside_a_renewing_holder(
             hold[1] = None;
             let heavy = now >= t(1000) && ((now - t(1000)) / period).is_multiple_of(2);
             let f = if heavy { 0.95 } else { 0.72 };
-            c.busy(now, 2, ((now - start) as f64 * f) as Micros, now - start, 0)
-                .unwrap();
+            c.busy(
+                now,
+                2,
+                ((now - start) as f64 * f) as Micros,
+                now - start,
+                0,
+                None,
+            )
+            .unwrap();
             let renewed = c.in_co_hold(2) && {
                 let r = c.renew(now, 2, end - start);
                 let yes = !r.contains(&Action::Yield { conn: 2 });

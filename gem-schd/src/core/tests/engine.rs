@@ -6,8 +6,7 @@ use super::*;
 
 /// i's report of `engine_ms` held over `held_ms` of holds, at `now`.
 fn report(c: &mut Core, now: Micros, engine_ms: Option<Micros>, held_ms: Micros) {
-    c.busy(now, 2, 0, held_ms * MS, 0).unwrap();
-    c.engine(now, 2, engine_ms.map(|e| e * MS), held_ms * MS)
+    c.busy(now, 2, 0, held_ms * MS, 0, engine_ms.map(|e| e * MS))
         .unwrap();
 }
 
@@ -121,7 +120,7 @@ fn an_uncapped_co_hold_is_charged_its_fill_whatever_its_engine_time() {
 #[test]
 fn an_engine_report_before_hello_is_refused() {
     let mut c = pair();
-    let e = c.engine(t(0), 7, Some(MS), MS).unwrap_err();
+    let e = c.busy(t(0), 7, 0, MS, 0, Some(MS)).unwrap_err();
     assert_eq!(e.code, code::PROTOCOL_MISUSE);
 }
 
