@@ -411,10 +411,12 @@ async fn two_claims_split_one_gpu_and_a_third_waits_for_room() -> Result<()> {
     }
     let go = format!("go-{}", unique());
     let script = share_script(&go);
-    for (name, template) in [("p30", "c30"), ("p70", "c70")] {
-        create(&r.pods, &claiming_pod(name, template, &gpu.uuid, &script)?).await?;
-    }
+    // One after the other: a pod scheduled while the other's claim is still in flight
+    // can find the GPU overbooked by kube-scheduler's own count (docs/dra.md, "Two
+    // claims that fill a GPU at once") and wait minutes for its next attempt.
+    create(&r.pods, &claiming_pod("p30", "c30", &gpu.uuid, &script)?).await?;
     let p30 = running(&r.pods, "p30").await?;
+    create(&r.pods, &claiming_pod("p70", "c70", &gpu.uuid, &script)?).await?;
     let p70 = running(&r.pods, "p70").await?;
     // Both claims are prepared: the GPU's config holds a fixed-share line for each pod
     // (opportunistic: their configs give no priority, as a pod without the label).
