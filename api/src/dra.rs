@@ -38,6 +38,11 @@ pub const MEMORY: &str = "memory";
 /// `compute` of one whole GPU: shares are counted in thousandths, as [`Milli`] counts them.
 pub const COMPUTE_UNITS: u16 = 1000;
 
+/// The node's ResourceSlice annotation naming the uid of the pod with claims bound there
+/// last. The node daemon sets it so that the update wakes pods kube-scheduler refused
+/// while that pod's claim counted twice (docs/dra.md, "Two claims that fill a GPU at once").
+pub const ANNOTATION_CLAIM_POD_BOUND: &str = "gpu.kubeshare.io/claim-pod-bound";
+
 /// The device attribute holding the GPU's NVML UUID (a string).
 pub const ATTR_UUID: &str = "uuid";
 /// Memory is booked in MiB steps: fine enough for any share, and the step NVIDIA's and

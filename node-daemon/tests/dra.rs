@@ -22,7 +22,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kubeshare_api::dra::{Consumed, DRIVER_NAME, ShareConfig};
+use kubeshare_api::dra::{ANNOTATION_CLAIM_POD_BOUND, Consumed, DRIVER_NAME, ShareConfig};
 use kubeshare_api::{GpuInfo, Milli, NodeInventory, parse_bytes};
 use kubeshare_kubelet_rpc::dra as dra_rpc;
 use kubeshare_node_daemon::dra::{Published, publish};
@@ -516,6 +516,22 @@ async fn stock_scheduler_shares_a_gpu_by_consumable_capacity() -> anyhow::Result
     for p in ["a", "b"] {
         wait_for(&pods, p, WAIT, |p| scheduled_on(p) == Some(node.as_str())).await?;
     }
+    // Pods with claims bound here mark the slice (an update wakes pods the scheduler
+    // refused while a claim counted twice: docs/dra.md).
+    let mut uids = Vec::new();
+    for p in ["a", "b"] {
+        uids.push(pods.get(p).await?.metadata.uid.context("a pod's uid")?);
+    }
+    let marked = |s: &ResourceSlice| {
+        s.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_CLAIM_POD_BOUND))
+            .is_some_and(|u| uids.contains(u))
+    };
+    wait_for(&slices, &slice_name, WAIT, marked)
+        .await
+        .with_context(|| std::fs::read_to_string(&log).unwrap_or_default())?;
     let claim_a = claim_of(&pods, &claims, "a").await?;
     let alloc = kubeshare_testkit::dra::allocated_devices(claim_a);
     assert_eq!(alloc.len(), 1, "{alloc:?}");
@@ -556,7 +572,25 @@ async fn stock_scheduler_shares_a_gpu_by_consumable_capacity() -> anyhow::Result
         "pod c's claim is allocated"
     );
 
-    // 5. The examples are valid objects whose configs agree with their bookings.
+    // 5. Ten claims of 100 made at once fill the GPU exactly: every pod is placed, also
+    // one the scheduler tried while another's claim counted twice.
+    for p in ["b", "c"] {
+        pods.delete(p, &dp).await?;
+    }
+    templates
+        .create(&pp, &template("share-100", 100, "1Gi")?)
+        .await?;
+    let tenths: Vec<String> = (0..10).map(|i| format!("t{i}")).collect();
+    for p in &tenths {
+        pods.create(&pp, &pod(p, &node, "share-100")?).await?;
+    }
+    for p in &tenths {
+        wait_for(&pods, p, WAIT, |p| scheduled_on(p) == Some(node.as_str()))
+            .await
+            .with_context(|| format!("pod {p} of ten claims of 100 being placed"))?;
+    }
+
+    // 6. The examples are valid objects whose configs agree with their bookings.
     let n = check_examples(cluster, &nsname)?;
     assert_eq!(n, 2, "examples/dra/claims.yaml has two opaque configs");
 

@@ -3,8 +3,11 @@
 //! node (a renamed or duplicated one), so that the scheduler sees exactly one pool.
 //! [`run`] watches the node's pods and publishes again whenever what the label pods
 //! hold changes, so that the slice's capacities follow them (one set of books with the
-//! extender: docs/dra.md).
+//! extender: docs/dra.md). It also marks the slice when a pod with claims is bound here
+//! ([`mark_bound`]), which wakes pods kube-scheduler refused while that pod's claims were
+//! counted twice.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use futures::StreamExt as _;
@@ -14,7 +17,7 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use kubeshare_api::NodeInventory;
-use kubeshare_api::dra::DRIVER_NAME;
+use kubeshare_api::dra::{ANNOTATION_CLAIM_POD_BOUND, DRIVER_NAME};
 
 use super::slice::{LabelUse, Step, label_use, plan, slice_name};
 use crate::source::InventorySource;
@@ -115,6 +118,64 @@ pub async fn publish(
     }
 }
 
+/// Names `uid`, a pod with claims just bound to `node`, in the node's slice
+/// ([`ANNOTATION_CLAIM_POD_BOUND`]). kube-scheduler counts a claim's consumed capacity
+/// twice between writing its allocation and binding its pod, refuses a pod that fits only
+/// if it is counted once, and no event of that claim tries the pod again; an update of a
+/// ResourceSlice does. Returns whether the slice changed (not when it names `uid` already
+/// or there is no slice).
+pub async fn mark_bound(
+    client: &kube::Client,
+    node: &str,
+    uid: &str,
+) -> Result<bool, PublishError> {
+    let api = Api::<ResourceSlice>::all(client.clone());
+    let name = slice_name(node);
+    let api_error = |what, source| PublishError::Api {
+        what,
+        name: name.clone(),
+        source,
+    };
+    let Some(mut s) = api.get_opt(&name).await.map_err(|e| api_error("get", e))? else {
+        return Ok(false);
+    };
+    let annotations = s.metadata.annotations.get_or_insert_default();
+    if annotations
+        .get(ANNOTATION_CLAIM_POD_BOUND)
+        .map(String::as_str)
+        == Some(uid)
+    {
+        return Ok(false);
+    }
+    annotations.insert(ANNOTATION_CLAIM_POD_BOUND.into(), uid.into());
+    // The read's resourceVersion goes along: a slice changed meanwhile is a conflict, and
+    // the next turn marks it again.
+    api.replace(&name, &PostParams::default(), &s)
+        .await
+        .map_err(|e| api_error("mark", e))?;
+    Ok(true)
+}
+
+/// The uids of the pods among `pods` (this node's) that use resource claims.
+pub fn claim_pods(pods: &[Pod]) -> BTreeSet<String> {
+    pods.iter()
+        .filter(|p| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.resource_claims.as_ref())
+                .is_some_and(|c| !c.is_empty())
+        })
+        .filter_map(|p| p.metadata.uid.clone())
+        .collect()
+}
+
+/// A pod of `now` not in `before`, if any: one is enough to wake every refused pod.
+pub fn newly_bound<'a>(before: &BTreeSet<String>, now: &'a BTreeSet<String>) -> Option<&'a str> {
+    now.iter()
+        .find(|u| !before.contains(*u))
+        .map(String::as_str)
+}
+
 /// What the label pods among `pods` (this node's) hold of each GPU of `inv`, read as the
 /// daemon's loop reads them (`reconcile::desired_with_claims` without claims), so the
 /// slice and gem-schd's configs count the same pods.
@@ -146,6 +207,8 @@ pub async fn run(client: kube::Client, node: String, source: InventorySource, ev
     let (store, mut writer) = reflector::store::<Pod>();
     let mut synced = false;
     let mut last: Option<LabelUse> = None;
+    // Pods with claims bound here, as last marked in the slice.
+    let mut marked = BTreeSet::new();
     loop {
         let mut due = false;
         tokio::select! {
@@ -172,8 +235,11 @@ pub async fn run(client: kube::Client, node: String, source: InventorySource, ev
         };
         let pods: Vec<Pod> = store.state().iter().map(|p| (**p).clone()).collect();
         let used = label_use_of(&node, &inv, &pods);
-        // A pod event that changes no label share sends nothing; the tick still checks.
-        if !due && last.as_ref() == Some(&used) {
+        let bound = claim_pods(&pods);
+        let fresh = newly_bound(&marked, &bound);
+        // A pod event that changes no label share and binds no claim sends nothing; the
+        // tick still checks.
+        if !due && last.as_ref() == Some(&used) && fresh.is_none() {
             continue;
         }
         match publish(&client, &node, &inv, &used).await {
@@ -184,5 +250,55 @@ pub async fn run(client: kube::Client, node: String, source: InventorySource, ev
             }
             Err(e) => tracing::warn!(error = %e, "DRA: publishing the ResourceSlice failed"),
         }
+        if let Some(uid) = fresh {
+            match mark_bound(&client, &node, uid).await {
+                Ok(changed) => {
+                    tracing::debug!(pod = uid, changed, "DRA: a pod with claims bound here");
+                    marked = bound;
+                }
+                Err(e) => tracing::warn!(error = %e, "DRA: marking the ResourceSlice failed"),
+            }
+        } else {
+            // Pods that went are forgotten, so the set stays the node's.
+            marked = bound;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(uid: &str, claims: bool) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": uid, "uid": uid},
+            "spec": {
+                "containers": [{"name": "c"}],
+                "resourceClaims": if claims {
+                    serde_json::json!([{"name": "gpu", "resourceClaimTemplateName": "t"}])
+                } else {
+                    serde_json::json!([])
+                },
+            },
+        }))
+        .expect("a pod")
+    }
+
+    #[test]
+    fn only_pods_with_claims_count() {
+        let pods = [pod("a", true), pod("b", false), pod("c", true)];
+        let got: Vec<String> = claim_pods(&pods).into_iter().collect();
+        assert_eq!(got, ["a", "c"]);
+    }
+
+    #[test]
+    fn a_pod_not_marked_before_is_newly_bound() {
+        let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+        assert_eq!(newly_bound(&set(&[]), &set(&[])), None);
+        assert_eq!(newly_bound(&set(&["a"]), &set(&["a"])), None);
+        // One that went is no news; one that came is.
+        assert_eq!(newly_bound(&set(&["a", "b"]), &set(&["a"])), None);
+        assert_eq!(newly_bound(&set(&["a"]), &set(&["a", "b"])), Some("b"));
+        assert_eq!(newly_bound(&set(&["b"]), &set(&["a"])), Some("a"));
     }
 }
