@@ -237,18 +237,17 @@ pub async fn run(client: kube::Client, node: String, source: InventorySource, ev
         let used = label_use_of(&node, &inv, &pods);
         let bound = claim_pods(&pods);
         let fresh = newly_bound(&marked, &bound);
-        // A pod event that changes no label share and binds no claim sends nothing; the
-        // tick still checks.
-        if !due && last.as_ref() == Some(&used) && fresh.is_none() {
-            continue;
-        }
-        match publish(&client, &node, &inv, &used).await {
-            Ok(Published::Unchanged) => last = Some(used),
-            Ok(p) => {
-                tracing::info!(?p, gpus = inv.gpus.len(), "DRA: ResourceSlice published");
-                last = Some(used);
+        // A pod event that changes no label share sends nothing; the tick still checks. A
+        // pod with claims bound here only marks the slice.
+        if due || last.as_ref() != Some(&used) {
+            match publish(&client, &node, &inv, &used).await {
+                Ok(Published::Unchanged) => last = Some(used),
+                Ok(p) => {
+                    tracing::info!(?p, gpus = inv.gpus.len(), "DRA: ResourceSlice published");
+                    last = Some(used);
+                }
+                Err(e) => tracing::warn!(error = %e, "DRA: publishing the ResourceSlice failed"),
             }
-            Err(e) => tracing::warn!(error = %e, "DRA: publishing the ResourceSlice failed"),
         }
         if let Some(uid) = fresh {
             match mark_bound(&client, &node, uid).await {
