@@ -21,6 +21,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use kube::api::{Patch, PatchParams};
 use kubeshare_api::dra::{ATTR_UUID, COMPUTE, COMPUTE_UNITS, DRIVER_NAME};
+use kubeshare_node_daemon::dra::slice::slice_name;
 
 use super::*;
 
@@ -223,7 +224,7 @@ async fn first_gpu(r: &Rig) -> Result<kubeshare_api::GpuInfo> {
 async fn wait_gpu_free(r: &Rig, uuid: &str) -> Result<()> {
     let slices: Api<ResourceSlice> = Api::all(r.client.clone());
     let claims: Api<ResourceClaim> = Api::all(r.client.clone());
-    let name = format!("{}-{DRIVER_NAME}", r.node.name);
+    let name = slice_name(&r.node.name);
     let pool = r.node.name.as_str();
     wait_until(
         "the GPU to be free of label pods and claims",
@@ -301,7 +302,7 @@ async fn enable_dra(r: &Rig) -> Result<Restore> {
         .context("the node daemon with --dra rolling out")?;
     // The new daemon publishes the node's slice.
     let slices: Api<ResourceSlice> = Api::all(r.client.clone());
-    let slice = format!("{}-{DRIVER_NAME}", r.node.name);
+    let slice = slice_name(&r.node.name);
     wait_for(&slices, &slice, WAIT, |_| true)
         .await
         .context("the node daemon with --dra publishing its slice")?;
