@@ -54,7 +54,12 @@ pub(super) fn fill(c: &mut Core, conn: ConnId, fill: f64) {
     let held = 600 * MS;
     // At the start: a report's time only places a fill change on the co-runners' curve,
     // which never goes back (a later change counts from its last point).
-    c.busy(T0, conn, (held as f64 * fill) as Micros, held, 0, None)
+    busy_fill(c, T0, conn, held, fill);
+}
+
+/// A Busy report on `conn` at `now`: `held` of holds, `fill` of it busy, no engine time.
+pub(super) fn busy_fill(c: &mut Core, now: Micros, conn: ConnId, held: Micros, fill: f64) {
+    c.busy(now, conn, (held as f64 * fill) as Micros, held, 0, None)
         .unwrap();
 }
 
@@ -641,8 +646,7 @@ fn turns_and_co_holds_are_paced_together() {
         if conn == 2 {
             let held = 10 * MS;
             let f = if co { 0.95 } else { 0.05 };
-            c.busy(now, 2, (held as f64 * f) as Micros, held, 0, None)
-                .unwrap();
+            busy_fill(c, now, 2, held, f);
         }
     };
     drive(&mut c, t(0), t(5000), ended, |c, holds, now| {
@@ -1047,8 +1051,7 @@ fn i_longest_wait_after_it_turns_heavy(i_fill: f64) -> (Micros, f64) {
         }
         let held = now - i_start.get();
         let f = if now >= t(1000) { 0.95 } else { i_fill };
-        c.busy(now, 2, (held as f64 * f) as Micros, held, 0, None)
-            .unwrap();
+        busy_fill(c, now, 2, held, f);
     };
     let (mut last, mut waited_since, mut longest, mut t_steps) = (None, None, 0, 0u32);
     drive(&mut c, t(0), t(6000), ended, |_, holds, now| {
@@ -1336,15 +1339,7 @@ fn i_waits_beside_a_renewing_holder(
             hold[0] = None;
             t_co_holds += u32::from(c.in_co_hold(1));
             let f = if now < t_light_until { 0.5 } else { 0.9 };
-            c.busy(
-                now,
-                1,
-                ((now - start) as f64 * f) as Micros,
-                now - start,
-                0,
-                None,
-            )
-            .unwrap();
+            busy_fill(&mut c, now, 1, now - start, f);
             let r = c.renew(now, 1, end - start);
             if r.contains(&Action::Yield { conn: 1 }) {
                 draining = Some(now + drain);
@@ -1357,15 +1352,7 @@ fn i_waits_beside_a_renewing_holder(
             hold[1] = None;
             let heavy = now >= t(1000) && ((now - t(1000)) / period).is_multiple_of(2);
             let f = if heavy { 0.95 } else { 0.72 };
-            c.busy(
-                now,
-                2,
-                ((now - start) as f64 * f) as Micros,
-                now - start,
-                0,
-                None,
-            )
-            .unwrap();
+            busy_fill(&mut c, now, 2, now - start, f);
             let renewed = c.in_co_hold(2) && {
                 let r = c.renew(now, 2, end - start);
                 let yes = !r.contains(&Action::Yield { conn: 2 });
