@@ -305,21 +305,10 @@ def hold_figures(r, spans, t0, t1):
     return out
 
 
-def handover_lags(res, labels, t0, t1, logfile, since):
-    """What each hand-over gap (one tenant's last kernel, then another's first) waited for:
-    gem-schd's grant to the next tenant (its last before that kernel) against the previous
-    tenant's last kernel end (negative: granted while that one still drained) and against the
-    next tenant's first kernel start (its wake-up and first launch), both on the host clock,
-    p50 / p90 in ms; the latter split where the runtime call that launched that kernel
-    returned (the tenant's `launched`): grant to return (the process's wake-up and launch
-    call), return to the kernel's start (the GPU's part: its queue, a context switch). A gap
-    with no grant to its tenant in the 50 ms before is counted apart (a co-hold's kernels, or
-    a turn's later process). Also, over every turn, when its holder's
-    notice (its Renew or Drain) reached gem-schd after the turn's quota ran out."""
-    starts = {res[lbl].get("start_at") for lbl in labels}
-    if len(starts) != 1 or None in starts:
-        return None
-    start_at = starts.pop()
+def turn_grants(logfile, since, labels, start_at):
+    """gem-schd's grants to each tenant logged after byte `since`, as (s after start_at, quota
+    s), in order; and, over every turn, how late its holder's notice (its Renew or Drain)
+    reached gem-schd after the turn's quota ran out (s)."""
     grants = {lbl: [] for lbl in labels}
     notice_after = []
     quota_end = {}
@@ -333,22 +322,70 @@ def handover_lags(res, labels, t0, t1, logfile, since):
             what, lbl, quota = m.groups()
             t = log_time(line) - start_at
             if what == "grant":
-                grants[lbl].append(t)
-                quota_end[lbl] = t + int(quota or 0) / 1e6
+                q = int(quota or 0) / 1e6
+                grants[lbl].append((t, q))
+                quota_end[lbl] = t + q
             elif lbl in quota_end:
                 notice_after.append(t - quota_end.pop(lbl))
+    return grants, notice_after
+
+
+def last_grant(grants, at, within=0.05):
+    """The last of `grants` ((time, quota), in order) at or before `at` and at most `within`
+    s before it, or None."""
+    g = [x for x in grants if at - within <= x[0] <= at]
+    return g[-1] if g else None
+
+
+def own_idle_in_turns(res, labels, t0, t1, grants):
+    """Where in its turns each tenant's own idle time lies (the gaps between its own kernels,
+    `handovers`), by when the gap began against its last grant: in the turn's first ms (its
+    process waking and launching again), later within the quota (its CPU's pauses, its own
+    syncs), past the quota (its drain: a blocked launching thread, work queued late), or with
+    no grant to it in the 50 ms before (a co-hold's, a renewal's or a reconnection's). Each a
+    share of the wall time, so the four add up to `idle_own`."""
+    parts = ("first_ms", "in_quota", "past_quota", "without_grant")
+    out = {lbl: dict.fromkeys(parts, 0.0) for lbl in labels}
+    for a, _, lbl, end, owner in kernel_walk(res, labels, t0, t1):
+        if end is None or a <= end or lbl != owner:
+            continue
+        g = last_grant(grants[lbl], end)
+        if g is None:
+            part = "without_grant"
+        elif end - g[0] < 0.001:
+            part = "first_ms"
+        elif end - g[0] < g[1]:
+            part = "in_quota"
+        else:
+            part = "past_quota"
+        out[lbl][part] += a - end
+    wall = t1 - t0
+    return {lbl: {k: round(v / wall, 4) for k, v in o.items()} for lbl, o in out.items()}
+
+
+def handover_lags(res, labels, t0, t1, grants, notice_after):
+    """What each hand-over gap (one tenant's last kernel, then another's first) waited for:
+    gem-schd's grant to the next tenant (its last before that kernel, `turn_grants`) against
+    the previous tenant's last kernel end (negative: granted while that one still drained) and
+    against the next tenant's first kernel start (its wake-up and first launch), both on the
+    host clock, p50 / p90 in ms; the latter split where the runtime call that launched that
+    kernel returned (the tenant's `launched`): grant to return (the process's wake-up and
+    launch call), return to the kernel's start (the GPU's part: its queue, a context switch).
+    A gap with no grant to its tenant in the 50 ms before is counted apart (a co-hold's
+    kernels, or a turn's later process). Also, over every turn, when its holder's notice
+    reached gem-schd after the turn's quota ran out."""
     after_end, to_kernel, unmatched = [], [], 0
     to_return, return_to_kernel = [], []
     launched = {lbl: dict(map(tuple, res[lbl].get("launched", []))) for lbl in labels}
     for a, _, lbl, end, owner in kernel_walk(res, labels, t0, t1):
         if end is not None and a > end and lbl != owner:
-            g = [t for t in grants[lbl] if a - 0.05 <= t <= a]
+            g = last_grant(grants[lbl], a)
             if g:
-                after_end.append(g[-1] - end)
-                to_kernel.append(a - g[-1])
+                after_end.append(g[0] - end)
+                to_kernel.append(a - g[0])
                 r = launched[lbl].get(a)
-                if r is not None and g[-1] <= r <= a:
-                    to_return.append(r - g[-1])
+                if r is not None and g[0] <= r <= a:
+                    to_return.append(r - g[0])
                     return_to_kernel.append(a - r)
             else:
                 unmatched += 1
@@ -444,7 +481,14 @@ def shared_run(b, clients, raw, key, extra=(), idle=()):
     every = union(*[res[c[0]]["busy"] for c in running])
     row["gpu_busy"] = round(windows(every, SKIP, t1, t1 - SKIP)[0], 4)
     row["gaps"] = handovers(res, [c[0] for c in running], SKIP, t1)
-    row["gaps"]["lags"] = handover_lags(res, [c[0] for c in running], SKIP, t1, logf, since)
+    labels = [c[0] for c in running]
+    starts = {res[lbl].get("start_at") for lbl in labels}
+    if len(starts) == 1 and None not in starts:
+        grants, notice_after = turn_grants(logf, since, labels, starts.pop())
+        row["gaps"]["lags"] = handover_lags(res, labels, SKIP, t1, grants, notice_after)
+        row["gaps"]["own_in_turns"] = own_idle_in_turns(res, labels, SKIP, t1, grants)
+    else:
+        row["gaps"]["lags"] = None
     # How each client was served: its turns and co-holds, the fills gem-schd judged it by.
     row["grants"] = fills(logf, since)
     past = drains(logf, since)

@@ -96,6 +96,45 @@ class Waits(unittest.TestCase):
         self.assertAlmostEqual(d["p50_ms"], 9.0, places=1)
 
 
+class OwnIdle(unittest.TestCase):
+    def test_each_own_gap_is_placed_in_its_turn_by_its_last_grant(self):
+        log = [
+            grant(3.000, "a", False),
+            line(3.005, "renew conn=1 client=a burst_us=5000"),
+            grant(3.010, "b", False),
+            grant(3.020, "a", False),
+        ]
+        with tempfile.NamedTemporaryFile("w", suffix=".log") as f:
+            f.writelines(log)
+            f.flush()
+            grants, notice_after = mix.turn_grants(f.name, 0, ["a", "b"], START)
+        self.assertEqual(len(grants["a"]), 2)
+        for (t, q), want in zip(grants["a"], [3.0, 3.02]):
+            self.assertAlmostEqual(t, want, places=5)
+            self.assertEqual(q, 0.005)
+        self.assertEqual(len(notice_after), 1)
+        self.assertAlmostEqual(notice_after[0], 0.0, places=4)
+        res = {
+            # a: a gap 0.5 ms into its turn (0.2 ms), one 2 ms in (0.5 ms), one in its drain
+            # 6 ms in (0.3 ms); then, in its next turn, a kernel to 180 ms past its grant and a
+            # gap there (0.4 ms), with no grant in the 50 ms before.
+            "a": {"busy": [[3.0001, 3.0005], [3.0007, 3.002], [3.0025, 3.006], [3.0063, 3.008],
+                           [3.0201, 3.2], [3.2004, 3.201]]},
+            # b's first kernel is a hand-over gap, not its own; then 0.1 ms of its own.
+            "b": {"busy": [[3.0101, 3.012], [3.0121, 3.015]]},
+        }
+        got = mix.own_idle_in_turns(res, ["a", "b"], 3.0, 4.0, grants)
+        self.assertAlmostEqual(got["a"]["first_ms"], 0.0002, places=6)
+        self.assertAlmostEqual(got["a"]["in_quota"], 0.0005, places=6)
+        self.assertAlmostEqual(got["a"]["past_quota"], 0.0003, places=6)
+        self.assertAlmostEqual(got["a"]["without_grant"], 0.0004, places=6)
+        self.assertAlmostEqual(got["b"]["in_quota"], 0.0001, places=6)
+        self.assertEqual(got["b"]["first_ms"] + got["b"]["past_quota"], 0.0)
+        own = mix.handovers(res, ["a", "b"], 3.0, 4.0)["idle_own_of"]
+        for lbl in ("a", "b"):
+            self.assertAlmostEqual(sum(got[lbl].values()), own[lbl], places=4)
+
+
 class Engine(unittest.TestCase):
     def test_engine_time_above_the_wall_time_is_flagged(self):
         def busy(at, client, engine):
