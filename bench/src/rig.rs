@@ -16,6 +16,8 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use kubeshare_api::inventory::INVENTORY_ANNOTATION;
 use kubeshare_api::{GpuInfo, NodeInventory};
+use kubeshare_testkit::metrics::{label, sample};
+pub use kubeshare_testkit::metrics::{metrics_text, scheduler_client};
 use kubeshare_testkit::{KwokNode, create_kwok_node, node_is_ready};
 
 const GIB: u64 = 1 << 30;
@@ -428,26 +430,6 @@ pub async fn list_all(pods: &Api<Pod>) -> anyhow::Result<Vec<Pod>> {
     }
 }
 
-/// A Prometheus text line of the series `name`: its labels (`k="v",...`, empty when it has
-/// none) and its value; `None` for other series, comments and malformed lines.
-fn sample<'a>(line: &'a str, name: &str) -> Option<(&'a str, f64)> {
-    let rest = line.strip_prefix(name)?;
-    let (labels, value) = match rest.strip_prefix('{') {
-        Some(r) => r.rsplit_once("} ")?,
-        None => ("", rest.strip_prefix(' ')?),
-    };
-    Some((labels, value.trim().parse().ok()?))
-}
-
-/// The value of label `k` in a sample's label text (`a="x",b="y"`), or "".
-fn label<'a>(labels: &'a str, k: &str) -> &'a str {
-    labels
-        .split(',')
-        .find_map(|kv| kv.strip_prefix(k)?.strip_prefix("=\""))
-        .map(|v| v.trim_end_matches('"'))
-        .unwrap_or("")
-}
-
 /// `apiserver_request_total`, summed by "VERB resource[/subresource]", from the
 /// apiserver's Prometheus text.
 pub fn api_requests(metrics: &str) -> BTreeMap<String, f64> {
@@ -494,36 +476,7 @@ pub fn watch_events(metrics: &str) -> BTreeMap<String, f64> {
 
 /// The apiserver's metrics text.
 pub async fn apiserver_metrics(admin: &Client) -> anyhow::Result<String> {
-    metrics_text(admin, "the apiserver").await
-}
-
-/// `GET /metrics` through `client` (the apiserver, or a kube-scheduler's secure port).
-pub async fn metrics_text(client: &Client, what: &str) -> anyhow::Result<String> {
-    let req = http::Request::get("/metrics")
-        .body(Vec::new())
-        .context("building the metrics request")?;
-    client
-        .request_text(req)
-        .await
-        .with_context(|| format!("reading {what}'s /metrics"))
-}
-
-/// A client of the kube-scheduler serving on `127.0.0.1:port`, as the user of `kubeconfig`
-/// (the scheduler authenticates it and asks the apiserver whether it may read /metrics). The
-/// scheduler's serving certificate is self-signed, so it is not verified.
-pub async fn scheduler_client(kubeconfig: &Path, port: u16) -> anyhow::Result<Client> {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig)
-        .with_context(|| format!("reading {}", kubeconfig.display()))?;
-    let mut cfg =
-        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-            .await
-            .context("loading the kubeconfig")?;
-    cfg.cluster_url = format!("https://127.0.0.1:{port}")
-        .parse()
-        .context("the scheduler's URL")?;
-    cfg.root_cert = None;
-    cfg.accept_invalid_certs = true;
-    Client::try_from(cfg).context("a client for the scheduler")
+    Ok(metrics_text(admin, "the apiserver").await?)
 }
 
 /// The extender's metrics text (plain HTTP on `127.0.0.1:port`, as the bench runs it).

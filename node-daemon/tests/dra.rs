@@ -26,6 +26,7 @@ use kubeshare_api::dra::{ANNOTATION_CLAIM_POD_BOUND, Consumed, DRIVER_NAME, Shar
 use kubeshare_api::{GpuInfo, Milli, NodeInventory, parse_bytes};
 use kubeshare_kubelet_rpc::dra as dra_rpc;
 use kubeshare_node_daemon::dra::{Published, publish};
+use kubeshare_testkit::metrics::{label, metrics_text, scheduler_client, sum_where};
 use kubeshare_testkit::{
     Cluster, Identity, KwokNode, TestNamespace, create_kwok_node, delete_node, wait_for, wait_until,
 };
@@ -559,7 +560,60 @@ async fn stock_scheduler_shares_a_gpu_by_consumable_capacity() -> anyhow::Result
     assert_eq!(scheduled_on(&c), None);
     eprintln!("pod c pending: {reason}: {message}");
 
-    // 4. Deleting pod a frees its 300: the pending pod is placed.
+    // 3b. A pod with a claim of 100 fits (1000 booked then). Bound here, it marks the slice,
+    // and that update moves pod c, which the scheduler refused, back to be tried again: the
+    // wake-up a pod refused while a claim counted twice needs (docs/dra.md). Nothing else
+    // would move it: the new claim's allocation wakes no pod that does not use that claim.
+    let sched = scheduler_client(
+        cluster.kubeconfig(Identity::Admin)?,
+        cluster.ports().kube_scheduler,
+    )
+    .await?;
+    let moved_by_slices = || async {
+        let text = metrics_text(&sched, "the kube-scheduler")
+            .await
+            .map_err(|e| e.to_string())?;
+        // The event's label is "resource.k8s.io/ResourceSliceUpdate" on 1.37; releases
+        // that leave the group out say "ResourceSliceUpdate".
+        Ok::<f64, String>(sum_where(
+            &text,
+            "scheduler_queue_incoming_pods_total",
+            |l| label(l, "event").ends_with("ResourceSliceUpdate"),
+        ))
+    };
+    let before = moved_by_slices().await.map_err(anyhow::Error::msg)?;
+    templates
+        .create(&pp, &template("share-100", 100, "1Gi")?)
+        .await?;
+    pods.create(&pp, &pod("d", &node, "share-100")?).await?;
+    wait_for(&pods, "d", WAIT, |p| scheduled_on(p) == Some(node.as_str())).await?;
+    let d_uid = pods.get("d").await?.metadata.uid.context("pod d's uid")?;
+    wait_for(&slices, &slice_name, WAIT, |s| {
+        s.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_CLAIM_POD_BOUND))
+            == Some(&d_uid)
+    })
+    .await
+    .with_context(|| std::fs::read_to_string(&log).unwrap_or_default())?;
+    let after = wait_until(
+        "a ResourceSlice update to move a pending pod",
+        WAIT,
+        || async {
+            let now = moved_by_slices().await?;
+            Ok((now > before).then_some(now))
+        },
+    )
+    .await?;
+    eprintln!("pods moved by ResourceSlice updates: {before} before pod d, {after} after");
+    assert_eq!(
+        scheduled_on(&pods.get("c").await?),
+        None,
+        "pod c does not fit beside a, b and d"
+    );
+
+    // 4. Deleting pod a frees its 300: the pending pod is placed beside b and d.
     let dp = DeleteParams {
         grace_period_seconds: Some(0),
         ..Default::default()
@@ -574,12 +628,9 @@ async fn stock_scheduler_shares_a_gpu_by_consumable_capacity() -> anyhow::Result
 
     // 5. Ten claims of 100 made at once fill the GPU exactly: every pod is placed, also
     // one the scheduler tried while another's claim counted twice.
-    for p in ["b", "c"] {
+    for p in ["b", "c", "d"] {
         pods.delete(p, &dp).await?;
     }
-    templates
-        .create(&pp, &template("share-100", 100, "1Gi")?)
-        .await?;
     let tenths: Vec<String> = (0..10).map(|i| format!("t{i}")).collect();
     for p in &tenths {
         pods.create(&pp, &pod(p, &node, "share-100")?).await?;

@@ -20,6 +20,7 @@ pub mod cgroups;
 mod cluster;
 pub mod dra;
 mod error;
+pub mod metrics;
 mod namespace;
 mod node;
 mod real_node;
