@@ -480,8 +480,8 @@ def shared_run(b, clients, raw, key, extra=(), idle=()):
         row[lbl] = f
     every = union(*[res[c[0]]["busy"] for c in running])
     row["gpu_busy"] = round(windows(every, SKIP, t1, t1 - SKIP)[0], 4)
-    row["gaps"] = handovers(res, [c[0] for c in running], SKIP, t1)
     labels = [c[0] for c in running]
+    row["gaps"] = handovers(res, labels, SKIP, t1)
     starts = {res[lbl].get("start_at") for lbl in labels}
     if len(starts) == 1 and None not in starts:
         grants, notice_after = turn_grants(logf, since, labels, starts.pop())

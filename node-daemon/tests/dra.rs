@@ -25,6 +25,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kubeshare_api::dra::{ANNOTATION_CLAIM_POD_BOUND, Consumed, DRIVER_NAME, ShareConfig};
 use kubeshare_api::{GpuInfo, Milli, NodeInventory, parse_bytes};
 use kubeshare_kubelet_rpc::dra as dra_rpc;
+use kubeshare_node_daemon::dra::slice::slice_name;
 use kubeshare_node_daemon::dra::{Published, publish};
 use kubeshare_testkit::metrics::{label, metrics_text, scheduler_client, sum_where};
 use kubeshare_testkit::{
@@ -301,6 +302,14 @@ fn pod(name: &str, node: &str, template: &str) -> anyhow::Result<Pod> {
     }))?)
 }
 
+/// The uid of the pod with claims the daemon last saw bound to the slice's node (its mark).
+fn bound_mark(s: &ResourceSlice) -> Option<&String> {
+    s.metadata
+        .annotations
+        .as_ref()?
+        .get(ANNOTATION_CLAIM_POD_BOUND)
+}
+
 fn scheduled_on(p: &Pod) -> Option<&str> {
     p.spec.as_ref()?.node_name.as_deref()
 }
@@ -424,7 +433,7 @@ async fn stock_scheduler_shares_a_gpu_by_consumable_capacity() -> anyhow::Result
 
     // 1. The slice: one shared device with both capacities, pool generation 1.
     let slices: Api<ResourceSlice> = Api::all(admin.clone());
-    let slice_name = format!("{node}-{DRIVER_NAME}");
+    let slice_name = slice_name(&node);
     let slice = wait_for(&slices, &slice_name, WAIT, |_| true)
         .await
         .with_context(|| std::fs::read_to_string(&log).unwrap_or_default())?;
@@ -523,16 +532,11 @@ async fn stock_scheduler_shares_a_gpu_by_consumable_capacity() -> anyhow::Result
     for p in ["a", "b"] {
         uids.push(pods.get(p).await?.metadata.uid.context("a pod's uid")?);
     }
-    let marked = |s: &ResourceSlice| {
-        s.metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ANNOTATION_CLAIM_POD_BOUND))
-            .is_some_and(|u| uids.contains(u))
-    };
-    wait_for(&slices, &slice_name, WAIT, marked)
-        .await
-        .with_context(|| std::fs::read_to_string(&log).unwrap_or_default())?;
+    wait_for(&slices, &slice_name, WAIT, |s| {
+        bound_mark(s).is_some_and(|u| uids.contains(u))
+    })
+    .await
+    .with_context(|| std::fs::read_to_string(&log).unwrap_or_default())?;
     let claim_a = claim_of(&pods, &claims, "a").await?;
     let alloc = kubeshare_testkit::dra::allocated_devices(claim_a);
     assert_eq!(alloc.len(), 1, "{alloc:?}");
@@ -589,11 +593,7 @@ async fn stock_scheduler_shares_a_gpu_by_consumable_capacity() -> anyhow::Result
     wait_for(&pods, "d", WAIT, |p| scheduled_on(p) == Some(node.as_str())).await?;
     let d_uid = pods.get("d").await?.metadata.uid.context("pod d's uid")?;
     wait_for(&slices, &slice_name, WAIT, |s| {
-        s.metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ANNOTATION_CLAIM_POD_BOUND))
-            == Some(&d_uid)
+        bound_mark(s) == Some(&d_uid)
     })
     .await
     .with_context(|| std::fs::read_to_string(&log).unwrap_or_default())?;

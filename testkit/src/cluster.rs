@@ -314,6 +314,12 @@ impl Cluster {
 
 /// A client from a kubeconfig file (any identity, or one a test wrote).
 pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
+    Ok(kube::Client::try_from(config_from_kubeconfig(path).await?)?)
+}
+
+/// The client configuration of the kubeconfig at `path` (for a client of another server
+/// with the same credentials, as `metrics::scheduler_client` makes).
+pub(crate) async fn config_from_kubeconfig(path: &Path) -> Result<kube::Config> {
     // kube builds its rustls config with the process-wide provider; pick ring
     // explicitly so a dependency that also compiles aws-lc-rs cannot make that
     // ambiguous. A second install is refused harmlessly.
@@ -329,7 +335,7 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
     )
     .await
     .map_err(kubeconfig_err)?;
-    Ok(kube::Client::try_from(config)?)
+    Ok(config)
 }
 
 fn repo_root() -> PathBuf {

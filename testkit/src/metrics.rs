@@ -21,16 +21,7 @@ pub async fn metrics_text(client: &kube::Client, what: &str) -> Result<String> {
 /// (the scheduler authenticates it and asks the apiserver whether it may read /metrics). The
 /// scheduler's serving certificate is self-signed, so it is not verified.
 pub async fn scheduler_client(kubeconfig: &Path, port: u16) -> Result<kube::Client> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let kubeconfig_err = |source| Error::Kubeconfig {
-        path: kubeconfig.to_path_buf(),
-        source,
-    };
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig).map_err(kubeconfig_err)?;
-    let mut cfg =
-        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-            .await
-            .map_err(kubeconfig_err)?;
+    let mut cfg = crate::cluster::config_from_kubeconfig(kubeconfig).await?;
     cfg.cluster_url = format!("https://127.0.0.1:{port}")
         .parse()
         .map_err(|e| Error::Other(format!("the scheduler's URL: {e}")))?;
