@@ -190,9 +190,7 @@ pub unsafe extern "C" fn cuEventElapsedTime(
     };
     match (a.done_at(), b.done_at()) {
         // SAFETY: `ms` is null or writable (this function's contract); `put` checks null.
-        (Some(ta), Some(tb)) => unsafe {
-            put(ms, (tb.saturating_duration_since(ta)).as_secs_f32() * 1e3)
-        },
+        (Some(ta), Some(tb)) => unsafe { put(ms, tb.saturating_sub(ta) as f32 / 1e6) },
         _ => CUDA_ERROR_NOT_READY,
     }
 }
