@@ -219,10 +219,17 @@ fn pass(dev: usize, g: &Gpu, stream: CUstream) {
         }
         LastTick::PassAt(p) => {
             g.last_launch.store(now, Ordering::Relaxed);
+            // A probe may wait for the GPU, as long as a kernel runs: the hold may end
+            // meanwhile (the idle thread drains, releases, and gem-schd grants the next
+            // client), and a launch that went on then would run with no token, in the next
+            // client's turn, charged to no one. So one that waited passes only if the hold
+            // still lets it; otherwise it asks for the token as any launch past the quota.
             if p.saturating_sub(g.last_probe.load(Ordering::Relaxed))
                 >= g.probe_every.load(Ordering::Relaxed)
+                && guard(0, || bound_ahead(g, stream, p)) > 0
+                && !g.may_launch(coarse_ns())
             {
-                guard((), || bound_ahead(g, stream, p));
+                guard((), || acquire(dev, stream));
             }
             return;
         }
@@ -232,25 +239,26 @@ fn pass(dev: usize, g: &Gpu, stream: CUstream) {
 }
 
 /// The queue-ahead bound (`ahead.rs`): at most one probe per `Gpu::probe_every`, by whichever
-/// launching thread gets there (others pass). Never during a graph capture.
+/// launching thread gets there (others pass). Never during a graph capture. Returns how long
+/// it waited for the GPU (ns).
 #[cold]
-fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
+fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) -> u64 {
     let bound = settings().max_ahead_ns;
     g.last_probe.store(now, Ordering::Relaxed);
     if bound == 0 {
         // Off: no launch comes here again.
         g.probe_every.store(u64::MAX, Ordering::Relaxed);
-        return;
+        return 0;
     }
     if capturing(stream) {
-        return;
+        return 0;
     }
     let Ok(mut ring) = g.ahead.try_lock() else {
-        return;
+        return 0;
     };
     let ctx = current_ctx();
     if ctx == 0 {
-        return;
+        return 0;
     }
     if ring.ctx != ctx {
         // Events belong to the context they were made in: start over in this one.
@@ -304,6 +312,7 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) {
     if waited > 0 {
         g.last_probe.store(now + waited, Ordering::Relaxed);
     }
+    waited
 }
 
 /// The queue-ahead ring's events (`ahead::Events`) on the driver: made on first use in the

@@ -612,6 +612,31 @@ struct CappedRun {
     wall_us: u64,
 }
 
+/// The token time gem-schd charged `client` in its usage report (`--usage-file`), µs, from the
+/// first report written after the caller's run ended: gem-schd writes one every second, and
+/// its window, 10 s, is longer than the runs here, so that report covers the whole run.
+fn charged_after_the_run(usage: &std::path::Path, client: &str) -> u64 {
+    let report = || std::fs::read_to_string(usage).unwrap_or_default();
+    let at = |r: &str| -> u64 {
+        r.split_whitespace()
+            .find_map(|w| w.strip_prefix("at_us=")?.parse().ok())
+            .unwrap_or(0)
+    };
+    let before = at(&report());
+    wait_until(
+        Duration::from_secs(5),
+        || at(&report()) > before,
+        "a usage report written after the run",
+    );
+    report()
+        .lines()
+        .find_map(|l| {
+            let mut f = l.split_whitespace();
+            (f.next() == Some(client)).then(|| f.next()?.parse().ok())?
+        })
+        .unwrap_or_else(|| panic!("{client} in the usage report"))
+}
+
 /// e alone at (0.5, 0.5) running [`CPU_AHEAD`] with `KUBESHARE_HOOK_RENEW=renew`, its holds
 /// min-quota ones from the first: gem-schd's base quota (the quota before any report) is its
 /// min quota, 5 ms. With the default base quota, 50 ms, a run could keep 50 ms holds for its
@@ -636,28 +661,7 @@ fn capped_alone(renew: &str) -> CappedRun {
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
-    // gem-schd writes its report every second: the one after the next covers the whole run
-    // (its window, 10 s, is longer than the run).
-    let report = || std::fs::read_to_string(&usage).unwrap_or_default();
-    let at = |r: &str| -> u64 {
-        r.split_whitespace()
-            .find_map(|w| w.strip_prefix("at_us=")?.parse().ok())
-            .unwrap_or(0)
-    };
-    let before = at(&report());
-    wait_until(
-        Duration::from_secs(5),
-        || at(&report()) > before,
-        "a usage report written after the run",
-    );
-    let report = report();
-    let charged_us = report
-        .lines()
-        .find_map(|l| {
-            let mut f = l.split_whitespace();
-            (f.next() == Some("e")).then(|| f.next()?.parse().ok())?
-        })
-        .expect("e in the usage report");
+    let charged_us = charged_after_the_run(&usage, "e");
     let log = String::from_utf8_lossy(&out.stderr);
     let drains: Vec<u64> = log
         .lines()
@@ -750,6 +754,73 @@ fn a_lone_capped_tenant_renews_its_holds_and_stays_within_its_limit() {
     let r = check("0");
     assert_eq!(r.renewed, 0, "renewed with KUBESHARE_HOOK_RENEW=0");
     assert!(r.drained >= 20, "{} quota ends drained", r.drained);
+}
+
+/// Kernels of 20 ms (an fp32 8192² matrix product's on an H200), 32 launched at 60 µs of CPU
+/// each and then waited for, for 4 s: enough launches in a hold for the queue-ahead bound to
+/// measure the GPU's pace and then wait a whole kernel at each probe.
+const LONG_KERNELS: [&str; 9] = [
+    "launch",
+    "--kernel-us",
+    "20000",
+    "--launch-cpu-us",
+    "60",
+    "--batch",
+    "32",
+    "--seconds",
+    "4",
+];
+
+#[test]
+fn a_launch_that_waited_for_the_gpu_past_its_hold_asks_for_the_token() {
+    // e, capped at 0.5, launches 20 ms kernels beside a busy f. A launch passes the token
+    // check in the hold's last stretch, then waits in the queue-ahead bound for a probe a whole
+    // kernel ahead of it on the GPU. Meanwhile e's quota runs out and the idle thread ends the
+    // hold (drained, released; gem-schd grants f). A launch that went on to the driver after
+    // that wait ran with no token, in f's turn, charged to no one: on an H200 a tenant capped
+    // at 0.5 with such kernels got 0.610 of the GPU's time, charged 0.499, and its neighbour
+    // at 0.5 got 0.347 (0.469 and 0.483 with the check). Through the fake driver e ran 0.656
+    // of the time against 0.478 charged. A launch that waited for the GPU checks its hold again
+    // and asks for the token if the hold has ended: e then ran 0.476–0.517 against 0.448–0.482
+    // charged in nine runs.
+    let _s = serial();
+    let env = Env::new();
+    env.write_config(&[("e", 0.5, 0.5, GIB), ("f", 0.5, 1.0, GIB)]);
+    let usage = env.path().join("usage.txt");
+    let usage_arg = usage.to_string_lossy().into_owned();
+    let _schd = env.start_schd_with(
+        &["e", "f"],
+        &["--usage-file", &usage_arg, "--base-quota-ms", "5"],
+    );
+    let e = env
+        .workload("e", "proc", &LONG_KERNELS)
+        .env("KUBESHARE_HOOK_LOG", "debug")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let busy = ["launch", "--kernel-us", "1000", "--seconds", "4"];
+    let f = Proc(env.workload("f", "dlsym", &busy).spawn().unwrap());
+    let e = e.wait_with_output().unwrap();
+    let _f = f.finish(Duration::from_secs(30));
+    assert!(e.status.success(), "{e:?}");
+    let charged_us = charged_after_the_run(&usage, "e");
+    let v = &parse_lines(&e.stdout)[0];
+    let (busy_us, wall_us) = (
+        v["busy_us"].as_u64().unwrap(),
+        v["wall_us"].as_u64().unwrap(),
+    );
+    eprintln!(
+        "e had the GPU {:.3} of the time, charged {:.3}",
+        busy_us as f64 / wall_us as f64,
+        charged_us as f64 / wall_us as f64
+    );
+    // Judged against a tenth of the run: GPU time beyond the charge was 0.18 of it with the
+    // race and is 0.00–0.07 now. (Where the rest goes is not known yet: the hook reports
+    // more use than e had GPU time, and gem-schd charges less.)
+    assert!(
+        busy_us <= charged_us + wall_us / 10,
+        "e's GPU time {busy_us} µs beyond its charge {charged_us} µs of {wall_us} µs"
+    );
 }
 
 /// 160 µs kernels at 30 µs of CPU each, a 3 ms pause of the CPU every 50
