@@ -694,8 +694,8 @@ fn a_lone_capped_tenant_renews_its_holds_and_stays_within_its_limit() {
     // Judged on what does not depend on how fast this machine runs the fake driver: the counts
     // as proportions (a loaded 2-core host runs fewer holds in the 4 s), the limit on the token
     // time gem-schd charged (its GPU time follows the CPU's load: drains past a quota reached
-    // 260 ms beside other builds),
-    // and the GPU time against that charge (no GPU time escapes it).
+    // 260 ms beside other builds), and the GPU time against that charge (no GPU time escapes
+    // it).
     let _s = serial();
     let check = |renew: &str| {
         let r = capped_alone(renew);
@@ -781,8 +781,8 @@ fn a_launch_that_waited_for_the_gpu_past_its_hold_asks_for_the_token() {
     // at 0.5 with such kernels got 0.610 of the GPU's time, charged 0.499, and its neighbour
     // at 0.5 got 0.347 (0.469 and 0.483 with the check). Through the fake driver e ran 0.656
     // of the time against 0.478 charged. A launch that waited for the GPU checks its hold again
-    // and asks for the token if the hold has ended: e then ran 0.476–0.517 against 0.448–0.482
-    // charged in nine runs.
+    // and asks for the token if the hold has ended: e then ran 0.475–0.517 against 0.446–0.482
+    // charged in thirteen runs.
     let _s = serial();
     let env = Env::new();
     env.write_config(&[("e", 0.5, 0.5, GIB), ("f", 0.5, 1.0, GIB)]);
