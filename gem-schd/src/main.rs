@@ -38,7 +38,9 @@ struct Args {
     #[arg(long, default_value_t = 5)]
     min_quota_ms: u64,
     /// How long past a holder's quota to wait for its overuse report before moving
-    /// the token on, ms (its last burst still occupies the GPU); 0 = Gemini's behaviour.
+    /// the token on, ms (its last burst still occupies the GPU); a holder that said it
+    /// drains is waited for up to four of its usual drains if longer (at most 1 s);
+    /// 0 = Gemini's behaviour.
     #[arg(long, default_value_t = 50)]
     grace_ms: u64,
     /// Pacing window, ms: a client with a limit below 1 must also stay within its

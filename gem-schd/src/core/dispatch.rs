@@ -79,10 +79,12 @@ impl Core {
             if hand_over.is_some() || !told {
                 let mut out = hand_over.unwrap_or_default();
                 out.push(Action::Yield { conn });
+                self.note_draining(key, conn);
                 return out;
             }
         }
         if !sole_holder || pending || self.history.len() > RENEW_MAX_ENTRIES {
+            self.note_draining(key, conn);
             return vec![Action::Yield { conn }];
         }
         let mut trial = self.clone();
@@ -110,6 +112,7 @@ impl Core {
             // client beside opportunistic ones was charged 0.438 of its 0.5 that way, 0.486
             // with the token going on at its report
             // (`a_launch_bound_guaranteed_client_keeps_its_request_...` in tests/sim_priority.rs).
+            self.note_draining(key, conn);
             vec![Action::Yield { conn }]
         }
     }
@@ -757,6 +760,7 @@ impl Core {
             seq,
             left_end: 0,
             handover_due,
+            draining: false,
         });
         self.grants += 1;
         if self.charge_by_fill {

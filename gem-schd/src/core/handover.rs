@@ -39,7 +39,9 @@ impl Core {
             return Vec::new();
         };
         self.expire(now);
-        self.hand_over(now, key, conn).unwrap_or_default()
+        let out = self.hand_over(now, key, conn).unwrap_or_default();
+        self.note_draining(key, conn);
+        out
     }
 
     /// The longest usual drain a holder may have to be handed over from at its notice

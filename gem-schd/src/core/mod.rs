@@ -291,6 +291,9 @@ struct Hold {
     /// Whether the token is expected to go to another client when this hold ends
     /// ([`Core::handover_due`]).
     handover_due: bool,
+    /// Whether its sole process said it drains (a Renew answered Yield, or a Drain) and the
+    /// token stayed: the token then waits for its report past the grace (`Core::expiry`).
+    draining: bool,
 }
 
 /// The scheduler of one GPU.
@@ -888,7 +891,7 @@ impl Core {
     /// When the driver must call [`Core::tick`] next (`None`: only on an event).
     pub fn next_wakeup(&self, now: Micros) -> Option<Micros> {
         if let Some(h) = &self.holder {
-            return Some(h.quota_end.saturating_add(self.params.grace_us));
+            return Some(self.expiry(h));
         }
         let ready = self
             .clients

@@ -67,6 +67,60 @@ fn a_drain_that_ends_before_the_notice_arrives_leaves_the_next_hold_from_its_gra
     assert_eq!(c.usage_us(t(11), "b"), Some(MS));
 }
 
+/// [`two`] with a (conn 1) having reported a 30 ms drain (its usual overrun: too long to be
+/// handed over from at its notice), holding again from t(40) to its quota's end at t(50), and
+/// b (conn 3) waiting.
+fn a_drains_long_b_waits() -> Core {
+    let mut c = two();
+    let q = grant(&c.token_request(t(0), 1, 0, 0)).unwrap().2;
+    assert_eq!(q, 10 * MS);
+    let (_, _, q) = grant(&c.token_request(t(40), 1, 30 * MS, q)).unwrap();
+    assert_eq!(q, 10 * MS);
+    assert!(grant(&c.token_request(t(41), 3, 0, 0)).is_none());
+    c
+}
+
+#[test]
+fn a_holder_that_said_it_drains_keeps_the_token_past_the_grace_until_its_report() {
+    // Granted at the grace's end, b would run beside a's drain (the GPU time-slices the two
+    // contexts) and a's report would charge a for the time they shared.
+    let mut c = a_drains_long_b_waits();
+    assert!(
+        grant(&c.drain(t(50), 1)).is_none(),
+        "its drains are too long to hand over from"
+    );
+    assert_eq!(c.next_wakeup(t(50)), Some(t(50) + 4 * 30 * MS));
+    assert!(
+        grant(&c.tick(t(56))).is_none(),
+        "past the grace, a still drains"
+    );
+    assert_eq!(c.holder(), Some("a"));
+    // Its report, 70 ms past its quota: b goes now, and a is charged its whole drain.
+    let acts = c.token_request(t(120), 1, 70 * MS, 10 * MS);
+    assert_eq!(grant(&acts).map(|g| g.0), Some("b"));
+    assert_eq!(c.usage_us(t(120), "a"), Some(40 * MS + 80 * MS));
+    assert_eq!(c.usage_us(t(120), "b"), Some(0));
+
+    // The same notice as a Renew answered Yield.
+    let mut c = a_drains_long_b_waits();
+    let acts = c.renew(t(50), 1, 10 * MS);
+    assert!(acts.iter().any(|a| is_yield_to(a, 1)), "{acts:?}");
+    assert!(grant(&c.tick(t(56))).is_none());
+    assert_eq!(c.holder(), Some("a"));
+}
+
+#[test]
+fn a_draining_holder_that_never_reports_loses_the_token_after_four_usual_drains() {
+    let mut c = a_drains_long_b_waits();
+    c.drain(t(50), 1);
+    assert!(grant(&c.tick(t(169))).is_none());
+    assert_eq!(grant(&c.tick(t(170))).map(|g| g.0), Some("b"));
+    // Without the notice (a hook that hangs in its hold), the grace alone, as before.
+    let mut c = a_drains_long_b_waits();
+    assert_eq!(c.next_wakeup(t(50)), Some(t(55)));
+    assert_eq!(grant(&c.tick(t(55))).map(|g| g.0), Some("b"));
+}
+
 #[test]
 fn a_drain_notice_hands_the_token_on_without_a_reply() {
     // A hook that does not renew says Drain: the same hand-over, nothing answers the Drain.
