@@ -65,10 +65,20 @@ impl Core {
             self.co_end(now, key, conn, 0);
             return vec![self.co_grant(now, key, conn)];
         }
-        let sole_holder = self
-            .holder
-            .as_ref()
-            .is_some_and(|h| h.client == key && h.conns == [conn]);
+        let out = self.renew_turn(now, key, conn, burst_us);
+        // A Yield to the turn's holder is its notice that it drains.
+        if out
+            .iter()
+            .any(|a| matches!(a, Action::Yield { conn: c } if *c == conn))
+        {
+            self.note_draining(key, conn);
+        }
+        out
+    }
+
+    /// [`Core::renew`] of a turn (not a co-hold): a Grant renewing it, or Yield.
+    fn renew_turn(&mut self, now: Micros, key: Key, conn: ConnId, burst_us: Micros) -> Vec<Action> {
+        let sole_holder = self.sole_holder(key, conn);
         let others_wait = self.others_wait_for(key);
         let pending = self.conns.get(&conn).is_some_and(|c| c.waiting);
         if others_wait {
@@ -79,12 +89,10 @@ impl Core {
             if hand_over.is_some() || !told {
                 let mut out = hand_over.unwrap_or_default();
                 out.push(Action::Yield { conn });
-                self.note_draining(key, conn);
                 return out;
             }
         }
         if !sole_holder || pending || self.history.len() > RENEW_MAX_ENTRIES {
-            self.note_draining(key, conn);
             return vec![Action::Yield { conn }];
         }
         let mut trial = self.clone();
@@ -112,7 +120,6 @@ impl Core {
             // client beside opportunistic ones was charged 0.438 of its 0.5 that way, 0.486
             // with the token going on at its report
             // (`a_launch_bound_guaranteed_client_keeps_its_request_...` in tests/sim_priority.rs).
-            self.note_draining(key, conn);
             vec![Action::Yield { conn }]
         }
     }

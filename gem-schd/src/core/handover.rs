@@ -90,10 +90,7 @@ impl Core {
     /// Whether `conn` is the only connection in `key`'s running turn (the processes of a hold
     /// of several end it with their last report) and has no request pending.
     fn sole_turn(&self, key: Key, conn: ConnId) -> bool {
-        self.holder
-            .as_ref()
-            .is_some_and(|h| h.client == key && h.conns == [conn])
-            && !self.conns.get(&conn).is_some_and(|c| c.waiting)
+        self.sole_holder(key, conn) && !self.conns.get(&conn).is_some_and(|c| c.waiting)
     }
 
     /// The holder `key` (its sole process on `conn`) drains: the token goes now to the client a

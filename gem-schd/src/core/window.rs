@@ -516,13 +516,18 @@ impl Core {
     /// `conn`, the sole process of `key`'s running hold, said it drains and the hold stands
     /// (no hand-over at the notice): its report is waited for past the grace (`expiry`).
     pub(super) fn note_draining(&mut self, key: Key, conn: ConnId) {
-        if let Some(h) = self
-            .holder
-            .as_mut()
-            .filter(|h| h.client == key && h.conns == [conn])
+        if self.sole_holder(key, conn)
+            && let Some(h) = self.holder.as_mut()
         {
             h.draining = true;
         }
+    }
+
+    /// Whether `conn` is the only connection in `key`'s running turn.
+    pub(super) fn sole_holder(&self, key: Key, conn: ConnId) -> bool {
+        self.holder
+            .as_ref()
+            .is_some_and(|h| h.client == key && h.conns == [conn])
     }
 
     /// End the running hold, charging it up to `end_of(&entry)` but never past `now`.
