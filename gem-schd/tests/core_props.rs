@@ -132,6 +132,10 @@ struct World {
     /// Connections that said they drain and were handed over from, until they report (a
     /// TokenRequest or a Release) or reconnect: the drain overlaps the next hold.
     draining: HashSet<ConnId>,
+    /// Connections that said they drain and kept the token, until they report or hang up: the
+    /// core waits for the report past the grace (`Core::expiry`), so a hang-up may be charged
+    /// that wait.
+    said_drain: HashSet<ConnId>,
     /// Connections that said they park: never handed over from at their notice.
     parks: HashSet<ConnId>,
     /// The connection last granted a turn.
@@ -735,6 +739,7 @@ fn run_with(
         grants_before: 0,
         trace: Vec::new(),
         draining: HashSet::new(),
+        said_drain: HashSet::new(),
         parks: HashSet::new(),
         last_turn: None,
         unshared_turn: None,
@@ -784,6 +789,7 @@ fn run_with(
             Op::Request(s, o, b) => {
                 let c = w.slots[s].0;
                 w.draining.remove(&c);
+                w.said_drain.remove(&c);
                 if w.conn_ok(s) && !w.pending.contains(&c) {
                     w.co_leave(c, o);
                     w.overran(c, o);
@@ -804,6 +810,7 @@ fn run_with(
             Op::Release(s, u) => {
                 let c = w.slots[s].0;
                 w.draining.remove(&c);
+                w.said_drain.remove(&c);
                 if w.conn_ok(s) {
                     let quota = w.quotas.get(&c).copied().unwrap_or(0);
                     w.co_leave(c, u.saturating_sub(quota));
@@ -887,11 +894,15 @@ fn run_with(
                         // What `check` expects of a grant: an answered request.
                         w.pending.insert(c);
                     }
-                    [Action::Yield { conn }] => prop_assert_eq!(*conn, c),
+                    [Action::Yield { conn }] => {
+                        prop_assert_eq!(*conn, c);
+                        w.said_drain.insert(c);
+                    }
                     // Told, not handed on: the hold stands until the report.
                     [Action::Soon { .. }, Action::Yield { conn }] if *conn == c => {
                         prop_assert!(!waiting.is_empty(), "Soon with nobody waiting: {:?}", acts);
                         prop_assert_eq!(w.core.holder(), holder.as_deref());
+                        w.said_drain.insert(c);
                     }
                     [grants @ .., Action::Yield { conn }] if *conn == c => {
                         prop_assert!(
@@ -926,7 +937,9 @@ fn run_with(
                 if let [Action::Soon { .. }] = acts.as_slice() {
                     prop_assert_eq!(w.core.holder(), holder.as_deref(), "Soon handed on");
                 }
-                w.handed_over(c, holder.as_deref(), &acts)?;
+                if !w.handed_over(c, holder.as_deref(), &acts)? {
+                    w.said_drain.insert(c);
+                }
                 acts
             }
             Op::HolderRenew(_) | Op::HolderDrain | Op::HolderParks | Op::DrainerAsks(_) => {
@@ -935,12 +948,19 @@ fn run_with(
             Op::Reconnect(s) => {
                 let (c, client) = w.slots[s];
                 // A process that hangs up in a turn it has not reported is charged past its
-                // quota the grace or its client's usual overrun, whichever is longer.
+                // quota the grace or its client's usual overrun, whichever is longer; one that
+                // said it drains and kept the token, up to four usual overruns (at most 1 s),
+                // the wait for its report.
                 let usual = w
                     .overran
                     .get(IDS[client])
                     .and_then(|o| o.values().max().copied())
                     .unwrap_or(0);
+                let usual = if w.said_drain.remove(&c) {
+                    usual.saturating_mul(4).min(1_000_000)
+                } else {
+                    usual
+                };
                 w.overran(c, usual.max(w.core.params().grace_us));
                 w.pending.remove(&c);
                 w.draining.remove(&c);
@@ -1190,5 +1210,32 @@ fn an_open_co_hold_slides_out_of_the_pacing_window() {
     ];
     if let Err(e) = run(ops, true, Classes::AsDrawn) {
         panic!("{e}");
+    }
+}
+
+/// A case proptest found: a turn's sole process said it drains, so the token waited past the
+/// grace for its report (four of its client's usual overruns), and it hung up there; it is
+/// charged to the hang-up, which the model must allow (with every class, co-running off).
+#[test]
+fn a_drainer_that_hangs_up_in_the_wait_for_its_report() {
+    use Op::*;
+    let ops = vec![
+        Request(4, 0, 0),
+        Request(1, 0, 2_000),
+        Release(1, 34_254),
+        Advance(23_860),
+        Config(vec![(1, 0, 1, 0, false)]),
+        Drain(1),
+        Advance(60_339),
+        Reconnect(1),
+    ];
+    for classes in [
+        Classes::AsDrawn,
+        Classes::All(ClientClass::Guaranteed),
+        Classes::All(ClientClass::Opportunistic),
+    ] {
+        if let Err(e) = run(ops.clone(), false, classes) {
+            panic!("{classes:?}: {e}");
+        }
     }
 }
