@@ -400,8 +400,19 @@ fn acquire(dev: usize, stream: CUstream) {
     note_context(current_ctx() as CUcontext);
     let g = gpu(dev);
     let mut t = lock(&g.token);
-    if t.ahead.is_some() && launch_ahead(dev, g, &mut t, stream) {
-        return;
+    if t.ahead.is_some() {
+        match launch_ahead(dev, g, &mut t, stream) {
+            GatedLaunch::Goes => return,
+            GatedLaunch::Granted => {
+                // Unlocked: the idle thread may tell gem-schd of the quota's end meanwhile.
+                drop(t);
+                if bound_gated_work(g, stream) {
+                    return;
+                }
+                t = lock(&g.token);
+            }
+            GatedLaunch::AskAgain => {}
+        }
     }
     loop {
         let now = coarse_ns();
@@ -474,11 +485,20 @@ fn acquire(dev: usize, stream: CUstream) {
     }
 }
 
+/// What became of a launch while launches queued behind the gate ([`launch_ahead`]).
+enum GatedLaunch {
+    /// It goes on: behind the gate, or in the hold a Grant read earlier started.
+    Goes,
+    /// Its Grant was read, starting the hold: it goes on once [`bound_gated_work`] says so.
+    Granted,
+    /// The connection failed meanwhile (the queued work was let go, `GatePage::release`).
+    AskAgain,
+}
+
 /// A launch while launches queue behind the gate (`gate.rs`): starts the hold if the Grant
 /// has come, holds the launch back behind the gate while the allowance lasts, or else waits
-/// for the Grant. False when the connection failed meanwhile (its queued work was let go,
-/// `GatePage::release`): the caller asks again.
-fn launch_ahead(dev: usize, g: &Gpu, t: &mut Token, stream: CUstream) -> bool {
+/// for the Grant.
+fn launch_ahead(dev: usize, g: &Gpu, t: &mut Token, stream: CUstream) -> GatedLaunch {
     let (since, overuse_us) = t
         .ahead
         .as_ref()
@@ -486,16 +506,16 @@ fn launch_ahead(dev: usize, g: &Gpu, t: &mut Token, stream: CUstream) -> bool {
     let got = match t.client.as_mut().map(|c| c.poll_grant()) {
         None => {
             t.ahead = None;
-            return false;
+            return GatedLaunch::AskAgain;
         }
         Some(Ok(Some(quota_us))) => Ok(quota_us),
         Some(Ok(None)) => {
             if crate::gate::hold_back(t, stream, precise_ns()) {
-                return true;
+                return GatedLaunch::Goes;
             }
             match t.client.as_mut() {
                 Some(c) => await_grant(dev, c),
-                None => return false,
+                None => return GatedLaunch::AskAgain,
             }
         }
         Some(Err(e)) => Err(Lost(e)),
@@ -507,13 +527,33 @@ fn launch_ahead(dev: usize, g: &Gpu, t: &mut Token, stream: CUstream) -> bool {
                 "device {dev}: granted {quota_us} µs, {} µs after Soon, work queued behind the gate (reported overuse {overuse_us} µs)",
                 (t.grant_ns.saturating_sub(since)) / 1000
             );
-            true
+            GatedLaunch::Granted
         }
         Err(e) => {
             t.ahead = None;
-            no_token(dev, g, t, e)
+            if no_token(dev, g, t, e) {
+                GatedLaunch::Goes
+            } else {
+                GatedLaunch::AskAgain
+            }
         }
     }
+}
+
+/// The work queued behind the gate, run from its Grant on, counts against the queue-ahead
+/// bound (`ahead.rs`) as work queued in the hold does: a probe is recorded behind it, then the
+/// launch that read the Grant probes as any launch, waiting for the GPU where more is queued
+/// than the bound lets stay. False when the hold ended meanwhile: that launch asks for the
+/// token, as one that waited in the bound past its hold does (`pass`).
+///
+/// Unprobed, the gated work and the launch that read the Grant counted as one probe
+/// interval's work at the next probe: through the fake driver a tenant of 20 ms kernels ran
+/// three of them in each 1–5 ms hold (drains of 55–60 ms past its quotas), the next tenant
+/// waiting for them all; with the probe, one (16–20 ms).
+fn bound_gated_work(g: &Gpu, stream: CUstream) -> bool {
+    guard(0, || bound_ahead(g, stream, precise_ns()));
+    let waited = guard(0, || bound_ahead(g, stream, precise_ns()));
+    waited == 0 || g.may_launch(coarse_ns())
 }
 
 /// A Grant read: the gate is opened (gem-schd has done so already; this covers one that did
