@@ -75,6 +75,9 @@ pub const MIN_PROBE_EVERY_NS: u64 = 10_000;
 pub fn probe_every(bound_ns: u64) -> u64 {
     PROBE_EVERY_NS.min(bound_ns / 2).max(MIN_PROBE_EVERY_NS)
 }
+/// The probes for which a ring whose pace is unmeasured reads the clock at every launch
+/// ([`Ring::unpaced_start`]).
+pub const UNPACED_PROBES: u64 = 64;
 /// Probe events in flight at most (when all are pending the CPU waits for the oldest): enough
 /// for the default early allowance ([`Limits::early_ns`]) at any measured pace.
 pub const RING: usize = 64;
@@ -210,6 +213,18 @@ impl Ring {
     /// time in GPU work): the CPU then has time to spare for reading the clock at every launch.
     pub fn gpu_behind(&self) -> bool {
         self.pace.x1024() > 2 * RATIO_ONE
+    }
+
+    /// Whether the GPU's pace is still unmeasured in the ring's first [`UNPACED_PROBES`]
+    /// probes: every launch should read the clock then too, since nothing yet says the GPU
+    /// keeps up. At one read in eight, a tenant of 20 ms kernels launched at 60 µs each
+    /// recorded its second probe eight launches after its first, and its first hold queued
+    /// 14–18 kernels (drains of 290–366 ms through the fake driver, 171–183 ms with this; on
+    /// an H200 such a tenant's longest drain, 373–404 ms, came in its first 2 s). A GPU that
+    /// keeps up is never measured (its probes are found passed), so this ends with those
+    /// probes: a few ms of launching.
+    pub fn unpaced_start(&self) -> bool {
+        self.pace.x1024() == 0 && self.recorded < UNPACED_PROBES
     }
 
     /// The GPU time of `launching` ns of launching, by the measured ratio once there is one
@@ -449,6 +464,23 @@ mod tests {
         assert_eq!(r.gpu_ns(r.launching_for(200_000)), 200_000);
         r.pace.set(super::RATIO_ONE / 2);
         assert_eq!(r.launching_for(200_000), 200_000, "a GPU that keeps up");
+    }
+
+    #[test]
+    fn every_launch_reads_the_clock_until_the_pace_is_measured_or_the_first_probes_are_spent() {
+        let mut r = super::Ring::new();
+        assert!(r.unpaced_start(), "a new ring knows no pace");
+        r.recorded = super::UNPACED_PROBES - 1;
+        assert!(r.unpaced_start());
+        r.pace.set(super::RATIO_ONE / 2);
+        assert!(!r.unpaced_start(), "a GPU measured keeping up");
+        assert!(!r.gpu_behind());
+        let mut r = super::Ring::new();
+        r.recorded = super::UNPACED_PROBES;
+        assert!(
+            !r.unpaced_start(),
+            "a GPU never measured: its probes were found passed"
+        );
     }
 
     use super::*;

@@ -306,7 +306,11 @@ fn bound_ahead(g: &Gpu, stream: CUstream, now: u64) -> u64 {
     (ring.events, ring.after, ring.gated) = (ev.events, ev.after, ev.gated);
     g.probe_every.store(ring.every_ns(bound), Ordering::Relaxed);
     g.precise_every.store(
-        if ring.gpu_behind() { 1 } else { PRECISE_EVERY },
+        if ring.gpu_behind() || ring.unpaced_start() {
+            1
+        } else {
+            PRECISE_EVERY
+        },
         Ordering::Relaxed,
     );
     if waited > 0 {

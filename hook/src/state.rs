@@ -72,7 +72,8 @@ pub struct Gpu {
     pub precise_skip: AtomicU32,
     /// Launches per precise read: [`PRECISE_EVERY`], or 1 while the queue-ahead bound has
     /// measured the GPU running behind the CPU (its CPU has time to spare then, and a probe
-    /// every 8 launches let 8 long kernels queue at once).
+    /// every 8 launches let 8 long kernels queue at once) or has not measured it yet
+    /// (`Ring::unpaced_start`).
     pub precise_every: AtomicU32,
     /// The queue-ahead bound's probes (`ahead.rs`), and the precise time of the last probe.
     pub ahead: Mutex<crate::ahead::Ring>,
