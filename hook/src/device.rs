@@ -491,7 +491,7 @@ fn acquire(dev: usize, stream: CUstream) {
 
 /// What became of a launch while launches queued behind the gate ([`launch_ahead`]).
 enum GatedLaunch {
-    /// It goes on: behind the gate, or in the hold a Grant read earlier started.
+    /// It goes on: behind the gate, or unmanaged for a while (`no_token`).
     Goes,
     /// Its Grant was read, starting the hold: it goes on once [`bound_gated_work`] says so.
     Granted,
