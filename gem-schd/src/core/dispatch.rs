@@ -78,10 +78,7 @@ impl Core {
 
     /// [`Core::renew`] of a turn (not a co-hold): a Grant renewing it, or Yield.
     fn renew_turn(&mut self, now: Micros, key: Key, conn: ConnId, burst_us: Micros) -> Vec<Action> {
-        let sole_holder = self.sole_holder(key, conn);
-        let others_wait = self.others_wait_for(key);
-        let pending = self.conns.get(&conn).is_some_and(|c| c.waiting);
-        if others_wait {
+        if self.others_wait_for(key) {
             // Another client goes next: the holder drains now, and the token may go on at
             // once (or that client is told Soon).
             let hand_over = self.hand_over(now, key, conn);
@@ -92,7 +89,8 @@ impl Core {
                 return out;
             }
         }
-        if !sole_holder || pending || self.history.len() > RENEW_MAX_ENTRIES {
+        // (A hand-over that did not happen changed nothing.)
+        if !self.notice_counts(key, conn) {
             return vec![Action::Yield { conn }];
         }
         let mut trial = self.clone();

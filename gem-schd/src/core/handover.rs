@@ -80,10 +80,10 @@ impl Core {
             .is_some_and(|c| c.overrun_us <= self.handover_drain_max())
     }
 
-    /// Whether a drain notice on `conn` says who goes next: `conn` is the sole process of
-    /// `key`'s running turn (`sole_turn`), and trying costs no more than a renewal's try
-    /// (`RENEW_MAX_ENTRIES`).
-    fn notice_counts(&self, key: Key, conn: ConnId) -> bool {
+    /// Whether a drain notice on `conn` says who goes next, and a Renew on it may be tried:
+    /// `conn` is the sole process of `key`'s running turn (`sole_turn`), and trying costs no
+    /// more than a renewal's try (`RENEW_MAX_ENTRIES`).
+    pub(super) fn notice_counts(&self, key: Key, conn: ConnId) -> bool {
         self.sole_turn(key, conn) && self.history.len() <= dispatch::RENEW_MAX_ENTRIES
     }
 
